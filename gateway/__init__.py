@@ -1,0 +1,1 @@
+"""draftgate gateway: the OpenAI-compatible proxy."""

@@ -1,0 +1,38 @@
+"""The ``draftgate`` command line.
+
+Subcommands live in their own modules and are registered here; heavy imports stay inside
+the command functions so ``draftgate --help`` is fast and needs no torch.
+"""
+
+from __future__ import annotations
+
+from importlib.metadata import version
+
+import typer
+
+app = typer.Typer(
+    name="draftgate",
+    help="OpenAI-compatible gateway that drafts known text and verifies it losslessly.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"draftgate {version('draftgate')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """draftgate command line."""
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()

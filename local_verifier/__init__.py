@@ -1,0 +1,1 @@
+"""draftgate local_verifier: the local target model and lossless draft verification."""

@@ -1,0 +1,3 @@
+"""draftgate SDK: a client for the draftgate gateway and any OpenAI-compatible endpoint."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,52 @@
+"""Wire types shared by the SDK and the gateway (one definition of each)."""
+
+from sdk.wire.chat import (
+    AssistantMessage,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatMessage,
+    Choice,
+    ChunkChoice,
+    Completion,
+    CompletionChoice,
+    CompletionRequest,
+    CompletionTokensDetails,
+    Delta,
+    DraftgateOptions,
+    ModelCard,
+    ModelList,
+    Prediction,
+    StreamOptions,
+    TextPart,
+    Usage,
+)
+from sdk.wire.documents import DocumentIn, DocumentInfo, DocumentList
+from sdk.wire.errors import ErrorDetail, ErrorResponse
+
+__all__ = [
+    "AssistantMessage",
+    "ChatCompletion",
+    "ChatCompletionChunk",
+    "ChatCompletionRequest",
+    "ChatMessage",
+    "Choice",
+    "ChunkChoice",
+    "Completion",
+    "CompletionChoice",
+    "CompletionRequest",
+    "CompletionTokensDetails",
+    "Delta",
+    "DocumentIn",
+    "DocumentInfo",
+    "DocumentList",
+    "DraftgateOptions",
+    "ErrorDetail",
+    "ErrorResponse",
+    "ModelCard",
+    "ModelList",
+    "Prediction",
+    "StreamOptions",
+    "TextPart",
+    "Usage",
+]
