@@ -10,6 +10,9 @@ from importlib.metadata import version
 
 import typer
 
+from gateway.cli_documents import documents_app, index_command
+from gateway.cli_records import audit_command, endpoints_command
+
 app = typer.Typer(
     name="draftgate",
     help="OpenAI-compatible gateway that drafts known text and verifies it losslessly.",
@@ -31,6 +34,12 @@ def _root(
     ),
 ) -> None:
     """draftgate command line."""
+
+
+app.command("index")(index_command)
+app.add_typer(documents_app, name="documents")
+app.command("endpoints")(endpoints_command)
+app.command("audit")(audit_command)
 
 
 def main() -> None:

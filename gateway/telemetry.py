@@ -2,11 +2,33 @@
 
 The request path fills one :class:`RequestTiming` per request and hands it to
 ``Telemetry.record`` when the response is finished; recording never delays a response.
+Prometheus histograms are updated inline (cheap); store roll-ups (last hour's TTFT/TPOT
+samples and prediction-token counters per endpoint) go through a bounded queue drained by
+a background task, and are dropped and counted when the queue is full.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+import queue
+import time
+from collections import defaultdict
 from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from gateway.records.evidence import make
+from gateway.records.store import WINDOW_S, MemoryRecordStore, RecordStore, Sample
+from sdk.wire.endpoints import LatencySummary
+
+log = logging.getLogger(__name__)
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2.5, 5)
+_TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+PASSIVE_EVIDENCE_EVERY_S = 60.0
 
 
 @dataclass
@@ -31,9 +53,281 @@ class RequestTiming:
     prediction_status: str = "none"
     error: str | None = None
 
+    def ttft(self) -> float | None:
+        """Request arrival -> first chunk carrying content."""
+        return None if self.t_first_content is None else self.t_first_content - self.t_start
+
+    def e2e(self) -> float | None:
+        """Request arrival -> last content (end of the response)."""
+        return None if self.t_end is None else self.t_end - self.t_start
+
+    def tokens(self) -> tuple[int | None, bool]:
+        """Output tokens and whether the count is an estimate (usage missing)."""
+        if self.output_tokens is not None:
+            return self.output_tokens, self.output_tokens_estimated
+        if self.chunk_tokens:
+            return sum(self.chunk_tokens), True
+        return None, True
+
+    def tpot(self) -> float | None:
+        """(e2e - TTFT) / (output_tokens - 1)."""
+        n, _ = self.tokens()
+        if self.t_end is None or self.t_first_content is None or n is None or n < 2:
+            return None
+        return (self.t_end - self.t_first_content) / (n - 1)
+
+
+class _Metrics:
+    """The Prometheus series, in a registry of their own (one per app)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        labels = ("endpoint", "model")
+
+        def hist(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
+            return Histogram(name, doc, labels, buckets=buckets, registry=registry)
+
+        self.ttfb = hist(
+            "draftgate_time_to_first_byte_seconds", "request -> first byte", _LATENCY_BUCKETS
+        )
+        self.ttft = hist(
+            "draftgate_ttft_seconds", "request -> first content chunk", _LATENCY_BUCKETS
+        )
+        self.tpot = hist(
+            "draftgate_tpot_seconds", "(e2e - TTFT) / (output_tokens - 1)", _GAP_BUCKETS
+        )
+        self.itl = hist("draftgate_itl_seconds", "gap between content chunks", _GAP_BUCKETS)
+        self.chunk_tokens = hist(
+            "draftgate_chunk_tokens", "tokens carried by one content chunk", _TOKEN_BUCKETS
+        )
+        self.e2e = hist("draftgate_e2e_seconds", "request -> last content", _LATENCY_BUCKETS)
+        self.output_tokens = hist(
+            "draftgate_output_tokens", "output tokens per request", _TOKEN_BUCKETS
+        )
+        self.requests = Counter(
+            "draftgate_requests", "finished requests", (*labels, "status"), registry=registry
+        )
+        self.accepted = Counter(
+            "draftgate_accepted_prediction_tokens",
+            "accepted prediction tokens",
+            labels,
+            registry=registry,
+        )
+        self.rejected = Counter(
+            "draftgate_rejected_prediction_tokens",
+            "rejected prediction tokens",
+            labels,
+            registry=registry,
+        )
+        self.estimated = Counter(
+            "draftgate_output_tokens_estimated",
+            "requests whose output tokens were counted by tokenizer (no usage)",
+            labels,
+            registry=registry,
+        )
+        self.dropped = Counter(
+            "draftgate_telemetry_dropped",
+            "roll-ups dropped because the queue was full",
+            registry=registry,
+        )
+        self.store_errors = Counter(
+            "draftgate_telemetry_store_errors",
+            "roll-up batches the store failed to take",
+            registry=registry,
+        )
+        self.memory = Gauge(
+            "draftgate_local_memory_bytes",
+            "memory of a local endpoint by part",
+            ("endpoint", "part"),
+            registry=registry,
+        )
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in 0..100) of the values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, -(-len(ordered) * q // 100))
+    return ordered[int(rank) - 1]
+
 
 class Telemetry:
     """Sink for request timings (Prometheus histograms + store roll-ups)."""
 
+    def __init__(
+        self,
+        store: RecordStore | None = None,
+        *,
+        registry: CollectorRegistry | None = None,
+        max_queue: int = 10_000,
+    ) -> None:
+        self.store: RecordStore = store if store is not None else MemoryRecordStore()
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self._m = _Metrics(self.registry)
+        self._queue: queue.Queue[RequestTiming] = queue.Queue(maxsize=max_queue)
+        self._wake: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.dropped = 0
+        self.store_errors = 0
+        self._passive_noted: dict[str, float] = {}
+
     def record(self, timing: RequestTiming) -> None:
         """Record one finished request; must return at once and never raise."""
+        try:
+            self._observe(timing)
+            try:
+                self._queue.put_nowait(timing)
+            except queue.Full:
+                self.dropped += 1
+                self._m.dropped.inc()
+                return
+            self._wake_drain()
+        except Exception:  # recording must never break a response
+            log.exception("telemetry: recording a request failed")
+
+    def metrics_text(self) -> bytes:
+        """This app's series in Prometheus text format (for ``GET /metrics``)."""
+        return generate_latest(self.registry)
+
+    def set_memory(self, endpoint: str, memory: dict[str, int]) -> None:
+        """Export a local endpoint's memory (weights, KV reserved / in use, indexes) in bytes."""
+        for part, value in memory.items():
+            if isinstance(value, int | float):
+                self._m.memory.labels(endpoint, part).set(value)
+
+    async def flush(self) -> None:
+        """Write every queued roll-up to the store now."""
+        batch: list[RequestTiming] = []
+        while True:
+            try:
+                batch.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        if batch:
+            await self._write(batch)
+
+    async def latency(self, endpoint: str, window_s: float = WINDOW_S) -> LatencySummary:
+        """p50/p95 TTFT and TPOT over the window, and the endpoint's prediction-token totals."""
+        samples = await self.store.samples(endpoint, time.time() - window_s)
+        counts = await self.store.counts(endpoint)
+        ttfts = [s[1] for s in samples if s[1] is not None]
+        tpots = [s[2] for s in samples if s[2] is not None]
+        return LatencySummary(
+            window_s=window_s,
+            requests=len(samples),
+            ttft_p50=_percentile(ttfts, 50),
+            ttft_p95=_percentile(ttfts, 95),
+            tpot_p50=_percentile(tpots, 50),
+            tpot_p95=_percentile(tpots, 95),
+            accepted_prediction_tokens=counts.get("accepted_prediction_tokens", 0),
+            rejected_prediction_tokens=counts.get("rejected_prediction_tokens", 0),
+        )
+
+    async def aclose(self) -> None:
+        """Stop the drain task, write what is queued, close the store."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        with contextlib.suppress(Exception):
+            await self.flush()
+        await self.store.aclose()
+
+    def _observe(self, t: RequestTiming) -> None:
+        m, lab = self._m, (t.endpoint, t.model)
+        m.requests.labels(*lab, str(t.status)).inc()
+        if t.t_first_byte is not None:
+            m.ttfb.labels(*lab).observe(t.t_first_byte - t.t_start)
+        if (ttft := t.ttft()) is not None:
+            m.ttft.labels(*lab).observe(ttft)
+        if (e2e := t.e2e()) is not None:
+            m.e2e.labels(*lab).observe(e2e)
+        if (tpot := t.tpot()) is not None:
+            m.tpot.labels(*lab).observe(tpot)
+        n, estimated = t.tokens()
+        if n is not None:
+            m.output_tokens.labels(*lab).observe(n)
+            if estimated:
+                m.estimated.labels(*lab).inc()
+        if t.accepted_prediction_tokens:
+            m.accepted.labels(*lab).inc(t.accepted_prediction_tokens)
+        if t.rejected_prediction_tokens:
+            m.rejected.labels(*lab).inc(t.rejected_prediction_tokens)
+
+    def _wake_drain(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # called off the event loop: the running drain task picks it up
+            if self._loop is not None and self._wake is not None and not self._loop.is_closed():
+                self._loop.call_soon_threadsafe(self._wake.set)
+            return
+        if self._task is None or self._task.done() or self._loop is not loop:
+            self._loop = loop
+            self._wake = asyncio.Event()
+            self._task = loop.create_task(self._drain(), name="draftgate-telemetry")
+        assert self._wake is not None
+        self._wake.set()
+
+    async def _drain(self) -> None:
+        assert self._wake is not None
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            await self.flush()
+
+    async def _write(self, batch: list[RequestTiming]) -> None:
+        now = time.time()
+        samples: dict[str, list[Sample]] = defaultdict(list)
+        counts: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+        for t in batch:
+            self._observe_gaps(t)
+            samples[t.endpoint].append((now, t.ttft(), t.tpot()))
+            c = counts[t.endpoint]
+            c["requests"] += 1
+            c["errors"] += int(t.error is not None or t.status >= 400)
+            if t.accepted_prediction_tokens is not None:
+                c["requests_with_prediction_usage"] += 1
+                c["accepted_prediction_tokens"] += t.accepted_prediction_tokens
+                c["rejected_prediction_tokens"] += t.rejected_prediction_tokens or 0
+                c["requests_with_accepted_tokens"] += int(t.accepted_prediction_tokens > 0)
+        try:
+            for endpoint, rows in samples.items():
+                await self.store.add_samples(endpoint, rows)
+                await self.store.add_counts(endpoint, dict(counts[endpoint]))
+                await self._note_passive(endpoint, counts[endpoint], now)
+        except Exception as exc:  # a dead store loses roll-ups, never requests
+            self.store_errors += 1
+            self._m.store_errors.inc()
+            log.warning("telemetry: store write failed: %s", type(exc).__name__)
+
+    async def _note_passive(self, endpoint: str, c: dict[str, int], now: float) -> None:
+        """Accepted prediction tokens in real traffic are evidence (at most once a minute)."""
+        if not c.get("requests_with_accepted_tokens"):
+            return
+        if now - self._passive_noted.get(endpoint, 0.0) < PASSIVE_EVIDENCE_EVERY_S:
+            return
+        self._passive_noted[endpoint] = now
+        accepted = c["accepted_prediction_tokens"]
+        await self.store.add_evidence(
+            endpoint,
+            make(
+                "passive",
+                "traffic usage fields",
+                "yes",
+                f"{accepted} accepted prediction tokens in {c['requests_with_accepted_tokens']} "
+                "recent requests",
+                {"accepted_prediction_tokens": float(accepted)},
+                observed_at=now,
+            ),
+        )
+
+    def _observe_gaps(self, t: RequestTiming) -> None:
+        lab = (t.endpoint, t.model)
+        itl = self._m.itl.labels(*lab)
+        per_chunk = self._m.chunk_tokens.labels(*lab)
+        for prev, cur in zip(t.chunk_times, t.chunk_times[1:], strict=False):
+            itl.observe(cur - prev)
+        for n in t.chunk_tokens:
+            per_chunk.observe(n)

@@ -1,0 +1,142 @@
+"""Small pure-ASGI helpers for the hot path (no Request/Response objects, no
+``BaseHTTPMiddleware``): header lookup, bounded body reading, JSON answers, the
+overhead header, and cancelling work when the client goes away."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+import anyio
+
+from gateway.errors import GatewayError, InvalidRequest, PayloadTooLarge
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+Headers = list[tuple[bytes, bytes]]
+
+OVERHEAD_HEADER = b"x-draftgate-overhead-ms"
+PREDICTION_HEADER = b"x-draftgate-prediction"
+ENDPOINT_HEADER = b"x-draftgate-endpoint"
+JSON = b"application/json"
+
+
+class ClientDisconnected(Exception):
+    """The client closed the connection before the request body arrived."""
+
+
+class UpstreamWait:
+    """Seconds this request spent waiting on its upstream/engine (not gateway overhead)."""
+
+    __slots__ = ("seconds", "t_start")
+
+    def __init__(self, t_start: float) -> None:
+        self.t_start = t_start
+        self.seconds = 0.0
+
+    def overhead_ms(self) -> float:
+        return (time.perf_counter() - self.t_start - self.seconds) * 1000.0
+
+
+def header(scope: Scope, name: bytes) -> bytes | None:
+    """The first value of header ``name`` (lower-case) or ``None``."""
+    for key, value in scope["headers"]:
+        if key == name:
+            return value  # type: ignore[no-any-return]
+    return None
+
+
+async def read_body(receive: Receive, limit: int, content_length: bytes | None) -> bytes:
+    """The whole request body; :class:`PayloadTooLarge` past ``limit`` bytes."""
+    if content_length is not None:
+        try:
+            declared = int(content_length)
+        except ValueError:
+            raise InvalidRequest("invalid Content-Length header") from None
+        if declared > limit:
+            raise PayloadTooLarge(f"request body is {declared} bytes; the limit is {limit}")
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnected
+        chunk = message.get("body", b"")
+        if chunk:
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(f"request body is over the limit of {limit} bytes")
+            chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def send_body(send: Send, status: int, body: bytes, headers: Headers) -> None:
+    """A complete response in two ASGI messages."""
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-length", str(len(body)).encode()), *headers],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_error(send: Send, error: GatewayError, headers: Headers | None = None) -> None:
+    """An OpenAI-style error response."""
+    extra = [(k.lower().encode(), v.encode()) for k, v in error.headers.items()]
+    await send_body(
+        send, error.status, error.body(), [(b"content-type", JSON), *extra, *(headers or [])]
+    )
+
+
+async def run_until_disconnect(receive: Receive, work: Callable[[], Awaitable[None]]) -> bool:
+    """Run ``work`` and cancel it as soon as the client disconnects.
+
+    Returns ``True`` when the client went away first. Cancellation reaches whatever
+    ``work`` awaits (an upstream request, a local generation), so it stops at once.
+    """
+    disconnected = False
+
+    async def watch(scope: anyio.CancelScope) -> None:
+        nonlocal disconnected
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                disconnected = True
+                scope.cancel()
+                return
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(watch, tg.cancel_scope)
+        await work()
+        tg.cancel_scope.cancel()
+    return disconnected
+
+
+def overhead_middleware(app: ASGIApp) -> ASGIApp:
+    """Adds ``X-Draftgate-Overhead-Ms`` to every HTTP response: time since the request
+    arrived minus the time recorded as waiting upstream (``scope["draftgate.wait"]``)."""
+
+    async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        wait = UpstreamWait(time.perf_counter())
+        scope["draftgate.wait"] = wait
+
+        async def send_with_overhead(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                value = f"{wait.overhead_ms():.3f}".encode()
+                message["headers"] = [*message.get("headers", ()), (OVERHEAD_HEADER, value)]
+            await send(message)
+
+        await app(scope, receive, send_with_overhead)
+
+    return middleware

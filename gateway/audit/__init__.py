@@ -1,0 +1,1 @@
+"""Latency audits of an endpoint through the gateway: runner, metrics, quality, report."""

@@ -1,0 +1,113 @@
+"""Latency metrics of ../shared/REFERENCE.md section 4, each with the formula it is computed by."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from gateway.audit.client import RequestRecord
+
+FORMULAS: dict[str, str] = {
+    "TTFB": "request sent -> response headers received",
+    "TTFT": "request sent -> first chunk carrying content (role-only chunks excluded)",
+    "TPOT": "(e2e - TTFT) / (output_tokens - 1), per request",
+    "ITL": "gap between consecutive content chunks, pooled over requests",
+    "tokens/chunk": "sum(output_tokens) / sum(content chunks)",
+    "E2E": "request sent -> last content chunk",
+    "queue wait": "request sent - request scheduled, on the client (not charged to the endpoint)",
+    "output tok/s": "sum(output_tokens) / sum(E2E)",
+    "output throughput": "sum(output_tokens) / wall time of the run",
+    "request throughput": "finished requests / wall time of the run",
+    "acceptance rate": "sum(accepted_prediction_tokens) / sum(accepted + rejected)",
+    "accepted/step": "sum(accepted draft tokens) / sum(verify steps), endpoint-reported",
+    "speedup": "output tok/s with drafts / output tok/s without drafts (same items)",
+    "time/token": "sum(E2E - TTFT) / sum(output_tokens - 1): drafting + verification + overhead "
+    "per committed token",
+    "break-even": "drafts pay iff time/token with drafts < time/token without drafts",
+    "chars/token": "sum(output characters) / sum(output_tokens)",
+    "percentiles": "nearest rank: the ceil(q/100 * n)-th smallest of n samples",
+}
+PERCENTILES = (50, 90, 95, 99)
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile: the ceil(q/100 * n)-th smallest value."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(1, math.ceil(q / 100 * len(ordered))) - 1]
+
+
+def distribution(values: Sequence[float]) -> dict[str, float | int | None]:
+    """p50/p90/p95/p99, mean and the sample count behind them."""
+    out: dict[str, float | int | None] = {f"p{q}": percentile(values, q) for q in PERCENTILES}
+    out["mean"] = sum(values) / len(values) if values else None
+    out["n"] = len(values)
+    return out
+
+
+def _ratio(num: float, den: float) -> float | None:
+    return num / den if den else None
+
+
+def time_per_token(records: Iterable[RequestRecord]) -> float | None:
+    """sum(E2E - TTFT) / sum(output_tokens - 1) over finished requests with >= 2 tokens."""
+    gen = toks = 0.0
+    for r in records:
+        if r.tpot_s() is None:
+            continue
+        assert r.e2e_s is not None and r.ttft_s is not None and r.output_tokens is not None
+        gen += r.e2e_s - r.ttft_s
+        toks += r.output_tokens - 1
+    return _ratio(gen, toks)
+
+
+def tokens_per_second(records: Iterable[RequestRecord]) -> float | None:
+    """sum(output_tokens) / sum(E2E) over finished requests."""
+    ok = [r for r in records if r.ok() and r.output_tokens]
+    return _ratio(sum(r.output_tokens or 0 for r in ok), sum(r.e2e_s or 0.0 for r in ok))
+
+
+def group_stats(records: Sequence[RequestRecord]) -> dict[str, Any]:
+    """Every section 4 figure for one group of requests."""
+    ok = [r for r in records if r.ok()]
+    errors = Counter(r.error for r in records if r.error is not None)
+    accepted = sum(r.accepted_prediction_tokens or 0 for r in ok)
+    rejected = sum(r.rejected_prediction_tokens or 0 for r in ok)
+    reporting = [r for r in ok if r.accepted_prediction_tokens is not None]
+    steps = sum(int((r.draft_stats or {}).get("verify_steps", 0)) for r in ok)
+    step_accepted = sum(int((r.draft_stats or {}).get("accepted_tokens", 0)) for r in ok)
+    by_position: list[int] = []
+    for r in ok:
+        for i, n in enumerate((r.draft_stats or {}).get("accepted_by_position") or []):
+            by_position += [0] * (i + 1 - len(by_position))
+            by_position[i] += int(n)
+    chunks = sum(len(r.chunk_offsets_s) for r in ok)
+    tokens = sum(r.output_tokens or 0 for r in ok)
+    return {
+        "requests": len(records),
+        "finished": len(ok),
+        "errors": dict(errors),
+        "ttfb_s": distribution([r.ttfb_s for r in ok if r.ttfb_s is not None]),
+        "ttft_s": distribution([r.ttft_s for r in ok if r.ttft_s is not None]),
+        "tpot_s": distribution([t for r in ok if (t := r.tpot_s()) is not None]),
+        "itl_s": distribution([g for r in ok for g in r.itl_s()]),
+        "e2e_s": distribution([r.e2e_s for r in ok if r.e2e_s is not None]),
+        "queue_wait_s": distribution([r.queued_s for r in records]),
+        "tokens_per_chunk": _ratio(tokens, chunks),
+        "output_tokens": tokens,
+        "tokens_estimated": sum(1 for r in ok if r.tokens_source != "usage"),
+        "output_tok_s": tokens_per_second(ok),
+        "time_per_token_s": time_per_token(ok),
+        "chars_per_token": _ratio(sum(len(r.text) for r in ok), tokens),
+        "acceptance": {
+            "rate": _ratio(accepted, accepted + rejected),
+            "accepted_prediction_tokens": accepted,
+            "rejected_prediction_tokens": rejected,
+            "requests_reporting": len(reporting),
+            "accepted_per_step": _ratio(step_accepted, steps),
+            "accepted_by_position": by_position,
+        },
+    }

@@ -1,0 +1,234 @@
+"""The audit summary: per-group figures, speedup, break-even, quality, languages."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from gateway.audit.client import RequestRecord
+from gateway.audit.metrics import FORMULAS, group_stats, time_per_token, tokens_per_second
+from gateway.audit.quality import Checks
+
+BASELINE = "baseline"
+DRAFTED = ("drafts", "no_prediction")
+MEASURED_YES_SPEEDUP = 1.20
+MEASURED_MAX_P = 0.05
+
+
+def sign_test_p(faster: int, pairs: int) -> float:
+    """One-sided sign test: the chance of at least ``faster`` of ``pairs`` coin flips."""
+    return sum(math.comb(pairs, k) for k in range(faster, pairs + 1)) / 2**pairs if pairs else 1.0
+
+
+def _by(
+    records: Sequence[RequestRecord], key: Callable[[RequestRecord], Any]
+) -> dict[Any, list[RequestRecord]]:
+    groups: dict[Any, list[RequestRecord]] = defaultdict(list)
+    for r in records:
+        groups[key(r)].append(r)
+    return dict(groups)
+
+
+def _pairs(records: Sequence[RequestRecord]) -> list[tuple[str, RequestRecord, RequestRecord]]:
+    """(drafted config, drafted request, baseline request) for the same item/setting/level/round."""
+    base = {(r.item, r.setting, r.concurrency, r.round): r for r in records if r.config == BASELINE}
+    return [
+        (r.config, r, base[(r.item, r.setting, r.concurrency, r.round)])
+        for r in records
+        if r.config in DRAFTED and (r.item, r.setting, r.concurrency, r.round) in base
+    ]
+
+
+def comparisons(
+    records: Sequence[RequestRecord],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Speedup and break-even per (category, concurrency, setting, drafted config), over the
+    pairs where both requests finished."""
+    cells: dict[tuple[str, int, str, str], list[tuple[RequestRecord, RequestRecord]]] = defaultdict(
+        list
+    )
+    for config, with_, without in _pairs(records):
+        if with_.ok() and without.ok():
+            for category in (with_.category, "all"):
+                cells[(category, with_.concurrency, with_.setting, config)].append((with_, without))
+    speedups, break_even = [], []
+    for (category, conc, setting, config), pairs in sorted(cells.items()):
+        withs, withouts = [p[0] for p in pairs], [p[1] for p in pairs]
+        tps_with, tps_without = tokens_per_second(withs), tokens_per_second(withouts)
+        key = {
+            "category": category,
+            "concurrency": conc,
+            "setting": setting,
+            "config": config,
+            "pairs": len(pairs),
+        }
+        speedups.append(
+            {
+                **key,
+                "tok_s_with": tps_with,
+                "tok_s_without": tps_without,
+                "speedup": tps_with / tps_without if tps_with and tps_without else None,
+                "faster_pairs": sum(
+                    1
+                    for w, wo in pairs
+                    if (w.output_tokens or 0) * (wo.e2e_s or 0)
+                    > (wo.output_tokens or 0) * (w.e2e_s or 0)
+                ),
+            }
+        )
+        t_with, t_without = time_per_token(withs), time_per_token(withouts)
+        pays = t_with < t_without if t_with is not None and t_without is not None else None
+        if pays is None:
+            statement = "not enough tokens to compare"
+        elif pays:
+            statement = (
+                f"drafts pay: {t_with * 1e3:.2f} ms/token with vs {t_without * 1e3:.2f} without"
+            )
+        else:
+            statement = (
+                f"drafts do NOT pay: {t_with * 1e3:.2f} ms/token with vs "
+                f"{t_without * 1e3:.2f} without"
+            )
+        break_even.append(
+            {
+                **key,
+                "t_with_s": t_with,
+                "t_without_s": t_without,
+                "pays": pays,
+                "statement": statement,
+            }
+        )
+    return speedups, break_even
+
+
+def lossless(records: Sequence[RequestRecord], expected: bool) -> list[dict[str, Any]]:
+    """Per category and drafted config: how many answers equal the answer without drafts."""
+    cells: dict[tuple[str, str, str], list[bool]] = defaultdict(list)
+    for config, with_, without in _pairs(records):
+        if with_.ok() and without.ok():
+            cells[(with_.category, config, with_.setting)].append(with_.text == without.text)
+    return [
+        {
+            "category": cat,
+            "config": config,
+            "setting": setting,
+            "pairs": len(same),
+            "identical": sum(same),
+            "expected_identical": expected,
+            "mismatch": expected and not all(same),
+        }
+        for (cat, config, setting), same in sorted(cells.items())
+    ]
+
+
+def quality(records: Sequence[RequestRecord], checks: dict[int, Checks]) -> list[dict[str, Any]]:
+    """Pass/fail counts of every quality check per category and config."""
+    cells: dict[tuple[str, str], dict[str, dict[str, int]]] = defaultdict(
+        lambda: defaultdict(lambda: {"passed": 0, "failed": 0})
+    )
+    truncated: dict[tuple[str, str], int] = defaultdict(int)
+    for i, r in enumerate(records):
+        if not r.ok():
+            continue
+        truncated[(r.category, r.config)] += int(r.finish_reason == "length")
+        for name, result in checks.get(i, {}).items():
+            if result is not None:
+                cells[(r.category, r.config)][name]["passed" if result else "failed"] += 1
+    return [
+        {
+            "category": cat,
+            "config": config,
+            "checks": {k: dict(v) for k, v in c.items()},
+            "truncated_at_max_tokens": truncated[(cat, config)],
+        }
+        for (cat, config), c in sorted(cells.items())
+    ]
+
+
+def languages(records: Sequence[RequestRecord]) -> list[dict[str, Any]]:
+    """Per language and config: acceptance, tokens/s and characters per token."""
+    out = []
+    for (lang, config), group in sorted(
+        _by([r for r in records if r.language], lambda r: (r.language, r.config)).items()
+    ):
+        stats = group_stats(group)
+        out.append(
+            {
+                "language": lang,
+                "config": config,
+                "requests": stats["requests"],
+                "acceptance_rate": stats["acceptance"]["rate"],
+                "output_tok_s": stats["output_tok_s"],
+                "chars_per_token": stats["chars_per_token"],
+            }
+        )
+    return out
+
+
+def summarize(
+    records: Sequence[RequestRecord],
+    checks: dict[int, Checks],
+    levels: list[dict[str, Any]],
+    *,
+    lossless_expected: bool,
+) -> dict[str, Any]:
+    """The whole summary written to audit.json and rendered in report.md."""
+    groups = []
+    for (config, setting, conc, category), group in sorted(
+        _by(records, lambda r: (r.config, r.setting, r.concurrency, r.category)).items()
+    ):
+        groups.append(
+            {
+                "config": config,
+                "setting": setting,
+                "concurrency": conc,
+                "category": category,
+                **group_stats(group),
+            }
+        )
+    for (config, setting, conc), group in sorted(
+        _by(records, lambda r: (r.config, r.setting, r.concurrency)).items()
+    ):
+        groups.append(
+            {
+                "config": config,
+                "setting": setting,
+                "concurrency": conc,
+                "category": "all",
+                **group_stats(group),
+            }
+        )
+    speedups, break_even = comparisons(records)
+    errors: dict[str, int] = defaultdict(int)
+    for r in records:
+        if r.error:
+            errors[r.error] += 1
+    return {
+        "formulas": FORMULAS,
+        "levels": levels,
+        "groups": groups,
+        "speedup": speedups,
+        "break_even": break_even,
+        "quality": quality(records, checks),
+        "lossless": lossless(records, lossless_expected),
+        "languages": languages(records),
+        "errors": dict(errors),
+        "requests": len(records),
+    }
+
+
+def measured_speedup(summary: dict[str, Any]) -> dict[str, Any] | None:
+    """The ``drafts`` config over all categories at the lowest concurrency: speedup, pairs,
+    and the pairs where the drafted request was faster (tokens per second)."""
+    rows = [
+        s
+        for s in summary["speedup"]
+        if s["category"] == "all" and s["config"] == "drafts" and s["speedup"]
+    ]
+    if not rows:
+        return None
+    low = min(s["concurrency"] for s in rows)
+    row = min((s for s in rows if s["concurrency"] == low), key=lambda s: s["setting"])
+    return {k: row[k] for k in ("speedup", "pairs", "faster_pairs", "concurrency", "setting")}

@@ -1,0 +1,58 @@
+"""What each endpoint kind accepts, as data: the request policy reads it.
+
+Facts from ../shared/REFERENCE.md section 1 (the documented-speculation table of the
+records is separate, in ``gateway/records``). ``prediction_models`` lists the model name
+prefixes that accept ``prediction``; ``None`` means every model the endpoint serves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Features OpenAI rejects together with `prediction` (names as used in dropped:<reason>).
+OPENAI_CONFLICTS = frozenset(
+    {
+        "tools",
+        "n",
+        "logprobs",
+        "presence_penalty",
+        "frequency_penalty",
+        "max_completion_tokens",
+        "audio",
+        "modalities",
+    }
+)
+
+
+@dataclass(frozen=True)
+class Capability:
+    """What one endpoint kind accepts."""
+
+    accepts_prediction: bool
+    conflicts: frozenset[str] = frozenset()
+    prediction_models: tuple[str, ...] | None = None
+    min_api_version: str | None = None
+
+
+CAPABILITIES: dict[str, Capability] = {
+    "openai": Capability(True, OPENAI_CONFLICTS, ("gpt-4o", "gpt-4.1")),
+    "azure": Capability(True, OPENAI_CONFLICTS, ("gpt-4o", "gpt-4.1"), "2025-01-01-preview"),
+    "fireworks": Capability(True, OPENAI_CONFLICTS),
+    "cerebras": Capability(True, OPENAI_CONFLICTS),
+    "mistral": Capability(True, OPENAI_CONFLICTS, ("codestral", "mistral-large")),
+    "vllm": Capability(False),
+    "sglang": Capability(False),
+    "trtllm": Capability(False),
+    "llamacpp": Capability(False),
+    "openai_compatible": Capability(False),
+    # a local endpoint (in-process or a `draftgate verifier` server) takes everything
+    "local": Capability(True),
+}
+
+# Base URLs used when a hosted endpoint's config leaves `base_url` out.
+DEFAULT_BASE_URLS: dict[str, str] = {
+    "openai": "https://api.openai.com/v1",
+    "fireworks": "https://api.fireworks.ai/inference/v1",
+    "cerebras": "https://api.cerebras.ai/v1",
+    "mistral": "https://api.mistral.ai/v1",
+}

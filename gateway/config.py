@@ -1,0 +1,264 @@
+"""Gateway configuration: a TOML file (``draftgate.toml``) plus environment overrides.
+
+``load_settings(path)`` reads the file, applies the environment and validates everything
+with pydantic; a bad file raises :class:`ConfigError` whose message names the field.
+Environment: ``DRAFTGATE_<FIELD>`` for top-level fields (``DRAFTGATE_CAPTURE=1``,
+``DRAFTGATE_MAX_BODY_BYTES``, nested with ``__``), and ``DRAFTGATE_REDIS_URL`` or
+``REDIS_URL`` for the Redis URL.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from gateway.capabilities import DEFAULT_BASE_URLS
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+EndpointKind = Literal[
+    "openai",
+    "azure",
+    "fireworks",
+    "cerebras",
+    "mistral",
+    "vllm",
+    "sglang",
+    "trtllm",
+    "llamacpp",
+    "openai_compatible",
+    "local",
+]
+
+DEFAULT_LOCAL_MODEL = "smollm2-135m"
+DEFAULT_CONFIG_FILE = "draftgate.toml"
+
+
+class ConfigError(Exception):
+    """The configuration cannot be used; the message names the field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelEntry(_Strict):
+    """A model an endpoint serves: the name clients send, optional aliases, and the
+    provider's own name for it (``upstream``; for Azure the deployment) when different."""
+
+    name: str = Field(min_length=1)
+    aliases: tuple[str, ...] = ()
+    upstream: str | None = None
+
+    @property
+    def upstream_name(self) -> str:
+        return self.upstream or self.name
+
+
+class EndpointConfig(_Strict):
+    """One upstream endpoint (hosted provider, self-hosted engine, or the local target)."""
+
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.\-]+$")
+    kind: EndpointKind
+    base_url: str | None = None
+    api_key_env: str | None = None
+    models: tuple[ModelEntry, ...] = ()
+    model: str | None = Field(default=None, description="local kind: path or alias of the target")
+    device: str | None = None
+    dtype: str | None = None
+    api_version: str | None = Field(default=None, description="azure: the api-version query")
+    deployment: str | None = Field(default=None, description="azure: one deployment for all models")
+    accepts_prediction: bool | None = Field(
+        default=None, description="override the built-in capability table for this endpoint"
+    )
+    connect_timeout_s: float = Field(default=5.0, gt=0)
+    timeout_s: float = Field(default=600.0, gt=0, description="read timeout per chunk")
+    retries: int = Field(default=2, ge=0, le=10)
+    backoff_s: float = Field(default=0.25, ge=0)
+    max_backoff_s: float = Field(default=4.0, ge=0)
+    retry_after_cap_s: float = Field(default=10.0, ge=0)
+    max_connections: int = Field(default=256, ge=1)
+    max_queue: int = Field(default=64, ge=1, description="local kind: waiting requests")
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _model_entries(cls, value: Any) -> Any:
+        if isinstance(value, list | tuple):
+            return tuple({"name": v} if isinstance(v, str) else v for v in value)
+        return value
+
+    @model_validator(mode="after")
+    def _kind_needs(self) -> EndpointConfig:
+        if self.kind == "local":
+            if self.model is None and self.base_url is None:
+                raise ValueError("a local endpoint needs `model` (path or alias of the target)")
+            if not self.models:
+                object.__setattr__(self, "models", (ModelEntry(name=self.model or self.name),))
+        elif self.base_url is None:
+            default = DEFAULT_BASE_URLS.get(self.kind)
+            if default is None:
+                raise ValueError(f"endpoint kind {self.kind!r} needs `base_url`")
+            object.__setattr__(self, "base_url", default)
+        if self.kind == "azure" and not self.api_version:
+            raise ValueError("an azure endpoint needs `api_version`")
+        if not self.models:
+            raise ValueError("`models` must list at least one model name")
+        names = self.client_names()
+        if len(names) != len(set(names)):
+            raise ValueError("`models`: a model name or alias appears twice")
+        return self
+
+    def client_names(self) -> list[str]:
+        """Every name clients may send for this endpoint (names and aliases)."""
+        return [n for m in self.models for n in (m.name, *m.aliases)]
+
+    def upstream_model(self, client_name: str) -> str:
+        """The provider's model name for a name clients send."""
+        for m in self.models:
+            if client_name == m.name or client_name in m.aliases:
+                return m.upstream_name
+        raise KeyError(client_name)
+
+
+class KeyConfig(_Strict):
+    """A gateway API key (read from ``key_env``) and the tenant it maps to."""
+
+    key_env: str = Field(min_length=1)
+    tenant: str = Field(min_length=1)
+
+
+class RedisConfig(_Strict):
+    url: str | None = None
+    prefix: str = "dg:"
+    timeout_s: float = Field(default=0.05, gt=0)
+
+
+class DocumentsConfig(_Strict):
+    ttl_s: int = Field(default=86400, ge=1)
+    recent: int = Field(default=2, ge=0, description="recent captured answers to draft from")
+
+
+def _default_endpoints() -> tuple[EndpointConfig, ...]:
+    return (
+        EndpointConfig(
+            name="local",
+            kind="local",
+            model=DEFAULT_LOCAL_MODEL,
+            models=(ModelEntry(name=DEFAULT_LOCAL_MODEL, aliases=("smollm2",)),),
+        ),
+    )
+
+
+class Settings(BaseSettings):
+    """Everything the gateway needs at start-up."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="DRAFTGATE_", env_nested_delimiter="__", extra="forbid", frozen=True
+    )
+
+    endpoints: tuple[EndpointConfig, ...] = Field(default_factory=_default_endpoints)
+    fallback: dict[str, tuple[str, ...]] = Field(
+        default_factory=dict, description="model name -> endpoint names, in the order tried"
+    )
+    keys: tuple[KeyConfig, ...] = ()
+    redis: RedisConfig = RedisConfig()
+    documents: DocumentsConfig = DocumentsConfig()
+    capture: bool = False
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    allow_public_bind: bool = False
+    auth: bool = Field(default=True, description="false: no keys checked (the verifier server)")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # the environment overrides the file (the file's content arrives as init kwargs)
+        return (env_settings, init_settings)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Settings:
+        names = [e.name for e in self.endpoints]
+        if len(names) != len(set(names)):
+            raise ValueError("endpoints: two endpoints share a name")
+        if not self.endpoints:
+            raise ValueError("endpoints: at least one endpoint is needed")
+        by_name = {e.name: e for e in self.endpoints}
+        for model, order in self.fallback.items():
+            for endpoint in order:
+                if endpoint not in by_name:
+                    raise ValueError(f"fallback.{model}: no endpoint named {endpoint!r}")
+                if model not in by_name[endpoint].client_names():
+                    raise ValueError(f"fallback.{model}: endpoint {endpoint!r} does not serve it")
+        tenants = [k.key_env for k in self.keys]
+        if len(tenants) != len(set(tenants)):
+            raise ValueError("keys: a key_env appears twice")
+        return self
+
+    def routes(self) -> dict[str, tuple[EndpointConfig, ...]]:
+        """Client model name -> the endpoints to try, in order."""
+        by_name = {e.name: e for e in self.endpoints}
+        table: dict[str, list[EndpointConfig]] = {}
+        for endpoint in self.endpoints:
+            for name in endpoint.client_names():
+                table.setdefault(name, []).append(endpoint)
+        for model, order in self.fallback.items():
+            table[model] = [by_name[n] for n in order]
+        return {k: tuple(v) for k, v in table.items()}
+
+
+def _format_error(err: ValidationError, source: str) -> str:
+    lines = [f"invalid configuration in {source}:"]
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        lines.append(f"  {loc}: {e['msg']}")
+    return "\n".join(lines)
+
+
+def build_settings(data: Mapping[str, Any], source: str = "configuration") -> Settings:
+    """Validate a mapping (the parsed TOML) plus the environment into :class:`Settings`."""
+    try:
+        return Settings(**dict(data))
+    except ValidationError as err:
+        raise ConfigError(_format_error(err, source)) from None
+
+
+def load_settings(
+    path: str | Path | None = None, environ: Mapping[str, str] | None = None
+) -> Settings:
+    """Read ``path`` (or ``./draftgate.toml`` when it exists; else the embedded default).
+
+    ``REDIS_URL`` / ``DRAFTGATE_REDIS_URL`` from ``environ`` (default ``os.environ``) set
+    the Redis URL.
+    """
+    env = os.environ if environ is None else environ
+    data: dict[str, Any] = {}
+    if path is None and Path(DEFAULT_CONFIG_FILE).is_file():
+        path = DEFAULT_CONFIG_FILE
+    source = str(path) if path is not None else "defaults"
+    if path is not None:
+        try:
+            data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"configuration file not found: {path}") from None
+        except tomllib.TOMLDecodeError as err:
+            raise ConfigError(f"invalid TOML in {path}: {err}") from None
+    redis_url = env.get("DRAFTGATE_REDIS_URL") or env.get("REDIS_URL")
+    if redis_url:
+        redis = dict(data.get("redis") or {})
+        redis["url"] = redis_url
+        data["redis"] = redis
+    return build_settings(data, source)

@@ -1,0 +1,153 @@
+"""Draft policy: what happens to a request's prediction at a given endpoint.
+
+``decide`` reads the validated request and the endpoint's :class:`Capability` and
+returns the outcome reported in ``X-Draftgate-Prediction``: ``passed``,
+``dropped:<reason>``, ``synthesized`` (a prediction made from named cached documents),
+``verified-locally`` (the local target drafts and verifies) or ``none``.
+``upstream_body`` then rewrites the JSON body for the upstream only when needed.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote
+
+from gateway.capabilities import Capability
+from sdk.wire import ChatCompletionRequest, CompletionRequest
+
+PASSED = "passed"
+SYNTHESIZED = "synthesized"
+VERIFIED_LOCALLY = "verified-locally"
+NONE = "none"
+
+
+def dropped(reason: str) -> str:
+    return f"dropped:{reason}"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """``status`` for the header; ``synthesize``: fetch the named documents and send their
+    text as the prediction; ``strip_prediction``: remove the client's prediction."""
+
+    status: str
+    synthesize: bool = False
+    strip_prediction: bool = False
+
+
+def header_document_ids(value: str | None) -> list[str]:
+    """Ids from ``X-Draftgate-Documents``: comma-separated, each percent-decoded."""
+    if not value:
+        return []
+    return [unquote(part.strip()) for part in value.split(",") if part.strip()]
+
+
+def document_ids(
+    request: ChatCompletionRequest | CompletionRequest, header: str | None
+) -> list[str]:
+    """Document ids named by the ``draftgate`` extension object and the header, in order."""
+    ids = list(request.draftgate.documents) if request.draftgate else []
+    for doc_id in header_document_ids(header):
+        if doc_id not in ids:
+            ids.append(doc_id)
+    return ids
+
+
+def conflicting_feature(request: ChatCompletionRequest) -> str | None:
+    """The first request feature that OpenAI-style providers reject with ``prediction``."""
+    if request.tools:
+        return "tools"
+    if request.n is not None and request.n > 1:
+        return "n"
+    if request.logprobs or getattr(request, "top_logprobs", None):
+        return "logprobs"
+    if request.presence_penalty is not None and request.presence_penalty > 0:
+        return "presence_penalty"
+    if request.frequency_penalty is not None and request.frequency_penalty > 0:
+        return "frequency_penalty"
+    if request.max_completion_tokens is not None:
+        return "max_completion_tokens"
+    if request.audio is not None:
+        return "audio"
+    if request.modalities and any(m != "text" for m in request.modalities):
+        return "modalities"
+    return None
+
+
+def _model_accepts(capability: Capability, upstream_model: str) -> bool:
+    prefixes = capability.prediction_models
+    return prefixes is None or upstream_model.startswith(prefixes)
+
+
+def decide(
+    request: ChatCompletionRequest | CompletionRequest,
+    capability: Capability,
+    *,
+    upstream_model: str,
+    doc_ids: list[str],
+    accepts_override: bool | None = None,
+    api_version: str | None = None,
+    local: bool = False,
+) -> Decision:
+    """The draft outcome for ``request`` sent to an endpoint with ``capability``."""
+    has_prediction = isinstance(request, ChatCompletionRequest) and request.prediction is not None
+    wants_draft = request.draftgate is None or request.draftgate.draft
+    if local:
+        if wants_draft:
+            return Decision(VERIFIED_LOCALLY)
+        return Decision(dropped("draft-off") if has_prediction else NONE)
+    if not has_prediction and not doc_ids:
+        return Decision(NONE)
+    if not wants_draft:
+        return Decision(dropped("draft-off"), strip_prediction=has_prediction)
+    if not isinstance(request, ChatCompletionRequest):
+        return Decision(dropped("completions-api"))
+    if accepts_override is not None:
+        accepts = accepts_override
+    else:
+        accepts = capability.accepts_prediction and _model_accepts(capability, upstream_model)
+    if not accepts:
+        return Decision(dropped("unsupported"), strip_prediction=has_prediction)
+    if (
+        capability.min_api_version
+        and accepts_override is None
+        and (api_version or "") < capability.min_api_version
+    ):
+        return Decision(dropped("api-version"), strip_prediction=has_prediction)
+    if capability.conflicts:
+        feature = conflicting_feature(request)
+        if feature is not None and feature in capability.conflicts:
+            return Decision(dropped(feature), strip_prediction=has_prediction)
+    if has_prediction:
+        return Decision(PASSED)
+    return Decision(SYNTHESIZED, synthesize=True)
+
+
+def upstream_body(
+    raw: bytes,
+    data: dict[str, Any],
+    *,
+    upstream_model: str,
+    strip_prediction: bool,
+    prediction_text: str | None,
+) -> bytes:
+    """The body to send upstream: ``raw`` untouched unless something must change (the
+    ``draftgate`` object removed, the model renamed, the prediction dropped or set)."""
+    changed = (
+        "draftgate" in data
+        or data.get("model") != upstream_model
+        or (strip_prediction and "prediction" in data)
+        or prediction_text is not None
+    )
+    if not changed:
+        return raw
+    body = dict(data)
+    body.pop("draftgate", None)
+    body["model"] = upstream_model
+    if strip_prediction:
+        body.pop("prediction", None)
+    if prediction_text is not None:
+        body["prediction"] = {"type": "content", "content": prediction_text}
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()

@@ -1,0 +1,348 @@
+"""The in-process local endpoint: ``local_verifier``'s Engine on one worker thread.
+
+Requests wait in a FIFO queue (a one-thread executor) and are served one at a time, so
+the engine (not thread-safe) is never entered twice. Deltas cross to the event loop via
+``loop.call_soon_threadsafe`` into an ``asyncio.Queue``; when the client goes away the
+generation stops at its next step. local_verifier is imported lazily, inside functions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+from gateway import drafts
+from gateway.asgi import ENDPOINT_HEADER, PREDICTION_HEADER, Headers, Send, send_body, send_error
+from gateway.call import Call
+from gateway.capabilities import CAPABILITIES
+from gateway.config import EndpointConfig
+from gateway.errors import GatewayError, InvalidRequest, ServiceUnavailable, UpstreamError
+from gateway.openai_objects import ResponseBuilder, draft_stats
+from gateway.sse import DONE_EVENT, SSE_HEADERS, data_event, error_event
+from lookup.corpus import Corpus, CorpusError
+from sdk.wire import ChatCompletionRequest, CompletionRequest
+
+if TYPE_CHECKING:
+    from local_verifier.engine import Engine, GenerationRequest
+
+log = logging.getLogger(__name__)
+
+_END = object()
+
+
+def _unsupported(request: ChatCompletionRequest | CompletionRequest) -> str | None:
+    """The first request field the local engine cannot honour."""
+    if request.n is not None and request.n > 1:
+        return "n"
+    if request.logprobs:
+        return "logprobs"
+    if request.presence_penalty or request.frequency_penalty:
+        return "presence_penalty" if request.presence_penalty else "frequency_penalty"
+    if isinstance(request, ChatCompletionRequest):
+        if request.tools:
+            return "tools"
+        if request.audio is not None:
+            return "audio"
+    else:
+        if request.echo:
+            return "echo"
+        if request.suffix:
+            return "suffix"
+        prompt = request.prompt
+        if isinstance(prompt, list) and len(prompt) > 1 and isinstance(prompt[0], str):
+            return "prompt"
+    return None
+
+
+class _Job:
+    """One generation handed to the worker thread."""
+
+    def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop) -> None:
+        self.request = request
+        self.loop = loop
+        self.items: asyncio.Queue[Any] = asyncio.Queue()
+        self.cancelled = threading.Event()
+
+    def push(self, item: Any) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.items.put_nowait, item)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            self.cancelled.set()
+
+
+class LocalEndpoint:
+    """Serves chat/completions requests on a local target model."""
+
+    def __init__(self, config: EndpointConfig, corpus: Corpus, *, recent: int = 0) -> None:
+        self.config = config
+        self.corpus = corpus
+        self.recent = recent
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"dg-{config.name}")
+        self._engine: Engine | None = None
+        self._load_error: str | None = None
+        self._loading: Future[None] | None = None
+        self._waiting = 0
+
+    # -- engine lifecycle (worker thread) -------------------------------------------
+
+    def start(self) -> None:
+        """Queue the model load first on the worker thread (returns at once)."""
+        if self._loading is None:
+            self._loading = self._executor.submit(self._load)
+
+    def _load(self) -> None:
+        if self._engine is not None or self._load_error is not None:
+            return
+        from local_verifier.engine import Engine
+
+        try:
+            self._engine = Engine(self.config.model or "", self.config.device, self.config.dtype)
+            log.info("local endpoint %s: %s loaded", self.config.name, self._engine.name)
+        except Exception as exc:  # a load failure is reported to every request
+            self._load_error = f"{type(exc).__name__}: {exc}"
+            log.error("local endpoint %s: %s", self.config.name, self._load_error)
+
+    async def engine(self) -> Engine:
+        """The loaded engine (loads it on the worker thread if needed)."""
+        if self._engine is None:
+            self.start()
+            assert self._loading is not None
+            await asyncio.wrap_future(self._loading)
+        if self._engine is None:
+            raise ServiceUnavailable(
+                f"local endpoint {self.config.name!r} could not load its model: {self._load_error}"
+            )
+        return self._engine
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def _run(self, job: _Job) -> None:
+        if job.cancelled.is_set():
+            job.push(_END)
+            return
+        engine = self._engine
+        assert engine is not None
+        try:
+            items = engine.generate(job.request)
+            try:
+                for item in items:
+                    job.push(item)
+                    if job.cancelled.is_set():
+                        break
+            finally:
+                items.close()  # type: ignore[attr-defined]
+        except Exception as exc:
+            job.push(exc)
+        finally:
+            job.push(_END)
+
+    # -- request path (event loop) ---------------------------------------------------
+
+    async def _generation_request(self, call: Call, engine: Engine) -> GenerationRequest:
+        from local_verifier.engine import GenerationRequest
+        from local_verifier.sampling import SamplingParams
+
+        request = call.request
+        try:
+            params = SamplingParams(
+                temperature=1.0 if request.temperature is None else request.temperature,
+                top_k=request.top_k or 0,
+                top_p=1.0 if request.top_p is None else request.top_p,
+                seed=request.seed,
+            )
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
+        draft = request.draftgate is None or request.draftgate.draft
+        gen = GenerationRequest(
+            params=params,
+            max_tokens=request.max_completion_tokens or request.max_tokens
+            if isinstance(request, ChatCompletionRequest)
+            else request.max_tokens,
+            stop=request.stop_list(),
+            draft=draft,
+        )
+        if isinstance(request, ChatCompletionRequest):
+            gen.messages = [{"role": m.role, "content": m.text()} for m in request.messages]
+            gen.prediction = request.prediction.text() if request.prediction else None
+        elif isinstance(request.prompt, str):
+            gen.prompt = request.prompt
+        elif request.prompt and isinstance(request.prompt[0], str):
+            gen.prompt = str(request.prompt[0])
+        else:
+            gen.prompt_ids = [int(t) for t in request.prompt]
+        if draft:
+            gen.documents = await self._documents(call, engine)
+        return gen
+
+    async def _documents(self, call: Call, engine: Engine) -> list[tuple[str, Any]]:
+        try:
+            docs = await self.corpus.select(
+                call.tenant, ids=call.doc_ids, prompt_text=call.prompt_text(), recent=self.recent
+            )
+            if not docs:
+                return []
+            tokenizer = engine.tokenizer
+            return await self.corpus.tokens(
+                call.tenant, docs, tokenizer.fingerprint, tokenizer.encode
+            )
+        except CorpusError as exc:
+            log.warning("local endpoint %s: documents unavailable: %s", self.config.name, exc)
+            return []
+
+    async def serve(self, call: Call, send: Send) -> None:
+        """Answer ``call`` (streamed or not) from the local engine."""
+        field = _unsupported(call.request)
+        decision = drafts.decide(
+            call.request, CAPABILITIES["local"], upstream_model="", doc_ids=call.doc_ids, local=True
+        )
+        call.timing.prediction_status = decision.status
+        headers: Headers = [
+            (PREDICTION_HEADER, decision.status.encode()),
+            (ENDPOINT_HEADER, self.config.name.encode()),
+        ]
+        job: _Job | None = None
+        try:
+            if field is not None:
+                raise InvalidRequest(
+                    f"{field}: not supported by local endpoints",
+                    param=field,
+                    code="unsupported_parameter",
+                )
+            t0 = time.perf_counter()
+            engine = await self.engine()
+            call.wait.seconds += time.perf_counter() - t0
+            gen = await self._generation_request(call, engine)
+            if self._waiting >= self.config.max_queue:
+                raise ServiceUnavailable(
+                    f"local endpoint {self.config.name!r} has {self._waiting} requests waiting; try again"
+                )
+            job = _Job(gen, asyncio.get_running_loop())
+            self._waiting += 1
+            self._executor.submit(self._run, job)
+            first = await self._next(job, call)
+            if isinstance(first, Exception):
+                raise _client_error(first)
+            if call.request.stream:
+                await self._stream(call, job, first, send, headers)
+            else:
+                await self._complete(call, job, first, send, headers)
+        except GatewayError as error:
+            call.timing.status = error.status
+            call.timing.error = error.message
+            await send_error(send, error, headers)
+        finally:
+            if job is not None:
+                job.cancelled.set()
+                self._waiting -= 1
+
+    async def _next(self, job: _Job, call: Call) -> Any:
+        t0 = time.perf_counter()
+        item = await job.items.get()
+        call.wait.seconds += time.perf_counter() - t0
+        return item
+
+    def _note_delta(self, call: Call, delta: Any) -> None:
+        now = time.perf_counter()
+        timing = call.timing
+        if timing.t_first_byte is None:
+            timing.t_first_byte = now
+        if delta.text and timing.t_first_content is None:
+            timing.t_first_content = now
+        timing.chunk_times.append(now)
+        timing.chunk_tokens.append(len(delta.token_ids))
+
+    def _note_stats(self, call: Call, stats: Any) -> None:
+        timing = call.timing
+        timing.t_end = time.perf_counter()
+        timing.output_tokens = stats.completion_tokens
+        timing.prompt_tokens = stats.prompt_tokens
+        timing.accepted_prediction_tokens = stats.accepted_prediction_tokens
+        timing.rejected_prediction_tokens = stats.rejected_prediction_tokens
+
+    async def _complete(
+        self, call: Call, job: _Job, item: Any, send: Send, headers: Headers
+    ) -> None:
+        from local_verifier.engine import GenerationStats
+
+        text: list[str] = []
+        while item is not _END:
+            if isinstance(item, Exception):
+                raise UpstreamError(f"local generation failed: {type(item).__name__}: {item}")
+            if isinstance(item, GenerationStats):
+                self._note_stats(call, item)
+                body = ResponseBuilder(call.api, call.request.model).complete("".join(text), item)
+                call.response_text = ["".join(text)]
+                await send_body(
+                    send,
+                    200,
+                    json.dumps(body, ensure_ascii=False).encode(),
+                    [(b"content-type", b"application/json"), *headers],
+                )
+                return
+            self._note_delta(call, item)
+            text.append(item.text)
+            item = await self._next(job, call)
+        raise UpstreamError("local generation ended without statistics")
+
+    async def _stream(self, call: Call, job: _Job, item: Any, send: Send, headers: Headers) -> None:
+        from local_verifier.engine import GenerationStats
+
+        builder = ResponseBuilder(call.api, call.request.model)
+        include_usage = bool(
+            call.request.stream_options and call.request.stream_options.include_usage
+        )
+        await send(
+            {"type": "http.response.start", "status": 200, "headers": [*SSE_HEADERS, *headers]}
+        )
+
+        async def emit(body: bytes) -> None:
+            await send({"type": "http.response.body", "body": body, "more_body": True})
+
+        if call.api == "chat":
+            await emit(data_event(builder.chunk(role=True)))
+        text: list[str] = []
+        while item is not _END:
+            if isinstance(item, Exception):
+                call.timing.status = 500
+                call.timing.error = f"{type(item).__name__}: {item}"
+                await emit(
+                    error_event(
+                        f"local generation failed: {type(item).__name__}",
+                        "server_error",
+                        "generation_failed",
+                    )
+                )
+                break
+            if isinstance(item, GenerationStats):
+                self._note_stats(call, item)
+                final = builder.chunk(finish=item.finish_reason)
+                final["draftgate"] = draft_stats(item)
+                await emit(data_event(final))
+                if include_usage:
+                    await emit(data_event(builder.usage_chunk(item)))
+                await emit(DONE_EVENT)
+                call.response_text = ["".join(text)]
+                break
+            if item.text:
+                await emit(data_event(builder.chunk(item.text)))
+                text.append(item.text)
+            self._note_delta(call, item)
+            item = await self._next(job, call)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _client_error(exc: Exception) -> GatewayError:
+    """The error for a failure raised before any output (bad input is the client's)."""
+    from local_verifier.errors import PromptTooLong
+
+    if isinstance(exc, PromptTooLong):
+        return InvalidRequest(str(exc), param="messages", code="context_length_exceeded")
+    if isinstance(exc, ValueError):
+        return InvalidRequest(str(exc))
+    return UpstreamError(f"local generation failed: {type(exc).__name__}: {exc}")

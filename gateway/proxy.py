@@ -1,0 +1,291 @@
+"""``POST /v1/chat/completions`` and ``POST /v1/completions`` as pure ASGI endpoints.
+
+Per request: authenticate, read the body (bounded), validate once with the shared wire
+types, route by model, then try the model's endpoints in order. An HTTP upstream's
+answer is forwarded as it arrives; a local endpoint runs the engine. Nothing is retried
+or failed over once the first byte went to the client.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+import httpx
+from pydantic import ValidationError
+
+from gateway import drafts
+from gateway.asgi import (
+    ENDPOINT_HEADER,
+    PREDICTION_HEADER,
+    ClientDisconnected,
+    Headers,
+    Receive,
+    Scope,
+    Send,
+    header,
+    read_body,
+    run_until_disconnect,
+    send_body,
+    send_error,
+)
+from gateway.call import API_PATHS, Api, Call, apply_usage
+from gateway.capabilities import CAPABILITIES
+from gateway.config import EndpointConfig
+from gateway.errors import GatewayError, InvalidJSON, InvalidRequest, ModelNotFound, UpstreamError
+from gateway.sse import SSE_HEADERS, StreamRelay, error_event
+from gateway.telemetry import RequestTiming
+from gateway.upstream import UpstreamFailure
+from sdk.wire import ChatCompletionRequest, CompletionRequest
+
+if TYPE_CHECKING:
+    from gateway.runtime import Runtime
+
+DOCUMENTS_HEADER = b"x-draftgate-documents"
+# client headers that may travel upstream (never Authorization, Host, cookies, ...)
+FORWARDED_HEADERS = frozenset(
+    {b"user-agent", b"x-request-id", b"traceparent", b"tracestate", b"accept-language"}
+)
+CLIENT_CLOSED = 499
+
+
+def _field_error(err: ValidationError) -> InvalidRequest:
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"]) or "body"
+    return InvalidRequest(f"{loc}: {first['msg']}", param=loc, code="invalid_field")
+
+
+def parse_request(
+    api: Api, raw: bytes
+) -> tuple[dict[str, Any], ChatCompletionRequest | CompletionRequest]:
+    """The body as a dict and as the validated wire type (400 naming the field if not)."""
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:
+        raise InvalidJSON(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise InvalidJSON("request body must be a JSON object")
+    model_type = ChatCompletionRequest if api == "chat" else CompletionRequest
+    try:
+        return data, model_type.model_validate(data)
+    except ValidationError as err:
+        raise _field_error(err) from None
+
+
+class CompletionsEndpoint:
+    """The ASGI app behind one of the two completion routes."""
+
+    def __init__(self, runtime: Runtime, api: Api) -> None:
+        self.runtime = runtime
+        self.api = api
+        self.path = API_PATHS[api]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        runtime = self.runtime
+        wait = scope["draftgate.wait"]
+        try:
+            tenant = runtime.auth.tenant(header(scope, b"authorization"))
+            raw = await read_body(
+                receive, runtime.settings.max_body_bytes, header(scope, b"content-length")
+            )
+            data, request = parse_request(self.api, raw)
+            endpoints = runtime.routes.get(request.model)
+            if not endpoints:
+                raise ModelNotFound(
+                    f"model {request.model!r} is not served here (see GET /v1/models)",
+                    param="model",
+                )
+        except ClientDisconnected:
+            return
+        except GatewayError as error:
+            await send_error(send, error)
+            return
+        docs_header = header(scope, DOCUMENTS_HEADER)
+        call = Call(
+            api=self.api,
+            tenant=tenant,
+            raw=raw,
+            data=data,
+            request=request,
+            doc_ids=drafts.document_ids(
+                request, docs_header.decode("latin-1") if docs_header else None
+            ),
+            forward_headers=[(k, v) for k, v in scope["headers"] if k in FORWARDED_HEADERS],
+            wait=wait,
+            timing=RequestTiming(
+                endpoint=endpoints[0].name,
+                model=request.model,
+                stream=request.stream,
+                t_start=wait.t_start,
+            ),
+        )
+        try:
+            if await run_until_disconnect(receive, lambda: self._serve(call, endpoints, send)):
+                call.timing.status = CLIENT_CLOSED
+                call.timing.error = "client disconnected"
+        finally:
+            if call.timing.t_end is None:
+                call.timing.t_end = time.perf_counter()
+            runtime.telemetry.record(call.timing)
+        if runtime.settings.capture and call.timing.status == 200 and call.response_text:
+            await runtime.capture(call)
+
+    async def _serve(self, call: Call, endpoints: tuple[EndpointConfig, ...], send: Send) -> None:
+        failure: UpstreamFailure | None = None
+        failed_endpoint = endpoints[0].name
+        for endpoint in endpoints:
+            call.timing.endpoint = endpoint.name
+            local = self.runtime.local.get(endpoint.name)
+            if local is not None:
+                await local.serve(call, send)
+                return
+            upstream = self.runtime.upstreams[endpoint.name]
+            decision, body = await self._prepare(call, endpoint)
+            call.timing.prediction_status = decision.status
+            t0 = time.perf_counter()
+            try:
+                response = await upstream.open(
+                    self.path,
+                    body,
+                    endpoint.upstream_model(call.request.model),
+                    call.forward_headers,
+                )
+            except UpstreamFailure as exc:
+                if exc.client_fault:
+                    await self._fail(call, send, exc.to_error(endpoint.name), decision.status)
+                    return
+                failure, failed_endpoint = exc, endpoint.name
+                continue
+            finally:
+                call.wait.seconds += time.perf_counter() - t0
+            call.timing.t_first_byte = time.perf_counter()
+            headers: Headers = [
+                (PREDICTION_HEADER, decision.status.encode()),
+                (ENDPOINT_HEADER, endpoint.name.encode()),
+            ]
+            if call.request.stream:
+                await self._relay_stream(call, response, send, headers)
+            else:
+                await self._relay_body(call, response, send, headers)
+            return
+        assert failure is not None
+        await self._fail(
+            call, send, failure.to_error(failed_endpoint), call.timing.prediction_status
+        )
+
+    async def _prepare(self, call: Call, endpoint: EndpointConfig) -> tuple[drafts.Decision, bytes]:
+        upstream_model = endpoint.upstream_model(call.request.model)
+        decision = drafts.decide(
+            call.request,
+            CAPABILITIES[endpoint.kind],
+            upstream_model=upstream_model,
+            doc_ids=call.doc_ids,
+            accepts_override=endpoint.accepts_prediction,
+            api_version=endpoint.api_version,
+        )
+        prediction_text = None
+        if decision.synthesize:
+            prediction_text, missing = await self.runtime.document_text(call.tenant, call.doc_ids)
+            if prediction_text is None:
+                decision = drafts.Decision(drafts.dropped(missing))
+        body = drafts.upstream_body(
+            call.raw,
+            call.data,
+            upstream_model=upstream_model,
+            strip_prediction=decision.strip_prediction,
+            prediction_text=prediction_text,
+        )
+        return decision, body
+
+    async def _fail(self, call: Call, send: Send, error: GatewayError, status: str) -> None:
+        call.timing.status = error.status
+        call.timing.error = error.message
+        await send_error(send, error, [(PREDICTION_HEADER, status.encode())])
+
+    async def _relay_body(
+        self, call: Call, response: httpx.Response, send: Send, headers: Headers
+    ) -> None:
+        t0 = time.perf_counter()
+        try:
+            body = await response.aread()
+        except httpx.TimeoutException:
+            await self._fail(
+                call,
+                send,
+                UpstreamError("upstream timed out sending the body", code="gateway_timeout"),
+                call.timing.prediction_status,
+            )
+            return
+        except httpx.HTTPError as exc:
+            await self._fail(
+                call,
+                send,
+                UpstreamError(f"upstream body interrupted: {type(exc).__name__}"),
+                call.timing.prediction_status,
+            )
+            return
+        finally:
+            await response.aclose()
+            call.wait.seconds += time.perf_counter() - t0
+        content_type = response.headers.get("content-type", "application/json").encode()
+        call.timing.status = response.status_code
+        await send_body(
+            send, response.status_code, body, [(b"content-type", content_type), *headers]
+        )
+        now = time.perf_counter()
+        call.timing.t_first_content = call.timing.t_end = now
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            return
+        if isinstance(payload, dict):
+            apply_usage(call.timing, payload.get("usage"))
+            if self.runtime.settings.capture:
+                call.response_text = _texts(payload)
+
+    async def _relay_stream(
+        self, call: Call, response: httpx.Response, send: Send, headers: Headers
+    ) -> None:
+        await send(
+            {"type": "http.response.start", "status": 200, "headers": [*SSE_HEADERS, *headers]}
+        )
+        relay = StreamRelay(call.timing, keep_text=self.runtime.settings.capture)
+        problem: str | None = None
+        try:
+            async for chunk in response.aiter_raw():
+                ready = relay.feed(chunk)
+                if ready:
+                    await send({"type": "http.response.body", "body": ready, "more_body": True})
+                    relay.observe(ready)
+            if not relay.done:
+                problem = "upstream stream ended before [DONE]"
+        except httpx.TimeoutException:
+            problem = "upstream timed out mid-stream"
+        except httpx.HTTPError as exc:
+            problem = f"upstream stream interrupted: {type(exc).__name__}"
+        finally:
+            await response.aclose()
+        call.timing.t_end = time.perf_counter()
+        apply_usage(call.timing, relay.usage)
+        if problem is not None:
+            call.timing.status = 502
+            call.timing.error = problem
+            await send(
+                {"type": "http.response.body", "body": error_event(problem), "more_body": True}
+            )
+        elif relay.text is not None:
+            call.response_text = ["".join(relay.text)]
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _texts(payload: dict[str, Any]) -> list[str]:
+    texts = []
+    for choice in payload.get("choices") or ():
+        if not isinstance(choice, dict):
+            continue
+        message = choice.get("message")
+        text = message.get("content") if isinstance(message, dict) else choice.get("text")
+        if isinstance(text, str) and text:
+            texts.append(text)
+    return texts

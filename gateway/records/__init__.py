@@ -1,0 +1,1 @@
+"""Speculation records per endpoint: documented table, evidence, probes, store."""

@@ -1,0 +1,42 @@
+"""Turning observations into evidence, and evidence into a yes/no/unknown verdict."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from sdk.wire.endpoints import Evidence, EvidenceKind, Verdict
+
+MAX_EVIDENCE = 20
+
+
+def make(
+    kind: EvidenceKind,
+    source: str,
+    verdict: Verdict,
+    detail: str,
+    values: dict[str, float] | None = None,
+    observed_at: float | None = None,
+) -> Evidence:
+    """One piece of evidence, stamped now unless told otherwise."""
+    return Evidence(
+        kind=kind,
+        source=source,
+        verdict=verdict,
+        detail=detail,
+        values=values or {},
+        observed_at=time.time() if observed_at is None else observed_at,
+    )
+
+
+def verdict(evidence: Iterable[Evidence]) -> tuple[Verdict, Evidence | None]:
+    """The newest decisive (yes/no) evidence decides; with none, ``unknown``.
+
+    A 200 answer is never turned into evidence by the probes, so an endpoint that ignores
+    ``prediction`` can only reach ``no`` or ``unknown``.
+    """
+    decisive = [e for e in evidence if e.verdict != "unknown"]
+    if not decisive:
+        return "unknown", None
+    newest = max(decisive, key=lambda e: e.observed_at)
+    return newest.verdict, newest

@@ -1,0 +1,103 @@
+"""Speculation records: documented row + evidence + verdict + passive latency, per endpoint."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+import httpx
+
+from gateway.records.evidence import verdict
+from gateway.records.probes import probe_engine, probe_usage
+from gateway.records.table import documented_for
+from gateway.telemetry import Telemetry
+from sdk.wire.endpoints import EndpointRecord, Evidence
+
+ENGINE_KINDS = {"vllm", "sglang", "trtllm", "llamacpp"}
+
+
+class EndpointLike(Protocol):
+    """What records need of an endpoint's configuration (``gateway.config.EndpointConfig``)."""
+
+    name: str
+    kind: str
+    base_url: str | None
+    models: Any
+
+
+def model_names(endpoint: EndpointLike) -> list[str]:
+    """The client-facing model names of an endpoint (config entries or plain strings)."""
+    return [m if isinstance(m, str) else m.name for m in endpoint.models]
+
+
+class Records:
+    """Builds records from the table and the store; runs probes on demand."""
+
+    def __init__(self, endpoints: Sequence[EndpointLike], telemetry: Telemetry) -> None:
+        self.endpoints = {e.name: e for e in endpoints}
+        self.telemetry = telemetry
+
+    async def add_evidence(self, endpoint: str, evidence: Evidence) -> None:
+        await self.telemetry.store.add_evidence(endpoint, evidence)
+
+    async def record(self, name: str) -> EndpointRecord:
+        """The record of one configured endpoint (``KeyError`` for an unknown name)."""
+        e = self.endpoints[name]
+        models = model_names(e)
+        await self.telemetry.flush()
+        evidence = await self.telemetry.store.evidence(name)
+        enabled, basis = verdict(evidence)
+        return EndpointRecord(
+            name=name,
+            kind=e.kind,
+            models=models,
+            documented=documented_for(e.kind, models),
+            enabled=enabled,
+            enabled_evidence=basis,
+            evidence=sorted(evidence, key=lambda ev: ev.observed_at, reverse=True),
+            latency=await self.telemetry.latency(name),
+        )
+
+    async def records(self) -> list[EndpointRecord]:
+        return [await self.record(name) for name in self.endpoints]
+
+    async def probe(
+        self, gateway_url: str, headers: Mapping[str, str], timeout_s: float = 60.0
+    ) -> None:
+        """Probe every endpoint and store what was found.
+
+        Engines are asked directly (metrics, server info); the usage probe goes through the
+        gateway at ``gateway_url`` so credentials, model names and draft handling are the
+        gateway's own, and it asks the endpoint's first model.
+        """
+        async with httpx.AsyncClient(timeout=timeout_s) as client:
+            await asyncio.gather(
+                *(self._probe_one(client, e, gateway_url, headers) for e in self.endpoints.values())
+            )
+
+    async def _probe_one(
+        self,
+        client: httpx.AsyncClient,
+        e: EndpointLike,
+        gateway_url: str,
+        headers: Mapping[str, str],
+    ) -> None:
+        models = model_names(e)
+        found: list[Evidence] = []
+        if e.kind in ENGINE_KINDS and e.base_url:
+            previous = next(
+                (
+                    ev
+                    for ev in await self.telemetry.store.evidence(e.name)
+                    if ev.kind == "probe" and ev.values
+                ),
+                None,
+            )
+            found += await probe_engine(client, e.kind, e.base_url, models[0], previous)
+        documented = documented_for(e.kind, models)
+        if documented is None or documented.accepts_prediction != "no":
+            url = f"{gateway_url.rstrip('/')}/v1/chat/completions"
+            found.append(await probe_usage(client, url, models[0], headers))
+        for ev in found:
+            await self.add_evidence(e.name, ev)

@@ -1,0 +1,147 @@
+"""``GET /v1/endpoints`` (speculation records), ``GET /v1/endpoints/{name}/memory`` (a local
+endpoint's memory) and ``POST /v1/audits`` (run an audit through this gateway)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import ValidationError
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from gateway.asgi import read_body
+from gateway.errors import GatewayError, InvalidJSON, InvalidRequest, NotFound, ServiceUnavailable
+from gateway.records.service import Records, model_names
+from gateway.routes_documents import error_response, json_response
+from lookup.corpus.errors import StoreUnavailable
+from sdk.wire.endpoints import AuditRequest, EndpointList, Evidence
+
+
+def _runtime(request: Request) -> Any:
+    return request.app.state.runtime
+
+
+def _authorize(request: Request) -> dict[str, str]:
+    """Check the caller's gateway key; the headers to reuse for calls back into the gateway."""
+    value = request.headers.get("authorization")
+    _runtime(request).auth.tenant(value.encode("latin-1") if value is not None else None)
+    return {"authorization": value} if value is not None else {}
+
+
+def records_of(request: Request) -> Records:
+    """The app's :class:`Records` (built on first use from the runtime's settings)."""
+    state = request.app.state
+    if getattr(state, "records", None) is None:
+        runtime = _runtime(request)
+        state.records = Records(runtime.settings.endpoints, runtime.telemetry)
+    records: Records = state.records
+    return records
+
+
+def _gateway_url(request: Request) -> str:
+    return str(request.base_url).rstrip("/")
+
+
+async def list_endpoints(request: Request) -> Response:
+    """Every endpoint's record; ``?probe=1`` runs the probes first."""
+    try:
+        headers = _authorize(request)
+        records = records_of(request)
+        if request.query_params.get("probe", "").lower() in ("1", "true", "yes"):
+            await records.probe(_gateway_url(request), headers)
+        data = await records.records()
+    except StoreUnavailable as exc:
+        return error_response(ServiceUnavailable(f"record store unavailable: {exc}"))
+    except GatewayError as error:
+        return error_response(error)
+    return json_response(EndpointList(data=data).model_dump(mode="json"))
+
+
+async def endpoint_memory(request: Request) -> Response:
+    """Memory of an in-process local endpoint's engine (weights, KV cache, indexes), bytes."""
+    try:
+        _authorize(request)
+        runtime = _runtime(request)
+        name = request.path_params["name"]
+        local = runtime.local.get(name)
+        if local is None:
+            raise NotFound(f"no in-process local endpoint {name!r}", param="name")
+        engine = await local.engine()
+        memory = engine.memory()
+        runtime.telemetry.set_memory(name, memory)
+    except GatewayError as error:
+        return error_response(error)
+    return json_response(memory)
+
+
+async def create_audit(request: Request) -> Response:
+    """Run an audit of one endpoint through this gateway and return its result."""
+    from gateway.audit.runner import AuditPlan, run_audit
+    from gateway.audit.workload import load_workload, parse_item
+
+    try:
+        headers = _authorize(request)
+        try:
+            raw = await read_body(
+                request.receive,
+                _runtime(request).settings.max_body_bytes,
+                request.headers.get("content-length", "").encode() or None,
+            )
+            body = AuditRequest.model_validate(json.loads(raw))
+        except ValueError as exc:
+            if isinstance(exc, ValidationError):
+                first = exc.errors()[0]
+                loc = ".".join(str(p) for p in first["loc"]) or "body"
+                raise InvalidRequest(f"{loc}: {first['msg']}", param=loc) from None
+            raise InvalidJSON(f"request body is not valid JSON: {exc}") from None
+        records = records_of(request)
+        endpoint = records.endpoints.get(body.endpoint)
+        if endpoint is None:
+            raise NotFound(f"no endpoint named {body.endpoint!r}", param="endpoint")
+        try:
+            items = [parse_item(raw) for raw in body.workload] if body.workload else load_workload()
+        except ValueError as exc:
+            raise InvalidRequest(f"workload: {exc}", param="workload") from None
+        sweep = next(iter(body.sweep.items())) if body.sweep else None
+        if len(body.sweep) > 1:
+            raise InvalidRequest("sweep: vary one setting at a time", param="sweep")
+        plan = AuditPlan(
+            base_url=_gateway_url(request),
+            endpoint=endpoint.name,
+            model=model_names(endpoint)[0],
+            items=items,
+            kind=endpoint.kind,
+            concurrency=body.concurrency,
+            requests=body.requests,
+            poisson_rate=body.poisson_rate,
+            max_tokens=body.max_tokens,
+            temperature=body.temperature,
+            sweep=sweep,
+            headers=headers,
+            progress=False,
+        )
+        try:
+            plan.settings()
+        except ValueError as exc:
+            raise InvalidRequest(str(exc), param="sweep") from None
+        result = await run_audit(plan)
+        try:
+            await records.add_evidence(
+                endpoint.name, Evidence.model_validate(result.summary["measured_evidence"])
+            )
+        except StoreUnavailable:
+            result.summary["record_update"] = "record store unavailable: evidence not stored"
+        if not body.include_records:
+            result.records = []
+    except GatewayError as error:
+        return error_response(error)
+    return json_response(result.model_dump(mode="json"))
+
+
+routes: list[Route] = [
+    Route("/v1/endpoints", list_endpoints, methods=["GET"]),
+    Route("/v1/endpoints/{name}/memory", endpoint_memory, methods=["GET"]),
+    Route("/v1/audits", create_audit, methods=["POST"]),
+]

@@ -1,0 +1,98 @@
+"""Everything a running gateway holds: settings, auth, routes, upstream clients, local
+engines, the document corpus and telemetry. Built by ``create_app``; started and closed
+by the app's lifespan."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+
+import httpx
+
+from gateway.auth import Authenticator
+from gateway.call import Call
+from gateway.config import EndpointConfig, Settings
+from gateway.local_endpoint import LocalEndpoint
+from gateway.records.store import open_record_store
+from gateway.telemetry import Telemetry
+from gateway.upstream import Upstream
+from lookup.corpus import Corpus, CorpusError, open_store
+
+log = logging.getLogger(__name__)
+
+
+def _in_process(endpoint: EndpointConfig) -> bool:
+    return endpoint.kind == "local" and endpoint.base_url is None
+
+
+class Runtime:
+    """The gateway's long-lived state (one per app)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        environ: Mapping[str, str] | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        telemetry: Telemetry | None = None,
+        corpus: Corpus | None = None,
+    ) -> None:
+        env = os.environ if environ is None else environ
+        self.settings = settings
+        self.auth = Authenticator.from_settings(settings, env)
+        self.routes = settings.routes()
+        self.corpus = corpus or Corpus(
+            open_store(
+                settings.redis.url, prefix=settings.redis.prefix, timeout_s=settings.redis.timeout_s
+            ),
+            ttl_s=settings.documents.ttl_s,
+        )
+        self.telemetry = telemetry or Telemetry(
+            open_record_store(settings.redis.url, prefix=settings.redis.prefix)
+        )
+        self.upstreams: dict[str, Upstream] = {}
+        self.local: dict[str, LocalEndpoint] = {}
+        for endpoint in settings.endpoints:
+            if _in_process(endpoint):
+                self.local[endpoint.name] = LocalEndpoint(
+                    endpoint, self.corpus, recent=settings.documents.recent
+                )
+            else:
+                self.upstreams[endpoint.name] = Upstream(endpoint, env, transport)
+
+    def model_names(self) -> list[str]:
+        """Every model name clients may send, in configuration order."""
+        return list(self.routes)
+
+    async def start(self) -> None:
+        """Start loading local models (queued first on their worker threads)."""
+        for local in self.local.values():
+            local.start()
+
+    async def aclose(self) -> None:
+        for upstream in self.upstreams.values():
+            await upstream.aclose()
+        for local in self.local.values():
+            local.close()
+        await self.corpus.aclose()
+
+    async def document_text(self, tenant: str, ids: list[str]) -> tuple[str | None, str]:
+        """The named documents' text joined (for a synthesized prediction), or ``None``
+        and the reason (``no-document`` / ``store-unavailable``)."""
+        try:
+            docs = await self.corpus.select(tenant, ids=ids)
+        except CorpusError:
+            return None, "store-unavailable"
+        wanted = set(ids)
+        texts = [d.text for d in docs if d.id in wanted]
+        if not texts:
+            return None, "no-document"
+        return "\n".join(texts), ""
+
+    async def capture(self, call: Call) -> None:
+        """Store the answer and the request's code blocks in the tenant's namespace after
+        the response (the corpus does it in the background, bounded; it never raises)."""
+        await self.corpus.capture(
+            call.tenant, call.response_text, request_texts=[call.prompt_text()]
+        )

@@ -1,0 +1,96 @@
+"""Server-sent events on the way through: event-aligned forwarding and the observations
+telemetry needs (first content, chunk times, usage, the closing ``[DONE]``)."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from gateway.telemetry import RequestTiming
+
+DONE = b"[DONE]"
+DONE_EVENT = b"data: [DONE]\n\n"
+SSE_HEADERS: list[tuple[bytes, bytes]] = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+def error_event(
+    message: str, type_: str = "upstream_error", code: str = "stream_interrupted"
+) -> bytes:
+    """An OpenAI-style error event; the stream ends after it."""
+    payload = {"error": {"message": message, "type": type_, "code": code, "param": None}}
+    return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+
+def data_event(obj: Any) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+def _content(choice: dict[str, Any]) -> str | None:
+    delta = choice.get("delta")
+    if isinstance(delta, dict):
+        content = delta.get("content")
+        return content if isinstance(content, str) else None
+    text = choice.get("text")
+    return text if isinstance(text, str) else None
+
+
+class StreamRelay:
+    """Splits upstream bytes into whole events to forward, and notes what they carry.
+
+    ``feed`` returns the bytes ready to send (complete events only, so an interrupted
+    stream never leaves half an event before the error event).
+    """
+
+    def __init__(self, timing: RequestTiming, keep_text: bool) -> None:
+        self.timing = timing
+        self.done = False
+        self.usage: dict[str, Any] | None = None
+        self.text: list[str] | None = [] if keep_text else None
+        self._pending = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        buffer = self._pending + chunk if self._pending else chunk
+        cut_lf = buffer.rfind(b"\n\n")
+        cut_crlf = buffer.rfind(b"\r\n\r\n")
+        cut = max(cut_lf + 2 if cut_lf >= 0 else -1, cut_crlf + 4 if cut_crlf >= 0 else -1)
+        if cut < 0:
+            self._pending = buffer
+            return b""
+        ready, self._pending = buffer[:cut], buffer[cut:]
+        return ready
+
+    def observe(self, ready: bytes) -> None:
+        """Record what the forwarded events carried (after they were sent)."""
+        now = time.perf_counter()
+        timing = self.timing
+        if timing.t_first_byte is None:
+            timing.t_first_byte = now
+        for line in ready.splitlines():
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == DONE:
+                self.done = True
+                continue
+            try:
+                event = json.loads(data)
+            except ValueError:
+                continue
+            if not isinstance(event, dict):
+                continue
+            usage = event.get("usage")
+            if isinstance(usage, dict):
+                self.usage = usage
+            for choice in event.get("choices") or ():
+                content = _content(choice) if isinstance(choice, dict) else None
+                if content:
+                    if timing.t_first_content is None:
+                        timing.t_first_content = now
+                    timing.chunk_times.append(now)
+                    if self.text is not None:
+                        self.text.append(content)

@@ -1,0 +1,186 @@
+"""HTTP upstreams: one pooled ``httpx.AsyncClient`` per endpoint, retries before headers.
+
+``Upstream.open`` sends a request and returns the streamed response once a 2xx status
+and headers arrived. Before that point it retries (tenacity, exponential backoff with
+jitter) on transport errors, timeouts, 429 (``Retry-After`` honoured up to a cap) and
+502/503/504. Whatever fails is raised as :class:`UpstreamFailure`; the caller decides
+on fallback and maps it to the client-facing error.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Mapping, Sequence
+
+import httpx
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
+
+from gateway.config import EndpointConfig
+from gateway.errors import (
+    GatewayError,
+    RateLimited,
+    UpstreamError,
+    UpstreamRejected,
+    UpstreamTimeout,
+    redact,
+)
+from gateway.providers import adapter_for
+
+RETRY_STATUSES = frozenset({429, 502, 503, 504})
+# 4xx answers caused by the client's request: passed back, never retried or failed over.
+CLIENT_FAULT_STATUSES = frozenset({400, 413, 422})
+
+
+class UpstreamFailure(Exception):
+    """An attempt failed before the first byte went to the client."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        timeout: bool = False,
+        retry_after: float | None = None,
+        param: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.timeout = timeout
+        self.retry_after = retry_after
+        self.param = param
+
+    @property
+    def retryable(self) -> bool:
+        return self.status is None or self.status in RETRY_STATUSES
+
+    @property
+    def client_fault(self) -> bool:
+        return self.status in CLIENT_FAULT_STATUSES
+
+    def to_error(self, endpoint: str) -> GatewayError:
+        """The client-facing error for this failure."""
+        if self.client_fault and self.status is not None:
+            return UpstreamRejected(self.status, self.message, param=self.param)
+        if self.timeout:
+            return UpstreamTimeout(f"endpoint {endpoint!r} timed out: {self.message}")
+        if self.status == 429:
+            return RateLimited(f"endpoint {endpoint!r} is rate limited: {self.message}")
+        return UpstreamError(f"endpoint {endpoint!r} failed: {self.message}")
+
+
+def retry_after_seconds(headers: httpx.Headers) -> float | None:
+    """``retry-after-ms`` or ``Retry-After`` (seconds) from a response, if numeric."""
+    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value is not None:
+            try:
+                return max(0.0, float(value) * scale)
+            except ValueError:
+                continue
+    return None
+
+
+def _error_message(body: bytes, status: int) -> tuple[str, str | None]:
+    try:
+        data = json.loads(body)
+        error = data.get("error", data) if isinstance(data, dict) else None
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            param = error.get("param")
+            return error["message"], param if isinstance(param, str) else None
+        if isinstance(error, str):
+            return error, None
+    except ValueError:
+        pass
+    return f"upstream answered HTTP {status}", None
+
+
+class Upstream:
+    """An endpoint reached over HTTP (every kind but in-process local)."""
+
+    def __init__(
+        self,
+        config: EndpointConfig,
+        environ: Mapping[str, str],
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.config = config
+        self.adapter = adapter_for(config, environ)
+        self._secrets = [self.adapter.api_key] if self.adapter.api_key else []
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(
+                config.timeout_s, connect=config.connect_timeout_s, pool=config.timeout_s
+            ),
+            limits=httpx.Limits(
+                max_connections=config.max_connections,
+                max_keepalive_connections=config.max_connections,
+            ),
+            transport=transport,
+            headers={"accept-encoding": "identity"},
+        )
+        self._base_headers = [
+            (b"content-type", b"application/json"),
+            *self.adapter.auth_headers(),
+        ]
+
+    def _wait(self, state: RetryCallState) -> float:
+        exc = state.outcome.exception() if state.outcome else None
+        if isinstance(exc, UpstreamFailure) and exc.retry_after is not None:
+            return min(exc.retry_after, self.config.retry_after_cap_s)
+        backoff = self.config.backoff_s * 2 ** (state.attempt_number - 1)
+        return min(backoff, self.config.max_backoff_s) * (0.5 + random.random() / 2)
+
+    async def open(
+        self,
+        path: str,
+        body: bytes,
+        upstream_model: str,
+        client_headers: Sequence[tuple[bytes, bytes]] = (),
+    ) -> httpx.Response:
+        """POST ``body`` to ``path``; the response (2xx, body not yet read) or a failure."""
+        url = self.adapter.url(path, upstream_model)
+        headers = [*client_headers, *self._base_headers]
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(self.config.retries + 1),
+            wait=self._wait,
+            retry=retry_if_exception(lambda e: isinstance(e, UpstreamFailure) and e.retryable),
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                return await self._send_once(url, body, headers)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _send_once(
+        self, url: str, body: bytes, headers: list[tuple[bytes, bytes]]
+    ) -> httpx.Response:
+        request = self.client.build_request("POST", url, content=body, headers=headers)
+        try:
+            response = await self.client.send(request, stream=True)
+        except httpx.TimeoutException as exc:
+            raise UpstreamFailure(type(exc).__name__, timeout=True) from None
+        except httpx.TransportError as exc:
+            raise UpstreamFailure(f"{type(exc).__name__}: {self.safe(str(exc))}") from None
+        if 200 <= response.status_code < 300:
+            return response
+        try:
+            content = await response.aread()
+        except httpx.HTTPError:
+            content = b""
+        finally:
+            await response.aclose()
+        message, param = _error_message(content, response.status_code)
+        raise UpstreamFailure(
+            self.safe(message),
+            status=response.status_code,
+            retry_after=retry_after_seconds(response.headers),
+            param=param,
+        )
+
+    def safe(self, message: str) -> str:
+        """``message`` with credentials removed."""
+        return redact(message, self._secrets)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()

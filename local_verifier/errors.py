@@ -1,0 +1,19 @@
+"""Errors raised by local_verifier."""
+
+from __future__ import annotations
+
+
+class ModelLoadError(RuntimeError):
+    """A model could not be loaded; the message says what is supported or how to install it."""
+
+
+class PromptTooLong(ValueError):
+    """The prompt leaves no room to generate within the model's context."""
+
+    def __init__(self, prompt_tokens: int, context_length: int) -> None:
+        super().__init__(
+            f"prompt has {prompt_tokens} tokens; the model's context is {context_length} tokens "
+            "and at least one must be left to generate"
+        )
+        self.prompt_tokens = prompt_tokens
+        self.context_length = context_length

@@ -1,0 +1,123 @@
+"""Read a Hugging Face checkpoint directory: config, safetensors weights, tokenizer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+from tokenizers import Tokenizer as BackendTokenizer
+
+from local_verifier.errors import ModelLoadError
+from local_verifier.model import SUPPORTED_ROPE_SCALING, ModelConfig
+from local_verifier.tokenizer import Tokenizer
+
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+
+
+def read_config(directory: Path, max_seq_len: int | None) -> ModelConfig:
+    """ModelConfig from ``config.json``."""
+    raw = _read_json(directory / "config.json")
+    if not raw:
+        raise ModelLoadError(f"{directory} has no config.json")
+    archs = raw.get("architectures") or []
+    if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
+        raise ModelLoadError(
+            f"unsupported architecture {archs}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+    scaling = raw.get("rope_scaling") or raw.get("rope_parameters")
+    theta = raw.get("rope_theta") or (scaling or {}).get("rope_theta") or 10000.0
+    if scaling is not None:
+        kind = scaling.get("rope_type", scaling.get("type", "default"))
+        if kind not in SUPPORTED_ROPE_SCALING:
+            raise ModelLoadError(
+                f"unsupported rope scaling {kind!r}; supported: {', '.join(SUPPORTED_ROPE_SCALING)}"
+            )
+        if kind == "default":
+            scaling = None
+    n_heads = raw["num_attention_heads"]
+    context = int(raw.get("max_position_embeddings", 2048))
+    return ModelConfig(
+        vocab_size=raw["vocab_size"],
+        dim=raw["hidden_size"],
+        n_layers=raw["num_hidden_layers"],
+        n_heads=n_heads,
+        n_kv_heads=raw.get("num_key_value_heads") or n_heads,
+        head_dim=raw.get("head_dim") or raw["hidden_size"] // n_heads,
+        hidden_dim=raw["intermediate_size"],
+        rope_theta=float(theta),
+        rope_scaling=scaling,
+        norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+        tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
+        qkv_bias=bool(raw.get("attention_bias", "Qwen2ForCausalLM" in archs)),
+        max_seq_len=min(context, max_seq_len) if max_seq_len else context,
+    )
+
+
+def read_tensors(directory: Path) -> dict[str, torch.Tensor]:
+    """All tensors of ``model.safetensors`` or of the shards in its index."""
+    index = directory / "model.safetensors.index.json"
+    if index.exists():
+        files = sorted(set(_read_json(index)["weight_map"].values()))
+    elif (directory / "model.safetensors").exists():
+        files = ["model.safetensors"]
+    else:
+        raise ModelLoadError(
+            f"{directory} has no model.safetensors or model.safetensors.index.json "
+            "(only safetensors checkpoints are supported)"
+        )
+    tensors: dict[str, torch.Tensor] = {}
+    for name in files:
+        tensors.update(load_file(str(directory / name)))
+    return tensors
+
+
+def read_tokenizer(directory: Path) -> Tokenizer:
+    """Tokenizer from ``tokenizer.json`` + ``tokenizer_config.json`` + ``generation_config.json``."""
+    path = directory / "tokenizer.json"
+    if not path.exists():
+        raise ModelLoadError(f"{directory} has no tokenizer.json")
+    backend = BackendTokenizer.from_file(str(path))
+    tok_cfg = _read_json(directory / "tokenizer_config.json")
+    gen_cfg = _read_json(directory / "generation_config.json")
+    model_cfg = _read_json(directory / "config.json")
+
+    def token_text(value: Any) -> str | None:
+        return value.get("content") if isinstance(value, dict) else value
+
+    special = {
+        key: text
+        for key in ("bos_token", "eos_token", "unk_token", "pad_token")
+        if (text := token_text(tok_cfg.get(key))) is not None
+    }
+    eos_ids: set[int] = set()
+    for source in (gen_cfg.get("eos_token_id"), model_cfg.get("eos_token_id")):
+        if source is not None:
+            eos_ids.update(source if isinstance(source, list) else [source])
+    if "eos_token" in special and (eos := backend.token_to_id(special["eos_token"])) is not None:
+        eos_ids.add(eos)
+    bos = backend.token_to_id(special["bos_token"]) if "bos_token" in special else None
+    template = tok_cfg.get("chat_template")
+    if template is None and (directory / "chat_template.jinja").exists():
+        template = (directory / "chat_template.jinja").read_text(encoding="utf-8")
+    return Tokenizer(
+        backend,
+        eos_ids=eos_ids,
+        bos_id=bos,
+        chat_template=template if isinstance(template, str) else None,
+        special_tokens=special,
+        add_bos=bool(tok_cfg.get("add_bos_token", False)),
+    )
+
+
+def read_hf_dir(
+    directory: Path, max_seq_len: int | None = None
+) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
+    """Config, weights (HF names) and tokenizer of a checkpoint directory."""
+    return read_config(directory, max_seq_len), read_tensors(directory), read_tokenizer(directory)

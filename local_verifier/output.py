@@ -1,0 +1,59 @@
+"""Turns committed tokens into streamed text, ending exactly where plain decoding would."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from local_verifier.stopping import StopChecker
+from local_verifier.tokenizer import IncrementalDetokenizer, Tokenizer
+
+
+@dataclass(frozen=True)
+class TextDelta:
+    """New output text and the token ids committed with it (text may lag ids at a stop prefix)."""
+
+    text: str
+    token_ids: list[int]
+
+
+class OutputAssembler:
+    """Consumes tokens one at a time: EOS, a stop string or ``max_new`` tokens end the output.
+
+    Tokens after the end (the rest of an accepted draft run) are dropped, so a step that
+    commits many tokens at once ends the output at the same token as one-at-a-time decoding.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, stop: list[str], max_new: int) -> None:
+        self.eos_ids = tokenizer.eos_ids
+        self.detok = IncrementalDetokenizer(tokenizer)
+        self.stopper = StopChecker(stop)
+        self.max_new = max_new
+        self.token_ids: list[int] = []
+        self.finish_reason: str | None = None
+
+    def push(self, tokens: list[int]) -> TextDelta:
+        """The delta for ``tokens`` (those up to the end of the output)."""
+        text: list[str] = []
+        taken: list[int] = []
+        for token in tokens:
+            if self.finish_reason is not None:
+                break
+            if token in self.eos_ids:
+                self.finish_reason = "stop"
+                break
+            taken.append(token)
+            self.token_ids.append(token)
+            emit, stopped = self.stopper.push(self.detok.push([token]))
+            text.append(emit)
+            if stopped:
+                self.finish_reason = "stop"
+            elif len(self.token_ids) >= self.max_new:
+                self.finish_reason = "length"
+        return TextDelta("".join(text), taken)
+
+    def finish(self) -> TextDelta:
+        """Text held back until the end (an incomplete character, a possible stop prefix)."""
+        if self.finish_reason is None:
+            self.finish_reason = "length"
+        emit, stopped = self.stopper.push(self.detok.flush())
+        return TextDelta(emit if stopped else emit + self.stopper.flush(), [])

@@ -1,0 +1,73 @@
+"""Sampling parameters and the target distribution shared by plain and speculative decoding."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """temperature 0 = greedy; top_k 0 = off; top_p 1.0 = off; seed None = random."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+            raise ValueError(f"temperature must be a finite number >= 0, got {t!r}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k must be an integer >= 0, got {self.top_k!r}")
+        p = self.top_p
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {p!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Float32 probabilities [..., V] after temperature, top-k and top-p.
+
+    Greedy (temperature 0) gives a one-hot distribution at the argmax.
+    """
+    logits = logits.float()
+    if params.greedy:
+        probs = torch.zeros_like(logits)
+        return probs.scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
+    logits = logits / params.temperature
+    if 0 < params.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        # drop a token when the tokens ranked above it already reach top_p (keep at least one)
+        drop_sorted = (cum - sorted_logits.softmax(dim=-1)) >= params.top_p
+        drop_sorted[..., 0] = False
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits.softmax(dim=-1)
+
+
+def make_generator(seed: int | None, device: str | torch.device = "cpu") -> torch.Generator:
+    """A torch generator seeded with ``seed`` (or from OS entropy when None)."""
+    gen = torch.Generator(device=device)
+    if seed is None:
+        gen.seed()
+    else:
+        gen.manual_seed(seed)
+    return gen
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
+    """Draw one token id from a 1-D distribution."""
+    return int(torch.multinomial(probs, 1, generator=generator).item())

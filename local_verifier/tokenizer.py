@@ -1,0 +1,90 @@
+"""Tokenizer (a ``tokenizers`` backend) with chat template, special ids and streaming decode."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from tokenizers import Tokenizer as BackendTokenizer
+
+from local_verifier.chat_template import render_chat
+
+
+class Tokenizer:
+    """Encode/decode text, render chat prompts; knows the end-of-sequence ids."""
+
+    def __init__(
+        self,
+        backend: BackendTokenizer,
+        *,
+        eos_ids: set[int],
+        bos_id: int | None = None,
+        chat_template: str | None = None,
+        special_tokens: dict[str, str] | None = None,
+        add_bos: bool = False,
+    ) -> None:
+        self.backend = backend
+        self.eos_ids = set(eos_ids)
+        self.bos_id = bos_id
+        self.chat_template = chat_template
+        self.special_tokens = dict(special_tokens or {})
+        self.add_bos = add_bos
+        self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
+        self.fingerprint = self._fingerprint()
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of ``text``; with ``add_special_tokens`` a BOS is prepended when the model wants one."""
+        ids = self.backend.encode(text, add_special_tokens=False).ids
+        if add_special_tokens and self.add_bos and self.bos_id is not None:
+            ids = [self.bos_id, *ids]
+        return list(ids)
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+    ) -> str:
+        """The prompt text for ``messages`` (the model's own template)."""
+        if not self.chat_template:
+            raise ValueError("this tokenizer has no chat template; send a plain prompt instead")
+        return render_chat(self.chat_template, messages, self.special_tokens, add_generation_prompt)
+
+    def _fingerprint(self) -> str:
+        model = json.loads(self.backend.to_str()).get("model", {})
+        digest = hashlib.sha256()
+        digest.update(json.dumps(model.get("vocab"), sort_keys=True).encode())
+        digest.update(json.dumps(model.get("merges")).encode())
+        digest.update(json.dumps(sorted(self.backend.get_added_tokens_decoder())).encode())
+        return digest.hexdigest()[:16]
+
+
+class IncrementalDetokenizer:
+    """Turns a growing list of ids into text deltas that never split a UTF-8 character."""
+
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True) -> None:
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        self.ids: list[int] = []
+        self._prefix = 0  # start of the window re-decoded for context
+        self._read = 0  # ids up to here have been emitted as text
+
+    def push(self, ids: list[int]) -> str:
+        """Add ``ids``; return the newly completed text."""
+        self.ids.extend(ids)
+        decode = self.tokenizer.decode
+        skip = self.skip_special_tokens
+        before = decode(self.ids[self._prefix : self._read], skip)
+        after = decode(self.ids[self._prefix :], skip)
+        if after.endswith("\ufffd") or len(after) <= len(before):
+            return ""
+        self._prefix, self._read = self._read, len(self.ids)
+        return after[len(before) :]
+
+    def flush(self) -> str:
+        """Whatever is left, even an incomplete character (as U+FFFD)."""
+        before = self.tokenizer.decode(self.ids[self._prefix : self._read], self.skip_special_tokens)
+        after = self.tokenizer.decode(self.ids[self._prefix :], self.skip_special_tokens)
+        self._prefix = self._read = len(self.ids)
+        return after[len(before) :]

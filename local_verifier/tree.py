@@ -1,0 +1,47 @@
+"""Tree attention layout for one verify forward over ``[root] + draft nodes``.
+
+Sequence index 0 is the root (the last committed token, not yet in the KV cache); draft
+node ``i`` sits at sequence index ``i + 1``. Each entry attends to itself and its
+ancestors (the committed prefix is always visible to every entry, see ``Transformer``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+
+def depths(parents: Sequence[int] | np.ndarray) -> np.ndarray:
+    """Depth of each draft node: 1 for children of the root (parents precede children)."""
+    out = np.zeros(len(parents), dtype=np.int64)
+    for node, parent in enumerate(parents):
+        out[node] = 1 if parent < 0 else out[parent] + 1
+    return out
+
+
+def tree_positions(
+    parents: Sequence[int] | np.ndarray, prefix_len: int, device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    """Position ids ``[k+1]``: root at ``prefix_len``, node at ``prefix_len + depth``."""
+    pos = np.concatenate([[0], depths(parents)]) + prefix_len
+    return torch.as_tensor(pos, dtype=torch.long, device=device)
+
+
+def tree_mask(
+    parents: Sequence[int] | np.ndarray, device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    """Bool ``[k+1, k+1]``: entry ``[i, j]`` is True when ``j`` is ``i`` or an ancestor of it."""
+    size = len(parents) + 1
+    mask = np.zeros((size, size), dtype=bool)
+    mask[0, 0] = True
+    for node, parent in enumerate(parents):
+        mask[node + 1] = mask[parent + 1]
+        mask[node + 1, node + 1] = True
+    return torch.as_tensor(mask, device=device)
+
+
+def path_slots(accepted: Sequence[int], start: int) -> list[int]:
+    """Absolute KV slots of the root and the accepted nodes, for ``KVCache.compact``."""
+    return [start] + [start + node + 1 for node in accepted]

@@ -1,0 +1,72 @@
+"""How much to draft: the cost model of REFERENCE.md section 6.
+
+With ``c(k)`` the measured time of a verify forward carrying k draft tokens and ``a_i``
+the probability that draft token i is accepted given the ones before it were, a step
+commits on average ``E(k) = 1 + a_1 + a_1 a_2 + ...`` tokens. For a tree the same sum
+runs over the verified nodes, each weighted by the probability of its whole path, which
+is what a :class:`~lookup.draft.Draft` score holds. The controller verifies the nodes
+that maximise ``E / c`` and nothing when that does not beat a plain step, ``1 / c(0)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from lookup.draft import Draft
+
+
+class DraftController:
+    """Per-request draft sizing from measured step costs and recent acceptance."""
+
+    def __init__(self, step_costs: Sequence[float], max_width: int = 3, decay: float = 0.7) -> None:
+        costs = np.asarray(step_costs, dtype=np.float64)
+        if costs.ndim != 1 or len(costs) == 0 or not np.all(costs > 0):
+            raise ValueError("step_costs must be a non-empty sequence of positive seconds")
+        self._relative = costs / costs[0]  # c(k) / c(0)
+        self.max_width = max_width
+        self.decay = decay
+        self.acceptance = 0.5  # recent accepted / drafted, exponentially averaged
+
+    @property
+    def max_tokens(self) -> int:
+        """The largest draft whose cost was measured."""
+        return len(self._relative) - 1
+
+    def budget(self) -> tuple[int, int]:
+        """(max draft tokens, max width) to ask the drafter for.
+
+        Sized from an optimistic geometric model of the recent acceptance, so that the
+        drafter is always asked for something to verify (it is cheap) and ``choose``
+        makes the decision; a request that keeps accepting long runs gets a chain.
+        """
+        if self.max_tokens == 0:
+            return 0, 1
+        a = min(self.acceptance + 0.25, 0.97)
+        k = np.arange(1, self.max_tokens + 1)
+        expected = (1.0 - a ** (k + 1)) / (1.0 - a)
+        best = int(k[np.argmax(expected / self._relative[1:])])
+        width = 1 if self.acceptance >= 0.8 else self.max_width
+        return min(self.max_tokens, max(4, 2 * best)), width
+
+    def choose(self, draft: Draft) -> Draft:
+        """The subtree worth verifying (parents kept with their children), possibly empty."""
+        if len(draft) == 0 or self.max_tokens == 0:
+            return Draft.empty()
+        # best nodes first; scores never grow along a path, so every prefix of this order
+        # is closed under parents (ties go to the earlier node, parents precede children)
+        order = np.lexsort((np.arange(len(draft)), -draft.scores.astype(np.float64)))
+        order = order[: self.max_tokens]
+        expected = 1.0 + np.cumsum(draft.scores[order], dtype=np.float64)
+        gain = expected / self._relative[1 : len(order) + 1]
+        best = int(np.argmax(gain))
+        if gain[best] <= 1.0 + 1e-9:  # no better than a plain step, E(0) / c(0)
+            return Draft.empty()
+        return draft.subset(sorted(order[: best + 1].tolist()))
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        """Record a verify step that carried ``drafted`` tokens, ``accepted`` of them kept."""
+        if drafted > 0:
+            rate = accepted / drafted
+            self.acceptance = self.decay * self.acceptance + (1.0 - self.decay) * rate

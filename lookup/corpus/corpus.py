@@ -1,0 +1,226 @@
+"""`Corpus`: the documents drafts are copied from, per namespace (tenant), over a store."""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from lookup.corpus.capture import CaptureItem, CaptureLimits, CaptureStats, capture_items
+from lookup.corpus.documents import (
+    Document,
+    DocumentMeta,
+    check_encodable,
+    check_id,
+    check_namespace,
+    content_sha256,
+    decode_text,
+    guess_language,
+)
+from lookup.corpus.errors import StoreUnavailable
+from lookup.corpus.mentions import document_names, mention_candidates
+from lookup.corpus.store import DocumentStore, Limits, NewDocument
+
+log = logging.getLogger(__name__)
+
+Encode = Callable[[str], Sequence[int]]
+
+
+class Corpus:
+    """Documents per namespace with TTL, caps with LRU eviction, selection and capture.
+
+    ``ttl_s``: a document unused for this long is gone. ``max_doc_bytes``: larger documents
+    are refused. ``max_ns_bytes``/``max_ns_docs``: a namespace's caps; least recently used
+    documents are evicted to fit. ``select_max_docs``/``select_max_bytes`` bound what one
+    request drafts from. ``clock`` gives wall-clock seconds (injectable for tests).
+    """
+
+    def __init__(
+        self,
+        store: DocumentStore,
+        *,
+        ttl_s: float = 86400.0,
+        max_doc_bytes: int = 1 << 20,
+        max_ns_bytes: int = 64 << 20,
+        max_ns_docs: int = 10_000,
+        select_max_docs: int = 16,
+        select_max_bytes: int = 4 << 20,
+        capture_limits: CaptureLimits | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if ttl_s <= 0 or min(max_doc_bytes, max_ns_bytes, max_ns_docs, select_max_docs) < 1:
+            raise ValueError("ttl_s, caps and selection bounds must be positive")
+        if max_doc_bytes > max_ns_bytes:
+            raise ValueError("max_doc_bytes must not exceed max_ns_bytes")
+        self.store = store
+        self.limits = Limits(ttl_s=ttl_s, max_ns_bytes=max_ns_bytes, max_ns_docs=max_ns_docs)
+        self.max_doc_bytes = max_doc_bytes
+        self.select_max_docs = select_max_docs
+        self.select_max_bytes = select_max_bytes
+        self.capture_limits = capture_limits or CaptureLimits()
+        self.capture_stats = CaptureStats()
+        self._clock = clock
+        self._pending: set[asyncio.Task[None]] = set()
+
+    async def put(
+        self,
+        ns: str,
+        id: str,
+        text: str | bytes,
+        *,
+        path: str | None = None,
+        language: str | None = None,
+    ) -> DocumentMeta:
+        """Store (or replace) a document. Raises `DocumentTooLarge`, `InvalidDocument`,
+        `StoreUnavailable`."""
+        return await self._put(ns, id, text, path=path, language=language, answer=False)
+
+    async def _put(
+        self,
+        ns: str,
+        doc_id: str,
+        text: str | bytes,
+        *,
+        path: str | None,
+        language: str | None,
+        answer: bool,
+    ) -> DocumentMeta:
+        check_namespace(ns)
+        check_id(doc_id)
+        for value, what in ((path, "path"), (language, "language")):
+            if value is not None:
+                check_encodable(value, what)
+        decoded, size = decode_text(text, self.max_doc_bytes)
+        doc = NewDocument(
+            id=doc_id,
+            text=decoded,
+            sha256=content_sha256(decoded),
+            bytes=size,
+            path=path,
+            language=language or guess_language(path or doc_id),
+            names=document_names(doc_id, path),
+        )
+        return await self.store.put(ns, doc, answer=answer, limits=self.limits, now=self._clock())
+
+    async def get(self, ns: str, id: str) -> Document | None:
+        """The document, marked as used, or None."""
+        docs = await self.store.select(
+            check_namespace(ns),
+            ids=[check_id(id)],
+            names=[],
+            recent=0,
+            max_docs=1,
+            max_bytes=self.limits.max_ns_bytes,
+            limits=self.limits,
+            now=self._clock(),
+        )
+        return docs[0] if docs else None
+
+    async def delete(self, ns: str, id: str) -> bool:
+        """Remove a document; False when there was none."""
+        return await self.store.delete(
+            check_namespace(ns), check_id(id), limits=self.limits, now=self._clock()
+        )
+
+    async def list(self, ns: str) -> builtins.list[DocumentMeta]:
+        """The namespace's documents, most recently used first."""
+        return await self.store.list(check_namespace(ns), limits=self.limits, now=self._clock())
+
+    async def select(
+        self, ns: str, *, ids: Sequence[str] = (), prompt_text: str = "", recent: int = 0
+    ) -> builtins.list[Document]:
+        """Documents for one request, in one store round trip: ``ids`` in order, then
+        documents whose id or path the prompt mentions, then the ``recent`` latest captured
+        answers; deduplicated and bounded by ``select_max_docs``/``select_max_bytes``."""
+        return await self.store.select(
+            check_namespace(ns),
+            ids=[check_id(i) for i in ids],
+            names=mention_candidates(prompt_text) if prompt_text else [],
+            recent=min(max(0, recent), self.select_max_docs),
+            max_docs=self.select_max_docs,
+            max_bytes=self.select_max_bytes,
+            limits=self.limits,
+            now=self._clock(),
+        )
+
+    async def tokens(
+        self, ns: str, docs: Sequence[Document], fingerprint: str, encode: Encode
+    ) -> builtins.list[tuple[str, np.ndarray]]:
+        """(content sha256, uint32 token ids) per document, tokenized once per tokenizer.
+
+        Cached arrays come back in one round trip; new ones are encoded here and cached.
+        When the store is unavailable the documents are simply encoded.
+        """
+        shas = list(dict.fromkeys(d.sha256 for d in docs))
+        cached: builtins.list[bytes | None]
+        try:
+            cached = await self.store.get_tokens(ns, fingerprint, shas)
+        except StoreUnavailable:
+            cached = [None] * len(shas)
+        arrays = {
+            sha: np.frombuffer(data, dtype="<u4").astype(np.uint32, copy=False)
+            for sha, data in zip(shas, cached, strict=True)
+            if data is not None
+        }
+        fresh: dict[str, bytes] = {}
+        for doc in docs:
+            if doc.sha256 not in arrays:
+                arrays[doc.sha256] = np.asarray(encode(doc.text), dtype=np.uint32)
+                fresh[doc.sha256] = arrays[doc.sha256].astype("<u4").tobytes()
+        if fresh:
+            try:
+                await self.store.put_tokens(ns, fingerprint, fresh, limits=self.limits)
+            except StoreUnavailable:
+                log.debug("token arrays not cached: store unavailable")
+        return [(d.sha256, arrays[d.sha256]) for d in docs]
+
+    async def capture(
+        self, ns: str, texts: Sequence[str], *, request_texts: Sequence[str] = ()
+    ) -> None:
+        """Store response ``texts`` (as answers) and the code blocks of ``request_texts``
+        in the namespace, in the background. Returns at once and never raises: outcomes
+        are counted in ``capture_stats``; each capture is bounded by ``capture_limits``."""
+        try:
+            items = capture_items(texts, request_texts, self.capture_limits)
+            if not items:
+                return
+            if len(self._pending) >= self.capture_limits.max_pending:
+                self.capture_stats.dropped += 1
+                return
+            task = asyncio.get_running_loop().create_task(self._store_captured(ns, items))
+            self._pending.add(task)
+            task.add_done_callback(self._pending.discard)
+        except Exception:
+            self.capture_stats.failed += 1
+            log.debug("capture not started", exc_info=True)
+
+    async def _store_captured(self, ns: str, items: Sequence[CaptureItem]) -> None:
+        try:
+            async with asyncio.timeout(self.capture_limits.timeout_s):
+                for item in items:
+                    await self._put(
+                        ns,
+                        item.id,
+                        item.text,
+                        path=None,
+                        language=item.language,
+                        answer=item.answer,
+                    )
+            self.capture_stats.stored += len(items)
+        except Exception:
+            self.capture_stats.failed += 1
+            log.debug("capture failed", exc_info=True)
+
+    async def drain(self) -> None:
+        """Wait for captures still running (at shutdown, or in tests)."""
+        while self._pending:
+            await asyncio.gather(*self._pending, return_exceptions=True)
+
+    async def aclose(self) -> None:
+        """Finish pending captures and close the store."""
+        await self.drain()
+        await self.store.aclose()

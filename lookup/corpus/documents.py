@@ -1,0 +1,131 @@
+"""Documents and their metadata; validation, content hashing and language guessing."""
+
+from __future__ import annotations
+
+import hashlib
+import posixpath
+from dataclasses import dataclass
+
+from lookup.corpus.errors import DocumentTooLarge, InvalidDocument
+
+MAX_ID_CHARS = 1024
+MAX_NAMESPACE_CHARS = 1024
+
+_LANGUAGES = {
+    ".py": "python",
+    ".pyi": "python",
+    ".js": "javascript",
+    ".mjs": "javascript",
+    ".jsx": "javascript",
+    ".ts": "typescript",
+    ".tsx": "typescript",
+    ".java": "java",
+    ".kt": "kotlin",
+    ".scala": "scala",
+    ".go": "go",
+    ".rs": "rust",
+    ".c": "c",
+    ".h": "c",
+    ".cc": "cpp",
+    ".cpp": "cpp",
+    ".cxx": "cpp",
+    ".hpp": "cpp",
+    ".cs": "csharp",
+    ".rb": "ruby",
+    ".php": "php",
+    ".swift": "swift",
+    ".sh": "bash",
+    ".bash": "bash",
+    ".sql": "sql",
+    ".html": "html",
+    ".css": "css",
+    ".md": "markdown",
+    ".rst": "rst",
+    ".json": "json",
+    ".yaml": "yaml",
+    ".yml": "yaml",
+    ".toml": "toml",
+    ".xml": "xml",
+    ".txt": "text",
+}
+
+
+@dataclass(frozen=True)
+class DocumentMeta:
+    """What is known about a stored document, without its text."""
+
+    id: str
+    sha256: str
+    bytes: int
+    path: str | None
+    language: str | None
+    created: float
+    last_used: float
+
+
+@dataclass(frozen=True)
+class Document(DocumentMeta):
+    """A stored document with its text."""
+
+    text: str
+
+
+def guess_language(name: str | None) -> str | None:
+    """The language of a file name from its extension, or None."""
+    if not name:
+        return None
+    return _LANGUAGES.get(posixpath.splitext(name)[1].lower())
+
+
+def content_sha256(text: str) -> str:
+    """Hex sha256 of the text's UTF-8 bytes (the dedupe and token-cache key)."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _check_name(value: object, what: str, max_chars: int) -> str:
+    if not isinstance(value, str) or not value or len(value) > max_chars:
+        raise InvalidDocument(f"{what} must be a string of 1..{max_chars} characters")
+    check_encodable(value, what)
+    return value
+
+
+def check_encodable(value: str, what: str) -> str:
+    """The string, or `InvalidDocument` when it cannot be UTF-8 (lone surrogates)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidDocument(f"{what} is not valid Unicode (lone surrogate)") from None
+    return value
+
+
+def check_namespace(ns: str) -> str:
+    """The namespace, or `InvalidDocument` when it is empty, too long or not Unicode."""
+    return _check_name(ns, "namespace", MAX_NAMESPACE_CHARS)
+
+
+def check_id(doc_id: str) -> str:
+    """The document id, or `InvalidDocument` when it is empty, too long or not Unicode."""
+    return _check_name(doc_id, "document id", MAX_ID_CHARS)
+
+
+def decode_text(text: str | bytes, max_bytes: int) -> tuple[str, int]:
+    """(text, UTF-8 size) after checking encoding and size.
+
+    Raises `InvalidDocument` for bytes that are not UTF-8 (or a str with lone surrogates)
+    and `DocumentTooLarge` above ``max_bytes``.
+    """
+    try:
+        if isinstance(text, bytes | bytearray | memoryview):
+            raw = bytes(text)
+            decoded = raw.decode("utf-8")
+        elif isinstance(text, str):
+            decoded, raw = text, text.encode("utf-8")
+        else:
+            raise InvalidDocument(f"document text must be str or bytes, not {type(text).__name__}")
+    except (UnicodeDecodeError, UnicodeEncodeError) as exc:
+        raise InvalidDocument(
+            f"document text is not valid UTF-8: {exc.reason} at byte {exc.start}"
+        ) from None
+    if len(raw) > max_bytes:
+        raise DocumentTooLarge(f"document is {len(raw)} bytes; the limit is {max_bytes} bytes")
+    return decoded, len(raw)

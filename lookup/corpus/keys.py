@@ -1,0 +1,41 @@
+"""Redis key layout.
+
+Every key of a namespace starts with ``{prefix}{<tag>}:`` where ``<tag>`` is a hash of the
+namespace: Redis Cluster hashes only the part between the braces, so all of a namespace's
+keys live in one slot (scripts, pipelines and MGET stay legal), and no namespace, id or
+name character ever reaches a key name (no key injection).
+
+Keys under the namespace base ``B``:
+  B + "lru"      ZSET   id-hash -> last used (LRU order, TTL purge)
+  B + "ans"      ZSET   id-hash -> capture time of captured answers ("recent")
+  B + "docs"     HASH   id-hash -> JSON metadata (id, sha256, bytes, path, language, created, names)
+  B + "names"    HASH   name-hash -> id-hash (ids, paths and basenames a prompt may mention)
+  B + "refs"     HASH   sha256 -> number of documents holding that content (dedupe)
+  B + "stat"     HASH   "bytes" -> bytes of distinct content stored
+  B + "fps"      SET    tokenizer-fingerprint hashes with cached token arrays
+  B + "b:" + sha256                    STRING  the content (UTF-8)
+  B + "t:" + fingerprint-hash + ":" + sha256  STRING  token ids as little-endian uint32
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+
+def digest(value: str) -> str:
+    """A 128-bit hex digest naming a namespace, id, name or fingerprint inside keys."""
+    return hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def namespace_base(prefix: str, ns: str) -> str:
+    """The common start of all of a namespace's keys, hash tag included."""
+    return f"{prefix}{{{digest(ns)}}}:"
+
+
+def tokens_key(base: str, fingerprint: str, sha256: str) -> str:
+    return f"{base}t:{digest(fingerprint)}:{sha256}"
+
+
+def index_key(base: str, name: str) -> str:
+    """One of the namespace-wide keys ("lru", "ans", "docs", ...)."""
+    return f"{base}{name}"

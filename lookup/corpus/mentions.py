@@ -1,0 +1,48 @@
+"""Names a prompt may use to mention a document: its id, its path and their file names."""
+
+from __future__ import annotations
+
+import posixpath
+import re
+
+MAX_CANDIDATES = 512
+
+_TOKEN = re.compile(r"[^\s\"'`()<>\[\]{},;|]+")
+_TRAILING = ".:!?"
+
+
+def document_names(doc_id: str, path: str | None) -> tuple[str, ...]:
+    """The id, the path, and the base names of both when they look like file names."""
+    names = [doc_id]
+    for full in (doc_id, path):
+        if not full:
+            continue
+        base = posixpath.basename(full)
+        names += [full, base] if _looks_like_file(base) and base != full else [full]
+    return tuple(dict.fromkeys(names))
+
+
+def mention_candidates(prompt: str, limit: int = MAX_CANDIDATES) -> list[str]:
+    """Distinct words of the prompt that could be a document name, path-like ones first.
+
+    A "word" is delimited by whitespace, quotes, brackets and ``,;|``; trailing sentence
+    punctuation is tried both kept and stripped, paths also contribute their file name, and
+    words without a letter or digit are left out.
+    Ids containing those delimiters can only be selected explicitly.
+    """
+    pathlike: dict[str, None] = {}
+    plain: dict[str, None] = {}
+    for match in _TOKEN.finditer(prompt):
+        word = match.group(0)
+        stripped = word.rstrip(_TRAILING)
+        for w in (word, stripped, posixpath.basename(stripped)):
+            if any(c.isalnum() for c in w):
+                (pathlike if ("/" in w or _looks_like_file(w)) else plain)[w] = None
+        if len(pathlike) >= limit:
+            break
+    return (list(pathlike) + list(plain))[:limit]
+
+
+def _looks_like_file(name: str) -> bool:
+    stem, ext = posixpath.splitext(name)
+    return bool(stem) and len(ext) > 1

@@ -1,0 +1,189 @@
+"""Lua scripts of the Redis store: each operation is one atomic round trip.
+
+Every script gets KEYS[1] = the namespace's "lru" key (so Redis Cluster routes it to the
+namespace's slot) and ARGV[1..4] = key base, now, native expiry in ms, TTL cutoff. All keys
+a script touches share the namespace's hash tag, so they live in the same slot.
+The in-memory store (memory_store.py) implements the same algorithm.
+"""
+
+from __future__ import annotations
+
+_PRELUDE = """
+local B, NOW, EXPIRE_MS, CUTOFF = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local K_LRU, K_ANS, K_DOCS, K_NAMES = B .. 'lru', B .. 'ans', B .. 'docs', B .. 'names'
+local K_REFS, K_STAT, K_FPS = B .. 'refs', B .. 'stat', B .. 'fps'
+
+local function drop_ref(sha, size)
+  if redis.call('HINCRBY', K_REFS, sha, -1) <= 0 then
+    redis.call('HDEL', K_REFS, sha)
+    redis.call('DEL', B .. 'b:' .. sha)
+    redis.call('HINCRBY', K_STAT, 'bytes', -size)
+    for _, fp in ipairs(redis.call('SMEMBERS', K_FPS)) do
+      redis.call('DEL', B .. 't:' .. fp .. ':' .. sha)
+    end
+  end
+end
+
+local function drop_names(idh, meta)
+  for _, n in ipairs(meta.names) do
+    if redis.call('HGET', K_NAMES, n) == idh then redis.call('HDEL', K_NAMES, n) end
+  end
+end
+
+local function remove(idh)
+  local raw = redis.call('HGET', K_DOCS, idh)
+  if not raw then return false end
+  local meta = cjson.decode(raw)
+  redis.call('HDEL', K_DOCS, idh)
+  redis.call('ZREM', K_LRU, idh)
+  redis.call('ZREM', K_ANS, idh)
+  drop_names(idh, meta)
+  drop_ref(meta.sha256, meta.bytes)
+  return true
+end
+
+local function purge()
+  for _, idh in ipairs(redis.call('ZRANGEBYSCORE', K_LRU, '-inf', '(' .. CUTOFF)) do
+    remove(idh)
+  end
+end
+
+local function keep_alive()
+  for _, k in ipairs({K_LRU, K_ANS, K_DOCS, K_NAMES, K_REFS, K_STAT, K_FPS}) do
+    redis.call('PEXPIRE', k, EXPIRE_MS)
+  end
+end
+"""
+
+# ARGV[5..]: id hash, metadata JSON (names = name hashes), text, answer flag, max docs, max bytes
+PUT = (
+    _PRELUDE
+    + """
+purge()
+local idh, text, answer = ARGV[5], ARGV[7], ARGV[8]
+local max_docs, max_bytes = tonumber(ARGV[9]), tonumber(ARGV[10])
+local meta = cjson.decode(ARGV[6])
+meta.created = NOW
+local add = true
+local old_raw = redis.call('HGET', K_DOCS, idh)
+if old_raw then
+  local old = cjson.decode(old_raw)
+  meta.created = old.created
+  drop_names(idh, old)
+  if old.sha256 == meta.sha256 then add = false else drop_ref(old.sha256, old.bytes) end
+end
+local bkey = B .. 'b:' .. meta.sha256
+if add and redis.call('HINCRBY', K_REFS, meta.sha256, 1) == 1 then
+  redis.call('SET', bkey, text)
+  redis.call('HINCRBY', K_STAT, 'bytes', meta.bytes)
+end
+redis.call('PEXPIRE', bkey, EXPIRE_MS)
+redis.call('HSET', K_DOCS, idh, cjson.encode(meta))
+for _, n in ipairs(meta.names) do redis.call('HSET', K_NAMES, n, idh) end
+redis.call('ZADD', K_LRU, NOW, idh)
+if answer == '1' then redis.call('ZADD', K_ANS, NOW, idh) end
+while redis.call('ZCARD', K_LRU) > max_docs
+    or tonumber(redis.call('HGET', K_STAT, 'bytes') or '0') > max_bytes do
+  local oldest = redis.call('ZRANGE', K_LRU, 0, 1)
+  local victim = oldest[1]
+  if victim == idh then victim = oldest[2] end
+  if not victim then break end
+  remove(victim)
+end
+keep_alive()
+return meta.created
+"""
+)
+
+# ARGV[5..]: max docs, max bytes, recent, number of id hashes, id hashes..., name hashes...
+# Returns [metadata JSON, last used, text, ...] for each chosen document.
+SELECT = (
+    _PRELUDE
+    + """
+purge()
+local max_docs, max_bytes = tonumber(ARGV[5]), tonumber(ARGV[6])
+local recent, n_ids = tonumber(ARGV[7]), tonumber(ARGV[8])
+local cands = {}
+for i = 9, 8 + n_ids do cands[#cands + 1] = ARGV[i] end
+local names = {}
+for i = 9 + n_ids, #ARGV do names[#names + 1] = ARGV[i] end
+if #names > 0 then
+  for _, idh in ipairs(redis.call('HMGET', K_NAMES, unpack(names))) do
+    if idh then cands[#cands + 1] = idh end
+  end
+end
+if recent > 0 then
+  for _, idh in ipairs(redis.call('ZREVRANGE', K_ANS, 0, recent - 1)) do
+    cands[#cands + 1] = idh
+  end
+end
+local out, seen, total, count = {}, {}, 0, 0
+for _, idh in ipairs(cands) do
+  if count < max_docs and not seen[idh] then
+    local raw = redis.call('HGET', K_DOCS, idh)
+    if raw then
+      seen[idh] = true
+      local meta = cjson.decode(raw)
+      if total + meta.bytes <= max_bytes then
+        total, count = total + meta.bytes, count + 1
+        local bkey = B .. 'b:' .. meta.sha256
+        redis.call('ZADD', K_LRU, NOW, idh)
+        redis.call('PEXPIRE', bkey, EXPIRE_MS)
+        out[#out + 1] = raw
+        out[#out + 1] = NOW
+        out[#out + 1] = redis.call('GET', bkey)
+      end
+    end
+  end
+end
+if count > 0 then keep_alive() end
+return out
+"""
+)
+
+# ARGV[5]: id hash. Returns 1 when a document was removed.
+DELETE = (
+    _PRELUDE
+    + """
+purge()
+if remove(ARGV[5]) then return 1 end
+return 0
+"""
+)
+
+# Returns [metadata JSON, last used, ...], most recently used first.
+LIST = (
+    _PRELUDE
+    + """
+purge()
+local out = {}
+local ranked = redis.call('ZREVRANGE', K_LRU, 0, -1, 'WITHSCORES')
+for i = 1, #ranked, 2 do
+  local raw = redis.call('HGET', K_DOCS, ranked[i])
+  if raw then
+    out[#out + 1] = raw
+    out[#out + 1] = ranked[i + 1]
+  end
+end
+return out
+"""
+)
+
+# ARGV[5..]: fingerprint hash, then (sha256, token bytes) pairs. Caches only stored content.
+PUT_TOKENS = (
+    _PRELUDE
+    + """
+local fp, added = ARGV[5], false
+for i = 6, #ARGV, 2 do
+  if redis.call('HEXISTS', K_REFS, ARGV[i]) == 1 then
+    redis.call('SET', B .. 't:' .. fp .. ':' .. ARGV[i], ARGV[i + 1], 'PX', EXPIRE_MS)
+    added = true
+  end
+end
+if added then
+  redis.call('SADD', K_FPS, fp)
+  redis.call('PEXPIRE', K_FPS, EXPIRE_MS)
+end
+return 0
+"""
+)

@@ -1,0 +1,171 @@
+"""The Redis store (single server or Redis Cluster) behind a time budget and a circuit breaker."""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import json
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeout
+
+from lookup.corpus import redis_scripts
+from lookup.corpus.breaker import CircuitBreaker
+from lookup.corpus.documents import Document, DocumentMeta
+from lookup.corpus.errors import StoreUnavailable
+from lookup.corpus.keys import digest, index_key, namespace_base, tokens_key
+from lookup.corpus.store import Limits, NewDocument
+
+T = TypeVar("T")
+
+# Keys outlive the TTL by this much, so the exact (lazy) purge always runs before Redis
+# expires anything natively; native expiry only cleans up namespaces nobody uses any more.
+EXPIRY_GRACE_S = 3600.0
+
+
+class RedisDocumentStore:
+    """Documents in Redis; every operation is one round trip (a Lua script or one MGET).
+
+    Failures and answers slower than ``timeout_s`` raise `StoreUnavailable`; after repeated
+    failures the circuit breaker fails calls at once until its cool-down has passed.
+    """
+
+    def __init__(
+        self,
+        client: Redis | RedisCluster,
+        *,
+        prefix: str = "dg:",
+        timeout_s: float = 0.05,
+        breaker: CircuitBreaker | None = None,
+    ) -> None:
+        self.client = client
+        self.prefix = prefix
+        self.timeout_s = timeout_s
+        self.breaker = breaker or CircuitBreaker()
+        self.round_trips = 0
+        self._put = client.register_script(redis_scripts.PUT)
+        self._select = client.register_script(redis_scripts.SELECT)
+        self._delete = client.register_script(redis_scripts.DELETE)
+        self._list = client.register_script(redis_scripts.LIST)
+        self._put_tokens = client.register_script(redis_scripts.PUT_TOKENS)
+
+    async def _call(self, request: Callable[[], Awaitable[T]]) -> T:
+        if not self.breaker.allow():
+            raise StoreUnavailable("document store circuit is open after repeated failures")
+        self.round_trips += 1
+        try:
+            result = await asyncio.wait_for(request(), self.timeout_s)
+        except (RedisError, OSError, TimeoutError) as exc:
+            self.breaker.failure()
+            timed_out = isinstance(exc, TimeoutError | RedisTimeout)
+            reason = "timed out" if timed_out else type(exc).__name__
+            raise StoreUnavailable(f"document store unavailable ({reason})") from exc
+        self.breaker.success()
+        return result
+
+    def _script_args(self, ns: str, limits: Limits, now: float) -> tuple[list[str], list[Any]]:
+        base = namespace_base(self.prefix, ns)
+        expire_ms = int((limits.ttl_s + EXPIRY_GRACE_S) * 1000)
+        return [index_key(base, "lru")], [base, repr(now), expire_ms, repr(now - limits.ttl_s)]
+
+    async def put(
+        self, ns: str, doc: NewDocument, *, answer: bool, limits: Limits, now: float
+    ) -> DocumentMeta:
+        keys, args = self._script_args(ns, limits, now)
+        meta = {
+            "id": doc.id,
+            "sha256": doc.sha256,
+            "bytes": doc.bytes,
+            "path": doc.path,
+            "language": doc.language,
+            "names": [digest(n) for n in doc.names],
+        }
+        args += [
+            digest(doc.id),
+            json.dumps(meta, ensure_ascii=False),
+            doc.text,
+            "1" if answer else "0",
+            limits.max_ns_docs,
+            limits.max_ns_bytes,
+        ]
+        created = await self._call(lambda: self._put(keys, args))
+        return DocumentMeta(
+            doc.id, doc.sha256, doc.bytes, doc.path, doc.language, float(created), now
+        )
+
+    async def select(
+        self,
+        ns: str,
+        *,
+        ids: Sequence[str],
+        names: Sequence[str],
+        recent: int,
+        max_docs: int,
+        max_bytes: int,
+        limits: Limits,
+        now: float,
+    ) -> list[Document]:
+        keys, args = self._script_args(ns, limits, now)
+        args += [max_docs, max_bytes, recent, len(ids)]
+        args += [digest(i) for i in ids] + [digest(n) for n in names]
+        reply = await self._call(lambda: self._select(keys, args))
+        docs = []
+        for raw, last_used, text in zip(reply[0::3], reply[1::3], reply[2::3], strict=True):
+            if text is not None:
+                meta = _meta(raw, last_used)
+                docs.append(Document(**vars(meta), text=text.decode("utf-8")))
+        return docs
+
+    async def delete(self, ns: str, doc_id: str, *, limits: Limits, now: float) -> bool:
+        keys, args = self._script_args(ns, limits, now)
+        args.append(digest(doc_id))
+        return bool(await self._call(lambda: self._delete(keys, args)))
+
+    async def list(self, ns: str, *, limits: Limits, now: float) -> builtins.list[DocumentMeta]:
+        keys, args = self._script_args(ns, limits, now)
+        reply = await self._call(lambda: self._list(keys, args))
+        return [_meta(raw, score) for raw, score in zip(reply[0::2], reply[1::2], strict=True)]
+
+    async def get_tokens(
+        self, ns: str, fingerprint: str, shas: Sequence[str]
+    ) -> builtins.list[bytes | None]:
+        if not shas:
+            return []
+        base = namespace_base(self.prefix, ns)
+        keys = [tokens_key(base, fingerprint, sha) for sha in shas]
+        values = await self._call(lambda: self.client.mget(keys))
+        return [v.encode() if isinstance(v, str) else v for v in values]
+
+    async def put_tokens(
+        self, ns: str, fingerprint: str, arrays: Mapping[str, bytes], *, limits: Limits
+    ) -> None:
+        if not arrays:
+            return
+        keys, args = self._script_args(ns, limits, 0.0)
+        args.append(digest(fingerprint))
+        for sha, data in arrays.items():
+            args += [sha, data]
+        await self._call(lambda: self._put_tokens(keys, args))
+
+    async def ping(self) -> None:
+        await self._call(self.client.ping)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+def _meta(raw: bytes, last_used: bytes) -> DocumentMeta:
+    m = json.loads(raw)
+    return DocumentMeta(
+        m["id"],
+        m["sha256"],
+        int(m["bytes"]),
+        m.get("path"),
+        m.get("language"),
+        float(m["created"]),
+        float(last_used),
+    )

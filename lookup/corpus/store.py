@@ -1,0 +1,88 @@
+"""The store interface both backends implement with identical semantics.
+
+A store holds documents per namespace and enforces TTL, caps and LRU eviction itself, so
+that every gateway replica sharing one Redis sees the same state. Each method is one round
+trip to the backend; ``round_trips`` counts them.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from lookup.corpus.documents import Document, DocumentMeta
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-namespace rules applied by every store operation."""
+
+    ttl_s: float
+    max_ns_bytes: int
+    max_ns_docs: int
+
+
+@dataclass(frozen=True)
+class NewDocument:
+    """A validated document to store: its text, hash and the names a prompt may mention."""
+
+    id: str
+    text: str
+    sha256: str
+    bytes: int
+    path: str | None
+    language: str | None
+    names: tuple[str, ...]
+
+
+class DocumentStore(Protocol):
+    """Documents per namespace. Stores purge documents unused for ``ttl_s`` on every call."""
+
+    round_trips: int
+
+    async def put(
+        self, ns: str, doc: NewDocument, *, answer: bool, limits: Limits, now: float
+    ) -> DocumentMeta:
+        """Store or replace a document (keeping its created time), evicting LRU to fit caps."""
+        ...
+
+    async def select(
+        self,
+        ns: str,
+        *,
+        ids: Sequence[str],
+        names: Sequence[str],
+        recent: int,
+        max_docs: int,
+        max_bytes: int,
+        limits: Limits,
+        now: float,
+    ) -> list[Document]:
+        """Documents by id, then by mentioned name, then the ``recent`` latest answers.
+
+        Deduplicated, in that order, skipping any that would pass ``max_docs`` or
+        ``max_bytes``; the returned documents are marked used at ``now``.
+        """
+        ...
+
+    async def delete(self, ns: str, doc_id: str, *, limits: Limits, now: float) -> bool: ...
+
+    async def list(self, ns: str, *, limits: Limits, now: float) -> builtins.list[DocumentMeta]:
+        """All live documents of the namespace, most recently used first."""
+        ...
+
+    async def get_tokens(
+        self, ns: str, fingerprint: str, shas: Sequence[str]
+    ) -> builtins.list[bytes | None]: ...
+
+    async def put_tokens(
+        self, ns: str, fingerprint: str, arrays: Mapping[str, bytes], *, limits: Limits
+    ) -> None:
+        """Cache token arrays of content that is stored in the namespace."""
+        ...
+
+    async def ping(self) -> None: ...
+
+    async def aclose(self) -> None: ...

@@ -1,0 +1,83 @@
+"""A draft: a chain or a small tree of proposed next tokens, each with a score."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum
+
+import numpy as np
+
+
+class Source(IntEnum):
+    """Where a draft node's token was copied from (also the priority order)."""
+
+    PREDICTION = 0
+    PROMPT = 1
+    OUTPUT = 2
+    DOCUMENT = 3
+
+
+@dataclass(frozen=True)
+class Draft:
+    """Draft nodes in topological order.
+
+    ``tokens[i]`` is node i's token, ``parents[i]`` the index of its parent node (-1 = a
+    child of the last committed token; parents always precede children), ``scores[i]`` the
+    estimated probability that the whole path to node i is accepted (never above its
+    parent's), ``source[i]`` a :class:`Source`. Siblings come in decreasing score order,
+    the order in which a verifier should try them.
+    """
+
+    tokens: np.ndarray  # int64 [n]
+    parents: np.ndarray  # int32 [n]
+    scores: np.ndarray  # float32 [n]
+    source: np.ndarray  # int8 [n]
+
+    @staticmethod
+    def empty() -> Draft:
+        """A draft with no nodes."""
+        return Draft(
+            np.zeros(0, np.int64),
+            np.zeros(0, np.int32),
+            np.zeros(0, np.float32),
+            np.zeros(0, np.int8),
+        )
+
+    @staticmethod
+    def chain(tokens: list[int], scores: list[float], source: list[int]) -> Draft:
+        """A chain: node i is the child of node i - 1."""
+        n = len(tokens)
+        return Draft(
+            np.asarray(tokens, np.int64),
+            np.arange(-1, n - 1, dtype=np.int32),
+            np.asarray(scores, np.float32),
+            np.asarray(source, np.int8),
+        )
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def is_chain(self) -> bool:
+        """True when every node is the child of the node before it (an empty draft too)."""
+        return bool(np.array_equal(self.parents, np.arange(-1, len(self) - 1)))
+
+    def depths(self) -> np.ndarray:
+        """Depth of each node (int64): 1 for children of the last committed token."""
+        out = np.zeros(len(self), dtype=np.int64)
+        for node, parent in enumerate(self.parents.tolist()):
+            out[node] = 1 if parent < 0 else out[parent] + 1
+        return out
+
+    def subset(self, nodes: list[int]) -> Draft:
+        """The draft restricted to ``nodes`` (sorted, closed under parents), re-indexed."""
+        remap = {old: new for new, old in enumerate(nodes)}
+        remap[-1] = -1
+        idx = np.asarray(nodes, dtype=np.int64)
+        parents = [remap[p] for p in self.parents[idx].tolist()]
+        return Draft(
+            self.tokens[idx].copy(),
+            np.asarray(parents, np.int32),
+            self.scores[idx].copy(),
+            self.source[idx].copy(),
+        )

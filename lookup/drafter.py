@@ -1,0 +1,286 @@
+"""The lookup drafter: proposes the next tokens by copying from known text.
+
+Sources, in priority order: the prediction (the predicted output, e.g. the file being
+edited), the prompt, the output generated so far, and documents. For each source a
+:class:`~lookup.tracks.Track` keeps the longest suffix matches of the context up to date
+as tokens are committed. The prediction is aligned like the predicted-outputs APIs do:
+it starts aligned with the beginning of the answer, and after the answer diverges from
+it (an edit) the track re-anchors where the answer's last tokens occur in it again.
+
+Scores come from an :class:`~lookup.acceptance.AcceptanceModel` that learns from the
+request itself: every committed token is compared with the last proposal, so estimates
+keep improving even while the controller decides not to verify the drafts.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import accumulate
+from operator import mul
+from typing import NamedTuple
+
+import numpy as np
+
+from lookup.acceptance import AcceptanceModel
+from lookup.draft import Draft, Source
+from lookup.index import TokenIndex
+from lookup.tracks import Track
+
+
+@dataclass(frozen=True)
+class DrafterConfig:
+    """Tuning knobs of the drafter."""
+
+    candidates: int = 8  # occurrences kept per source
+    max_match: int = 32  # match lengths are counted up to this (the longest bucket)
+    tree_candidates: int = 4  # distinct continuations merged into a tree
+
+
+# an occurrence to copy from: (-rate of its first token, source, position, track)
+_Candidate = tuple[float, Source, int, Track]
+
+
+def _rank(cand: _Candidate) -> tuple[float, int]:
+    return cand[0], cand[1]
+
+
+class _Nodes(NamedTuple):
+    """Draft nodes as lists (cheap to build and to walk)."""
+
+    tokens: list[int]
+    parents: list[int]
+    scores: list[float]
+    sources: list[int]
+    match: list[int]  # match length each node's estimate was taken at
+
+
+class Drafter:
+    """Incremental suffix matching over the sources of one request."""
+
+    def __init__(
+        self,
+        prompt: Sequence[int],
+        prediction: Sequence[int] | None = None,
+        documents: Sequence[TokenIndex] = (),
+        config: DrafterConfig = DrafterConfig(),
+    ) -> None:
+        self.config = config
+        self.acceptance = AcceptanceModel()
+        self._n_prompt = len(prompt)
+        self._context = TokenIndex(np.asarray(list(prompt), dtype=np.int64))
+        self._n_out = 0
+        self._prediction: Track | None = None
+        self._pred_used = bytearray()  # 1 where a prediction token appeared in the output
+        self._pred_accepted = 0
+        if prediction:
+            self._prediction = Track(
+                TokenIndex(np.asarray(list(prediction), np.int64)), Source.PREDICTION
+            )
+            self._prediction.positions = [0]  # aligned with the start of the answer
+            self._pred_used = bytearray(len(prediction))
+        self._tracks: list[Track] = [Track(self._context, Source.PROMPT)]
+        self._tracks += [Track(index, Source.DOCUMENT) for index in documents]
+        if self._prediction is not None:
+            self._tracks.insert(0, self._prediction)
+        hashes = self._context.suffix_hashes()
+        for track in self._tracks:
+            if track is not self._prediction:
+                track.anchor(self._context, hashes, config.candidates, config.max_match)
+        # the last proposal, walked by committed tokens to learn acceptance
+        self._last_tokens: list[int] = []
+        self._last_parents: list[int] = []
+        self._last_sources: list[int] = []
+        self._last_match: list[int] = []
+        self._last_children: dict[int, list[int]] | None = None
+        self._cursor: int | None = None
+
+    # -- committing tokens -------------------------------------------------------------
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        """Append committed output tokens (accepted draft tokens and the target's own)."""
+        cfg = self.config
+        for raw in tokens:
+            token = int(raw)
+            self._learn(token)
+            lost = [t for t in self._tracks if not self._follow(t, token)]
+            self._context.append([token])
+            self._n_out += 1
+            if lost:
+                hashes = self._context.suffix_hashes()
+                for track in lost:
+                    track.anchor(self._context, hashes, cfg.candidates, cfg.max_match)
+                    if track is self._prediction:
+                        self._mark_anchor(track)
+                        if not track.positions and not self._pred_accepted:
+                            track.positions = [0]  # the answer has not reached it yet
+
+    def _follow(self, track: Track, token: int) -> bool:
+        before = track.positions[0] if track.positions else -1
+        ok = track.follow(token, self.config.max_match)
+        if track is self._prediction and track.positions and before >= 0:
+            self._use_prediction(track.positions[0] - 1)
+        return ok
+
+    def _use_prediction(self, pos: int) -> None:
+        if not self._pred_used[pos]:
+            self._pred_used[pos] = 1
+            self._pred_accepted += 1
+
+    def _mark_anchor(self, track: Track) -> None:
+        if track.positions:
+            pos = track.positions[0]
+            for i in range(max(pos - min(track.match, self._n_out), 0), pos):
+                self._use_prediction(i)
+
+    def prediction_usage(self) -> tuple[int, int]:
+        """(accepted, rejected) prediction tokens: those that did / did not appear in the output."""
+        return self._pred_accepted, len(self._pred_used) - self._pred_accepted
+
+    def _learn(self, token: int) -> None:
+        """Compare a committed token with the last proposal's best child at the cursor."""
+        node = self._cursor
+        if node is None:
+            return
+        if self._last_children is None:
+            self._last_children = {}
+            for child, parent in enumerate(self._last_parents):
+                self._last_children.setdefault(parent, []).append(child)
+        children = self._last_children.get(node)
+        if not children:
+            self._cursor = None
+            return
+        tokens = self._last_tokens
+        first = children[0]
+        self.acceptance.observe(
+            self._last_sources[first], self._last_match[first], tokens[first] == token
+        )
+        self._cursor = next((c for c in children if tokens[c] == token), None)
+
+    # -- proposing -----------------------------------------------------------------------
+
+    def propose(self, max_tokens: int, max_width: int = 1) -> Draft:
+        """A chain (``max_width == 1``) or a small tree of at most ``max_tokens`` nodes."""
+        candidates = self._candidates() if max_tokens > 0 else []
+        if not candidates:
+            nodes = _Nodes([], [], [], [], [])
+        elif max_width <= 1:
+            nodes = self._chain(candidates, max_tokens)
+        else:
+            nodes = self._tree(candidates, max_tokens, max_width)
+        self._last_tokens = nodes.tokens
+        self._last_parents = nodes.parents
+        self._last_sources = nodes.sources
+        self._last_match = nodes.match
+        self._last_children = None
+        self._cursor = -1 if nodes.tokens else None
+        return Draft(
+            np.asarray(nodes.tokens, np.int64),
+            np.asarray(nodes.parents, np.int32),
+            np.asarray(nodes.scores, np.float32),
+            np.asarray(nodes.sources, np.int8),
+        )
+
+    def _candidates(self) -> list[_Candidate]:
+        """Every source's occurrences, best first (rate, then source priority)."""
+        out: list[_Candidate] = []
+        rate = self.acceptance.rate
+        for track in self._tracks:
+            if not track.positions:
+                continue
+            source = track.source
+            if track.index is self._context:
+                for pos in track.positions:
+                    src = Source.OUTPUT if pos >= self._n_prompt else source
+                    out.append((-rate(src, track.match), src, pos, track))
+            else:
+                r = -rate(source, track.match)
+                out.extend((r, source, pos, track) for pos in track.positions)
+        if len(out) > 1:
+            out.sort(key=_rank)
+        return out
+
+    def _continuation(self, cand: _Candidate, k: int) -> list[int]:
+        """Up to k tokens after the occurrence; copies from the context repeat periodically."""
+        _, _, pos, track = cand
+        tokens = track.index.slice(pos, pos + k)
+        if track.index is self._context and tokens:
+            period = len(tokens)
+            while len(tokens) < k:
+                tokens.append(tokens[-period])
+        return tokens
+
+    def _chain(self, candidates: list[_Candidate], k: int) -> _Nodes:
+        best = candidates[0]
+        same = [c for c in candidates if c[3] is best[3] and c[0] == best[0]]
+        if len(same) > 1:  # equally good occurrences disagree: follow the majority
+            votes: dict[int, list[_Candidate]] = {}
+            for c in same:
+                votes.setdefault(c[3].index.token(c[2]), []).append(c)
+            best = max(votes.values(), key=len)[0]
+        tokens = self._continuation(best, k)
+        source = int(best[1])
+        m0 = best[3].match
+        match = list(range(m0, m0 + len(tokens)))
+        scores = list(accumulate(self.acceptance.rates(source, m0, len(tokens)), mul))
+        return _Nodes(
+            tokens, list(range(-1, len(tokens) - 1)), scores, [source] * len(tokens), match
+        )
+
+    def _tree(self, candidates: list[_Candidate], max_nodes: int, max_width: int) -> _Nodes:
+        """Merge the best few continuations into a trie scored by path probability."""
+        rate = self.acceptance.rate
+        # trie nodes: token, parent, weight (sum of candidate rates through it), owner, depth
+        tok: list[int] = []
+        par: list[int] = []
+        weight: list[float] = []
+        owner: list[_Candidate] = []
+        depth: list[int] = []
+        kids: dict[int, dict[int, int]] = {-1: {}}
+        for cand in candidates[: self.config.tree_candidates]:
+            node = -1
+            for d, token in enumerate(self._continuation(cand, max_nodes)):
+                child = kids[node].get(token)
+                if child is None:
+                    child = len(tok)
+                    tok.append(token)
+                    par.append(node)
+                    weight.append(0.0)
+                    owner.append(cand)
+                    depth.append(d)
+                    kids[node][token] = child
+                    kids[child] = {}
+                weight[child] -= cand[0]
+                node = child
+        score = [0.0] * len(tok)
+        for i, parent in enumerate(par):  # parents precede children
+            share = weight[i] / sum(weight[c] for c in kids[parent].values())
+            base = 1.0 if parent < 0 else score[parent]
+            score[i] = base * rate(owner[i][1], owner[i][3].match + depth[i]) * share
+        # best-first expansion: the max_nodes best nodes, at most max_width children each
+        order: list[int] = []
+        heap = sorted((-score[c], c) for c in kids[-1].values())[:max_width]
+        heapq.heapify(heap)
+        while heap and len(order) < max_nodes:
+            _, node = heapq.heappop(heap)
+            order.append(node)
+            children = kids[node]
+            if len(children) == 1:
+                (child,) = children.values()
+                heapq.heappush(heap, (-score[child], child))
+            elif children:
+                best = sorted((-score[c], c) for c in children.values())[:max_width]
+                for item in best:
+                    heapq.heappush(heap, item)
+        # parents before children, siblings by decreasing score
+        order.sort(key=lambda i: (depth[i], -score[i], i))
+        new_index = {old: new for new, old in enumerate(order)}
+        new_index[-1] = -1
+        return _Nodes(
+            [tok[i] for i in order],
+            [new_index[par[i]] for i in order],
+            [score[i] for i in order],
+            [int(owner[i][1]) for i in order],
+            [owner[i][3].match + depth[i] for i in order],
+        )

@@ -1,0 +1,157 @@
+"""An n-gram index over a token array, with incremental append, and an in-process cache.
+
+For every indexed n-gram length (``hashing.LEVELS``) the index maps the hash of an
+n-gram to the positions right after its occurrences (where a continuation starts). The
+array given at build time is indexed with numpy (sorted unique hashes + searchsorted);
+tokens appended later go to small dicts, so appending costs O(levels) per token.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from itertools import islice
+
+import numpy as np
+
+from lookup.hashing import LEVELS, MASK, RollingHash, level_hashes
+
+
+class _Level:
+    """One n-gram length over the static array.
+
+    Each window is packed into one uint64: the high bits of its hash, then its index in
+    the low ``bits`` bits; sorting the packed values groups equal hashes with their
+    windows in position order (one ``np.sort``, no argsort).
+    """
+
+    __slots__ = ("packed", "n", "mask")
+
+    def __init__(self, hashes: np.ndarray, n: int) -> None:
+        bits = max(len(hashes), 1).bit_length()
+        self.n = n
+        self.mask = (1 << bits) - 1
+        window = np.arange(len(hashes), dtype=np.uint64)
+        self.packed: np.ndarray = np.sort((hashes & np.uint64(~self.mask & MASK)) | window)
+
+    def find(self, key: int) -> tuple[int, int]:
+        """The [lo, hi) range of ``packed`` whose hash matches ``key`` (in the kept bits)."""
+        high = key & ~self.mask
+        packed = self.packed
+        lo = int(packed.searchsorted(np.uint64(high)))
+        if lo == len(packed) or (int(packed[lo]) & ~self.mask) != high:
+            return 0, 0
+        return lo, int(packed.searchsorted(np.uint64(high | self.mask), "right"))
+
+    def positions(self, lo: int, hi: int) -> list[int]:
+        """Continuation starts of the windows in ``packed[lo:hi]``, ascending."""
+        return ((self.packed[lo:hi] & np.uint64(self.mask)) + np.uint64(self.n)).tolist()  # type: ignore[no-any-return]
+
+
+class TokenIndex:
+    """Find where the n-gram ending the current context occurs in a token array."""
+
+    def __init__(self, tokens: np.ndarray) -> None:
+        self._static = np.ascontiguousarray(tokens, dtype=np.int64)
+        self._n_static = len(self._static)
+        self._levels = [
+            _Level(h, n) for h, n in zip(level_hashes(self._static), LEVELS, strict=True)
+        ]
+        self._tail: list[int] = []
+        self._tail_maps: list[dict[int, list[int]]] = [{} for _ in LEVELS]
+        self._rolling = RollingHash(self._static[-LEVELS[-1] :].tolist())
+
+    def __len__(self) -> int:
+        return self._n_static + len(self._tail)
+
+    def append(self, tokens: list[int]) -> None:
+        """Index more tokens at the end (O(levels) dict updates per token)."""
+        rolling = self._rolling
+        for token in tokens:
+            self._tail.append(token)
+            rolling.push(token)
+            after = len(self)
+            for level, n in enumerate(LEVELS):
+                key = rolling.suffix(n)
+                if key is not None:
+                    self._tail_maps[level].setdefault(key, []).append(after)
+
+    def suffix_hashes(self) -> list[int | None]:
+        """Per level, the hash of the n-gram that ends the array (None if it is shorter)."""
+        return self._rolling.suffixes()
+
+    def find(self, level: int, key: int, cap: int) -> tuple[int, list[int]]:
+        """Occurrences of the n-gram ``key`` at ``LEVELS[level]`` that have a continuation.
+
+        Returns the number of occurrences and up to ``cap`` continuation starts, latest
+        first.
+        """
+        size = len(self)
+        tail = self._tail_maps[level].get(key, [])
+        found = [p for p in islice(reversed(tail), cap + 1) if p < size][:cap]
+        lo, hi = self._levels[level].find(key)
+        count = len(tail) + hi - lo
+        if hi > lo and len(found) < cap:
+            picked = self._levels[level].positions(max(lo, hi - (cap - len(found))), hi)
+            found.extend(p for p in reversed(picked) if p < size)
+        return count, found
+
+    def slice(self, start: int, stop: int) -> list[int]:
+        """Tokens [start, stop) as a list (clipped to the array)."""
+        n = self._n_static
+        if stop <= n:
+            return self._static[max(start, 0) : stop].tolist()  # type: ignore[no-any-return]
+        head = self._static[max(start, 0) : n].tolist() if start < n else []
+        return head + self._tail[max(start - n, 0) : stop - n]
+
+    def token(self, pos: int) -> int:
+        """The token at ``pos``."""
+        n = self._n_static
+        return int(self._static[pos]) if pos < n else self._tail[pos - n]
+
+    def nbytes(self) -> int:
+        """Approximate memory held by the index (the static part dominates)."""
+        return int(self._static.nbytes) + sum(level.packed.nbytes for level in self._levels)
+
+
+def build_index(tokens: np.ndarray) -> TokenIndex:
+    """Index a token array (any integer dtype)."""
+    return TokenIndex(np.asarray(tokens))
+
+
+class IndexCache:
+    """Process-wide LRU of built indexes, keyed by content, bounded by total bytes.
+
+    Indexes handed out must not be appended to (they are shared between requests).
+    """
+
+    def __init__(self, max_bytes: int = 512 << 20) -> None:
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[str, TokenIndex] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get_or_build(self, key: str, tokens: np.ndarray) -> TokenIndex:
+        """The cached index for ``key`` (e.g. the content sha256), built on first use."""
+        with self._lock:
+            index = self._entries.get(key)
+            if index is not None:
+                self._entries.move_to_end(key)
+                return index
+        index = build_index(tokens)
+        with self._lock:
+            if key not in self._entries:
+                self._entries[key] = index
+                self._bytes += index.nbytes()
+                while self._bytes > self.max_bytes and len(self._entries) > 1:
+                    _, old = self._entries.popitem(last=False)
+                    self._bytes -= old.nbytes()
+            return self._entries[key]
+
+    @property
+    def nbytes(self) -> int:
+        """Total bytes of the cached indexes."""
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._entries)

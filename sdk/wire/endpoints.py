@@ -1,0 +1,104 @@
+"""Wire types for speculation records (``GET /v1/endpoints``) and audits (``POST /v1/audits``)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Verdict = Literal["yes", "no", "unknown"]
+EvidenceKind = Literal["probe", "passive", "measured"]
+
+
+class DocumentedSpeculation(BaseModel):
+    """What a provider or engine documents, as one row of the built-in table."""
+
+    provider: str
+    kinds: list[str] = Field(description="endpoint kinds this row applies to")
+    model_families: list[str] = Field(
+        default_factory=list, description="model-name prefixes; empty = every model"
+    )
+    accepts_prediction: Literal["yes", "no", "partial", "unknown"]
+    prediction_notes: str = ""
+    server_side_speculation: str = ""
+    evidence_visible: str = ""
+    source_url: str
+    checked: str = Field(description="date the row was checked against its source (YYYY-MM-DD)")
+
+
+class Evidence(BaseModel):
+    """One observation about whether speculation runs behind an endpoint."""
+
+    kind: EvidenceKind
+    source: str = Field(description="what was looked at, e.g. 'vllm /metrics'")
+    verdict: Verdict
+    detail: str
+    observed_at: float = Field(description="unix time of the observation")
+    values: dict[str, float] = Field(default_factory=dict)
+
+
+class LatencySummary(BaseModel):
+    """Passive latency over a recent window (seconds)."""
+
+    window_s: float
+    requests: int
+    ttft_p50: float | None = None
+    ttft_p95: float | None = None
+    tpot_p50: float | None = None
+    tpot_p95: float | None = None
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
+
+
+class EndpointRecord(BaseModel):
+    """The speculation record of one configured endpoint."""
+
+    name: str
+    kind: str
+    models: list[str] = Field(default_factory=list)
+    documented: DocumentedSpeculation | None = None
+    enabled: Verdict = "unknown"
+    enabled_evidence: Evidence | None = Field(
+        default=None, description="the evidence the verdict rests on"
+    )
+    evidence: list[Evidence] = Field(default_factory=list, description="newest first")
+    latency: LatencySummary | None = None
+
+
+class EndpointList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[EndpointRecord]
+
+
+class AuditRequest(BaseModel):
+    """Body of ``POST /v1/audits`` (the same options as ``draftgate audit``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    endpoint: str = Field(min_length=1)
+    workload: list[dict[str, Any]] | None = Field(
+        default=None, description="workload items (bench/README.md format); None = built-in"
+    )
+    concurrency: list[int] = Field(default_factory=lambda: [1], min_length=1)
+    requests: int | None = Field(default=None, ge=1, description="requests per configuration")
+    poisson_rate: float | None = Field(default=None, gt=0, description="arrivals per second")
+    max_tokens: int | None = Field(default=None, ge=1, description="override every item's")
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+    sweep: dict[str, list[float]] = Field(
+        default_factory=dict,
+        description="one setting to vary ('temperature' or 'max_draft_tokens') -> values",
+    )
+    include_records: bool = Field(default=False, description="return every request's record")
+
+
+class AuditResult(BaseModel):
+    """An audit's outcome: the summary, and every request's record when asked for."""
+
+    model_config = ConfigDict(extra="allow")
+
+    endpoint: str
+    model: str
+    started_at: float
+    finished_at: float
+    summary: dict[str, Any]
+    records: list[dict[str, Any]] = Field(default_factory=list)

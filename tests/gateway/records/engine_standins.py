@@ -1,0 +1,123 @@
+"""Stand-in engines for probes: real vLLM metric text (rendered by prometheus_client with
+vLLM's metric names, as vLLM itself renders it), SGLang ``/server_info``, and an
+OpenAI-compatible chat route that silently ignores ``prediction``."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+
+@dataclass
+class VllmStandin:
+    """vLLM's ``/metrics``; spec-decode counters exist only when ``speculative``."""
+
+    speculative: bool
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    requests: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        labels = ("model_name", "engine")
+        Gauge(
+            "vllm:num_requests_running",
+            "Number of requests in model execution batches.",
+            labels,
+            registry=self.registry,
+        ).labels("m", "0").set(0)
+        Counter(
+            "vllm:generation_tokens",
+            "Number of generation tokens processed.",
+            labels,
+            registry=self.registry,
+        ).labels("m", "0").inc(120)
+        if self.speculative:
+            self.drafts = Counter(
+                "vllm:spec_decode_num_drafts",
+                "Number of spec decoding drafts.",
+                labels,
+                registry=self.registry,
+            ).labels("m", "0")
+            self.draft_tokens = Counter(
+                "vllm:spec_decode_num_draft_tokens",
+                "Number of draft tokens.",
+                labels,
+                registry=self.registry,
+            ).labels("m", "0")
+            self.accepted = Counter(
+                "vllm:spec_decode_num_accepted_tokens",
+                "Number of accepted tokens.",
+                labels,
+                registry=self.registry,
+            ).labels("m", "0")
+            self.per_pos = Counter(
+                "vllm:spec_decode_num_accepted_tokens_per_pos",
+                "Accepted tokens per draft position.",
+                (*labels, "position"),
+                registry=self.registry,
+            )
+            self.serve(drafts=10, draft_tokens=40, accepted=25)
+
+    def serve(self, drafts: int, draft_tokens: int, accepted: int) -> None:
+        """Traffic through the engine: counters rise."""
+        self.drafts.inc(drafts)
+        self.draft_tokens.inc(draft_tokens)
+        self.accepted.inc(accepted)
+        self.per_pos.labels("m", "0", "0").inc(accepted)
+
+    def app(self) -> Starlette:
+        async def metrics(request: Request) -> Response:
+            return Response(generate_latest(self.registry), media_type="text/plain; version=0.0.4")
+
+        async def chat(request: Request) -> Response:
+            body = await request.json()
+            self.requests.append(body)
+            # vLLM ignores unknown fields such as `prediction` and answers 200
+            return JSONResponse(
+                {
+                    "id": "chatcmpl-1",
+                    "object": "chat.completion",
+                    "created": int(time.time()),
+                    "model": body["model"],
+                    "choices": [
+                        {
+                            "index": 0,
+                            "message": {"role": "assistant", "content": "The quick brown fox."},
+                            "finish_reason": "stop",
+                            "logprobs": None,
+                        }
+                    ],
+                    "usage": {
+                        "prompt_tokens": 20,
+                        "completion_tokens": 5,
+                        "total_tokens": 25,
+                        "prompt_tokens_details": None,
+                    },
+                }
+            )
+
+        return Starlette(
+            routes=[
+                Route("/metrics", metrics),
+                Route("/v1/chat/completions", chat, methods=["POST"]),
+            ]
+        )
+
+
+def sglang_app(algorithm: str | None) -> Starlette:
+    async def server_info(request: Request) -> Response:
+        return JSONResponse(
+            {
+                "model_path": "m",
+                "speculative_algorithm": algorithm,
+                "speculative_num_steps": 3 if algorithm else None,
+            }
+        )
+
+    return Starlette(routes=[Route("/server_info", server_info)])

@@ -1,0 +1,302 @@
+"""Speculative sampling reproduces the target's distribution of 3-token continuations.
+
+The check (``distribution_matches``): draw ``N`` continuations, and for every event
+"the continuation starts with prefix ``s``" (all ``s`` of length 1, 2 and 3: ``M`` events)
+compare the empirical frequency ``q`` with the exactly enumerated probability ``p``.
+For a binomial count, the Chernoff bound gives ``P(q >= a) <= exp(-N KL(a || p))`` for
+``a > p`` and the same below ``p``, so ``P(N KL(q || p) >= t) <= 2 exp(-t)`` per event.
+A union bound over the ``M`` events makes the false-failure rate at most
+``2 M exp(-t)``; choosing ``t = ln(2 M / 1e-6)`` keeps it below 1e-6 whatever ``N`` is.
+The power comes from ``N``: the deliberately wrong rules below (always accept, forget to
+zero the rejected token) must fail the same check.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import pytest
+import torch
+
+from local_verifier import speculate
+from local_verifier.kv_cache import KVCache
+from local_verifier.model import ModelConfig, Transformer
+from local_verifier.sampling import SamplingParams, make_generator, sample, target_probs
+from local_verifier.speculate import LoopStats, speculative_decode
+from local_verifier.verify import Verdict, children_of, verify_sampled
+from lookup.draft import Draft
+
+FALSE_FAILURE = 1e-6
+V = 6
+LENGTH = 3
+
+
+def kl_bernoulli(q: float, p: float) -> float:
+    """KL(Bernoulli(q) || Bernoulli(p)); infinite when q > 0 at p == 0."""
+    total = 0.0
+    for a, b in ((q, p), (1.0 - q, 1.0 - p)):
+        if a > 0:
+            if b <= 0:
+                return math.inf
+            total += a * math.log(a / b)
+    return total
+
+
+def distribution_matches(
+    samples: Counter[tuple[int, ...]], exact: dict[tuple[int, ...], float]
+) -> tuple[bool, float, float]:
+    """(passes, largest N*KL over prefix events, threshold); see the module docstring."""
+    n = sum(samples.values())
+    events: dict[tuple[int, ...], tuple[int, float]] = {}
+    for length in range(1, LENGTH + 1):
+        counts: Counter[tuple[int, ...]] = Counter()
+        for seq, count in samples.items():
+            counts[seq[:length]] += count
+        probs: dict[tuple[int, ...], float] = {}
+        for seq, p in exact.items():
+            probs[seq[:length]] = probs.get(seq[:length], 0.0) + p
+        for prefix, p in probs.items():
+            events[prefix] = (counts.get(prefix, 0), p)
+        for prefix in counts:
+            if prefix not in probs:
+                events[prefix] = (counts[prefix], 0.0)
+    threshold = math.log(2 * len(events) / FALSE_FAILURE)
+    worst = max(n * kl_bernoulli(count / n, p) for count, p in events.values())
+    return worst < threshold, worst, threshold
+
+
+class SyntheticTarget:
+    """A fixed random next-token distribution per context, peaked enough to matter."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self._cache: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def probs(self, context: tuple[int, ...]) -> torch.Tensor:
+        if context not in self._cache:
+            gen = torch.Generator().manual_seed(hash((self.seed, context)) & 0x7FFFFFFF)
+            self._cache[context] = torch.softmax(2.0 * torch.randn(V, generator=gen), -1)
+        return self._cache[context]
+
+    def exact(self) -> dict[tuple[int, ...], float]:
+        out = {}
+        for seq in itertools.product(range(V), repeat=LENGTH):
+            p = 1.0
+            for i in range(LENGTH):
+                p *= float(self.probs(seq[:i])[seq[i]])
+            out[seq] = p
+        return out
+
+
+def adversarial_draft(
+    target: SyntheticTarget, context: tuple[int, ...], step: int
+) -> tuple[list[int], list[int]]:
+    """Alternate chains of unlikely tokens and trees with several candidates per depth."""
+    order = torch.argsort(target.probs(context)).tolist()  # least likely first
+    if step % 2 == 0:
+        return [order[0], order[1], order[-1]], [-1, 0, 1]
+    # three candidates at depth 1 (rare, middling, likely), two children under each
+    return [order[1], order[3], order[-1], 0, 1, 2, 3, 4, 5], [-1, -1, -1, 0, 0, 1, 1, 2, 2]
+
+
+Rule = Callable[..., Verdict]
+
+
+def multinomial(row: torch.Tensor, generator: torch.Generator | None) -> int:
+    return int(torch.multinomial(row.float(), 1, generator=generator))
+
+
+def speculative_continuation(
+    target: SyntheticTarget, rule: Rule, generator: torch.Generator
+) -> tuple[int, ...]:
+    out: tuple[int, ...] = ()
+    step = 0
+    while len(out) < LENGTH:
+        tokens, parents = adversarial_draft(target, out, step)
+        paths: list[tuple[int, ...]] = [out]
+        for node, parent in enumerate(parents):
+            paths.append(paths[parent + 1] + (tokens[node],))
+        probs = torch.stack([target.probs(p) for p in paths])
+        verdict = rule(probs, tokens, parents, generator, multinomial)
+        out = out + tuple(tokens[n] for n in verdict.accepted) + (verdict.next_token,)
+        step += 1
+    return out[:LENGTH]
+
+
+def always_accept(probs, tokens, parents, generator, sample) -> Verdict:  # type: ignore[no-untyped-def]
+    """Wrong on purpose: takes the first child at every depth."""
+    kids = children_of(parents)
+    node, accepted = -1, []
+    while kids.get(node):
+        node = kids[node][0]
+        accepted.append(node)
+    return Verdict(accepted, sample(probs[node + 1], generator))
+
+
+def no_renormalise(probs, tokens, parents, generator, sample) -> Verdict:  # type: ignore[no-untyped-def]
+    """Wrong on purpose: after a rejection it samples from the unmodified p."""
+    kids = children_of(parents)
+    node, accepted = -1, []
+    while True:
+        row = probs[node + 1]
+        chosen = None
+        for child in kids.get(node, []):
+            if float(torch.rand((), generator=generator)) < float(row[tokens[child]]):
+                chosen = child
+                break
+        if chosen is None:
+            return Verdict(accepted, sample(row, generator))
+        accepted.append(chosen)
+        node = chosen
+
+
+def _run(rule: Rule, n: int, seed: int) -> tuple[bool, float, float]:
+    target = SyntheticTarget(seed=seed)
+    gen = torch.Generator().manual_seed(seed)
+    samples = Counter(speculative_continuation(target, rule, gen) for _ in range(n))
+    return distribution_matches(samples, target.exact())
+
+
+N_SYNTHETIC = 4000
+
+
+def test_verify_sampled_matches_exact_distribution() -> None:
+    ok, worst, threshold = _run(verify_sampled, N_SYNTHETIC, seed=11)
+    assert ok, f"max N*KL {worst:.1f} >= {threshold:.1f}"
+
+
+def test_check_detects_a_sampler_that_always_accepts() -> None:
+    ok, worst, threshold = _run(always_accept, N_SYNTHETIC, seed=11)
+    assert not ok, f"biased sampler passed: max N*KL {worst:.1f} < {threshold:.1f}"
+
+
+def test_check_detects_a_sampler_that_forgets_to_renormalise() -> None:
+    ok, worst, threshold = _run(no_renormalise, N_SYNTHETIC, seed=11)
+    assert not ok, f"biased sampler passed: max N*KL {worst:.1f} < {threshold:.1f}"
+
+
+# --- the same check through the decoding loop on a tiny random-weight model -------------
+
+TINY_V = 8
+PROMPT = [1, 5, 2]
+
+
+class TreeDrafter:
+    """A deterministic adversarial drafter: a small tree whose tokens depend on the context.
+
+    At each depth it offers three distinct candidates (in an order that puts unlikely and
+    likely tokens first alike), each with one child, so rejected siblings, the residual
+    distribution and bonus tokens are all exercised.
+    """
+
+    def __init__(self) -> None:
+        self.last = PROMPT[-1]
+
+    def extend(self, tokens: Sequence[int]) -> None:
+        self.last = int(tokens[-1])
+
+    def propose(self, max_tokens: int, max_width: int = 1) -> Draft:
+        c = self.last
+        first = [(c * 3 + 1) % TINY_V, (c * 5 + 2) % TINY_V, (c + 4) % TINY_V]
+        first = list(dict.fromkeys(first))
+        tokens = first + [(t * 7 + 3) % TINY_V for t in first]
+        parents = [-1] * len(first) + list(range(len(first)))
+        n = min(max_tokens, len(tokens))
+        return Draft(
+            np.asarray(tokens[:n], np.int64),
+            np.asarray(parents[:n], np.int32),
+            np.ones(n, np.float32),
+            np.zeros(n, np.int8),
+        )
+
+
+class PassThrough:
+    """A controller that verifies every draft as proposed."""
+
+    def budget(self) -> tuple[int, int]:
+        return 8, 3
+
+    def choose(self, draft: Draft) -> Draft:
+        return draft
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        return None
+
+
+PARAMS = SamplingParams(temperature=0.8, top_k=6, seed=0)
+
+
+@pytest.fixture(scope="module")
+def tiny_model() -> Transformer:
+    cfg = ModelConfig(
+        vocab_size=TINY_V,
+        dim=32,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        head_dim=8,
+        hidden_dim=64,
+        max_seq_len=32,
+    )
+    model = Transformer.from_config(cfg)
+    with torch.no_grad():  # sharpen the random head so the distribution is far from uniform
+        model.head.weight.mul_(150.0)
+    return model
+
+
+def _exact_tiny(model: Transformer) -> dict[tuple[int, ...], float]:
+    def probs(context: tuple[int, ...]) -> torch.Tensor:
+        cache = KVCache(model.config, 16)
+        logits = model(torch.tensor(PROMPT + list(context)), cache, last_only=True)[-1]
+        return target_probs(logits, PARAMS)
+
+    table = {(): probs(())}
+    for length in (1, 2):
+        for seq in itertools.product(range(TINY_V), repeat=length):
+            table[seq] = probs(seq)
+    return {
+        seq: math.prod(float(table[seq[:i]][seq[i]]) for i in range(LENGTH))
+        for seq in itertools.product(range(TINY_V), repeat=LENGTH)
+    }
+
+
+def _sampled_tiny(model: Transformer, n: int) -> Counter[tuple[int, ...]]:
+    cache = KVCache(model.config, 16)
+    gen = make_generator(123)
+    prompt = torch.tensor(PROMPT)
+    out: Counter[tuple[int, ...]] = Counter()
+    first_probs = target_probs(model(prompt, cache, last_only=True)[-1], PARAMS)
+    for _ in range(n):
+        cache.truncate(len(PROMPT))
+        first = sample(first_probs, gen)
+        tokens: list[int] = []
+        for step in speculative_decode(
+            model, cache, first, LENGTH, PARAMS, gen, TreeDrafter(), PassThrough(), LoopStats()
+        ):
+            tokens.extend(step)
+        out[tuple(tokens)] += 1
+    return out
+
+
+N_TINY = 3000
+
+
+def test_decoding_loop_samples_the_target_distribution(tiny_model: Transformer) -> None:
+    exact = _exact_tiny(tiny_model)
+    assert max(exact.values()) > 0.05  # the sharpened model is far from uniform
+    ok, worst, threshold = distribution_matches(_sampled_tiny(tiny_model, N_TINY), exact)
+    assert ok, f"max N*KL {worst:.1f} >= {threshold:.1f}"
+
+
+def test_decoding_loop_check_detects_a_wrong_rule(
+    tiny_model: Transformer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(speculate, "verify_sampled", no_renormalise)
+    ok, worst, threshold = distribution_matches(
+        _sampled_tiny(tiny_model, N_TINY), _exact_tiny(tiny_model)
+    )
+    assert not ok, f"biased loop passed: max N*KL {worst:.1f} < {threshold:.1f}"

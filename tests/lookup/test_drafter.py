@@ -1,0 +1,172 @@
+"""The drafter matches the longest suffix, realigns with the prediction and builds valid trees."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lookup.draft import Draft, Source
+from lookup.drafter import Drafter
+from lookup.index import build_index
+
+
+def _longest_suffix_match(seq: list[int], cap: int) -> int:
+    """Longest m <= cap such that seq[-m:] occurs earlier with a next token (brute force)."""
+    best = 0
+    for m in range(1, min(cap, len(seq) - 1) + 1):
+        tail = seq[-m:]
+        if any(seq[i : i + m] == tail for i in range(len(seq) - m)):
+            best = m
+        else:
+            break
+    return best
+
+
+def _check_tree(draft: Draft) -> None:
+    parents = draft.parents.tolist()
+    assert all(p < i for i, p in enumerate(parents))
+    siblings: dict[int, list[int]] = {}
+    for i, p in enumerate(parents):
+        siblings.setdefault(p, []).append(int(draft.tokens[i]))
+        if p >= 0:
+            assert draft.scores[i] <= draft.scores[p] + 1e-7
+    for tokens in siblings.values():
+        assert len(tokens) == len(set(tokens))
+    assert np.all((draft.scores > 0) & (draft.scores <= 1))
+
+
+def test_chain_copies_the_longest_match_from_a_document() -> None:
+    doc = [1, 2, 3, 4, 10, 11, 12, 50, 2, 3, 4, 20, 21, 22]
+    drafter = Drafter([9, 9, 50, 2, 3, 4], documents=[build_index(np.array(doc))])
+    draft = drafter.propose(3)
+    assert draft.tokens.tolist() == [20, 21, 22]  # "50 2 3 4" beats the shorter "2 3 4"
+    assert draft.is_chain
+    assert set(draft.source.tolist()) == {Source.DOCUMENT}
+
+
+def test_prediction_comes_first_and_starts_aligned() -> None:
+    prediction = [5, 6, 7, 8, 9]
+    drafter = Drafter([1, 2, 3], prediction=prediction, documents=[build_index(np.array([3, 40]))])
+    draft = drafter.propose(10)
+    assert draft.tokens.tolist() == prediction
+    assert set(draft.source.tolist()) == {Source.PREDICTION}
+
+
+def test_realigns_after_an_edit() -> None:
+    rng = np.random.default_rng(1)
+    prediction = rng.integers(100, 5000, 200).tolist()
+    edit = [1, 2, 3]
+    answer = prediction[:80] + edit + prediction[90:]  # tokens 80..89 replaced
+    drafter = Drafter([7, 7, 7], prediction=prediction)
+    drafter.extend(answer[:80])
+    assert drafter.propose(5).tokens.tolist() == prediction[80:85]
+    drafter.extend(edit)  # diverged: no match of the edit in the prediction
+    drafter.extend(answer[83:85])  # two tokens of the prediction again
+    draft = drafter.propose(8)
+    assert draft.tokens.tolist() == prediction[92:100]
+    assert set(draft.source.tolist()) == {Source.PREDICTION}
+    drafter.extend(answer[85:])
+    assert drafter.prediction_usage() == (190, 10)
+
+
+def test_prediction_usage_without_matches() -> None:
+    drafter = Drafter([1], prediction=[10, 11, 12, 13])
+    drafter.extend([20, 21, 22])
+    assert drafter.prediction_usage() == (0, 4)
+    assert Drafter([1]).prediction_usage() == (0, 0)
+
+
+def test_prediction_may_match_after_a_preamble() -> None:
+    prediction = list(range(100, 160))
+    drafter = Drafter([1, 2], prediction=prediction)
+    drafter.extend([7, 8, 9])  # e.g. "Here is the code:" before the prediction
+    drafter.extend(prediction[:4])
+    assert drafter.propose(6).tokens.tolist() == prediction[4:10]
+
+
+def test_repeats_its_own_output_periodically() -> None:
+    drafter = Drafter([1, 2, 3])
+    drafter.extend([5, 6, 5, 6, 5, 6])
+    assert drafter.propose(5).tokens.tolist() == [5, 6, 5, 6, 5]
+
+
+def test_no_match_no_draft() -> None:
+    drafter = Drafter([1, 2, 3, 4], documents=[build_index(np.array([10, 11, 12]))])
+    drafter.extend([20])
+    assert len(drafter.propose(8)) == 0
+    assert len(drafter.propose(8, max_width=3)) == 0
+
+
+def test_disagreeing_sources_make_a_tree() -> None:
+    prompt = [1, 2, 3, 4, 5, 6, 90, 91]
+    docs = [build_index(np.array([9, 3, 4, 5, 6, 70, 71]))]
+    drafter = Drafter(prompt + [3, 4, 5, 6], documents=docs)
+    tree = drafter.propose(6, max_width=2)
+    _check_tree(tree)
+    roots = sorted(int(tree.tokens[i]) for i in np.flatnonzero(tree.parents == -1))
+    assert roots == [70, 90]
+    assert len(tree) <= 6
+    chain = drafter.propose(6)
+    assert chain.is_chain
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_match_length_is_the_longest_suffix_match(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    seq = rng.integers(0, 3, 30).tolist()
+    drafter = Drafter(seq)
+    for token in rng.integers(0, 3, 150).tolist():
+        drafter.extend([token])
+        seq.append(token)
+        track = drafter._tracks[0]
+        if track.complete:  # every occurrence is tracked: the match is the longest
+            expected = _longest_suffix_match(seq, drafter.config.max_match)
+            assert track.match == (expected if expected >= 2 else 0)
+            assert all(seq[p - track.match : p] == seq[-track.match :] for p in track.positions)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_trees_are_well_formed(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    docs = [build_index(rng.integers(0, 4, 300)) for _ in range(3)]
+    drafter = Drafter(rng.integers(0, 4, 100).tolist(), documents=docs)
+    for _ in range(40):
+        width = int(rng.integers(1, 4))
+        draft = drafter.propose(int(rng.integers(1, 20)), max_width=width)
+        _check_tree(draft)
+        children = np.bincount(draft.parents + 1, minlength=len(draft) + 1)
+        assert children.max(initial=0) <= width
+        drafter.extend(rng.integers(0, 4, int(rng.integers(1, 4))).tolist())
+
+
+def test_acceptance_learns_from_committed_tokens() -> None:
+    rng = np.random.default_rng(3)
+    doc = rng.integers(0, 1000, 400).tolist()
+    drafter = Drafter(doc[:10], documents=[build_index(np.array(doc))])
+    first = drafter.propose(4).scores[0]
+    for i in range(10, 60, 2):  # the answer keeps copying the document
+        drafter.propose(4)
+        drafter.extend(doc[i : i + 2])
+    assert drafter.propose(4).scores[0] > first
+    for _ in range(30):  # now every draft is wrong
+        drafter.propose(4)
+        drafter.extend(rng.integers(2000, 3000, 1).tolist() + doc[100:102])
+    assert drafter.propose(4).scores[0] < first
+
+
+def test_prediction_waits_for_the_answer_to_reach_it() -> None:
+    prediction = [300, 301, 302, 303, 304, 305]
+    drafter = Drafter([1, 2], prediction=prediction)
+    drafter.extend([7, 8, 9])  # a preamble such as "```python\n"
+    assert drafter.propose(3).tokens.tolist() == [300, 301, 302]  # still offered from the start
+    drafter.extend([300])
+    assert drafter.propose(3).tokens.tolist() == [301, 302, 303]
+    drafter.extend([301, 302, 303, 304, 305])
+    assert drafter.prediction_usage() == (6, 0)
+
+
+def test_empty_prompt_and_sources() -> None:
+    drafter = Drafter([], prediction=[], documents=[build_index(np.array([], np.uint32))])
+    assert len(drafter.propose(4)) == 0
+    drafter.extend([1, 2, 1, 2])
+    assert drafter.propose(2).tokens.tolist() == [1, 2]
