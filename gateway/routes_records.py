@@ -69,7 +69,10 @@ async def endpoint_memory(request: Request) -> Response:
         if local is None:
             raise NotFound(f"no in-process local endpoint {name!r}", param="name")
         engine = await local.engine()
-        memory = engine.memory()
+        try:
+            memory = engine.memory()
+        except Exception as exc:  # an engine bug must not become a stack trace
+            raise ServiceUnavailable(f"engine memory unavailable: {type(exc).__name__}") from None
         runtime.telemetry.set_memory(name, memory)
     except GatewayError as error:
         return error_response(error)

@@ -42,8 +42,8 @@ class DrafterConfig:
 _Candidate = tuple[float, Source, int, Track]
 
 
-def _rank(cand: _Candidate) -> tuple[float, int]:
-    return cand[0], cand[1]
+def _rank(item: tuple[float, Source, object] | _Candidate) -> tuple[float, int]:
+    return item[0], item[1]
 
 
 class _Nodes(NamedTuple):
@@ -162,7 +162,8 @@ class Drafter:
 
     def propose(self, max_tokens: int, max_width: int = 1) -> Draft:
         """A chain (``max_width == 1``) or a small tree of at most ``max_tokens`` nodes."""
-        candidates = self._candidates() if max_tokens > 0 else []
+        wanted = 1 if max_width <= 1 else self.config.tree_candidates
+        candidates = self._candidates(wanted) if max_tokens > 0 else []
         if not candidates:
             nodes = _Nodes([], [], [], [], [])
         elif max_width <= 1:
@@ -182,33 +183,42 @@ class Drafter:
             np.asarray(nodes.sources, np.int8),
         )
 
-    def _candidates(self) -> list[_Candidate]:
-        """Every source's occurrences, best first (rate, then source priority)."""
-        out: list[_Candidate] = []
+    def _candidates(self, at_least: int) -> list[_Candidate]:
+        """Occurrences of the best sources (rate, then source priority), whole sources at a
+        time until there are ``at_least``; best first."""
         rate = self.acceptance.rate
+        ranked: list[tuple[float, Source, Track]] = []
         for track in self._tracks:
-            if not track.positions:
-                continue
-            source = track.source
+            if track.positions:
+                source = self._source_at(track, track.positions[0])
+                ranked.append((-rate(source, track.match), source, track))
+        if len(ranked) > 1:
+            ranked.sort(key=_rank)
+        out: list[_Candidate] = []
+        for r, source, track in ranked:
             if track.index is self._context:
                 for pos in track.positions:
-                    src = Source.OUTPUT if pos >= self._n_prompt else source
-                    out.append((-rate(src, track.match), src, pos, track))
+                    src = self._source_at(track, pos)
+                    out.append((r if src is source else -rate(src, track.match), src, pos, track))
             else:
-                r = -rate(source, track.match)
                 out.extend((r, source, pos, track) for pos in track.positions)
+            if len(out) >= at_least:
+                break
         if len(out) > 1:
             out.sort(key=_rank)
         return out
+
+    def _source_at(self, track: Track, pos: int) -> Source:
+        if track.index is self._context and pos >= self._n_prompt:
+            return Source.OUTPUT
+        return track.source
 
     def _continuation(self, cand: _Candidate, k: int) -> list[int]:
         """Up to k tokens after the occurrence; copies from the context repeat periodically."""
         _, _, pos, track = cand
         tokens = track.index.slice(pos, pos + k)
-        if track.index is self._context and tokens:
-            period = len(tokens)
-            while len(tokens) < k:
-                tokens.append(tokens[-period])
+        if track.index is self._context and 0 < len(tokens) < k:
+            tokens = (tokens * (k // len(tokens) + 1))[:k]
         return tokens
 
     def _chain(self, candidates: list[_Candidate], k: int) -> _Nodes:

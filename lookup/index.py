@@ -148,7 +148,6 @@ class IndexCache:
                     self._bytes -= old.nbytes()
             return self._entries[key]
 
-    @property
     def nbytes(self) -> int:
         """Total bytes of the cached indexes."""
         return self._bytes

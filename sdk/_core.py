@@ -56,8 +56,10 @@ def base_url_with_slash(base_url: str) -> str:
 # ---------------------------------------------------------------- request bodies
 
 
-def _draftgate_options(documents: Sequence[str] | None) -> dict[str, Any] | None:
-    return {"documents": list(documents)} if documents else None
+def _add_documents(body: dict[str, Any], documents: Sequence[str] | None) -> None:
+    """Name ``documents`` in the body's ``draftgate`` extension object (keeping its other keys)."""
+    if documents:
+        body["draftgate"] = {**body.get("draftgate", {}), "documents": list(documents)}
 
 
 def chat_body(
@@ -81,8 +83,7 @@ def chat_body(
         body["stream"] = True
     if prediction is not None:
         body["prediction"] = {"type": "content", "content": prediction}
-    if options := _draftgate_options(documents):
-        body["draftgate"] = options
+    _add_documents(body, documents)
     request = ChatCompletionRequest.model_validate(body)
     return request.model_dump(mode="json", exclude_unset=True)
 
@@ -99,8 +100,7 @@ def completion_body(
     body: dict[str, Any] = {"model": model, "prompt": prompt, **params}
     if stream:
         body["stream"] = True
-    if options := _draftgate_options(documents):
-        body["draftgate"] = options
+    _add_documents(body, documents)
     request = CompletionRequest.model_validate(body)
     return request.model_dump(mode="json", exclude_unset=True)
 

@@ -64,10 +64,16 @@ class AsyncClient:
     # ------------------------------------------------------------ plumbing
 
     async def _send(
-        self, method: str, path: str, *, json: Any = None, stream: bool = False
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, str] | None = None,
+        stream: bool = False,
     ) -> httpx.Response:
         """Send with retries; returns a 2xx response (unread when ``stream``)."""
-        request = self._http.build_request(method, path, json=json)
+        request = self._http.build_request(method, path, json=json, params=params)
         async for attempt in tenacity.AsyncRetrying(**retry_policy(self.max_retries)):
             with attempt:
                 try:
@@ -198,9 +204,15 @@ class AsyncClient:
 
     # ------------------------------------------------------------ draftgate API
 
-    async def endpoints(self) -> list[EndpointRecord]:
-        """``GET /endpoints``: the gateway's speculation record of each endpoint."""
-        return parse_body(await self._send("GET", "endpoints"), EndpointList).data
+    async def endpoints(self, *, probe: bool = False) -> list[EndpointRecord]:
+        """``GET /endpoints``: the gateway's speculation record of each endpoint.
+
+        ``probe=True`` has the gateway probe every endpoint first (metrics, server info).
+        """
+        return parse_body(
+            await self._send("GET", "endpoints", params={"probe": "1"} if probe else None),
+            EndpointList,
+        ).data
 
     async def audit(self, endpoint: str, **options: Any) -> AuditResult:
         """``POST /audits``: a latency audit of ``endpoint``; ``options`` as in :class:`AuditRequest`.
@@ -335,6 +347,7 @@ class AsyncClient:
             documents=documents,
             **session.sampling,
         ) as chunks:
+            session.answered(chunks.response.headers)
             async for chunk in chunks:
                 if (delta := session.feed(chunk)) is not None:
                     yield delta

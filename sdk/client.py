@@ -63,10 +63,16 @@ class Client:
     # ------------------------------------------------------------ plumbing
 
     def _send(
-        self, method: str, path: str, *, json: Any = None, stream: bool = False
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, str] | None = None,
+        stream: bool = False,
     ) -> httpx.Response:
         """Send with retries; returns a 2xx response (unread when ``stream``)."""
-        request = self._http.build_request(method, path, json=json)
+        request = self._http.build_request(method, path, json=json, params=params)
         for attempt in tenacity.Retrying(**retry_policy(self.max_retries)):
             with attempt:
                 try:
@@ -195,9 +201,14 @@ class Client:
 
     # ------------------------------------------------------------ draftgate API
 
-    def endpoints(self) -> list[EndpointRecord]:
-        """``GET /endpoints``: the gateway's speculation record of each endpoint."""
-        return parse_body(self._send("GET", "endpoints"), EndpointList).data
+    def endpoints(self, *, probe: bool = False) -> list[EndpointRecord]:
+        """``GET /endpoints``: the gateway's speculation record of each endpoint.
+
+        ``probe=True`` has the gateway probe every endpoint first (metrics, server info).
+        """
+        return parse_body(
+            self._send("GET", "endpoints", params={"probe": "1"} if probe else None), EndpointList
+        ).data
 
     def audit(self, endpoint: str, **options: Any) -> AuditResult:
         """``POST /audits``: a latency audit of ``endpoint``; ``options`` as in :class:`AuditRequest`.
@@ -330,6 +341,7 @@ class Client:
             documents=documents,
             **session.sampling,
         ) as chunks:
+            session.answered(chunks.response.headers)
             for chunk in chunks:
                 if (delta := session.feed(chunk)) is not None:
                     yield delta

@@ -41,6 +41,7 @@ _LANGUAGES = {
     ".swift": "swift", ".sh": "bash", ".sql": "sql", ".html": "html", ".css": "css",
     ".json": "json", ".yaml": "yaml", ".yml": "yaml", ".toml": "toml", ".md": "markdown",
 }  # fmt: skip
+PREDICTION_HEADER = "x-draftgate-prediction"
 _FENCE_RE = re.compile(r"^ {0,3}(`{3,}|~{3,})\s*([^\s`]*)[^`]*$")
 
 
@@ -192,7 +193,13 @@ class EditDelta:
 
 @dataclass(frozen=True)
 class EditResult:
-    """A finished edit: the new code, its diff against the old, usage, timings, raw answer."""
+    """A finished edit: the new code, its diff against the old, usage, timings, raw answer.
+
+    ``prediction`` is what the gateway did with the prediction (its
+    ``X-Draftgate-Prediction`` header: ``passed``, ``dropped:<reason>``,
+    ``verified-locally``, ...), None from an endpoint that does not say.
+    ``path``/``written``/``backup`` are set by ``edit_file``.
+    """
 
     code: str
     diff: str
@@ -200,6 +207,7 @@ class EditResult:
     timings: EditTimings
     raw: str
     finish_reason: str | None
+    prediction: str | None = None
     path: Path | None = None
     written: bool = False
     backup: Path | None = None
@@ -233,10 +241,15 @@ class EditSession:
         self._finish_reason: str | None = None
         self._started = time.perf_counter()
         self._first_content: float | None = None
+        self._prediction_status: str | None = None
 
     def start(self) -> None:
         """Mark the moment the request is sent."""
         self._started = time.perf_counter()
+
+    def answered(self, headers: Mapping[str, str]) -> None:
+        """Note the response headers (what the gateway did with the prediction)."""
+        self._prediction_status = headers.get(PREDICTION_HEADER)
 
     def feed(self, chunk: ChatCompletionChunk) -> EditDelta | None:
         """Take one chunk; the new text it carries, if any."""
@@ -278,6 +291,7 @@ class EditSession:
             timings=EditTimings(ttft_s=ttft, total_s=total, tokens_per_s=rate),
             raw=raw,
             finish_reason=self._finish_reason,
+            prediction=self._prediction_status,
         )
 
 

@@ -176,7 +176,12 @@ def create_standin() -> Starlette:
         return JSONResponse({**info, "text": text})
 
     async def endpoints(request: Request) -> Response:
-        record = {"name": "standin", "kind": "openai_compatible", "models": ["standin"], "enabled": "unknown"}
+        record = {
+            "name": "standin",
+            "kind": "openai_compatible",
+            "models": ["standin"],
+            "enabled": "unknown",
+        }
         return JSONResponse({"object": "list", "data": [record]})
 
     async def audits(request: Request) -> Response:
@@ -189,7 +194,13 @@ def create_standin() -> Starlette:
         now = time.time()
         summary = {"concurrency": audit.concurrency, "requests": audit.requests}
         return JSONResponse(
-            {"endpoint": audit.endpoint, "model": "standin", "started_at": now, "finished_at": now, "summary": summary}
+            {
+                "endpoint": audit.endpoint,
+                "model": "standin",
+                "started_at": now,
+                "finished_at": now,
+                "summary": summary,
+            }
         )
 
     app = Starlette(

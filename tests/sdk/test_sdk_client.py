@@ -17,7 +17,9 @@ MESSAGES = [{"role": "user", "content": "Say hello."}]
 
 def test_chat_sends_only_what_was_set_and_parses_the_answer(base_url: str, script: Script) -> None:
     with Client(base_url, "sk-1") as client:
-        answer = client.chat(model="standin", messages=MESSAGES, prediction="Hello", documents=["a.py"], seed=3)
+        answer = client.chat(
+            model="standin", messages=MESSAGES, prediction="Hello", documents=["a.py"], seed=3
+        )
     assert isinstance(answer, ChatCompletion)
     assert answer.choices[0].message.content == "Hello there."
     assert answer.usage is not None and answer.usage.completion_tokens == 4
@@ -35,10 +37,21 @@ def test_chat_sends_only_what_was_set_and_parses_the_answer(base_url: str, scrip
     assert script.headers[0]["authorization"] == "Bearer sk-1"
 
 
+def test_documents_join_other_draftgate_options(base_url: str, script: Script) -> None:
+    with Client(base_url) as client:
+        client.chat(
+            model="standin", messages=MESSAGES, documents=["a", "b"], draftgate={"draft": False}
+        )
+    assert script.requests[0]["draftgate"] == {"draft": False, "documents": ["a", "b"]}
+
+
 def test_chat_stream_yields_typed_chunks(base_url: str, script: Script) -> None:
-    with Client(base_url) as client, client.chat(
-        model="standin", messages=MESSAGES, stream=True, stream_options={"include_usage": True}
-    ) as stream:
+    with (
+        Client(base_url) as client,
+        client.chat(
+            model="standin", messages=MESSAGES, stream=True, stream_options={"include_usage": True}
+        ) as stream,
+    ):
         chunks = list(stream)
     assert all(isinstance(c, ChatCompletionChunk) for c in chunks)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -92,7 +105,9 @@ def test_server_side_400_is_typed(base_url: str, script: Script) -> None:
 
 def test_documents_round_trip(base_url: str, script: Script) -> None:
     with Client(base_url) as client:
-        info = client.documents.put("src/app.py", "print(1)\n", path="src/app.py", language="python")
+        info = client.documents.put(
+            "src/app.py", "print(1)\n", path="src/app.py", language="python"
+        )
         assert isinstance(info, DocumentInfo) and info.bytes == 9
         assert client.documents.get("src/app.py").text == "print(1)\n"
         assert [d.id for d in client.documents.list()] == ["src/app.py"]

@@ -34,12 +34,21 @@ def renaming(script: Script) -> Script:
     return script
 
 
-def test_edit_sends_the_code_as_prediction_and_returns_the_result(base_url: str, renaming: Script) -> None:
+def test_edit_sends_the_code_as_prediction_and_returns_the_result(
+    base_url: str, renaming: Script
+) -> None:
     with Client(base_url) as client:
-        result = client.edit(ORIGINAL, "rename greet to welcome", model="standin", language="python", documents=["lib.py"])
+        result = client.edit(
+            ORIGINAL,
+            "rename greet to welcome",
+            model="standin",
+            language="python",
+            documents=["lib.py"],
+        )
     assert result.code == EDITED
     assert "-def greet(name):\n+def welcome(name):\n" in result.diff
     assert result.finish_reason == "stop" and result.raw.startswith("Here you go:")
+    assert result.prediction is None  # a plain OpenAI-compatible server does not say
     assert result.usage is not None
     assert result.usage.accepted_prediction_tokens and result.usage.accepted_prediction_tokens > 20
     assert result.usage.rejected_prediction_tokens == 2  # the two "greet" tokens
@@ -72,7 +81,10 @@ def test_edit_stream_yields_deltas_then_the_result(base_url: str, renaming: Scri
 async def test_async_edit_and_stream(base_url: str, renaming: Script) -> None:
     async with AsyncClient(base_url) as client:
         result = await client.edit(ORIGINAL, "rename", model="standin")
-        items = [item async for item in await client.edit(ORIGINAL, "rename", model="standin", stream=True)]
+        items = [
+            item
+            async for item in await client.edit(ORIGINAL, "rename", model="standin", stream=True)
+        ]
     assert result.code == EDITED
     assert isinstance(items[-1], EditResult) and items[-1].code == EDITED
     assert all(isinstance(i, EditDelta) for i in items[:-1])
@@ -85,12 +97,16 @@ def source(tmp_path: Path) -> Path:
     return path
 
 
-def test_edit_file_writes_atomically_with_backup(base_url: str, renaming: Script, source: Path) -> None:
+def test_edit_file_writes_atomically_with_backup(
+    base_url: str, renaming: Script, source: Path
+) -> None:
     with Client(base_url) as client:
         result = client.edit_file(source, "rename", model="standin")
     assert source.read_text() == EDITED
     assert result.written and result.path == source
-    assert result.backup == source.with_name("greet.py.bak") and result.backup.read_text() == ORIGINAL
+    assert (
+        result.backup == source.with_name("greet.py.bak") and result.backup.read_text() == ORIGINAL
+    )
     assert result.diff.startswith("--- a/greet.py\n+++ b/greet.py\n")
     assert sorted(p.name for p in source.parent.iterdir()) == ["greet.py", "greet.py.bak"]
     assert renaming.requests[0]["prediction"]["content"].startswith("```python\n")
@@ -106,7 +122,9 @@ def test_edit_file_dry_run_and_no_backup(base_url: str, renaming: Script, source
     assert [p.name for p in source.parent.iterdir()] == ["greet.py"]
 
 
-def test_edit_file_unchanged_answer_writes_nothing(base_url: str, script: Script, source: Path) -> None:
+def test_edit_file_unchanged_answer_writes_nothing(
+    base_url: str, script: Script, source: Path
+) -> None:
     script.reply = lambda body: body["prediction"]["content"]
     before = source.stat().st_mtime_ns
     with Client(base_url) as client:
@@ -121,7 +139,9 @@ def assert_intact(source: Path) -> None:
     assert [p.name for p in source.parent.iterdir()] == ["greet.py"]  # no temp file, no backup
 
 
-def test_stream_broken_mid_way_leaves_the_file_intact(base_url: str, renaming: Script, source: Path) -> None:
+def test_stream_broken_mid_way_leaves_the_file_intact(
+    base_url: str, renaming: Script, source: Path
+) -> None:
     renaming.break_after = 12
     seen: list[str] = []
     with Client(base_url, max_retries=0) as client, pytest.raises(APIConnectionError):
@@ -142,11 +162,15 @@ async def test_async_stream_broken_mid_way_leaves_the_file_intact(
     assert_intact(source)
 
 
-def test_error_event_mid_stream_leaves_the_file_intact(base_url: str, renaming: Script, source: Path) -> None:
+def test_error_event_mid_stream_leaves_the_file_intact(
+    base_url: str, renaming: Script, source: Path
+) -> None:
     renaming.error_after = 7
     with Client(base_url) as client, pytest.raises(APIStreamError) as caught:
         client.edit_file(source, "rename", model="standin")
-    assert caught.value.body is not None and caught.value.body.error.code == "upstream_stream_broken"
+    assert (
+        caught.value.body is not None and caught.value.body.error.code == "upstream_stream_broken"
+    )
     assert_intact(source)
 
 

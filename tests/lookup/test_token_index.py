@@ -91,6 +91,6 @@ def test_cache_reuses_and_evicts_by_bytes() -> None:
     cache.get_or_build("a", tokens)  # "a" is now the most recent
     cache.get_or_build("c", tokens + 2)  # evicts "b", the least recently used
     assert len(cache) == 2
-    assert cache.nbytes <= cache.max_bytes
+    assert cache.nbytes() <= cache.max_bytes
     assert cache.get_or_build("a", tokens) is first
     assert cache.get_or_build("b", tokens + 1) is not first

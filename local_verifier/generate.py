@@ -1,0 +1,89 @@
+"""Plain decoding, one token per forward: the reference speculative decoding is checked against."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from local_verifier.errors import PromptTooLong
+from local_verifier.loader import LoadedModel
+from local_verifier.output import OutputAssembler, TextDelta
+from local_verifier.sampling import SamplingParams, make_generator, sample, target_probs
+
+
+@dataclass(frozen=True)
+class PlainResult:
+    """The last item of ``generate_plain``."""
+
+    token_ids: list[int]
+    finish_reason: str  # "stop" | "length"
+    prompt_tokens: int
+    prefill_s: float
+    decode_s: float
+
+
+def check_prompt(prompt_ids: Sequence[int], context_length: int) -> None:
+    """Raise ``PromptTooLong`` unless at least one token can be generated after the prompt."""
+    if not prompt_ids:
+        raise ValueError("the prompt has no tokens")
+    if len(prompt_ids) >= context_length:
+        raise PromptTooLong(len(prompt_ids), context_length)
+
+
+def generate_plain(
+    lm: LoadedModel,
+    prompt_ids: Sequence[int],
+    params: SamplingParams,
+    max_tokens: int | None = None,
+    stop: Sequence[str] = (),
+) -> Iterator[TextDelta | PlainResult]:
+    """Yield a ``TextDelta`` per generated token, then a ``PlainResult``.
+
+    Ends on an EOS id (not emitted), a stop string (its text not emitted), ``max_tokens``
+    or the end of the context. Bad input raises before the first item.
+    """
+    context = lm.config.max_seq_len
+    check_prompt(prompt_ids, context)
+    if max_tokens is not None and max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    room = context - len(prompt_ids)
+    limit = room if max_tokens is None else min(max_tokens, room)
+    return _decode(lm, list(prompt_ids), params, limit, list(stop))
+
+
+def _decode(
+    lm: LoadedModel, prompt: list[int], params: SamplingParams, limit: int, stop: list[str]
+) -> Iterator[TextDelta | PlainResult]:
+    model = lm.model
+    cache = lm.new_cache(len(prompt) + limit)
+    generator = make_generator(params.seed, lm.device)
+    out = OutputAssembler(lm.tokenizer, stop, limit)
+
+    def pick(logits: torch.Tensor) -> int:
+        if params.greedy:
+            return int(logits.argmax())
+        return sample(target_probs(logits, params), generator)
+
+    start = time.perf_counter()
+    token = pick(model(torch.tensor(prompt, device=lm.device), cache, last_only=True)[-1])
+    prefill_s = time.perf_counter() - start
+    while True:
+        delta = out.push([token])
+        if delta.token_ids or delta.text:
+            yield delta
+        if out.finish_reason is not None or cache.length >= cache.max_len:
+            break
+        token = pick(model(torch.tensor([token], device=lm.device), cache)[-1])
+    tail = out.finish()
+    if tail.text:
+        yield tail
+    yield PlainResult(
+        token_ids=list(out.token_ids),
+        finish_reason=out.finish_reason or "length",
+        prompt_tokens=len(prompt),
+        prefill_s=prefill_s,
+        decode_s=time.perf_counter() - start - prefill_s,
+    )
