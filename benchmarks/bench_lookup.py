@@ -100,7 +100,7 @@ def bench_propose(
         propose_cpu_us.append((cpu() - start_cpu) / 1e3)
         propose_us.append((tick() - start) * 1e6)
         tokens, parents = draft.tokens.tolist(), draft.parents.tolist()
-        node, committed = -1, []
+        node, committed = -1, list[int]()
         while done + len(committed) < len(target):
             token = target[done + len(committed)]
             committed.append(token)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Mapping
+from typing import Any
 
 import httpx
 from starlette.applications import Starlette
@@ -95,12 +96,14 @@ def create_app(
     transport: httpx.AsyncBaseTransport | None = None,
     telemetry: Telemetry | None = None,
     corpus: Corpus | None = None,
+    engines: Mapping[str, Any] | None = None,
 ) -> Starlette:
     """The gateway app for ``settings`` (default: ``load_settings()``).
 
     ``environ`` supplies API keys (default ``os.environ``); ``transport`` replaces the
     network transport of every HTTP upstream (tests); ``telemetry``/``corpus`` replace
-    the defaults built from the settings.
+    the defaults built from the settings; ``engines`` maps local endpoint names to
+    already loaded ``local_verifier`` engines (shared by tests).
     """
     runtime = Runtime(
         settings or load_settings(),

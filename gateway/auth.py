@@ -5,13 +5,13 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 
-from gateway.config import Settings
+from gateway.config import ConfigError, Settings
 from gateway.errors import AuthenticationFailed
 
 DEFAULT_TENANT = "default"
 
 
-class MissingKey(Exception):
+class MissingKey(ConfigError):
     """A configured ``key_env`` variable is not set."""
 
 

@@ -12,6 +12,7 @@ import typer
 
 from gateway.cli_documents import documents_app, index_command
 from gateway.cli_records import audit_command, endpoints_command
+from gateway.cli_serve import serve_command, verifier_command
 
 app = typer.Typer(
     name="draftgate",
@@ -40,6 +41,8 @@ app.command("index")(index_command)
 app.add_typer(documents_app, name="documents")
 app.command("endpoints")(endpoints_command)
 app.command("audit")(audit_command)
+app.command("serve")(serve_command)
+app.command("verifier")(verifier_command)
 
 
 def main() -> None:

@@ -78,15 +78,24 @@ class _Job:
 class LocalEndpoint:
     """Serves chat/completions requests on a local target model."""
 
-    def __init__(self, config: EndpointConfig, corpus: Corpus, *, recent: int = 0) -> None:
+    def __init__(
+        self,
+        config: EndpointConfig,
+        corpus: Corpus,
+        *,
+        recent: int = 0,
+        engine: Engine | None = None,
+    ) -> None:
+        """``engine``: an already loaded engine to use instead of loading ``config.model``."""
         self.config = config
         self.corpus = corpus
         self.recent = recent
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"dg-{config.name}")
-        self._engine: Engine | None = None
+        self._engine: Engine | None = engine
         self._load_error: str | None = None
         self._loading: Future[None] | None = None
         self._waiting = 0
+        self.stopped = 0  # generations stopped early because their client went away
 
     # -- engine lifecycle (worker thread) -------------------------------------------
 
@@ -134,6 +143,7 @@ class LocalEndpoint:
                 for item in items:
                     job.push(item)
                     if job.cancelled.is_set():
+                        self.stopped += 1
                         break
             finally:
                 items.close()  # type: ignore[attr-defined]

@@ -8,10 +8,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from urllib.parse import quote
 
-from gateway.config import EndpointConfig
+from gateway.config import ConfigError, EndpointConfig
 
 
-class MissingCredential(Exception):
+class MissingCredential(ConfigError):
     """``api_key_env`` names a variable that is not set."""
 
 

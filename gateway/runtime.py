@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping
+from typing import Any
 
 import httpx
 
@@ -37,6 +38,7 @@ class Runtime:
         transport: httpx.AsyncBaseTransport | None = None,
         telemetry: Telemetry | None = None,
         corpus: Corpus | None = None,
+        engines: Mapping[str, Any] | None = None,
     ) -> None:
         env = os.environ if environ is None else environ
         self.settings = settings
@@ -56,7 +58,10 @@ class Runtime:
         for endpoint in settings.endpoints:
             if _in_process(endpoint):
                 self.local[endpoint.name] = LocalEndpoint(
-                    endpoint, self.corpus, recent=settings.documents.recent
+                    endpoint,
+                    self.corpus,
+                    recent=settings.documents.recent,
+                    engine=(engines or {}).get(endpoint.name),
                 )
             else:
                 self.upstreams[endpoint.name] = Upstream(endpoint, env, transport)

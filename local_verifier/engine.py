@@ -9,8 +9,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from lookup.controller import DraftController
-from lookup.drafter import Drafter
 
 from local_verifier.costs import measure_step_costs
 from local_verifier.errors import PromptTooLong
@@ -19,6 +17,8 @@ from local_verifier.loader import LoadedModel, load_model
 from local_verifier.output import OutputAssembler, TextDelta
 from local_verifier.sampling import SamplingParams, make_generator, sample, target_probs
 from local_verifier.speculate import DraftPolicy, DraftSource, LoopStats, speculative_decode
+from lookup.controller import DraftController
+from lookup.drafter import Drafter
 from lookup.index import IndexCache
 
 __all__ = ["DocumentTokens", "Engine", "GenerationRequest", "GenerationStats", "TextDelta"]

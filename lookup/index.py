@@ -22,10 +22,11 @@ class _Level:
 
     Each window is packed into one uint64: the high bits of its hash, then its index in
     the low ``bits`` bits; sorting the packed values groups equal hashes with their
-    windows in position order (one ``np.sort``, no argsort).
+    windows in position order (one ``np.sort``, no argsort). A byte filter indexed by the
+    top bits of the hash (about 4 slots per window) answers most misses without numpy.
     """
 
-    __slots__ = ("packed", "n", "mask")
+    __slots__ = ("packed", "n", "mask", "seen", "shift")
 
     def __init__(self, hashes: np.ndarray, n: int) -> None:
         bits = max(len(hashes), 1).bit_length()
@@ -33,9 +34,16 @@ class _Level:
         self.mask = (1 << bits) - 1
         window = np.arange(len(hashes), dtype=np.uint64)
         self.packed: np.ndarray = np.sort((hashes & np.uint64(~self.mask & MASK)) | window)
+        slot_bits = max(4 * len(hashes), 64).bit_length()
+        self.shift = 64 - slot_bits
+        seen = np.zeros(1 << slot_bits, dtype=np.uint8)
+        seen[hashes >> np.uint64(self.shift)] = 1
+        self.seen = seen.tobytes()
 
     def find(self, key: int) -> tuple[int, int]:
         """The [lo, hi) range of ``packed`` whose hash matches ``key`` (in the kept bits)."""
+        if not self.seen[key >> self.shift]:
+            return 0, 0
         high = key & ~self.mask
         packed = self.packed
         lo = int(packed.searchsorted(np.uint64(high)))
@@ -111,7 +119,9 @@ class TokenIndex:
 
     def nbytes(self) -> int:
         """Approximate memory held by the index (the static part dominates)."""
-        return int(self._static.nbytes) + sum(level.packed.nbytes for level in self._levels)
+        return int(self._static.nbytes) + sum(
+            level.packed.nbytes + len(level.seen) for level in self._levels
+        )
 
 
 def build_index(tokens: np.ndarray) -> TokenIndex:

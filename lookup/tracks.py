@@ -41,7 +41,8 @@ class Track:
         self, context: TokenIndex, hashes: list[int | None], cap: int, max_match: int
     ) -> None:
         """Find the longest suffix matches of ``context`` again after following failed."""
-        limit = LEVELS[-1] if not self.complete else max(self.match, LEVELS[0] - 1) + 1
+        # the longest match grows by at most one token per step (if every occurrence was kept)
+        limit = min(max(self.match, LEVELS[0] - 1) + 1, max_match) if self.complete else max_match
         checked_above = False
         for level in range(len(LEVELS) - 1, -1, -1):
             n = LEVELS[level]
@@ -52,7 +53,7 @@ class Track:
             if not found:
                 checked_above = True
                 continue
-            bound = min(2 * n - 1, max_match) if checked_above else max_match
+            bound = min(2 * n - 1, limit) if checked_above else limit
             self._keep_longest(context, found, n, bound)
             self.complete = count <= cap
             return

@@ -100,3 +100,25 @@ def gateway_url(standin_server: tuple[StandIn, str]) -> Iterator[str]:
     app = create_app(standin_settings(standin_server[1]), environ=ENVIRON)
     with serve(app) as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def engine() -> Any:
+    """The real SmolLM2-135M engine, loaded once per session."""
+    from local_verifier.engine import Engine
+
+    return Engine("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def local_app(engine: Any) -> Any:
+    """The verifier configuration (one local endpoint, no auth) on the shared engine."""
+    from gateway.cli_serve import verifier_settings
+
+    return create_app(verifier_settings("smollm2-135m"), engines={"local": engine})
+
+
+@pytest.fixture(scope="session")
+def local_url(local_app: Any) -> Iterator[str]:
+    with serve(local_app) as url:
+        yield url

@@ -70,6 +70,8 @@ def test_injected_drafts_never_change_greedy_output(
     if mode in ("right", "long"):
         assert stats.verify_steps < len(want_ids) / 3  # long accepted runs
         assert stats.accepted_by_position[0] > 0
+    if mode in ("partly", "tree", "eos"):
+        assert stats.accepted_tokens > 0
     if mode == "random":
         assert stats.accepted_tokens < stats.drafted_tokens / 4
 
@@ -166,7 +168,7 @@ def test_empty_drafts_are_plain_steps(engine: Engine, tiny_lm: LoadedModel) -> N
     )
     assert (got_ids, got_text) == (want_ids, want_text)
     assert stats.drafted_tokens == 0 and stats.verify_steps == len(want_ids) - 1
-    assert drafter.calls == stats.verify_steps
+    assert drafter.calls == stats.verify_steps - 1  # the last step has no room for a draft
 
 
 def test_default_drafter_with_prediction_reports_usage(

@@ -1,0 +1,270 @@
+"""Gateway overhead: the same requests direct to a zero-delay upstream and through the
+gateway, paired and interleaved, non-streaming and streaming, at several concurrencies.
+
+    python benchmarks/bench_gateway.py --json OUT [--requests 2000] [--concurrency 1,16]
+
+The upstream, the gateway and the client run as three processes. Each worker sends
+pairs (direct, gateway) in alternating order (ABBA), so drift hits both sides alike.
+Added latency = percentile(through gateway) - percentile(direct); the paired
+differences' percentiles are reported too. JSON: ``added_ms.{c1,c16}.{p50,p99}``,
+``added_ms_stream`` likewise, plus requests/s and the raw percentiles.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+CHAT = {
+    "id": "chatcmpl-bench",
+    "object": "chat.completion",
+    "created": 0,
+    "model": "bench",
+    "choices": [
+        {
+            "index": 0,
+            "message": {"role": "assistant", "content": "Hello there, general."},
+            "finish_reason": "stop",
+        }
+    ],
+    "usage": {"prompt_tokens": 9, "completion_tokens": 5, "total_tokens": 14},
+}
+CHAT_BODY = json.dumps(CHAT).encode()
+STREAM_EVENTS = [
+    b"data: "
+    + json.dumps(
+        {
+            "id": "chatcmpl-bench",
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": "bench",
+            "choices": [{"index": 0, "delta": {"content": word}, "finish_reason": None}],
+        }
+    ).encode()
+    + b"\n\n"
+    for word in ("Hello", " there", ",", " general", ".")
+] + [b"data: [DONE]\n\n"]
+REQUEST = {
+    "model": "bench",
+    "messages": [{"role": "user", "content": "Say hello, briefly."}],
+    "max_tokens": 8,
+}
+
+
+async def upstream_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """Zero-delay OpenAI-style upstream: a fixed answer, streamed or not."""
+    if scope["type"] != "http":
+        return
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    if b'"stream":true' in body.replace(b" ", b""):
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/event-stream")],
+            }
+        )
+        for event in STREAM_EVENTS:
+            await send({"type": "http.response.body", "body": event, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+        return
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(CHAT_BODY)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": CHAT_BODY})
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _run_upstream(port: int) -> None:
+    import uvicorn
+
+    uvicorn.run(
+        upstream_app,
+        host="127.0.0.1",
+        port=port,
+        log_level="error",
+        access_log=False,
+        lifespan="off",
+    )
+
+
+def _run_gateway(port: int, upstream_port: int) -> None:
+    import uvicorn
+
+    sys.path.insert(0, str(ROOT))
+    from gateway.app import create_app
+    from gateway.config import build_settings
+
+    settings = build_settings(
+        {
+            "endpoints": [
+                {
+                    "name": "bench",
+                    "kind": "openai_compatible",
+                    "base_url": f"http://127.0.0.1:{upstream_port}/v1",
+                    "models": ["bench"],
+                }
+            ],
+            "auth": False,
+        },
+        "benchmark",
+    )
+    uvicorn.run(
+        create_app(settings, environ={}),
+        host="127.0.0.1",
+        port=port,
+        log_level="error",
+        access_log=False,
+    )
+
+
+async def _wait_ready(url: str) -> None:
+    async with httpx.AsyncClient() as c:
+        for _ in range(600):
+            try:
+                await c.post(f"{url}/v1/chat/completions", json=REQUEST)
+                return
+            except httpx.TransportError:
+                await asyncio.sleep(0.05)
+    raise RuntimeError(f"{url} did not start")
+
+
+async def _one(client: httpx.AsyncClient, url: str, stream: bool) -> float:
+    body = {**REQUEST, "stream": stream}
+    t0 = time.perf_counter()
+    if stream:
+        async with client.stream("POST", url, json=body) as r:
+            async for _ in r.aiter_raw():
+                pass
+            ok = r.status_code == 200
+    else:
+        r = await client.post(url, json=body)
+        ok = r.status_code == 200
+    elapsed = time.perf_counter() - t0
+    if not ok:
+        raise RuntimeError(f"{url}: HTTP {r.status_code}")
+    return elapsed
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+
+
+async def _measure(
+    direct: str, gateway: str, concurrency: int, requests: int, stream: bool
+) -> dict[str, Any]:
+    per_worker = max(1, requests // concurrency)
+    limits = httpx.Limits(
+        max_connections=concurrency * 2, max_keepalive_connections=concurrency * 2
+    )
+    results: list[tuple[float, float]] = []
+    async with httpx.AsyncClient(limits=limits, timeout=30) as client:
+        d_url, g_url = f"{direct}/v1/chat/completions", f"{gateway}/v1/chat/completions"
+        for _ in range(20):  # warm-up: connections and code paths
+            await _one(client, d_url, stream)
+            await _one(client, g_url, stream)
+
+        async def worker(offset: int) -> None:
+            for i in range(per_worker):
+                if (i + offset) % 2 == 0:
+                    d = await _one(client, d_url, stream)
+                    g = await _one(client, g_url, stream)
+                else:
+                    g = await _one(client, g_url, stream)
+                    d = await _one(client, d_url, stream)
+                results.append((d, g))
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker(w) for w in range(concurrency)))
+        wall = time.perf_counter() - t0
+    direct_s = [d for d, _ in results]
+    gateway_s = [g for _, g in results]
+    diffs = [g - d for d, g in results]
+    ms = 1000.0
+    return {
+        "n": len(results),
+        "p50": (_pct(gateway_s, 50) - _pct(direct_s, 50)) * ms,
+        "p99": (_pct(gateway_s, 99) - _pct(direct_s, 99)) * ms,
+        "paired_diff_p50": _pct(diffs, 50) * ms,
+        "paired_diff_p99": _pct(diffs, 99) * ms,
+        "direct_p50_ms": _pct(direct_s, 50) * ms,
+        "direct_p99_ms": _pct(direct_s, 99) * ms,
+        "gateway_p50_ms": _pct(gateway_s, 50) * ms,
+        "gateway_p99_ms": _pct(gateway_s, 99) * ms,
+        "direct_req_per_s": concurrency / statistics.fmean(direct_s),
+        "gateway_req_per_s": concurrency / statistics.fmean(gateway_s),
+        "wall_s": wall,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", type=Path, required=True, help="write the results here")
+    parser.add_argument("--requests", type=int, default=2000, help="pairs per configuration")
+    parser.add_argument("--concurrency", default="1,16", help="comma-separated levels")
+    args = parser.parse_args()
+    levels = [int(c) for c in args.concurrency.split(",")]
+
+    ctx = multiprocessing.get_context("spawn")
+    up_port, gw_port = _free_port(), _free_port()
+    procs = [
+        ctx.Process(target=_run_upstream, args=(up_port,), daemon=True),
+        ctx.Process(target=_run_gateway, args=(gw_port, up_port), daemon=True),
+    ]
+    for p in procs:
+        p.start()
+    direct, gateway = f"http://127.0.0.1:{up_port}", f"http://127.0.0.1:{gw_port}"
+    try:
+        asyncio.run(_wait_ready(direct))
+        asyncio.run(_wait_ready(gateway))
+        out: dict[str, Any] = {"requests": args.requests, "added_ms": {}, "added_ms_stream": {}}
+        for level in levels:
+            for key, stream in (("added_ms", False), ("added_ms_stream", True)):
+                result = asyncio.run(_measure(direct, gateway, level, args.requests, stream))
+                out[key][f"c{level}"] = result
+                print(
+                    f"{'stream' if stream else 'plain '} c{level:<3} added p50 {result['p50']:.3f} ms  "
+                    f"p99 {result['p99']:.3f} ms  (paired p50 {result['paired_diff_p50']:.3f}, "
+                    f"p99 {result['paired_diff_p99']:.3f})  gateway {result['gateway_req_per_s']:.0f} req/s  "
+                    f"direct {result['direct_req_per_s']:.0f} req/s",
+                    flush=True,
+                )
+    finally:
+        for p in procs:
+            p.terminate()
+            p.join(5)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()

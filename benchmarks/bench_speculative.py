@@ -1,0 +1,240 @@
+"""Speculative decoding vs plain decoding, ours and transformers', on a workload file.
+
+    python benchmarks/bench_speculative.py --workload ../shared/bench/workload.jsonl \
+        --max-tokens 256 --json spec.json
+
+Per prompt, interleaved after a warm-up: our plain greedy decoding, our speculative
+decoding (with the record's prediction and documents; in a series each answer becomes a
+document for the next request), transformers plain ``generate`` and transformers prompt
+lookup (``prompt_lookup_num_tokens=10``) on the same model read from the same GGUF.
+tokens/s = output tokens / wall time of the whole generation call, prompt processing
+included; prompt-processing time is reported apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from local_verifier.engine import Engine, GenerationRequest, GenerationStats, TextDelta
+from local_verifier.generate import PlainResult, generate_plain
+from local_verifier.loader import LoadedModel, load_model, smollm2_path
+from local_verifier.sampling import SamplingParams
+
+CONFIGS = ("plain", "speculative", "hf_plain", "hf_pld")
+
+
+def load_hf_model() -> Any:
+    """transformers' model for the bundled SmolLM2 GGUF, fp32 on CPU."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    path = smollm2_path()
+    config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
+    model.load_state_dict(tensors, strict=False, assign=True)
+    model.tie_weights()
+    return model.eval()
+
+
+def document(lm: LoadedModel, text: str) -> tuple[str, np.ndarray]:
+    key = hashlib.sha256(text.encode()).hexdigest()
+    return key, np.asarray(lm.tokenizer.encode(text), dtype=np.uint32)
+
+
+def run_plain(lm: LoadedModel, ids: list[int], limit: int) -> dict[str, Any]:
+    begin = time.perf_counter()
+    items = list(generate_plain(lm, ids, SamplingParams(), limit))
+    wall = time.perf_counter() - begin
+    result = items[-1]
+    assert isinstance(result, PlainResult)
+    text = "".join(i.text for i in items[:-1] if isinstance(i, TextDelta))
+    return {"ids": result.token_ids, "text": text, "wall": wall, "prefill": result.prefill_s}
+
+
+def run_speculative(engine: Engine, req: GenerationRequest) -> dict[str, Any]:
+    begin = time.perf_counter()
+    items = list(engine.generate(req))
+    wall = time.perf_counter() - begin
+    stats = items[-1]
+    assert isinstance(stats, GenerationStats)
+    deltas = [i for i in items[:-1] if isinstance(i, TextDelta)]
+    return {
+        "ids": [t for d in deltas for t in d.token_ids],
+        "text": "".join(d.text for d in deltas),
+        "wall": wall,
+        "prefill": stats.prefill_s,
+        "stats": stats,
+    }
+
+
+def run_hf(model: Any, ids: list[int], limit: int, eos: list[int], pld: bool) -> dict[str, Any]:
+    inputs = torch.tensor([ids])
+    extra = {"prompt_lookup_num_tokens": 10} if pld else {}
+    with torch.inference_mode():
+        begin = time.perf_counter()
+        out = model.generate(
+            inputs,
+            attention_mask=torch.ones_like(inputs),
+            max_new_tokens=limit,
+            do_sample=False,
+            eos_token_id=eos,
+            pad_token_id=eos[0],
+            **extra,
+        )
+        wall = time.perf_counter() - begin
+    new = out[0, len(ids) :].tolist()
+    while new and new[-1] in eos:
+        new.pop()
+    return {"ids": new, "wall": wall}
+
+
+def hf_prefill(model: Any, ids: list[int]) -> float:
+    with torch.inference_mode():
+        begin = time.perf_counter()
+        model(torch.tensor([ids]))
+        return time.perf_counter() - begin
+
+
+def summarise(prompts: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for p in prompts:
+        groups[p["category"]].append(p)
+        groups["all"].append(p)
+    summary = {}
+    for category, rows in groups.items():
+        tps = {
+            c: sum(r["tokens_by"][c] for r in rows) / sum(r["wall"][c] for r in rows)
+            for c in CONFIGS
+        }
+        steps = sum(r["steps"] for r in rows)
+        summary[category] = {
+            "prompts": len(rows),
+            "tps": tps,
+            "speedup_vs_plain": tps["speculative"] / tps["plain"],
+            "speedup_vs_hf_pld": tps["speculative"] / tps["hf_pld"],
+            "hf_pld_vs_hf_plain": tps["hf_pld"] / tps["hf_plain"],
+            "accepted_per_step": sum(r["accepted"] for r in rows) / max(steps, 1),
+            "identical": sum(r["identical"] for r in rows) / len(rows),
+        }
+    return summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--workload", type=Path, required=True)
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--ids", nargs="*", default=None, help="only these record ids")
+    args = parser.parse_args()
+
+    records = [json.loads(line) for line in args.workload.read_text().splitlines() if line.strip()]
+    if args.ids:
+        records = [r for r in records if r["id"] in set(args.ids)]
+    lm = load_model(args.model)
+    engine = Engine(lm)
+    hf = load_hf_model()
+    eos = sorted(lm.tokenizer.eos_ids)
+    print(
+        "step costs c(k)/c(0) at k=1,4,16,64: "
+        + ", ".join(
+            f"{engine.step_costs[k] / engine.step_costs[0]:.2f}"
+            for k in (1, 4, 16, 64)
+            if k < len(engine.step_costs)
+        )
+    )
+
+    warm = lm.tokenizer.encode(
+        lm.tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}])
+    )
+    run_plain(lm, warm, 8)
+    run_speculative(engine, GenerationRequest(prompt_ids=warm, max_tokens=8))
+    run_hf(hf, warm, 8, eos, pld=False)
+    run_hf(hf, warm, 8, eos, pld=True)
+
+    series_docs: dict[str, list[str]] = defaultdict(list)
+    prompts = []
+    for n, record in enumerate(records):
+        ids = lm.tokenizer.encode(lm.tokenizer.apply_chat_template(record["messages"]))
+        limit = min(args.max_tokens, record.get("max_tokens") or args.max_tokens)
+        docs = [d["text"] for d in record.get("documents") or []]
+        docs += series_docs[record.get("series") or ""] if record.get("series") else []
+        req = GenerationRequest(
+            prompt_ids=ids,
+            max_tokens=limit,
+            prediction=record.get("prediction"),
+            documents=[document(lm, d) for d in docs],
+        )
+        runs: dict[str, dict[str, Any]] = {}
+        order = CONFIGS if n % 2 == 0 else CONFIGS[::-1]  # alternate to spread drift
+        for config in order:
+            if config == "plain":
+                runs[config] = run_plain(lm, ids, limit)
+            elif config == "speculative":
+                runs[config] = run_speculative(engine, req)
+            else:
+                runs[config] = run_hf(hf, ids, limit, eos, pld=config == "hf_pld")
+        if record.get("series"):
+            series_docs[record["series"]].append(runs["speculative"]["text"])
+        stats: GenerationStats = runs["speculative"]["stats"]
+        tokens_by = {c: len(runs[c]["ids"]) for c in CONFIGS}
+        wall = {c: runs[c]["wall"] for c in CONFIGS}
+        row = {
+            "id": record["id"],
+            "category": record["category"],
+            "tokens": tokens_by["plain"],
+            "tps": {c: tokens_by[c] / wall[c] for c in CONFIGS},
+            "prefill_s": {
+                "plain": runs["plain"]["prefill"],
+                "speculative": runs["speculative"]["prefill"],
+                "hf": hf_prefill(hf, ids),
+            },
+            "steps": stats.verify_steps,
+            "drafted": stats.drafted_tokens,
+            "accepted": stats.accepted_tokens,
+            "accepted_per_step": stats.accepted_tokens / max(stats.verify_steps, 1),
+            "identical": runs["speculative"]["ids"] == runs["plain"]["ids"]
+            and runs["speculative"]["text"] == runs["plain"]["text"],
+            "hf_identical": runs["hf_plain"]["ids"] == runs["plain"]["ids"],
+            "hf_pld_identical": runs["hf_pld"]["ids"] == runs["plain"]["ids"],
+            "tokens_by": tokens_by,
+            "wall": wall,
+        }
+        prompts.append(row)
+        tps = row["tps"]
+        print(
+            f"{row['id']:<16} {row['category']:<12} {row['tokens']:>4} tok  "
+            + "  ".join(f"{c} {tps[c]:6.1f}" for c in CONFIGS)
+            + f"  x{tps['speculative'] / tps['plain']:.2f}  steps {row['steps']}"
+            + f"  acc/step {row['accepted_per_step']:.2f}  identical {row['identical']}",
+            flush=True,
+        )
+
+    summary = summarise(prompts)
+    print(
+        "\ncategory      n   plain   spec  hf_plain  hf_pld  spec/plain  spec/pld  acc/step  identical"
+    )
+    for category, s in summary.items():
+        t = s["tps"]
+        print(
+            f"{category:<12} {s['prompts']:>2} {t['plain']:7.1f} {t['speculative']:6.1f} "
+            f"{t['hf_plain']:8.1f} {t['hf_pld']:7.1f} {s['speedup_vs_plain']:10.2f} "
+            f"{s['speedup_vs_hf_pld']:9.2f} {s['accepted_per_step']:9.2f} {s['identical']:9.0%}"
+        )
+    if args.json:
+        args.json.write_text(json.dumps({"prompts": prompts, "summary": summary}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""``draftgate serve`` (the gateway) and ``draftgate verifier`` (one local model behind
+the same OpenAI-compatible API, no auth)."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from pathlib import Path
+
+import typer
+
+from gateway.config import ConfigError, Settings, build_settings, load_settings
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` only reaches this machine (``localhost`` and loopback addresses)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        try:
+            return all(
+                ipaddress.ip_address(info[4][0]).is_loopback
+                for info in socket.getaddrinfo(host, None)
+            )
+        except OSError:
+            return False
+
+
+def check_bind(settings: Settings, host: str, allow_public: bool) -> None:
+    """Refuse a non-loopback bind when no gateway keys are configured."""
+    if is_loopback(host) or allow_public or settings.allow_public_bind:
+        return
+    if not settings.auth or not settings.keys:
+        raise ConfigError(
+            f"refusing to bind {host}: no gateway keys are configured, so anyone who can reach "
+            "it could use the upstreams' credentials. Configure [[keys]] or pass --allow-public."
+        )
+
+
+def verifier_settings(model: str, device: str | None = None, dtype: str | None = None) -> Settings:
+    """One local endpoint on ``model`` (served under its own name), no auth."""
+    name = Path(model).name if ("/" in model or model.endswith(".gguf")) else model
+    endpoint = {"name": "local", "kind": "local", "model": model, "models": [name]}
+    if device:
+        endpoint["device"] = device
+    if dtype:
+        endpoint["dtype"] = dtype
+    return build_settings({"endpoints": [endpoint], "auth": False}, "verifier")
+
+
+def _run(settings: Settings, host: str, port: int, allow_public: bool) -> None:
+    import uvicorn
+
+    from gateway.app import create_app
+
+    try:
+        check_bind(settings, host, allow_public)
+        app = create_app(settings)
+    except ConfigError as err:
+        typer.echo(str(err), err=True)
+        raise typer.Exit(2) from None
+    uvicorn.run(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=5)
+
+
+def serve_command(
+    config: Path | None = typer.Option(
+        None, "--config", "-c", help="TOML file (default: ./draftgate.toml if present)."
+    ),
+    host: str = typer.Option("127.0.0.1", help="Address to bind."),
+    port: int = typer.Option(8000, help="Port to bind."),
+    allow_public: bool = typer.Option(
+        False, "--allow-public", help="Allow a non-loopback bind without gateway keys."
+    ),
+) -> None:
+    """Run the gateway (no config: a local SmolLM2-135M endpoint and an in-memory store)."""
+    try:
+        settings = load_settings(config)
+    except ConfigError as err:
+        typer.echo(str(err), err=True)
+        raise typer.Exit(2) from None
+    _run(settings, host, port, allow_public)
+
+
+def verifier_command(
+    model: str = typer.Option(
+        ..., "--model", "-m", help="Local model: path (HF dir or .gguf) or alias."
+    ),
+    host: str = typer.Option("127.0.0.1", help="Address to bind."),
+    port: int = typer.Option(8001, help="Port to bind."),
+    device: str | None = typer.Option(None, help="torch device (default: best available)."),
+    dtype: str | None = typer.Option(None, help="torch dtype (default: the model's)."),
+    allow_public: bool = typer.Option(
+        False, "--allow-public", help="Allow a non-loopback bind (no auth!)."
+    ),
+) -> None:
+    """Serve one local model with OpenAI's API, including Predicted Outputs."""
+    _run(verifier_settings(model, device, dtype), host, port, allow_public)

@@ -1,0 +1,107 @@
+"""The draft policy as a table: request x endpoint capability -> outcome."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from gateway.capabilities import CAPABILITIES
+from gateway.drafts import decide, document_ids, header_document_ids, upstream_body
+from sdk.wire import ChatCompletionRequest, CompletionRequest
+
+BASE: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+PRED = {"prediction": {"type": "content", "content": "x = 1"}}
+
+
+def chat(**extra: Any) -> ChatCompletionRequest:
+    return ChatCompletionRequest.model_validate({**BASE, **extra})
+
+
+@pytest.mark.parametrize(
+    ("kind", "model", "extra", "docs", "status"),
+    [
+        ("openai", "gpt-4o-mini", PRED, [], "passed"),
+        ("openai", "o3-mini", PRED, [], "dropped:unsupported"),
+        ("openai", "gpt-4.1", {}, [], "none"),
+        ("openai", "gpt-4.1", {}, ["a.py"], "synthesized"),
+        ("openai", "gpt-4.1", {**PRED, "audio": {"voice": "x"}}, [], "dropped:audio"),
+        ("openai", "gpt-4.1", {**PRED, "modalities": ["text", "audio"]}, [], "dropped:modalities"),
+        ("openai", "gpt-4.1", {**PRED, "presence_penalty": -0.5}, [], "passed"),
+        ("openai", "gpt-4.1", {**PRED, "draftgate": {"draft": False}}, [], "dropped:draft-off"),
+        ("mistral", "codestral-latest", PRED, [], "passed"),
+        ("mistral", "mistral-small", PRED, [], "dropped:unsupported"),
+        ("fireworks", "accounts/fireworks/models/x", PRED, [], "passed"),
+        ("vllm", "llama", PRED, [], "dropped:unsupported"),
+        ("sglang", "llama", {}, ["a.py"], "dropped:unsupported"),
+        ("llamacpp", "q", PRED, [], "dropped:unsupported"),
+        ("local", "smollm2", PRED, [], "passed"),
+    ],
+)
+def test_decide(kind: str, model: str, extra: dict[str, Any], docs: list[str], status: str) -> None:
+    decision = decide(chat(**extra), CAPABILITIES[kind], upstream_model=model, doc_ids=docs)
+    assert decision.status == status
+    assert decision.synthesize == (status == "synthesized")
+    assert decision.strip_prediction == (status.startswith("dropped:") and "prediction" in extra)
+
+
+def test_azure_needs_a_recent_api_version() -> None:
+    azure = CAPABILITIES["azure"]
+    old = decide(chat(**PRED), azure, upstream_model="gpt-4o", doc_ids=[], api_version="2024-10-21")
+    new = decide(
+        chat(**PRED), azure, upstream_model="gpt-4o", doc_ids=[], api_version="2025-01-01-preview"
+    )
+    assert (old.status, new.status) == ("dropped:api-version", "passed")
+
+
+def test_override_beats_the_table() -> None:
+    decision = decide(
+        chat(**PRED), CAPABILITIES["vllm"], upstream_model="x", doc_ids=[], accepts_override=True
+    )
+    assert decision.status == "passed"
+
+
+def test_local_endpoints_verify() -> None:
+    local = CAPABILITIES["local"]
+    assert (
+        decide(chat(), local, upstream_model="", doc_ids=[], local=True).status
+        == "verified-locally"
+    )
+    off = chat(**PRED, draftgate={"draft": False})
+    assert (
+        decide(off, local, upstream_model="", doc_ids=[], local=True).status == "dropped:draft-off"
+    )
+
+
+def test_completions_api_cannot_carry_predictions() -> None:
+    request = CompletionRequest.model_validate({"model": "m", "prompt": "p"})
+    decision = decide(request, CAPABILITIES["openai"], upstream_model="gpt-4o", doc_ids=["a"])
+    assert decision.status == "dropped:completions-api"
+
+
+def test_document_ids_from_extension_and_header() -> None:
+    request = chat(draftgate={"documents": ["a.py", "b.py"]})
+    assert header_document_ids(" c.py , a%2Cb.txt,,") == ["c.py", "a,b.txt"]
+    assert document_ids(request, "b.py, c.py") == ["a.py", "b.py", "c.py"]
+
+
+def test_upstream_body_rewrites_only_when_needed() -> None:
+    raw = json.dumps({**BASE, "model": "gpt-4o", **PRED}).encode()
+    data = json.loads(raw)
+    same = upstream_body(
+        raw, data, upstream_model="gpt-4o", strip_prediction=False, prediction_text=None
+    )
+    assert same is raw
+    stripped = json.loads(
+        upstream_body(
+            raw, data, upstream_model="gpt-4o", strip_prediction=True, prediction_text=None
+        )
+    )
+    assert "prediction" not in stripped and stripped["messages"] == BASE["messages"]
+    renamed = json.loads(
+        upstream_body(raw, data, upstream_model="real", strip_prediction=False, prediction_text="y")
+    )
+    assert renamed["model"] == "real"
+    assert renamed["prediction"] == {"type": "content", "content": "y"}
+    assert data["model"] == "gpt-4o"  # the parsed request is not mutated

@@ -1,0 +1,136 @@
+"""The local endpoint on the real SmolLM2-135M model, through the real ``openai`` client."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+pytestmark = pytest.mark.slow
+
+MODEL = "smollm2-135m"
+CODE = "def add(a, b):\n    return a + b\n"
+MESSAGES = [{"role": "user", "content": f"Repeat this code exactly:\n{CODE}"}]
+
+
+def client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+
+
+def test_chat_with_prediction_reports_usage(local_url: str) -> None:
+    raw = client(local_url).chat.completions.with_raw_response.create(
+        model=MODEL,
+        messages=MESSAGES,
+        temperature=0,
+        max_tokens=12,
+        prediction={"type": "content", "content": CODE},
+    )
+    answer = raw.parse()
+    assert raw.headers["x-draftgate-prediction"] == "verified-locally"
+    assert answer.choices[0].message.content
+    assert answer.choices[0].finish_reason in ("stop", "length")
+    usage = answer.usage
+    assert usage.completion_tokens <= 12 and usage.prompt_tokens > 0
+    details = usage.completion_tokens_details
+    assert details.accepted_prediction_tokens + details.rejected_prediction_tokens > 0
+
+
+async def test_stream_matches_non_stream_and_plain_decoding(local_url: str) -> None:
+    """Greedy output: streamed == not streamed == drafting switched off (lossless)."""
+    async with openai.AsyncOpenAI(base_url=f"{local_url}/v1", api_key="x", max_retries=0) as c:
+        common: dict[str, Any] = {
+            "model": MODEL,
+            "messages": MESSAGES,
+            "temperature": 0,
+            "max_tokens": 12,
+        }
+        whole = await c.chat.completions.create(**common)
+        stream = await c.chat.completions.create(
+            **common, stream=True, stream_options={"include_usage": True}
+        )
+        pieces, usage = [], None
+        async for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                pieces.append(chunk.choices[0].delta.content)
+            usage = chunk.usage or usage
+        plain = await c.chat.completions.create(
+            **common, extra_body={"draftgate": {"draft": False}}
+        )
+    assert "".join(pieces) == whole.choices[0].message.content == plain.choices[0].message.content
+    assert usage is not None and usage.completion_tokens == whole.usage.completion_tokens
+
+
+async def test_concurrent_requests_queue_and_all_succeed(local_url: str) -> None:
+    async with openai.AsyncOpenAI(base_url=f"{local_url}/v1", api_key="x", max_retries=0) as c:
+        answers = await asyncio.gather(
+            *(
+                c.chat.completions.create(
+                    model=MODEL, messages=MESSAGES, temperature=0, max_tokens=6, stream=i % 2 == 1
+                )
+                for i in range(4)
+            ),
+            return_exceptions=True,
+        )
+    assert not [a for a in answers if isinstance(a, BaseException)]
+
+
+def test_completions_api(local_url: str) -> None:
+    answer = client(local_url).completions.create(
+        model=MODEL, prompt="def add(a, b):", temperature=0, max_tokens=6
+    )
+    assert answer.object == "text_completion"
+    assert answer.usage.completion_tokens <= 6
+
+
+def test_prompt_too_long_is_400(local_url: str) -> None:
+    with pytest.raises(openai.BadRequestError) as err:
+        client(local_url).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "word " * 9000}], max_tokens=4
+        )
+    assert err.value.code == "context_length_exceeded"
+
+
+def test_unsupported_parameter_is_400(local_url: str) -> None:
+    with pytest.raises(openai.BadRequestError) as err:
+        client(local_url).chat.completions.create(model=MODEL, messages=MESSAGES, n=2)
+    assert err.value.param == "n"
+
+
+def test_documents_feed_local_drafting(local_url: str) -> None:
+    httpx.post(f"{local_url}/v1/documents", json={"id": "add.py", "text": CODE}).raise_for_status()
+    raw = client(local_url).chat.completions.with_raw_response.create(
+        model=MODEL,
+        messages=MESSAGES,
+        temperature=0,
+        max_tokens=8,
+        extra_body={"draftgate": {"documents": ["add.py"]}},
+    )
+    assert raw.headers["x-draftgate-prediction"] == "verified-locally"
+    assert raw.parse().usage.completion_tokens > 0
+
+
+def test_client_disconnect_stops_generation(local_url: str, local_app: Any) -> None:
+    local = local_app.state.runtime.local["local"]
+    stopped = local.stopped
+    story = [{"role": "user", "content": "Write a very long story about a dragon."}]
+    body = {
+        "model": MODEL,
+        "messages": story,
+        "temperature": 0,
+        "max_tokens": 4000,
+        "stream": True,
+        "draftgate": {"draft": False},
+    }
+    with (
+        httpx.Client(timeout=60) as c,
+        c.stream("POST", f"{local_url}/v1/chat/completions", json=body) as r,
+    ):
+        for line in r.iter_lines():
+            if '"content"' in line and '"content":""' not in line:
+                break
+    # the worker thread must become free long before 4000 tokens could be generated
+    local._executor.submit(lambda: None).result(timeout=10)
+    assert local.stopped == stopped + 1

