@@ -4,11 +4,11 @@ overhead header, and cancelling work when the client goes away."""
 
 from __future__ import annotations
 
+import asyncio
+import sys
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
-
-import anyio
 
 from gateway.errors import GatewayError, InvalidRequest, PayloadTooLarge
 
@@ -99,30 +99,37 @@ async def send_error(send: Send, error: GatewayError, headers: Headers | None = 
 async def run_until_disconnect(receive: Receive, work: Callable[[], Awaitable[None]]) -> bool:
     """Run ``work`` and cancel it as soon as the client disconnects.
 
-    Returns ``True`` when the client went away first. Cancellation reaches whatever
+    Returns ``True`` when the client went away first. The cancellation reaches whatever
     ``work`` awaits (an upstream request, a local generation), so it stops at once.
     """
+    task = asyncio.current_task()
+    assert task is not None
     disconnected = False
 
-    async def watch(scope: anyio.CancelScope) -> None:
+    async def watch() -> None:
         nonlocal disconnected
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                disconnected = True
-                scope.cancel()
-                return
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        disconnected = True
+        task.cancel()
 
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(watch, tg.cancel_scope)
+    watcher = asyncio.get_running_loop().create_task(watch())
+    try:
         await work()
-        tg.cancel_scope.cancel()
+    except asyncio.CancelledError:
+        if not disconnected:
+            raise
+        if sys.version_info >= (3, 11):
+            task.uncancel()
+    finally:
+        watcher.cancel()
     return disconnected
 
 
 def overhead_middleware(app: ASGIApp) -> ASGIApp:
-    """Adds ``X-Draftgate-Overhead-Ms`` to every HTTP response: time since the request
-    arrived minus the time recorded as waiting upstream (``scope["draftgate.wait"]``)."""
+    """Adds ``X-Draftgate-Overhead-Ms`` to every HTTP response (time since the request
+    arrived minus the time recorded as waiting upstream in ``scope["draftgate.wait"]``),
+    and ``X-Draftgate-Prediction: none`` where the route did not set it."""
 
     async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -133,8 +140,11 @@ def overhead_middleware(app: ASGIApp) -> ASGIApp:
 
         async def send_with_overhead(message: Message) -> None:
             if message["type"] == "http.response.start":
-                value = f"{wait.overhead_ms():.3f}".encode()
-                message["headers"] = [*message.get("headers", ()), (OVERHEAD_HEADER, value)]
+                headers = list(message.get("headers", ()))
+                if not any(k == PREDICTION_HEADER for k, _ in headers):
+                    headers.append((PREDICTION_HEADER, b"none"))
+                headers.append((OVERHEAD_HEADER, f"{wait.overhead_ms():.3f}".encode()))
+                message["headers"] = headers
             await send(message)
 
         await app(scope, receive, send_with_overhead)

@@ -1,20 +1,26 @@
-"""HTTP upstreams: one pooled ``httpx.AsyncClient`` per endpoint, retries before headers.
+"""HTTP upstreams: one pooled httpx transport per endpoint, retries before headers.
+
+The pool is httpx's ``AsyncHTTPTransport`` (the connection pool an ``AsyncClient``
+wraps), used directly: the client layer on top would persist cookies across requests
+(one tenant's upstream cookies must never reach another's request) and re-merge URLs
+and check redirects on every call, which costs more than the rest of the proxy path.
 
 ``Upstream.open`` sends a request and returns the streamed response once a 2xx status
-and headers arrived. Before that point it retries (tenacity, exponential backoff with
-jitter) on transport errors, timeouts, 429 (``Retry-After`` honoured up to a cap) and
+and headers arrived. Before that point it retries (the first failure waits, then
+tenacity drives the remaining tries; exponential backoff with jitter) on transport errors, timeouts, 429 (``Retry-After`` honoured up to a cap) and
 502/503/504. Whatever fails is raised as :class:`UpstreamFailure`; the caller decides
 on fallback and maps it to the client-facing error.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 from collections.abc import Mapping, Sequence
 
 import httpx
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 
 from gateway.config import EndpointConfig
 from gateway.errors import (
@@ -108,27 +114,32 @@ class Upstream:
         self.config = config
         self.adapter = adapter_for(config, environ)
         self._secrets = [self.adapter.api_key] if self.adapter.api_key else []
-        self.client = httpx.AsyncClient(
-            timeout=httpx.Timeout(
-                config.timeout_s, connect=config.connect_timeout_s, pool=config.timeout_s
-            ),
+        self.transport = transport or httpx.AsyncHTTPTransport(
             limits=httpx.Limits(
                 max_connections=config.max_connections,
                 max_keepalive_connections=config.max_connections,
-            ),
-            transport=transport,
-            headers={"accept-encoding": "identity"},
+            )
         )
+        self._extensions = {
+            "timeout": {
+                "connect": config.connect_timeout_s,
+                "read": config.timeout_s,
+                "write": config.timeout_s,
+                "pool": config.timeout_s,
+            }
+        }
         self._base_headers = [
             (b"content-type", b"application/json"),
+            (b"accept-encoding", b"identity"),
             *self.adapter.auth_headers(),
         ]
+        self._urls: dict[tuple[str, str], httpx.URL] = {}
 
-    def _wait(self, state: RetryCallState) -> float:
-        exc = state.outcome.exception() if state.outcome else None
+    def _delay(self, exc: BaseException | None, failed_attempts: int) -> float:
+        """Seconds to wait before the next try: Retry-After (capped) or jittered backoff."""
         if isinstance(exc, UpstreamFailure) and exc.retry_after is not None:
             return min(exc.retry_after, self.config.retry_after_cap_s)
-        backoff = self.config.backoff_s * 2 ** (state.attempt_number - 1)
+        backoff = self.config.backoff_s * 2 ** (failed_attempts - 1)
         return min(backoff, self.config.max_backoff_s) * (0.5 + random.random() / 2)
 
     async def open(
@@ -139,11 +150,24 @@ class Upstream:
         client_headers: Sequence[tuple[bytes, bytes]] = (),
     ) -> httpx.Response:
         """POST ``body`` to ``path``; the response (2xx, body not yet read) or a failure."""
-        url = self.adapter.url(path, upstream_model)
+        url = self._urls.get((path, upstream_model))
+        if url is None:
+            url = self._urls[(path, upstream_model)] = httpx.URL(
+                self.adapter.url(path, upstream_model)
+            )
         headers = [*client_headers, *self._base_headers]
+        try:  # the first try runs without the retry machinery: the common case stays cheap
+            return await self._send_once(url, body, headers)
+        except UpstreamFailure as exc:
+            if not exc.retryable or self.config.retries == 0:
+                raise
+            first = exc
+        await asyncio.sleep(self._delay(first, 1))
         retrying = AsyncRetrying(
-            stop=stop_after_attempt(self.config.retries + 1),
-            wait=self._wait,
+            stop=stop_after_attempt(self.config.retries),
+            wait=lambda state: self._delay(
+                state.outcome.exception() if state.outcome else None, state.attempt_number + 1
+            ),
             retry=retry_if_exception(lambda e: isinstance(e, UpstreamFailure) and e.retryable),
             reraise=True,
         )
@@ -153,11 +177,13 @@ class Upstream:
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _send_once(
-        self, url: str, body: bytes, headers: list[tuple[bytes, bytes]]
+        self, url: httpx.URL, body: bytes, headers: list[tuple[bytes, bytes]]
     ) -> httpx.Response:
-        request = self.client.build_request("POST", url, content=body, headers=headers)
+        request = httpx.Request(
+            "POST", url, content=body, headers=headers, extensions=self._extensions
+        )
         try:
-            response = await self.client.send(request, stream=True)
+            response = await self.transport.handle_async_request(request)
         except httpx.TimeoutException as exc:
             raise UpstreamFailure(type(exc).__name__, timeout=True) from None
         except httpx.TransportError as exc:
@@ -183,4 +209,4 @@ class Upstream:
         return redact(message, self._secrets)
 
     async def aclose(self) -> None:
-        await self.client.aclose()
+        await self.transport.aclose()

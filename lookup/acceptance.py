@@ -19,7 +19,7 @@ _PRIORS: dict[Source, tuple[float, ...]] = {
     Source.PREDICTION: (0.6, 0.45, 0.7, 0.85, 0.9, 0.93),
     Source.PROMPT: (0.2, 0.25, 0.45, 0.65, 0.8, 0.88),
     Source.OUTPUT: (0.2, 0.25, 0.45, 0.65, 0.8, 0.88),
-    Source.DOCUMENT: (0.15, 0.2, 0.4, 0.6, 0.75, 0.85),
+    Source.DOCUMENT: (0.2, 0.25, 0.45, 0.65, 0.8, 0.88),  # selected for the request
 }
 
 

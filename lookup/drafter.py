@@ -166,7 +166,7 @@ class Drafter:
         candidates = self._candidates(wanted) if max_tokens > 0 else []
         if not candidates:
             nodes = _Nodes([], [], [], [], [])
-        elif max_width <= 1:
+        elif max_width <= 1 or len(candidates) == 1:
             nodes = self._chain(candidates, max_tokens)
         else:
             nodes = self._tree(candidates, max_tokens, max_width)
@@ -248,9 +248,11 @@ class Drafter:
         owner: list[_Candidate] = []
         depth: list[int] = []
         kids: dict[int, dict[int, int]] = {-1: {}}
-        for cand in candidates[: self.config.tree_candidates]:
+        for rank, cand in enumerate(candidates[: self.config.tree_candidates]):
             node = -1
-            for d, token in enumerate(self._continuation(cand, max_nodes)):
+            # alternatives rarely win deep nodes: copy half as far for them
+            length = max_nodes if rank == 0 else (max_nodes + 1) // 2
+            for d, token in enumerate(self._continuation(cand, length)):
                 child = kids[node].get(token)
                 if child is None:
                     child = len(tok)
@@ -264,8 +266,12 @@ class Drafter:
                 weight[child] -= cand[0]
                 node = child
         score = [0.0] * len(tok)
+        totals: dict[int, float] = {}  # summed weight of each node's children
         for i, parent in enumerate(par):  # parents precede children
-            share = weight[i] / sum(weight[c] for c in kids[parent].values())
+            total = totals.get(parent)
+            if total is None:
+                total = totals[parent] = sum(weight[c] for c in kids[parent].values())
+            share = weight[i] / total
             base = 1.0 if parent < 0 else score[parent]
             score[i] = base * rate(owner[i][1], owner[i][3].match + depth[i]) * share
         # best-first expansion: the max_nodes best nodes, at most max_width children each

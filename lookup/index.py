@@ -88,6 +88,13 @@ class TokenIndex:
         """Per level, the hash of the n-gram that ends the array (None if it is shorter)."""
         return self._rolling.suffixes()
 
+    def may_contain(self, level: int, key: int | None) -> bool:
+        """False when the n-gram ``key`` at ``LEVELS[level]`` certainly does not occur."""
+        if key is None:
+            return False
+        stat = self._levels[level]
+        return bool(stat.seen[key >> stat.shift]) or key in self._tail_maps[level]
+
     def find(self, level: int, key: int, cap: int) -> tuple[int, list[int]]:
         """Occurrences of the n-gram ``key`` at ``LEVELS[level]`` that have a continuation.
 

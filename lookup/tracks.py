@@ -28,6 +28,8 @@ class Track:
 
     def follow(self, token: int, max_match: int) -> bool:
         """Keep the occurrences that continue with ``token``; False when none is left."""
+        if not self.positions:
+            return False
         index = self.index
         size = len(index)
         kept = [p + 1 for p in self.positions if p < size and index.token(p) == token]
@@ -43,6 +45,9 @@ class Track:
         """Find the longest suffix matches of ``context`` again after following failed."""
         # the longest match grows by at most one token per step (if every occurrence was kept)
         limit = min(max(self.match, LEVELS[0] - 1) + 1, max_match) if self.complete else max_match
+        if limit <= LEVELS[0] and not self.index.may_contain(0, hashes[0]):
+            self.positions, self.match, self.complete = [], 0, True  # the common miss, fast
+            return
         checked_above = False
         for level in range(len(LEVELS) - 1, -1, -1):
             n = LEVELS[level]

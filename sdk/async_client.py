@@ -78,10 +78,11 @@ class AsyncClient:
             with attempt:
                 try:
                     response = await self._http.send(request, stream=stream)
+                    if response.is_error:
+                        await response.aread()
                 except httpx.TransportError as exc:
                     raise connection_error(exc, request) from exc
                 if response.is_error:
-                    await response.aread()
                     await response.aclose()
                     raise_for_status(response)
         return response

@@ -77,10 +77,11 @@ class Client:
             with attempt:
                 try:
                     response = self._http.send(request, stream=stream)
+                    if response.is_error:
+                        response.read()
                 except httpx.TransportError as exc:
                     raise connection_error(exc, request) from exc
                 if response.is_error:
-                    response.read()
                     response.close()
                     raise_for_status(response)
         return response

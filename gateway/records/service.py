@@ -63,7 +63,7 @@ class Records:
         return [await self.record(name) for name in self.endpoints]
 
     async def probe(
-        self, gateway_url: str, headers: Mapping[str, str], timeout_s: float = 60.0
+        self, gateway_url: str, headers: Mapping[str, str], timeout_s: float = 300.0
     ) -> None:
         """Probe every endpoint and store what was found.
 

@@ -107,7 +107,7 @@ def engine() -> Any:
     """The real SmolLM2-135M engine, loaded once per session."""
     from local_verifier.engine import Engine
 
-    return Engine("smollm2-135m")
+    return Engine("smollm2-135m", max_draft=16)
 
 
 @pytest.fixture(scope="session")

@@ -22,6 +22,7 @@ def post(url: str, content: bytes, headers: dict[str, str] | None = None) -> htt
 def error_of(response: httpx.Response) -> dict[str, object]:
     assert response.headers["content-type"] == "application/json"
     assert "x-draftgate-overhead-ms" in response.headers
+    assert response.headers["x-draftgate-prediction"] == "none"
     error = response.json()["error"]
     assert set(error) >= {"message", "type", "code"}
     assert "Traceback" not in str(error["message"])

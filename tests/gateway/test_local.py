@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 MODEL = "smollm2-135m"
 CODE = "def add(a, b):\n    return a + b\n"

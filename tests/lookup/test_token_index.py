@@ -94,3 +94,19 @@ def test_cache_reuses_and_evicts_by_bytes() -> None:
     assert cache.nbytes() <= cache.max_bytes
     assert cache.get_or_build("a", tokens) is first
     assert cache.get_or_build("b", tokens + 1) is not first
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_filter_never_hides_an_occurrence(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, 50, 500).tolist()
+    index = build_index(np.array(tokens[:300]))
+    index.append(tokens[300:])
+    for level, n in enumerate(LEVELS):
+        for end in range(n, len(tokens) + 1):
+            assert index.may_contain(level, RollingHash(tokens[end - n : end]).suffix(n))
+    misses = sum(
+        not index.may_contain(0, RollingHash([int(a), int(b)]).suffix(2))
+        for a, b in rng.integers(1000, 2000, (200, 2))
+    )
+    assert misses > 150  # most absent bigrams are ruled out without a search

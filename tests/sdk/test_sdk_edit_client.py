@@ -144,11 +144,12 @@ def test_stream_broken_mid_way_leaves_the_file_intact(
 ) -> None:
     renaming.break_after = 12
     seen: list[str] = []
-    with Client(base_url, max_retries=0) as client, pytest.raises(APIConnectionError):
+    with Client(base_url, max_retries=2) as client, pytest.raises(APIConnectionError):
         for item in client.edit_file(source, "rename", model="standin", stream=True):
             assert isinstance(item, EditDelta)
             seen.append(item.text)
     assert len(seen) == 12  # the break happened mid-way, after real progress
+    assert len(renaming.requests) == 1  # never retried once the body was being read
     assert_intact(source)
 
 

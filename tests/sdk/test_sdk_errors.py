@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
+import json
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -28,6 +31,7 @@ from sdk.errors import (
     RateLimitError,
     UnprocessableEntityError,
 )
+from sdk.wire import ErrorResponse
 
 BASE = "http://gateway.test/v1"
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -83,8 +87,6 @@ def chat(request: pytest.FixtureRequest) -> Callable[..., Any]:
         return sync_chat
 
     def run(handler: Script, **kwargs: Any) -> Any:
-        import asyncio
-
         return asyncio.run(async_chat(handler, **kwargs))
 
     return run
@@ -174,6 +176,23 @@ def test_connect_timeout_is_retried(chat: Callable[..., Any]) -> None:
     assert len(handler.calls) == 2
 
 
+def test_stream_open_is_retried_before_any_body_was_read() -> None:
+    chunk = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+             "choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": "stop"}]}  # fmt: skip
+    sse = f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n"
+    handler = Script(
+        openai_error(503, "warming up", "server_error", {"retry-after": "0"}),
+        httpx.Response(200, text=sse, headers={"content-type": "text/event-stream"}),
+    )
+    with (
+        Client(BASE, transport=httpx.MockTransport(handler)) as client,
+        client.chat(model="m", messages=MESSAGES, stream=True) as stream,
+    ):
+        chunks = list(stream)
+    assert [c.choices[0].delta.content for c in chunks] == ["hi"]
+    assert len(handler.calls) == 2
+
+
 def test_non_json_error_body_still_gives_a_typed_error(chat: Callable[..., Any]) -> None:
     handler = Script(httpx.Response(502, text="<html>Bad Gateway</html>"))
     with pytest.raises(InternalServerError) as caught:
@@ -199,8 +218,6 @@ def test_requests_carry_the_key_and_join_the_base_path() -> None:
 
 def test_timeout_reaches_a_real_slow_server() -> None:
     """A real socket that accepts but never answers: the read timeout fires."""
-    import socket
-
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
         listener.listen(1)
@@ -212,8 +229,6 @@ def test_timeout_reaches_a_real_slow_server() -> None:
 
 
 def test_refused_port_raises_connection_error() -> None:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # bound, never listening: connections are refused
@@ -261,7 +276,5 @@ def test_retry_wait_uses_retry_after_else_backoff() -> None:
     assert 2.0 <= third <= 3.0
 
 
-def _body() -> Any:
-    from sdk.wire import ErrorResponse
-
+def _body() -> ErrorResponse:
     return ErrorResponse.model_validate({"error": {"message": "m", "type": "t"}})

@@ -169,7 +169,9 @@ def test_upstream_break_mid_edit_leaves_the_file_intact(
     assert [p.name for p in tmp_path.iterdir()] == ["greet.py"]
 
 
-def test_endpoint_records_and_an_audit_through_the_gateway(gateway_root: str, script: Script) -> None:
+def test_endpoint_records_and_an_audit_through_the_gateway(
+    gateway_root: str, script: Script
+) -> None:
     item = {
         "id": "edit-1",
         "category": "code_edit",
