@@ -93,10 +93,10 @@ def main() -> None:
     run_hf(hf, warm, 4, eos)
 
     results = []
-    for i, (row, prompt) in enumerate(zip(rows, prompts)):
+    for i, (row, prompt) in enumerate(zip(rows, prompts, strict=True)):
         n = min(args.max_tokens, row.get("max_tokens") or args.max_tokens)
         runs = {}
-        for side in (("ours", "hf") if i % 2 == 0 else ("hf", "ours")):
+        for side in ("ours", "hf") if i % 2 == 0 else ("hf", "ours"):
             if side == "ours":
                 runs[side] = run_ours(lm, prompt, n)
             else:

@@ -157,6 +157,9 @@ async def _wait_ready(url: str) -> None:
     raise RuntimeError(f"{url} did not start")
 
 
+OVERHEAD: list[float] = []  # what the gateway itself reports (X-Draftgate-Overhead-Ms)
+
+
 async def _one(client: httpx.AsyncClient, url: str, stream: bool) -> float:
     body = {**REQUEST, "stream": stream}
     t0 = time.perf_counter()
@@ -164,13 +167,14 @@ async def _one(client: httpx.AsyncClient, url: str, stream: bool) -> float:
         async with client.stream("POST", url, json=body) as r:
             async for _ in r.aiter_raw():
                 pass
-            ok = r.status_code == 200
     else:
         r = await client.post(url, json=body)
-        ok = r.status_code == 200
     elapsed = time.perf_counter() - t0
-    if not ok:
+    if r.status_code != 200:
         raise RuntimeError(f"{url}: HTTP {r.status_code}")
+    reported = r.headers.get("x-draftgate-overhead-ms")
+    if reported is not None:
+        OVERHEAD.append(float(reported))
     return elapsed
 
 
@@ -203,6 +207,7 @@ async def _measure(
                     d = await _one(client, d_url, stream)
                 results.append((d, g))
 
+        OVERHEAD.clear()
         t0 = time.perf_counter()
         await asyncio.gather(*(worker(w) for w in range(concurrency)))
         wall = time.perf_counter() - t0
@@ -223,6 +228,8 @@ async def _measure(
         "direct_req_per_s": concurrency / statistics.fmean(direct_s),
         "gateway_req_per_s": concurrency / statistics.fmean(gateway_s),
         "wall_s": wall,
+        "reported_overhead_p50_ms": _pct(OVERHEAD, 50),
+        "reported_overhead_p99_ms": _pct(OVERHEAD, 99),
     }
 
 
@@ -255,7 +262,8 @@ def main() -> None:
                     f"{'stream' if stream else 'plain '} c{level:<3} added p50 {result['p50']:.3f} ms  "
                     f"p99 {result['p99']:.3f} ms  (paired p50 {result['paired_diff_p50']:.3f}, "
                     f"p99 {result['paired_diff_p99']:.3f})  gateway {result['gateway_req_per_s']:.0f} req/s  "
-                    f"direct {result['direct_req_per_s']:.0f} req/s",
+                    f"direct {result['direct_req_per_s']:.0f} req/s  "
+                    f"header p50 {result['reported_overhead_p50_ms']:.3f} ms",
                     flush=True,
                 )
     finally:

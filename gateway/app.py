@@ -46,9 +46,9 @@ def _meta_routes(runtime: Runtime) -> list[Route]:
         return json_response({"object": "list", "data": data})
 
     async def healthz(request: Request) -> Response:
-        return json_response(
-            {"status": "ok", "endpoints": [e.name for e in runtime.settings.endpoints]}
-        )
+        local = {name: endpoint.state for name, endpoint in runtime.local.items()}
+        endpoints = [e.name for e in runtime.settings.endpoints]
+        return json_response({"status": "ok", "endpoints": endpoints, "local": local})
 
     async def metrics(request: Request) -> Response:
         return Response(

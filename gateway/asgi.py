@@ -116,6 +116,8 @@ async def run_until_disconnect(receive: Receive, work: Callable[[], Awaitable[No
     watcher = asyncio.get_running_loop().create_task(watch())
     try:
         await work()
+    except OSError:  # servers that raise on send after the client left (ClientDisconnected)
+        return True
     except asyncio.CancelledError:
         if not disconnected:
             raise

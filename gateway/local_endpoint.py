@@ -116,6 +116,15 @@ class LocalEndpoint:
             self._load_error = f"{type(exc).__name__}: {exc}"
             log.error("local endpoint %s: %s", self.config.name, self._load_error)
 
+    @property
+    def state(self) -> str:
+        """``loaded``, ``loading``, ``failed`` or ``idle`` (not asked to load yet)."""
+        if self._engine is not None:
+            return "loaded"
+        if self._load_error is not None:
+            return "failed"
+        return "idle" if self._loading is None else "loading"
+
     async def engine(self) -> Engine:
         """The loaded engine (loads it on the worker thread if needed)."""
         if self._engine is None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 from collections.abc import Mapping, Sequence
 
@@ -72,7 +73,12 @@ class UpstreamFailure(Exception):
         if self.timeout:
             return UpstreamTimeout(f"endpoint {endpoint!r} timed out: {self.message}")
         if self.status == 429:
-            return RateLimited(f"endpoint {endpoint!r} is rate limited: {self.message}")
+            headers = {}
+            if self.retry_after is not None:
+                headers["retry-after"] = str(math.ceil(self.retry_after))
+            return RateLimited(
+                f"endpoint {endpoint!r} is rate limited: {self.message}", headers=headers
+            )
         return UpstreamError(f"endpoint {endpoint!r} failed: {self.message}")
 
 

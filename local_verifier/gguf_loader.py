@@ -9,8 +9,7 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
-from tokenizers import AddedToken, decoders, models, pre_tokenizers
-from tokenizers import Regex
+from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
 from tokenizers import Tokenizer as BackendTokenizer
 
 from local_verifier.errors import ModelLoadError
@@ -99,7 +98,9 @@ def read_config(reader: GGUFReader, max_seq_len: int | None) -> ModelConfig:
             ),
         }
     elif scaling_type not in (None, "none"):
-        raise ModelLoadError(f"unsupported GGUF rope scaling {scaling_type!r}; supported: linear, yarn")
+        raise ModelLoadError(
+            f"unsupported GGUF rope scaling {scaling_type!r}; supported: linear, yarn"
+        )
     if "rope_freqs.weight" in names:
         rope_scaling = {"rope_type": "freq_factors"}
     context = int(get("context_length"))
@@ -123,7 +124,9 @@ def read_config(reader: GGUFReader, max_seq_len: int | None) -> ModelConfig:
 def _unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     """Undo llama.cpp's rotary permutation of q/k rows (interleaved -> rotate-half layout)."""
     rows = w.shape[0]
-    return w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+    return (
+        w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+    )
 
 
 def read_tensors(reader: GGUFReader, cfg: ModelConfig) -> dict[str, torch.Tensor]:
@@ -172,8 +175,10 @@ def read_tokenizer(reader: GGUFReader) -> Tokenizer:
     pre = _field(reader, "tokenizer.ggml.pre", "default")
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     if pre == "smollm":
-        split = [pre_tokenizers.Digits(individual_digits=True),
-                 pre_tokenizers.Split(Regex(_GPT2_SPLIT), behavior="isolated")]
+        split = [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.Split(Regex(_GPT2_SPLIT), behavior="isolated"),
+        ]
     elif pre in _PRE_SPLITS:
         split = [pre_tokenizers.Split(Regex(_PRE_SPLITS[pre]), behavior="isolated")]
     else:
@@ -182,20 +187,34 @@ def read_tokenizer(reader: GGUFReader) -> Tokenizer:
         )
     backend.pre_tokenizer = pre_tokenizers.Sequence([*split, byte_level])
     backend.decoder = decoders.ByteLevel()
-    special = [AddedToken(t, special=True, normalized=False)
-               for t, ty in zip(tokens, types) if ty == _CONTROL]
+    special = [
+        AddedToken(t, special=True, normalized=False)
+        for t, ty in zip(tokens, types, strict=True)
+        if ty == _CONTROL
+    ]
     backend.add_special_tokens(special)
-    backend.add_tokens([AddedToken(t, special=False, normalized=False)
-                        for t, ty in zip(tokens, types) if ty == _USER_DEFINED])
+    backend.add_tokens(
+        [
+            AddedToken(t, special=False, normalized=False)
+            for t, ty in zip(tokens, types, strict=True)
+            if ty == _USER_DEFINED
+        ]
+    )
 
     def token_of(key: str) -> int | None:
         value = _field(reader, f"tokenizer.ggml.{key}")
         return None if value is None else int(value)
 
     bos, eos = token_of("bos_token_id"), token_of("eos_token_id")
-    eos_ids = {i for i in (eos, token_of("eot_token_id"), token_of("eom_token_id")) if i is not None}
-    named = {"bos_token": bos, "eos_token": eos, "unk_token": token_of("unknown_token_id"),
-             "pad_token": token_of("padding_token_id")}
+    eos_ids = {
+        i for i in (eos, token_of("eot_token_id"), token_of("eom_token_id")) if i is not None
+    }
+    named = {
+        "bos_token": bos,
+        "eos_token": eos,
+        "unk_token": token_of("unknown_token_id"),
+        "pad_token": token_of("padding_token_id"),
+    }
     return Tokenizer(
         backend,
         eos_ids=eos_ids,
@@ -206,7 +225,9 @@ def read_tokenizer(reader: GGUFReader) -> Tokenizer:
     )
 
 
-def read_gguf(path: Path, max_seq_len: int | None = None) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
+def read_gguf(
+    path: Path, max_seq_len: int | None = None
+) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
     """Config, float32 weights (HF names) and tokenizer of a GGUF file."""
     try:
         reader = GGUFReader(str(path))

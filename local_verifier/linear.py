@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -17,7 +18,7 @@ from torch import nn
 
 # rows <= bound -> bucket index; the last bucket takes everything larger
 ROW_BUCKETS = (1, 8, 32)
-PROBE_ROWS = (1, 6, 24, 64)
+PROBE_ROWS = (1, 6, 24, 96)
 PATHS = ("linear", "transposed", "onednn")
 
 _choices: dict[tuple[int, int, torch.dtype, str], tuple[str, ...]] = {}
@@ -82,7 +83,7 @@ def _median_ms(fn: Callable[[], torch.Tensor], repeats: int) -> float:
     return times[len(times) // 2] * 1e3
 
 
-def measure_paths(layer: Linear, repeats: int = 5) -> tuple[str, ...]:
+def measure_paths(layer: Linear, repeats: int = 3) -> tuple[str, ...]:
     """The fastest path for each row bucket of this layer, measured now."""
     w = layer.weight
     candidates = ["linear", "transposed"]
@@ -93,12 +94,7 @@ def measure_paths(layer: Linear, repeats: int = 5) -> tuple[str, ...]:
     for rows in PROBE_ROWS:
         x = torch.randn(rows, w.shape[1], dtype=w.dtype, device=w.device)
         with torch.inference_mode():
-            # interleave candidates so machine noise hits them alike; keep each one's best
-            best: dict[str, float] = {}
-            for _ in range(2):
-                for path in candidates:
-                    t = _median_ms(lambda p=path: layer._run(p, x), repeats)
-                    best[path] = min(best.get(path, float("inf")), t)
+            best = {path: _median_ms(partial(layer._run, path, x), repeats) for path in candidates}
         chosen.append(min(best, key=best.__getitem__))
     return tuple(chosen)
 

@@ -52,7 +52,9 @@ def smollm2_path() -> Path:
         )
     path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
     if not path.exists():
-        raise ModelLoadError(f"{path} is missing; reinstall it: {SMOLLM2_INSTALL} --force-reinstall")
+        raise ModelLoadError(
+            f"{path} is missing; reinstall it: {SMOLLM2_INSTALL} --force-reinstall"
+        )
     return path
 
 

@@ -203,7 +203,10 @@ class Transformer(nn.Module):
 
     @classmethod
     def from_config(
-        cls, cfg: ModelConfig, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+        cls,
+        cfg: ModelConfig,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
     ) -> Transformer:
         """A model with random weights (std 0.02), for tests."""
         gen = torch.Generator().manual_seed(0)
@@ -295,9 +298,9 @@ class Transformer(nn.Module):
             "norm.weight": take("model.norm.weight"),
         }
         head = tensors.get("lm_head.weight")
-        params["head.weight"] = head if head is not None and not cfg.tie_embeddings else params[
-            "embed.weight"
-        ]
+        params["head.weight"] = (
+            head if head is not None and not cfg.tie_embeddings else params["embed.weight"]
+        )
         for i in range(cfg.n_layers):
             p = f"model.layers.{i}."
             ours = f"layers.{i}."

@@ -84,7 +84,9 @@ class IncrementalDetokenizer:
 
     def flush(self) -> str:
         """Whatever is left, even an incomplete character (as U+FFFD)."""
-        before = self.tokenizer.decode(self.ids[self._prefix : self._read], self.skip_special_tokens)
+        before = self.tokenizer.decode(
+            self.ids[self._prefix : self._read], self.skip_special_tokens
+        )
         after = self.tokenizer.decode(self.ids[self._prefix :], self.skip_special_tokens)
         self._prefix = self._read = len(self.ids)
         return after[len(before) :]

@@ -21,13 +21,27 @@ ALLOWED: dict[str, set[str]] = {
 LAZY_ONLY = {"gateway": {"local_verifier"}}
 
 
+def _is_type_checking_block(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and ast.unparse(node.test) in {
+        "TYPE_CHECKING",
+        "typing.TYPE_CHECKING",
+    }
+
+
 def _imports(tree: ast.AST) -> list[tuple[str, bool]]:
-    """(top-level package name, imported at module level?) for every import in the tree."""
+    """(top-level package name, imported when the module loads?) for every import in the tree.
+
+    Imports inside function bodies or ``if TYPE_CHECKING:`` blocks do not run at load time.
+    """
     found: list[tuple[str, bool]] = []
 
     def visit(node: ast.AST, in_function: bool) -> None:
         for child in ast.iter_child_nodes(node):
-            nested = in_function or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef)
+            nested = (
+                in_function
+                or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef)
+                or _is_type_checking_block(child)
+            )
             if isinstance(child, ast.Import):
                 found.extend((a.name.split(".")[0], not in_function) for a in child.names)
             elif isinstance(child, ast.ImportFrom) and child.module and child.level == 0:
@@ -68,6 +82,16 @@ def test_packages_import_along_the_arrows() -> None:
         ("gateway", "import local_verifier\n", False),
         ("gateway", "def f():\n    import local_verifier\n", True),
         ("gateway", "from sdk.wire import ChatCompletion\n", True),
+        (
+            "gateway",
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import local_verifier\n",
+            True,
+        ),
+        (
+            "lookup",
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import gateway\n",
+            False,
+        ),
     ],
 )
 def test_checker_catches_arrows_against_the_architecture(

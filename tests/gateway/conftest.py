@@ -54,6 +54,7 @@ def standin_settings(url: str, **extra: Any) -> Settings:
                     {"name": "gpt-4o-mini", "aliases": ["mini"]},
                     {"name": "failover", "upstream": "gpt-4o-mini"},
                     {"name": "rate-limited", "upstream": "rate-limited-once"},
+                    "always-429",
                     {"name": "flaky", "upstream": "unavailable-once"},
                     "always-500",
                     "bad-request",

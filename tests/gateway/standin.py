@@ -8,6 +8,7 @@ picks the behaviour:
 - ``ignores-prediction``: like vLLM, accepts and ignores ``prediction``, no
   prediction usage fields;
 - ``rate-limited-once``: 429 with ``Retry-After: 1`` on a request's first try, then ok;
+  ``always-429``: 429 with ``retry-after-ms: 10`` every time;
 - ``unavailable-once``: 503 on the first try, then ok; ``always-500``: 500;
 - ``bad-request``: 400 with an OpenAI error body; ``leaky-401``: 401 whose message
   contains the credential it was sent;
@@ -94,6 +95,9 @@ class StandIn:
             return await _error(
                 send, 429, "Rate limit reached", "rate_limit_exceeded", [(b"retry-after", b"1")]
             )
+        if model == "always-429":
+            wait = [(b"retry-after-ms", b"10"), (b"retry-after", b"1")]
+            return await _error(send, 429, "Rate limit reached", "rate_limit_exceeded", wait)
         if model == "unavailable-once" and attempt == 1:
             return await _error(send, 503, "The server is overloaded", "server_error")
         if model == "always-500":

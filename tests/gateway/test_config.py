@@ -159,3 +159,27 @@ def test_verifier_settings() -> None:
     assert endpoint.kind == "local" and endpoint.model == "smollm2-135m"
     assert settings.auth is False
     assert verifier_settings("/models/foo.gguf").endpoints[0].client_names() == ["foo.gguf"]
+
+
+def test_serve_refuses_public_bind_without_keys(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from gateway.cli import app
+
+    result = CliRunner().invoke(
+        app, ["serve", "--host", "0.0.0.0", "--config", str(write(tmp_path, "capture = false\n"))]
+    )
+    assert result.exit_code == 2
+    assert "--allow-public" in result.output
+
+
+def test_serve_reports_a_bad_file(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from gateway.cli import app
+
+    result = CliRunner().invoke(
+        app, ["serve", "--config", str(write(tmp_path, "max_body_bytes = 'big'\n"))]
+    )
+    assert result.exit_code == 2
+    assert "max_body_bytes" in result.output

@@ -229,6 +229,15 @@ def test_429_retried_after_retry_after(gateway_url: str, standin: StandIn) -> No
     assert standin.retry_gap_s() >= 1.0
 
 
+def test_persistent_429_reaches_the_client_with_retry_after(
+    gateway_url: str, standin: StandIn
+) -> None:
+    with pytest.raises(openai.RateLimitError) as err:
+        client(gateway_url).chat.completions.create(model="always-429", messages=MESSAGES)
+    assert len(standin.requests) == 3  # the first try and two retries
+    assert err.value.response.headers["retry-after"] == "1"
+
+
 def test_503_retried(gateway_url: str, standin: StandIn) -> None:
     answer = client(gateway_url).chat.completions.create(model="flaky", messages=MESSAGES)
     assert answer.choices[0].message.content == ANSWER

@@ -12,6 +12,13 @@ import torch
 from local_verifier.generate import PlainResult, generate_plain
 from local_verifier.loader import LoadedModel
 from local_verifier.sampling import SamplingParams
+from tests.conftest import WORKLOAD
+
+CODE_EDIT_IDS = [
+    json.loads(line)["id"]
+    for line in WORKLOAD.read_text().splitlines()
+    if line.strip() and json.loads(line)["category"] == "code_edit"
+]
 
 PROMPTS = [
     "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
@@ -82,22 +89,22 @@ def test_logits_match_reference(smollm2: LoadedModel, hf_smollm2: Any) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("prompt_id", CODE_EDIT_IDS)
 def test_greedy_64_tokens_match_reference_on_code_edits(
-    smollm2: LoadedModel, hf_smollm2: Any, workload_path: Path
+    smollm2: LoadedModel, hf_smollm2: Any, workload_path: Path, prompt_id: str
 ) -> None:
     """Each of our greedy tokens is transformers' argmax after the same prefix (teacher forcing),
     which is exactly the condition for transformers' greedy output to be identical."""
     rows = [json.loads(line) for line in workload_path.read_text().splitlines() if line.strip()]
-    edits = [r for r in rows if r["category"] == "code_edit"]
-    assert edits
-    for row in edits:
-        prompt = smollm2.tokenizer.encode(smollm2.tokenizer.apply_chat_template(row["messages"]))
-        *_, result = generate_plain(smollm2, prompt, SamplingParams(), max_tokens=64)
-        assert isinstance(result, PlainResult)
-        ours = result.token_ids
-        assert len(ours) == 64 or result.finish_reason == "stop", row["id"]
-        full = prompt + ours + ([2] if len(ours) < 64 else [])
-        with torch.no_grad():
-            logits = hf_smollm2(torch.tensor([full[:-1]])).logits[0]
-        reference = logits[len(prompt) - 1 :].argmax(-1).tolist()
-        assert reference == full[len(prompt) :], row["id"]
+    (row,) = [r for r in rows if r["id"] == prompt_id]
+    tok = smollm2.tokenizer
+    prompt = tok.encode(tok.apply_chat_template(row["messages"]))
+    *_, result = generate_plain(smollm2, prompt, SamplingParams(), max_tokens=64)
+    assert isinstance(result, PlainResult)
+    ours = result.token_ids
+    assert len(ours) == 64 or result.finish_reason == "stop"
+    full = prompt + ours + ([min(tok.eos_ids)] if len(ours) < 64 else [])
+    with torch.no_grad():
+        logits = hf_smollm2(torch.tensor([full[:-1]])).logits[0]
+    reference = logits[len(prompt) - 1 :].argmax(-1).tolist()
+    assert reference == full[len(prompt) :]

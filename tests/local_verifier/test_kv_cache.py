@@ -7,8 +7,17 @@ import torch
 from local_verifier.kv_cache import KVCache
 from local_verifier.model import ModelConfig, Transformer
 
-CFG = ModelConfig(vocab_size=97, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8,
-                  hidden_dim=64, max_seq_len=64, qkv_bias=True)
+CFG = ModelConfig(
+    vocab_size=97,
+    dim=32,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=2,
+    head_dim=8,
+    hidden_dim=64,
+    max_seq_len=64,
+    qkv_bias=True,
+)
 
 
 def _model() -> Transformer:

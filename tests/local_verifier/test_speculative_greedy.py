@@ -19,6 +19,8 @@ from local_verifier.generate import PlainResult, generate_plain
 from local_verifier.loader import LoadedModel
 from local_verifier.sampling import SamplingParams
 
+WORKLOAD = Path(__file__).resolve().parents[3] / "shared" / "bench" / "workload.jsonl"
+
 MAX_TOKENS = 48
 INJECTED = ["right", "partly", "random", "shifted", "tree", "eos"]
 
@@ -45,52 +47,62 @@ def _spec(
     return [t for d in deltas for t in d.token_ids], "".join(d.text for d in deltas), stats
 
 
-def test_workload_speculative_equals_plain(
-    engine: Engine, smollm2: LoadedModel, workload_path: Path
-) -> None:
-    records = [json.loads(line) for line in workload_path.read_text().splitlines() if line]
-    series_answers: dict[str, list[str]] = {}
-    accepted_total = 0
-    for n, record in enumerate(records):
-        text = smollm2.tokenizer.apply_chat_template(record["messages"])
-        ids = smollm2.tokenizer.encode(text)
+def _records(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+RECORD_IDS = [r["id"] for r in _records(WORKLOAD)] if WORKLOAD.exists() else []
+_plain: dict[str, tuple[list[int], list[int], str]] = {}
+
+
+def _plain_answer(lm: LoadedModel, record: dict[str, Any]) -> tuple[list[int], list[int], str]:
+    """(prompt ids, plain greedy ids, text), computed once per record."""
+    if record["id"] not in _plain:
+        ids = lm.tokenizer.encode(lm.tokenizer.apply_chat_template(record["messages"]))
         limit = min(MAX_TOKENS, record.get("max_tokens") or MAX_TOKENS)
-        plain_items = list(generate_plain(smollm2, ids, SamplingParams(), limit))
-        result = plain_items[-1]
+        items = list(generate_plain(lm, ids, SamplingParams(), limit))
+        result = items[-1]
         assert isinstance(result, PlainResult)
-        plain_text = "".join(i.text for i in plain_items[:-1] if isinstance(i, TextDelta))
+        text = "".join(i.text for i in items[:-1] if isinstance(i, TextDelta))
+        _plain[record["id"]] = (ids, result.token_ids, text)
+    return _plain[record["id"]]
 
-        docs = [d["text"] for d in record.get("documents") or []]
-        docs += series_answers.get(record.get("series") or "", [])
-        req = GenerationRequest(
-            prompt_ids=ids,
-            max_tokens=limit,
-            prediction=record.get("prediction"),
-            documents=[_document(smollm2, d) for d in docs],
-        )
-        got_ids, got_text, stats = _spec(engine, req)
-        assert got_ids == result.token_ids, f"{record['id']}: lookup drafts changed the output"
-        assert got_text == plain_text
-        accepted_total += stats.accepted_tokens
-        if record.get("series"):
-            series_answers.setdefault(record["series"], []).append(plain_text)
 
-        mode = INJECTED[n % len(INJECTED)]
-        drafter = OracleDrafter(
-            result.token_ids,
-            smollm2.config.vocab_size,
-            mode,
-            min(smollm2.tokenizer.eos_ids),
-            seed=n,
-        )
-        width = 3 if mode == "tree" else 1
-        got_ids, got_text, stats = _spec(
-            engine,
-            GenerationRequest(prompt_ids=ids, max_tokens=limit),
-            drafter=drafter,
-            controller=PassThrough(k=10, width=width),
-        )
-        assert got_ids == result.token_ids, f"{record['id']}: {mode} drafts changed the output"
-        assert got_text == plain_text
-        assert stats.drafted_tokens > 0
-    assert accepted_total > 0  # the workload's predictions were really used
+@pytest.mark.parametrize("record_id", RECORD_IDS)
+def test_workload_speculative_equals_plain(
+    engine: Engine, smollm2: LoadedModel, workload_path: Path, record_id: str
+) -> None:
+    records = _records(workload_path)
+    n = [r["id"] for r in records].index(record_id)
+    record = records[n]
+    ids, want_ids, want_text = _plain_answer(smollm2, record)
+    limit = min(MAX_TOKENS, record.get("max_tokens") or MAX_TOKENS)
+    docs = [d["text"] for d in record.get("documents") or []]
+    if record.get("series"):  # earlier answers of the series are documents
+        docs += [
+            _plain_answer(smollm2, r)[2] for r in records[:n] if r.get("series") == record["series"]
+        ]
+    req = GenerationRequest(
+        prompt_ids=ids,
+        max_tokens=limit,
+        prediction=record.get("prediction"),
+        documents=[_document(smollm2, d) for d in docs],
+    )
+    got_ids, got_text, stats = _spec(engine, req)
+    assert got_ids == want_ids, "lookup drafts changed the output"
+    assert got_text == want_text
+    if record.get("prediction"):
+        assert stats.accepted_tokens > 0  # the prediction was really used
+
+    mode = INJECTED[n % len(INJECTED)]
+    eos = min(smollm2.tokenizer.eos_ids)
+    drafter = OracleDrafter(want_ids, smollm2.config.vocab_size, mode, eos, seed=n)
+    got_ids, got_text, stats = _spec(
+        engine,
+        GenerationRequest(prompt_ids=ids, max_tokens=limit),
+        drafter=drafter,
+        controller=PassThrough(k=10, width=3 if mode == "tree" else 1),
+    )
+    assert got_ids == want_ids, f"{mode} drafts changed the output"
+    assert got_text == want_text
+    assert stats.drafted_tokens > 0

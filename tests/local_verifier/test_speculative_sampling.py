@@ -302,6 +302,7 @@ def _sampled_tiny(
 N_TINY = 1500
 
 
+@pytest.mark.slow
 def test_decoding_loop_samples_the_target_distribution(tiny_model: Transformer) -> None:
     table = _target_table(tiny_model)
     exact = _exact_tiny(table)
@@ -310,6 +311,7 @@ def test_decoding_loop_samples_the_target_distribution(tiny_model: Transformer) 
     assert ok, f"max N*KL {worst:.1f} >= {threshold:.1f}"
 
 
+@pytest.mark.slow
 def test_decoding_loop_check_detects_a_wrong_rule(
     tiny_model: Transformer, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -195,9 +195,11 @@ def test_endpoint_records_and_an_audit_through_the_gateway(
 
 
 @pytest.fixture(scope="module")
-def local_gateway() -> Iterator[str]:
+def local_gateway(engine: Any) -> Iterator[str]:
+    """The gateway with one local endpoint (model name ``smollm2``) on the shared engine."""
     endpoint = EndpointConfig(name="local", kind="local", model="smollm2-135m", models=["smollm2"])
-    with serve(create_app(Settings(endpoints=(endpoint,))), timeout_s=600) as url:
+    app = create_app(Settings(endpoints=(endpoint,)), engines={"local": engine})
+    with serve(app) as url:
         yield url
 
 

@@ -44,6 +44,13 @@ def local_gateway() -> Iterator[str]:
     """The embedded default: one local endpoint on smollm2-135m, in-memory stores."""
     app = create_app(build_settings({}, "test"), environ={})
     with serve_in_thread(app) as url:
+        # the first request loads the model and measures step costs (minutes on a busy CPU)
+        warm = {
+            "model": "smollm2-135m",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 1,
+        }
+        assert httpx.post(f"{url}/v1/chat/completions", json=warm, timeout=900).status_code == 200
         yield url
 
 

@@ -1,0 +1,134 @@
+"""A tiny GGUF written here from the tiny HF checkpoint (llama.cpp layout: permuted q/k,
+GGUF names, tokenizer metadata) loads to the same model and tokenizer as the HF directory."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, GGUFWriter
+from gguf.quants import quantize
+from safetensors.torch import load_file
+
+from local_verifier.errors import ModelLoadError
+from local_verifier.loader import LoadedModel, load_model
+
+NAMES = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+
+
+def _permute(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """llama.cpp's convert_hf_to_gguf permutation of q/k rows."""
+    return (
+        w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
+
+
+def write_gguf(src: Path, dst: Path, qtype: GGMLQuantizationType) -> Path:
+    cfg = json.loads((src / "config.json").read_text())
+    tok = json.loads((src / "tokenizer.json").read_text())
+    tok_cfg = json.loads((src / "tokenizer_config.json").read_text())
+    writer = GGUFWriter(str(dst), "llama")
+    writer.add_block_count(cfg["num_hidden_layers"])
+    writer.add_context_length(cfg["max_position_embeddings"])
+    writer.add_embedding_length(cfg["hidden_size"])
+    writer.add_feed_forward_length(cfg["intermediate_size"])
+    writer.add_head_count(cfg["num_attention_heads"])
+    writer.add_head_count_kv(cfg["num_key_value_heads"])
+    writer.add_rope_freq_base(float(cfg.get("rope_theta") or cfg["rope_parameters"]["rope_theta"]))
+    writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    writer.add_rope_dimension_count(cfg["hidden_size"] // cfg["num_attention_heads"])
+    vocab = tok["model"]["vocab"]
+    tokens = sorted(vocab, key=vocab.__getitem__)
+    specials = {t["content"] for t in tok["added_tokens"] if t["special"]}
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3 if t in specials else 1 for t in tokens])
+    writer.add_token_merges(
+        [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
+    )
+    writer.add_bos_token_id(vocab[tok_cfg["bos_token"]])
+    writer.add_eos_token_id(vocab[tok_cfg["eos_token"]])
+    writer.add_add_bos_token(False)
+    writer.add_chat_template(tok_cfg["chat_template"])
+    for name, tensor in load_file(str(src / "model.safetensors")).items():
+        array = tensor.float().numpy()
+        if name.startswith("model.layers."):
+            _, _, layer, rest = name.split(".", 3)
+            gguf_name = f"blk.{layer}.{NAMES[rest]}"
+            if rest.startswith("self_attn.q_proj"):
+                array = _permute(array, cfg["num_attention_heads"])
+            elif rest.startswith("self_attn.k_proj"):
+                array = _permute(array, cfg["num_key_value_heads"])
+        else:
+            gguf_name = NAMES[name]
+        if array.ndim == 1 or qtype == GGMLQuantizationType.F32:
+            writer.add_tensor(gguf_name, array.astype(np.float32))
+        elif qtype == GGMLQuantizationType.F16:
+            writer.add_tensor(gguf_name, array.astype(np.float16))
+        else:
+            writer.add_tensor(gguf_name, quantize(array, qtype), raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dst
+
+
+@pytest.mark.parametrize(
+    ("qtype", "atol"),
+    [
+        (GGMLQuantizationType.F32, 1e-4),
+        (GGMLQuantizationType.F16, 0.05),
+        (GGMLQuantizationType.Q8_0, 0.1),
+    ],
+)
+def test_gguf_matches_hf_directory(
+    tiny_checkpoint: Path,
+    tiny_lm: LoadedModel,
+    tmp_path: Path,
+    qtype: GGMLQuantizationType,
+    atol: float,
+) -> None:
+    path = write_gguf(tiny_checkpoint, tmp_path / f"tiny-{qtype.name}.gguf", qtype)
+    lm = load_model(str(path), device="cpu", dtype="float32")
+    assert lm.config.norm_eps == pytest.approx(tiny_lm.config.norm_eps)  # stored as float32
+    assert replace(lm.config, norm_eps=tiny_lm.config.norm_eps) == tiny_lm.config
+    text = "def add(a, b):\n    return a + b  # 🙂 안녕"
+    ids = tiny_lm.tokenizer.encode(text)
+    assert lm.tokenizer.encode(text) == ids
+    assert lm.tokenizer.eos_ids == {2}
+    messages = [{"role": "user", "content": "hi"}]
+    assert lm.tokenizer.apply_chat_template(messages) == tiny_lm.tokenizer.apply_chat_template(
+        messages
+    )
+    ours = lm.model(torch.tensor(ids), lm.new_cache(len(ids)))
+    ref = tiny_lm.model(torch.tensor(ids), tiny_lm.new_cache(len(ids)))
+    torch.testing.assert_close(ours, ref, atol=atol, rtol=0.0)
+
+
+def test_unsupported_gguf_tensor_type_names_supported(
+    tiny_checkpoint: Path, tmp_path: Path
+) -> None:
+    path = write_gguf(tiny_checkpoint, tmp_path / "q5.gguf", GGMLQuantizationType.Q5_0)
+    with pytest.raises(ModelLoadError, match="Q5_0.*supported: F32, F16, BF16, Q8_0"):
+        load_model(str(path))
