@@ -26,7 +26,12 @@ def test_healthz_and_metrics(gateway_url: str, standin: StandIn) -> None:
     )
     metrics = httpx.get(f"{gateway_url}/metrics")
     assert metrics.status_code == 200
-    assert "draftgate_" in metrics.text
+    recorded = [
+        line
+        for line in metrics.text.splitlines()
+        if 'endpoint="openai"' in line and 'model="gpt-4o-mini"' in line and "_count" in line
+    ]
+    assert recorded and all(float(line.rsplit(" ", 1)[1]) >= 1 for line in recorded)
 
 
 def test_no_keys_means_one_tenant_and_no_check(standin_server: tuple[StandIn, str]) -> None:
