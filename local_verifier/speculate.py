@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -71,7 +71,7 @@ def speculative_decode(
     drafter: DraftSource | None,
     controller: DraftPolicy | None,
     stats: LoopStats,
-) -> Iterator[list[int]]:
+) -> Generator[list[int], None, None]:
     """Yield the tokens each step commits, starting with ``[first_token]``.
 
     ``first_token`` comes from the prefill and is not yet in ``cache``. At most

@@ -41,6 +41,7 @@ class RequestRecord:
     draft_stats: dict[str, Any] | None = None
     finish_reason: str | None = None
     prediction_header: str | None = None
+    served_by: str | None = None
     overhead_ms: float | None = None
     text: str = ""
 
@@ -99,6 +100,7 @@ async def stream_chat(
             rec.status = resp.status_code
             rec.ttfb_s = time.perf_counter() - sent
             rec.prediction_header = resp.headers.get("x-draftgate-prediction")
+            rec.served_by = resp.headers.get("x-draftgate-endpoint")
             overhead = resp.headers.get("x-draftgate-overhead-ms")
             rec.overhead_ms = float(overhead) if overhead else None
             if resp.status_code >= 400:

@@ -172,6 +172,9 @@ class _Audit:
                 self.origin,
             )
             rec.queued_s = max(0.0, rec.t_sent - scheduled)
+            if rec.error is None and rec.served_by not in (None, self.plan.endpoint):
+                rec.error = "served_by_fallback"  # another endpoint answered: not this one's figure
+                rec.error_message = f"answered by endpoint {rec.served_by!r}"
             self.records.append(rec)
             if self.bar is not None:
                 self.bar.update(1)

@@ -79,17 +79,13 @@ def comparisons(
             }
         )
         t_with, t_without = time_per_token(withs), time_per_token(withouts)
-        pays = t_with < t_without if t_with is not None and t_without is not None else None
-        if pays is None:
-            statement = "not enough tokens to compare"
-        elif pays:
+        pays: bool | None = None
+        statement = "not enough tokens to compare"
+        if t_with is not None and t_without is not None:
+            pays = t_with < t_without
             statement = (
-                f"drafts pay: {t_with * 1e3:.2f} ms/token with vs {t_without * 1e3:.2f} without"
-            )
-        else:
-            statement = (
-                f"drafts do NOT pay: {t_with * 1e3:.2f} ms/token with vs "
-                f"{t_without * 1e3:.2f} without"
+                f"drafts {'pay' if pays else 'do NOT pay'}: {t_with * 1e3:.2f} ms/token with "
+                f"vs {t_without * 1e3:.2f} without"
             )
         break_even.append(
             {

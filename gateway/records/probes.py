@@ -168,12 +168,22 @@ def usage_evidence(answer: Mapping[str, Any]) -> Evidence:
 
 
 async def probe_usage(
-    client: httpx.AsyncClient, url: str, model: str, headers: Mapping[str, str]
+    client: httpx.AsyncClient,
+    url: str,
+    model: str,
+    headers: Mapping[str, str],
+    endpoint: str | None = None,
 ) -> Evidence:
-    """Send the probe request (with a prediction) and judge the usage fields."""
+    """Send the probe request (with a prediction) and judge the usage fields. Through the
+    gateway, an answer another endpoint gave (fallback) says nothing about ``endpoint``."""
     try:
         resp = await client.post(url, json={**PROBE_BODY, "model": model}, headers=dict(headers))
         resp.raise_for_status()
+        served_by = resp.headers.get("x-draftgate-endpoint")
+        if endpoint is not None and served_by is not None and served_by != endpoint:
+            return make(
+                "probe", "usage fields", "unknown", f"answered by endpoint {served_by!r} (fallback)"
+            )
         return usage_evidence(resp.json())
     except (httpx.HTTPError, ValueError) as exc:
         return _unreachable("usage fields", exc)

@@ -98,6 +98,6 @@ class Records:
         documented = documented_for(e.kind, models)
         if documented is None or documented.accepts_prediction != "no":
             url = f"{gateway_url.rstrip('/')}/v1/chat/completions"
-            found.append(await probe_usage(client, url, models[0], headers))
+            found.append(await probe_usage(client, url, models[0], headers, e.name))
         for ev in found:
             await self.add_evidence(e.name, ev)

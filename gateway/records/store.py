@@ -82,7 +82,7 @@ class RedisRecordStore:
         import redis.asyncio as aioredis
 
         self._redis = aioredis.Redis.from_url(
-            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, decode_responses=True
         )
         self._prefix = f"{prefix}rec:"
         self._breaker = CircuitBreaker()
@@ -145,7 +145,7 @@ class RedisRecordStore:
         raw = await self._guarded(lambda: self._redis.zrangebyscore(key, since, "+inf"))
         out: list[Sample] = []
         for member in raw:
-            t, ttft, tpot, _ = member.decode().split(":")
+            t, ttft, tpot, _ = str(member).split(":")
             out.append((float(t), _num(ttft), _num(tpot)))
         return out
 
@@ -161,7 +161,7 @@ class RedisRecordStore:
     async def counts(self, endpoint: str) -> dict[str, int]:
         key = self._key("cnt", endpoint)
         raw = await self._guarded(lambda: self._redis.hgetall(key))
-        return {k.decode(): int(v) for k, v in raw.items()}
+        return {str(k): int(v) for k, v in raw.items()}
 
     async def aclose(self) -> None:
         await self._redis.aclose()
