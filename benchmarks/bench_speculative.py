@@ -23,28 +23,14 @@ from typing import Any
 
 import numpy as np
 import torch
+from bench_decode import load_reference  # the same transformers model, read from the GGUF
 
 from local_verifier.engine import Engine, GenerationRequest, GenerationStats, TextDelta
 from local_verifier.generate import PlainResult, generate_plain
-from local_verifier.loader import LoadedModel, load_model, smollm2_path
+from local_verifier.loader import LoadedModel, load_model
 from local_verifier.sampling import SamplingParams
 
 CONFIGS = ("plain", "speculative", "hf_plain", "hf_pld")
-
-
-def load_hf_model() -> Any:
-    """transformers' model for the bundled SmolLM2 GGUF, fp32 on CPU."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
-    path = smollm2_path()
-    config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
-    model.load_state_dict(tensors, strict=False, assign=True)
-    model.tie_weights()
-    return model.eval()
 
 
 def document(lm: LoadedModel, text: str) -> tuple[str, np.ndarray]:
@@ -144,7 +130,7 @@ def main() -> None:
         records = [r for r in records if r["id"] in set(args.ids)]
     lm = load_model(args.model)
     engine = Engine(lm)
-    hf = load_hf_model()
+    hf = load_reference(args.model)
     eos = sorted(lm.tokenizer.eos_ids)
     print(
         "step costs c(k)/c(0) at k=1,4,16,64: "
