@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 
 import torch
 
@@ -33,12 +35,28 @@ def resolve_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
         raise ValueError(f"unsupported dtype {dtype!r}; supported: {', '.join(DTYPES)}") from None
 
 
-def configure_threads() -> int:
-    """One torch thread per CPU this process may run on; returns the count."""
+def available_cpus() -> int:
+    """CPUs this process may run on."""
     try:
-        n = len(os.sched_getaffinity(0))
+        return len(os.sched_getaffinity(0))
     except AttributeError:
-        n = os.cpu_count() or 1
-    if torch.get_num_threads() != n:
-        torch.set_num_threads(n)
-    return n
+        return os.cpu_count() or 1
+
+
+def configure_threads(workload: Callable[[], object], repeats: int = 3) -> int:
+    """Set torch's CPU threads to one per available CPU or to 1, whichever runs ``workload``
+    faster now (on a busy machine the threads' synchronisation can cost more than they
+    gain); returns the count chosen."""
+    n = available_cpus()
+    candidates = [n, 1] if n > 1 else [1]
+    best: dict[int, float] = {}
+    for threads in candidates * 2:  # interleaved, best of both rounds
+        torch.set_num_threads(threads)
+        workload()
+        start = time.perf_counter()
+        for _ in range(repeats):
+            workload()
+        best[threads] = min(best.get(threads, float("inf")), time.perf_counter() - start)
+    chosen = min(best, key=best.__getitem__)
+    torch.set_num_threads(chosen)
+    return chosen

@@ -18,7 +18,7 @@ from torch import nn
 
 # rows <= bound -> bucket index; the last bucket takes everything larger
 ROW_BUCKETS = (1, 8, 32)
-PROBE_ROWS = (1, 6, 24, 96)
+PROBE_ROWS = (1, 6, 24, 192)
 PATHS = ("linear", "transposed", "onednn")
 
 _choices: dict[tuple[int, int, torch.dtype, str], tuple[str, ...]] = {}

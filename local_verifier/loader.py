@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -80,8 +81,8 @@ def load_model(
 ) -> LoadedModel:
     """Load ``spec`` (HF dir, .gguf file or ``smollm2-135m``) onto ``device`` in ``dtype``.
 
-    On CPU the matrix-product path of each layer is measured and chosen per row count
-    unless ``tune_linear`` is False.
+    On CPU the thread count (all CPUs or 1) and the matrix-product path of each layer per
+    row count are measured and chosen now, unless ``tune_linear`` is False.
     """
     path, name = resolve_spec(spec)
     if path.is_dir():
@@ -95,8 +96,6 @@ def load_model(
         )
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
-    if dev.type == "cpu":
-        configure_threads()
     model = Transformer(cfg)
     try:
         model.load_hf_weights(tensors)
@@ -104,6 +103,18 @@ def load_model(
         raise ModelLoadError(f"{path}: {exc}") from exc
     del tensors
     model = model.to(device=dev, dtype=torch_dtype).eval()
+    lm = LoadedModel(model, cfg, tokenizer, dev, torch_dtype, name)
+    if dev.type == "cpu" and tune_linear:
+        configure_threads(partial(_probe_steps, lm))
     if tune_linear:
         select_linear_paths(model)
-    return LoadedModel(model, cfg, tokenizer, dev, torch_dtype, name)
+    return lm
+
+
+def _probe_steps(lm: LoadedModel) -> None:
+    """A decode step and an 8-token verify step after a 32-token prefix."""
+    cache = lm.new_cache(48)
+    tokens = torch.arange(41, device=lm.device) % lm.config.vocab_size
+    lm.model(tokens[:32], cache)
+    lm.model(tokens[32:33], cache)
+    lm.model(tokens[33:41], cache)

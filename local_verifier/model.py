@@ -146,8 +146,14 @@ class Attention(nn.Module):
         k = apply_rope(k.view(t, cfg.n_kv_heads, cfg.head_dim).transpose(0, 1), cos, sin)
         v = v.view(t, cfg.n_kv_heads, cfg.head_dim).transpose(0, 1)
         keys, values = cache.write(self.layer, k, v, t)
+        causal = mask is None and t > 1  # a plain prefill from slot 0
         out = F.scaled_dot_product_attention(
-            q.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), attn_mask=mask, enable_gqa=True
+            q.unsqueeze(0),
+            keys.unsqueeze(0),
+            values.unsqueeze(0),
+            attn_mask=mask,
+            is_causal=causal,
+            enable_gqa=True,
         )
         return self.wo(out.squeeze(0).transpose(0, 1).reshape(t, q_size))
 
@@ -272,8 +278,9 @@ class Transformer(nn.Module):
         return self.head(self.norm(x)).float()
 
     def _mask(self, t: int, start: int, tree_mask: torch.Tensor | None) -> torch.Tensor | None:
-        """Boolean attention mask [T, start + T] (True = may attend); None when T == 1."""
-        if t == 1 and tree_mask is None:
+        """Boolean attention mask [T, start + T] (True = may attend); None when T == 1 or for a
+        causal run from slot 0 (then attention is told ``is_causal``)."""
+        if tree_mask is None and (t == 1 or start == 0):
             return None
         device = self.rope_cos.device
         new = (

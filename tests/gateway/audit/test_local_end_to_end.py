@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -40,9 +41,10 @@ JSON_ITEM = {
 
 
 @pytest.fixture(scope="module")
-def local_gateway() -> Iterator[str]:
-    """The embedded default: one local endpoint on smollm2-135m, in-memory stores."""
-    app = create_app(build_settings({}, "test"), environ={})
+def local_gateway(engine: Any) -> Iterator[str]:
+    """The embedded default (one local endpoint on smollm2-135m, in-memory stores) on the
+    session's shared engine."""
+    app = create_app(build_settings({}, "test"), environ={}, engines={"local": engine})
     with serve_in_thread(app) as url:
         # the first request loads the model and measures step costs (minutes on a busy CPU)
         warm = {
