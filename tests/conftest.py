@@ -11,6 +11,7 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -107,6 +108,23 @@ def redis_client(redis_url: str, redis_prefix: str) -> Iterator[object]:
     for key in client.scan_iter(match=f"*{redis_prefix}*"):
         client.delete(key)
     client.close()
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> Any:
+    """The real SmolLM2-135M-Instruct GGUF (``local_verifier.LoadedModel``), fp32 on CPU,
+    context cut to 4096 tokens; loaded once for the whole run."""
+    from local_verifier.loader import load_model
+
+    return load_model("smollm2-135m", device="cpu", dtype="float32", max_seq_len=4096)
+
+
+@pytest.fixture(scope="session")
+def engine(smollm2: Any) -> Any:
+    """The real SmolLM2 generation engine on the shared model, shared by every package's tests."""
+    from local_verifier.engine import Engine
+
+    return Engine(smollm2, max_draft=16)
 
 
 WORKLOAD = Path(__file__).resolve().parents[1].parent / "shared" / "bench" / "workload.jsonl"

@@ -104,14 +104,6 @@ def gateway_url(standin_server: tuple[StandIn, str]) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def engine() -> Any:
-    """The real SmolLM2-135M engine, loaded once per session."""
-    from local_verifier.engine import Engine
-
-    return Engine("smollm2-135m", max_draft=16)
-
-
-@pytest.fixture(scope="session")
 def local_app(engine: Any) -> Any:
     """The verifier configuration (one local endpoint, no auth) on the shared engine."""
     from gateway.cli_serve import verifier_settings

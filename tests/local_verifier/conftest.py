@@ -114,12 +114,6 @@ def tiny_lm(tiny_checkpoint: Path) -> LoadedModel:
 
 
 @pytest.fixture(scope="session")
-def smollm2() -> LoadedModel:
-    """The real SmolLM2-135M-Instruct GGUF, fp32 on CPU, context cut to 4096 tokens."""
-    return load_model("smollm2-135m", device="cpu", dtype="float32", max_seq_len=4096)
-
-
-@pytest.fixture(scope="session")
 def hf_smollm2() -> Any:
     """transformers' own model for the same GGUF file (its dequantization and layout), fp32."""
     from transformers import AutoConfig, AutoModelForCausalLM

@@ -21,7 +21,7 @@ from local_verifier.sampling import SamplingParams
 
 WORKLOAD = Path(__file__).resolve().parents[3] / "shared" / "bench" / "workload.jsonl"
 
-MAX_TOKENS = 48
+MAX_TOKENS = 32
 INJECTED = ["right", "partly", "random", "shifted", "tree", "eos"]
 
 pytestmark = pytest.mark.slow
@@ -101,7 +101,7 @@ def test_workload_speculative_equals_plain(
         engine,
         GenerationRequest(prompt_ids=ids, max_tokens=limit),
         drafter=drafter,
-        controller=PassThrough(k=10, width=3 if mode == "tree" else 1),
+        controller=PassThrough(k=6, width=3 if mode == "tree" else 1),
     )
     assert got_ids == want_ids, f"{mode} drafts changed the output"
     assert got_text == want_text

@@ -34,11 +34,3 @@ def script(standin_app: Any) -> Script:
 def base_url(standin_root: str, script: Script) -> str:
     """The stand-in's API root, reset for this test."""
     return standin_root + "/v1"
-
-
-@pytest.fixture(scope="session")
-def engine() -> Any:
-    """The real SmolLM2-135M engine, loaded once per session (as in tests/gateway)."""
-    from local_verifier.engine import Engine
-
-    return Engine("smollm2-135m", max_draft=16)
