@@ -185,6 +185,7 @@ class LocalEndpoint:
             else request.max_tokens,
             stop=request.stop_list(),
             draft=draft,
+            max_draft=request.draftgate.max_draft_tokens if request.draftgate else None,
         )
         if isinstance(request, ChatCompletionRequest):
             gen.messages = [{"role": m.role, "content": m.text()} for m in request.messages]

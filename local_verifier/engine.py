@@ -40,6 +40,7 @@ class GenerationRequest:
     prediction: str | None = None
     documents: list[DocumentTokens] = field(default_factory=list)
     draft: bool = True
+    max_draft: int | None = None  # cap on draft tokens per verify step (None = measured range)
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,10 @@ class Engine:
         if req.draft and drafter is None:
             drafter = self._drafter(req, prompt_ids)
         if req.draft and controller is None:
-            controller = DraftController(self.step_costs)
+            costs = self.step_costs
+            if req.max_draft is not None:
+                costs = costs[: req.max_draft + 1]
+            controller = DraftController(costs)
         if not req.draft:
             drafter = controller = None
         return self._run(req, prompt_ids, max_new, drafter, controller)

@@ -52,6 +52,9 @@ class DraftgateOptions(_Open):
 
     documents: list[str] = Field(default_factory=list, description="document ids to draft from")
     draft: bool = Field(default=True, description="set false to switch drafting off")
+    max_draft_tokens: int | None = Field(
+        default=None, ge=0, description="cap on draft tokens per verify step (local endpoints)"
+    )
 
 
 class StreamOptions(_Open):

@@ -229,3 +229,19 @@ def test_sampling_with_a_seed_is_reproducible(engine: Engine, tiny_lm: LoadedMod
     first = run(engine, GenerationRequest(prompt_ids=ids, max_tokens=16, params=params))[0]
     second = run(engine, GenerationRequest(prompt_ids=ids, max_tokens=16, params=params))[0]
     assert first == second and len(first) > 0
+
+
+@pytest.mark.parametrize("cap", [0, 2])
+def test_max_draft_caps_the_tokens_verified_per_step(
+    engine: Engine, tiny_lm: LoadedModel, cap: int
+) -> None:
+    ids = tiny_lm.tokenizer.encode(PROMPT)
+    _, want_text, _ = plain(tiny_lm, ids, 40)
+    free = GenerationRequest(prompt_ids=ids, max_tokens=40, prediction=want_text)
+    capped = GenerationRequest(prompt_ids=ids, max_tokens=40, prediction=want_text, max_draft=cap)
+    _, free_text, free_stats = run(engine, free)
+    _, text, stats = run(engine, capped)
+    assert text == free_text == want_text
+    assert free_stats.drafted_tokens > 2 * free_stats.verify_steps  # uncapped drafts run long
+    assert stats.drafted_tokens <= cap * stats.verify_steps
+    assert len(stats.accepted_by_position) <= cap
