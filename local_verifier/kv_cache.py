@@ -27,6 +27,8 @@ class KVCache:
         shape = (cfg.n_layers, cfg.n_kv_heads, max_len, cfg.head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self._k_layers = self.k.unbind(0)  # per-layer views, indexed once per write
+        self._v_layers = self.v.unbind(0)
         self.max_len = max_len
         self.length = 0
 
@@ -35,9 +37,10 @@ class KVCache:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store k/v [kv_heads, t, head_dim] at [length, length + t); return keys/values so far."""
         end = self.length + t
-        self.k[layer, :, self.length : end] = k
-        self.v[layer, :, self.length : end] = v
-        return self.k[layer, :, :end], self.v[layer, :, :end]
+        keys, values = self._k_layers[layer], self._v_layers[layer]
+        keys[:, self.length : end] = k
+        values[:, self.length : end] = v
+        return keys[:, :end], values[:, :end]
 
     def truncate(self, n: int) -> None:
         """Keep the first ``n`` slots."""

@@ -72,18 +72,21 @@ def _onednn_usable(device: torch.device, dtype: torch.dtype) -> bool:
     )
 
 
-def _median_ms(fn: Callable[[], torch.Tensor], repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    times.sort()
-    return times[len(times) // 2] * 1e3
+def _fastest(runs: dict[str, Callable[[], torch.Tensor]], rounds: int) -> str:
+    """The key of the fastest run: rounds interleave the runs and each keeps its best time
+    (the minimum is what a busy machine distorts least: noise only ever adds time)."""
+    best = dict.fromkeys(runs, float("inf"))
+    for fn in runs.values():
+        fn()  # warm-up
+    for _ in range(rounds):
+        for path, fn in runs.items():
+            start = time.perf_counter()
+            fn()
+            best[path] = min(best[path], time.perf_counter() - start)
+    return min(best, key=best.__getitem__)
 
 
-def measure_paths(layer: Linear, repeats: int = 3) -> tuple[str, ...]:
+def measure_paths(layer: Linear, rounds: int = 5) -> tuple[str, ...]:
     """The fastest path for each row bucket of this layer, measured now."""
     w = layer.weight
     candidates = ["linear", "transposed"]
@@ -94,8 +97,8 @@ def measure_paths(layer: Linear, repeats: int = 3) -> tuple[str, ...]:
     for rows in PROBE_ROWS:
         x = torch.randn(rows, w.shape[1], dtype=w.dtype, device=w.device)
         with torch.inference_mode():
-            best = {path: _median_ms(partial(layer._run, path, x), repeats) for path in candidates}
-        chosen.append(min(best, key=best.__getitem__))
+            runs = {path: partial(layer._run, path, x) for path in candidates}
+            chosen.append(_fastest(runs, rounds))
     return tuple(chosen)
 
 

@@ -88,21 +88,24 @@ def rope_inv_freq(cfg: ModelConfig) -> tuple[torch.Tensor, float]:
 
 
 def rope_tables(cfg: ModelConfig, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin tables [max_seq_len, head_dim] in float32 (HF "rotate_half" layout)."""
+    """cos and sin tables [max_seq_len, head_dim] in float32 (HF "rotate_half" layout, with
+    rotate_half's sign folded into the first half of sin)."""
     inv_freq, mscale = rope_inv_freq(cfg)
     t = torch.arange(cfg.max_seq_len, dtype=torch.float64)
     freqs = torch.outer(t, inv_freq)
-    emb = torch.cat([freqs, freqs], dim=-1)
-    cos = (emb.cos() * mscale).float().to(device)
-    sin = (emb.sin() * mscale).float().to(device)
+    cos = (torch.cat([freqs, freqs], dim=-1).cos() * mscale).float().to(device)
+    sin = (torch.cat([-freqs, freqs], dim=-1).sin() * mscale).float().to(device)
     return cos, sin
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [H, T, D] by cos/sin [T, D]."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+    """Rotate x [T, H, D] by cos/sin [T, 1, D] (computed in float32).
+
+    ``sin`` carries the sign of HF's ``rotate_half`` in its first half, so the rotation is
+    ``x * cos + roll(x, D/2) * sin``.
+    """
+    xf = x.float()
+    return torch.addcmul(xf * cos, xf.roll(x.shape[-1] // 2, -1), sin).to(x.dtype)
 
 
 class RMSNorm(nn.Module):
@@ -114,6 +117,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # one fused kernel, same formula
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * xf.to(x.dtype)
@@ -141,9 +146,11 @@ class Attention(nn.Module):
         cfg = self.cfg
         t = x.shape[0]
         q_size, kv_size = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-        q, k, v = self.wqkv(x).split([q_size, kv_size, kv_size], dim=-1)
-        q = apply_rope(q.view(t, cfg.n_heads, cfg.head_dim).transpose(0, 1), cos, sin)
-        k = apply_rope(k.view(t, cfg.n_kv_heads, cfg.head_dim).transpose(0, 1), cos, sin)
+        qk, v = self.wqkv(x).split([q_size + kv_size, kv_size], dim=-1)
+        # q and k heads rotated in one pass: [T, n_heads + n_kv_heads, head_dim]
+        qk = apply_rope(qk.view(t, cfg.n_heads + cfg.n_kv_heads, cfg.head_dim), cos, sin)
+        q = qk[:, : cfg.n_heads].transpose(0, 1)
+        k = qk[:, cfg.n_heads :].transpose(0, 1)
         v = v.view(t, cfg.n_kv_heads, cfg.head_dim).transpose(0, 1)
         keys, values = cache.write(self.layer, k, v, t)
         causal = mask is None and t > 1  # a plain prefill from slot 0
@@ -263,11 +270,11 @@ class Transformer(nn.Module):
         if start + t > cache.max_len:
             raise ValueError(f"{start + t} tokens exceed the cache's {cache.max_len} slots")
         if positions is None:
-            cos = self.rope_cos[start : start + t]
-            sin = self.rope_sin[start : start + t]
+            cos = self.rope_cos[start : start + t].unsqueeze(1)
+            sin = self.rope_sin[start : start + t].unsqueeze(1)
         else:
-            cos = self.rope_cos[positions]
-            sin = self.rope_sin[positions]
+            cos = self.rope_cos[positions].unsqueeze(1)
+            sin = self.rope_sin[positions].unsqueeze(1)
         mask = self._mask(t, start, tree_mask)
         x = self.embed(tokens)
         for layer in self.layers:
