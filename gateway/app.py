@@ -111,6 +111,7 @@ def create_app(
         transport=transport,
         telemetry=telemetry,
         corpus=corpus,
+        engines=engines,
     )
 
     @contextlib.asynccontextmanager

@@ -1,9 +1,10 @@
 """HTTP upstreams: one pooled httpx transport per endpoint, retries before headers.
 
-The pool is httpx's ``AsyncHTTPTransport`` (the connection pool an ``AsyncClient``
-wraps), used directly: the client layer on top would persist cookies across requests
-(one tenant's upstream cookies must never reach another's request) and re-merge URLs
-and check redirects on every call, which costs more than the rest of the proxy path.
+The pool is an httpx transport (:class:`gateway.transport.AiohttpTransport`, aiohttp's
+pool behind httpx's API), used directly rather than through an ``AsyncClient``: the
+client layer would persist cookies across requests (one tenant's upstream cookies must
+never reach another's request) and re-merge URLs and check redirects on every call,
+which costs more than the rest of the proxy path.
 
 ``Upstream.open`` sends a request and returns the streamed response once a 2xx status
 and headers arrived. Before that point it retries (the first failure waits, then
@@ -33,6 +34,7 @@ from gateway.errors import (
     redact,
 )
 from gateway.providers import adapter_for
+from gateway.transport import AiohttpTransport
 
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 # 4xx answers caused by the client's request: passed back, never retried or failed over.
@@ -120,12 +122,7 @@ class Upstream:
         self.config = config
         self.adapter = adapter_for(config, environ)
         self._secrets = [self.adapter.api_key] if self.adapter.api_key else []
-        self.transport = transport or httpx.AsyncHTTPTransport(
-            limits=httpx.Limits(
-                max_connections=config.max_connections,
-                max_keepalive_connections=config.max_connections,
-            )
-        )
+        self.transport = transport or AiohttpTransport(config.max_connections)
         self._extensions = {
             "timeout": {
                 "connect": config.connect_timeout_s,

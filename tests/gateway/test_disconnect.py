@@ -23,7 +23,10 @@ def test_client_disconnect_cancels_upstream(gateway_url: str, standin: StandIn) 
         ) as response,
     ):
         assert response.status_code == 200
-        for line in response.iter_lines():
+        # held in a variable: leaving the loop must not close the generator (and with it
+        # the connection) before the checks below
+        lines = response.iter_lines()
+        for line in lines:
             if line.startswith("data: ") and "tick" in json.dumps(line):
                 got_chunk.set()
                 break

@@ -114,6 +114,8 @@ def test_documents_feed_local_drafting(local_url: str) -> None:
 
 def test_client_disconnect_stops_generation(local_url: str, local_app: Any) -> None:
     local = local_app.state.runtime.local["local"]
+    # earlier tests' abandoned generations finish first (the worker runs jobs in order)
+    local._executor.submit(lambda: None).result(timeout=60)
     stopped = local.stopped
     story = [{"role": "user", "content": "Write a very long story about a dragon."}]
     body = {
