@@ -23,6 +23,7 @@ OVERHEAD_HEADER = b"x-draftgate-overhead-ms"
 PREDICTION_HEADER = b"x-draftgate-prediction"
 ENDPOINT_HEADER = b"x-draftgate-endpoint"
 JSON = b"application/json"
+WATCH_AFTER_S = 0.05  # requests running longer get a task that watches for a disconnect
 
 
 class ClientDisconnected(Exception):
@@ -100,11 +101,16 @@ async def run_until_disconnect(receive: Receive, work: Callable[[], Awaitable[No
     """Run ``work`` and cancel it as soon as the client disconnects.
 
     Returns ``True`` when the client went away first. The cancellation reaches whatever
-    ``work`` awaits (an upstream request, a local generation), so it stops at once.
+    ``work`` awaits (an upstream request, a local generation), so it stops at once. The
+    task that watches for the disconnect starts only once ``work`` ran ``WATCH_AFTER_S``:
+    most requests finish sooner and never pay for it (a stream whose client left fails
+    on its next send before that).
     """
     task = asyncio.current_task()
     assert task is not None
+    loop = asyncio.get_running_loop()
     disconnected = False
+    watcher: asyncio.Task[None] | None = None
 
     async def watch() -> None:
         nonlocal disconnected
@@ -113,7 +119,11 @@ async def run_until_disconnect(receive: Receive, work: Callable[[], Awaitable[No
         disconnected = True
         task.cancel()
 
-    watcher = asyncio.get_running_loop().create_task(watch())
+    def start_watching() -> None:
+        nonlocal watcher
+        watcher = loop.create_task(watch())
+
+    timer = loop.call_later(WATCH_AFTER_S, start_watching)
     try:
         await work()
     except OSError:  # servers that raise on send after the client left (ClientDisconnected)
@@ -124,14 +134,21 @@ async def run_until_disconnect(receive: Receive, work: Callable[[], Awaitable[No
         if sys.version_info >= (3, 11):
             task.uncancel()
     finally:
-        watcher.cancel()
+        timer.cancel()
+        if watcher is not None:
+            watcher.cancel()
     return disconnected
 
 
-def overhead_middleware(app: ASGIApp) -> ASGIApp:
+def overhead_middleware(app: ASGIApp, *, catch: bool = False) -> ASGIApp:
     """Adds ``X-Draftgate-Overhead-Ms`` to every HTTP response (time since the request
     arrived minus the time recorded as waiting upstream in ``scope["draftgate.wait"]``),
-    and ``X-Draftgate-Prediction: none`` where the route did not set it."""
+    and ``X-Draftgate-Prediction: none`` where the route did not set it.
+
+    With ``catch`` (an app served outside Starlette's middleware stack) it also does what
+    that stack would: an exception raised before the response started becomes an
+    OpenAI-style error response (an unexpected one a 500, then re-raised for the log).
+    """
 
     async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -139,9 +156,12 @@ def overhead_middleware(app: ASGIApp) -> ASGIApp:
             return
         wait = UpstreamWait(time.perf_counter())
         scope["draftgate.wait"] = wait
+        started = False
 
         async def send_with_overhead(message: Message) -> None:
+            nonlocal started
             if message["type"] == "http.response.start":
+                started = True
                 headers = list(message.get("headers", ()))
                 if not any(k == PREDICTION_HEADER for k, _ in headers):
                     headers.append((PREDICTION_HEADER, b"none"))
@@ -149,6 +169,18 @@ def overhead_middleware(app: ASGIApp) -> ASGIApp:
                 message["headers"] = headers
             await send(message)
 
-        await app(scope, receive, send_with_overhead)
+        if not catch:
+            await app(scope, receive, send_with_overhead)
+            return
+        try:
+            await app(scope, receive, send_with_overhead)
+        except GatewayError as error:
+            if started:
+                raise
+            await send_error(send_with_overhead, error)
+        except Exception:
+            if not started:
+                await send_error(send_with_overhead, GatewayError("internal gateway error"))
+            raise
 
     return middleware

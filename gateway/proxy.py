@@ -252,8 +252,11 @@ class CompletionsEndpoint:
         )
         relay = StreamRelay(call.timing, keep_text=self.runtime.settings.capture)
         problem: str | None = None
+        # the transport's byte stream itself: ``aiter_raw`` re-chunks and wraps every chunk
+        stream = response.stream
+        assert isinstance(stream, httpx.AsyncByteStream)
         try:
-            async for chunk in response.aiter_raw():
+            async for chunk in stream:
                 ready = relay.feed(chunk)
                 if ready:
                     await send({"type": "http.response.body", "body": ready, "more_body": True})

@@ -1,15 +1,25 @@
 """Server-sent events on the way through: event-aligned forwarding and the observations
-telemetry needs (first content, chunk times, usage, the closing ``[DONE]``)."""
+telemetry needs (first content, chunk times, usage, the closing ``[DONE]``).
+
+Events are not parsed on the way through: content is found in the bytes (a JSON string
+value of a ``content``/``text`` key that is not empty), and an event is decoded only when
+it carries ``usage`` or when the response text is kept for capture.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Any
 
 from gateway.telemetry import RequestTiming
 
 DONE = b"[DONE]"
+# a non-empty string value of a "content" or "text" key; inside JSON strings quotes are
+# escaped, so an unescaped ``"content"`` is a key (or the bare string "content")
+_CONTENT = re.compile(rb'"(?:content|text)"\s*:\s*"(?!")')
+_USAGE = b'"usage"'
 DONE_EVENT = b"data: [DONE]\n\n"
 SSE_HEADERS: list[tuple[bytes, bytes]] = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
@@ -77,20 +87,31 @@ class StreamRelay:
             if data == DONE:
                 self.done = True
                 continue
-            try:
-                event = json.loads(data)
-            except ValueError:
-                continue
-            if not isinstance(event, dict):
-                continue
-            usage = event.get("usage")
-            if isinstance(usage, dict):
-                self.usage = usage
-            for choice in event.get("choices") or ():
-                content = _content(choice) if isinstance(choice, dict) else None
-                if content:
-                    if timing.t_first_content is None:
-                        timing.t_first_content = now
-                    timing.chunk_times.append(now)
-                    if self.text is not None:
-                        self.text.append(content)
+            contents = len(_CONTENT.findall(data))
+            if self.text is not None and contents or _USAGE in data:
+                self._decode(data, now)
+            elif contents:
+                if timing.t_first_content is None:
+                    timing.t_first_content = now
+                timing.chunk_times.extend([now] * contents)
+
+    def _decode(self, data: bytes, now: float) -> None:
+        """The slow path: one event decoded for its usage and text."""
+        try:
+            event = json.loads(data)
+        except ValueError:
+            return
+        if not isinstance(event, dict):
+            return
+        usage = event.get("usage")
+        if isinstance(usage, dict):
+            self.usage = usage
+        timing = self.timing
+        for choice in event.get("choices") or ():
+            content = _content(choice) if isinstance(choice, dict) else None
+            if content:
+                if timing.t_first_content is None:
+                    timing.t_first_content = now
+                timing.chunk_times.append(now)
+                if self.text is not None:
+                    self.text.append(content)

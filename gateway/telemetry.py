@@ -2,9 +2,10 @@
 
 The request path fills one :class:`RequestTiming` per request and hands it to
 ``Telemetry.record`` when the response is finished; recording never delays a response.
-Prometheus histograms are updated inline (cheap); store roll-ups (last hour's TTFT/TPOT
-samples and prediction-token counters per endpoint) go through a bounded queue drained by
-a background task, and are dropped and counted when the queue is full.
+Prometheus histograms are updated inline (cheap: each labelled child is looked up once and
+kept); store roll-ups (last hour's TTFT/TPOT samples and prediction-token counters per
+endpoint) go through a bounded queue drained in batches by a background task at most every
+``DRAIN_EVERY_S``, and are dropped and counted when the queue is full.
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ import queue
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics import MetricWrapperBase
 
 from gateway.records.evidence import make
 from gateway.records.store import WINDOW_S, MemoryRecordStore, RecordStore, Sample
@@ -29,6 +32,7 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 _GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2.5, 5)
 _TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
 PASSIVE_EVIDENCE_EVERY_S = 60.0
+DRAIN_EVERY_S = 0.05  # roll-ups are written in batches, one wake-up per window
 
 
 @dataclass
@@ -164,10 +168,13 @@ class Telemetry:
         self.store: RecordStore = store if store is not None else MemoryRecordStore()
         self.registry = registry if registry is not None else CollectorRegistry()
         self._m = _Metrics(self.registry)
+        # labelled children, kept after their first use (``labels()`` costs microseconds)
+        self._children: dict[tuple[MetricWrapperBase, tuple[str, ...]], Any] = {}
         self._queue: queue.Queue[RequestTiming] = queue.Queue(maxsize=max_queue)
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
+        self._wake_pending = False
         self.dropped = 0
         self.store_errors = 0
         self._passive_noted: dict[str, float] = {}
@@ -235,28 +242,37 @@ class Telemetry:
             await self.flush()
         await self.store.aclose()
 
+    def _child(self, metric: MetricWrapperBase, *labels: str) -> Any:
+        """``metric.labels(*labels)``, created on first use only (no zero-valued series)."""
+        key = (metric, labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
     def _observe(self, t: RequestTiming) -> None:
-        m, lab = self._m, (t.endpoint, t.model)
-        m.requests.labels(*lab, str(t.status)).inc()
+        m, child, ep, model = self._m, self._child, t.endpoint, t.model
+        child(m.requests, ep, model, str(t.status)).inc()
         if t.t_first_byte is not None:
-            m.ttfb.labels(*lab).observe(t.t_first_byte - t.t_start)
+            child(m.ttfb, ep, model).observe(t.t_first_byte - t.t_start)
         if (ttft := t.ttft()) is not None:
-            m.ttft.labels(*lab).observe(ttft)
+            child(m.ttft, ep, model).observe(ttft)
         if (e2e := t.e2e()) is not None:
-            m.e2e.labels(*lab).observe(e2e)
+            child(m.e2e, ep, model).observe(e2e)
         if (tpot := t.tpot()) is not None:
-            m.tpot.labels(*lab).observe(tpot)
+            child(m.tpot, ep, model).observe(tpot)
         n, estimated = t.tokens()
         if n is not None:
-            m.output_tokens.labels(*lab).observe(n)
+            child(m.output_tokens, ep, model).observe(n)
             if estimated:
-                m.estimated.labels(*lab).inc()
+                child(m.estimated, ep, model).inc()
         if t.accepted_prediction_tokens:
-            m.accepted.labels(*lab).inc(t.accepted_prediction_tokens)
+            child(m.accepted, ep, model).inc(t.accepted_prediction_tokens)
         if t.rejected_prediction_tokens:
-            m.rejected.labels(*lab).inc(t.rejected_prediction_tokens)
+            child(m.rejected, ep, model).inc(t.rejected_prediction_tokens)
 
     def _wake_drain(self) -> None:
+        """Have the drain task write the queue within ``DRAIN_EVERY_S`` (one timer per batch)."""
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # called off the event loop: the running drain task picks it up
@@ -266,15 +282,19 @@ class Telemetry:
         if self._task is None or self._task.done() or self._loop is not loop:
             self._loop = loop
             self._wake = asyncio.Event()
+            self._wake_pending = False
             self._task = loop.create_task(self._drain(), name="draftgate-telemetry")
-        assert self._wake is not None
-        self._wake.set()
+        if not self._wake_pending:
+            assert self._wake is not None
+            self._wake_pending = True
+            loop.call_later(DRAIN_EVERY_S, self._wake.set)
 
     async def _drain(self) -> None:
         assert self._wake is not None
         while True:
             await self._wake.wait()
             self._wake.clear()
+            self._wake_pending = False
             await self.flush()
 
     async def _write(self, batch: list[RequestTiming]) -> None:
@@ -324,9 +344,8 @@ class Telemetry:
         )
 
     def _observe_gaps(self, t: RequestTiming) -> None:
-        lab = (t.endpoint, t.model)
-        itl = self._m.itl.labels(*lab)
-        per_chunk = self._m.chunk_tokens.labels(*lab)
+        itl = self._child(self._m.itl, t.endpoint, t.model)
+        per_chunk = self._child(self._m.chunk_tokens, t.endpoint, t.model)
         for prev, cur in zip(t.chunk_times, t.chunk_times[1:], strict=False):
             itl.observe(cur - prev)
         for n in t.chunk_tokens:

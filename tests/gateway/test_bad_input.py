@@ -131,3 +131,10 @@ def test_wrong_method_is_json(gateway_url: str) -> None:
     r = httpx.get(f"{gateway_url}/v1/chat/completions", headers=AUTH)
     assert r.status_code == 405
     error_of(r)
+
+
+def test_other_methods_on_the_completion_paths(gateway_url: str) -> None:
+    for path in ("chat/completions", "completions"):
+        r = httpx.get(f"{gateway_url}/v1/{path}", headers=AUTH)
+        assert r.status_code == 405
+        assert error_of(r)["code"] == "method_not_allowed"

@@ -86,3 +86,21 @@ def test_a_malformed_timing_never_raises() -> None:
     broken = RequestTiming(endpoint="e", model="m", stream=True, t_start=None)  # type: ignore[arg-type]
     broken.t_first_content = 1.0
     assert tel.record(broken) is None
+
+
+def test_labelled_series_appear_on_first_use_and_count_apart() -> None:
+    tel = Telemetry()
+    other = _timing()
+    other.model, other.status = "other", 502
+    for t in (_timing(), _timing(), other):
+        tel.record(t)
+    requests = {}
+    accepted = []
+    for family in text_string_to_metric_families(tel.metrics_text().decode()):
+        for s in family.samples:
+            if s.name == "draftgate_requests_total":
+                requests[(s.labels["model"], s.labels["status"])] = s.value
+            if s.name.startswith("draftgate_accepted_prediction_tokens"):
+                accepted.append(s)
+    assert requests == {("m", "200"): 2.0, ("other", "502"): 1.0}
+    assert accepted == []  # never used: no zero-valued series
