@@ -1,8 +1,9 @@
 """The ASGI application: ``create_app(settings) -> Starlette``.
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (pure ASGI, the hot
-path, dispatched before Starlette's router and middleware stack), ``GET /v1/models``, ``GET /healthz``, ``GET /metrics``, ``/v1/documents``, and the
-records/audits routes. Every response carries ``X-Draftgate-Overhead-Ms``.
+path, dispatched before Starlette's router and middleware stack), ``GET /v1/models``,
+``GET /healthz``, ``GET /metrics``, ``/v1/documents``, and the records/audits routes.
+Every response carries ``X-Draftgate-Overhead-Ms``.
 """
 
 from __future__ import annotations

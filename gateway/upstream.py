@@ -8,8 +8,8 @@ which costs more than the rest of the proxy path.
 
 ``Upstream.open`` sends a request and returns the streamed response once a 2xx status
 and headers arrived. Before that point it retries (the first failure waits, then
-tenacity drives the remaining tries; exponential backoff with jitter) on transport errors, timeouts, 429 (``Retry-After`` honoured up to a cap) and
-502/503/504. Whatever fails is raised as :class:`UpstreamFailure`; the caller decides
+tenacity drives the remaining tries; exponential backoff with jitter) on transport
+errors, timeouts, 429 (``Retry-After`` honoured up to a cap) and 502/503/504. Whatever fails is raised as :class:`UpstreamFailure`; the caller decides
 on fallback and maps it to the client-facing error.
 """
 
