@@ -128,10 +128,10 @@ def _run_upstream(port: int) -> None:
 
 
 def _run_gateway(port: int, upstream_port: int) -> None:
-    import uvicorn
-
+    """The gateway as ``draftgate serve`` runs it."""
     sys.path.insert(0, str(ROOT))
     from gateway.app import create_app
+    from gateway.cli_serve import run_server
     from gateway.config import build_settings
 
     settings = build_settings(
@@ -148,13 +148,7 @@ def _run_gateway(port: int, upstream_port: int) -> None:
         },
         "benchmark",
     )
-    uvicorn.run(
-        create_app(settings, environ={}),
-        host="127.0.0.1",
-        port=port,
-        log_level="error",
-        access_log=False,
-    )
+    run_server(create_app(settings, environ={}), "127.0.0.1", port, log_level="error")
 
 
 async def _wait_ready(url: str) -> None:

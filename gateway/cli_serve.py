@@ -6,6 +6,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -50,9 +51,25 @@ def verifier_settings(model: str, device: str | None = None, dtype: str | None =
     return build_settings({"endpoints": [endpoint], "auth": False}, "verifier")
 
 
-def _run(settings: Settings, host: str, port: int, allow_public: bool) -> None:
+def run_server(
+    app: Any, host: str, port: int, *, access_log: bool = False, log_level: str = "info"
+) -> None:
+    """Serve ``app`` with uvicorn as ``draftgate serve`` does (httptools and uvloop when
+    installed). The access log is off by default: ``/metrics`` and the records already
+    count every request, and a log line per request costs more than the gateway's own work."""
     import uvicorn
 
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        access_log=access_log,
+        timeout_graceful_shutdown=5,
+    )
+
+
+def _run(settings: Settings, host: str, port: int, allow_public: bool, access_log: bool) -> None:
     from gateway.app import create_app
 
     try:
@@ -61,7 +78,10 @@ def _run(settings: Settings, host: str, port: int, allow_public: bool) -> None:
     except ConfigError as err:
         typer.echo(str(err), err=True)
         raise typer.Exit(2) from None
-    uvicorn.run(app, host=host, port=port, log_level="info", timeout_graceful_shutdown=5)
+    run_server(app, host, port, access_log=access_log)
+
+
+ACCESS_LOG = typer.Option(False, "--access-log", help="Log one line per request.")
 
 
 def serve_command(
@@ -73,6 +93,7 @@ def serve_command(
     allow_public: bool = typer.Option(
         False, "--allow-public", help="Allow a non-loopback bind without gateway keys."
     ),
+    access_log: bool = ACCESS_LOG,
 ) -> None:
     """Run the gateway (no config: a local SmolLM2-135M endpoint and an in-memory store)."""
     try:
@@ -80,7 +101,7 @@ def serve_command(
     except ConfigError as err:
         typer.echo(str(err), err=True)
         raise typer.Exit(2) from None
-    _run(settings, host, port, allow_public)
+    _run(settings, host, port, allow_public, access_log)
 
 
 def verifier_command(
@@ -94,6 +115,7 @@ def verifier_command(
     allow_public: bool = typer.Option(
         False, "--allow-public", help="Allow a non-loopback bind (no auth!)."
     ),
+    access_log: bool = ACCESS_LOG,
 ) -> None:
     """Serve one local model with OpenAI's API, including Predicted Outputs."""
-    _run(verifier_settings(model, device, dtype), host, port, allow_public)
+    _run(verifier_settings(model, device, dtype), host, port, allow_public, access_log)
