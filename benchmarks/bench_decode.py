@@ -21,27 +21,9 @@ from typing import Any
 import torch
 
 from local_verifier.generate import PlainResult, generate_plain
-from local_verifier.loader import LoadedModel, load_model, resolve_spec
+from local_verifier.loader import LoadedModel, load_model
+from local_verifier.reference import load_reference
 from local_verifier.sampling import SamplingParams
-
-
-def load_reference(spec: str) -> Any:
-    """transformers' model for the same checkpoint (a GGUF file is dequantized by transformers)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    path, _ = resolve_spec(spec)
-    if path.is_dir():
-        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
-    config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
-    model.load_state_dict(tensors, strict=False, assign=True)
-    model.tie_weights()
-    model.model.rotary_emb = type(model.model.rotary_emb)(config=config)
-    return model.eval()
 
 
 def run_ours(lm: LoadedModel, prompt: list[int], n: int) -> tuple[list[int], float, float]:

@@ -23,11 +23,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from bench_decode import load_reference  # the same transformers model, read from the GGUF
 
 from local_verifier.engine import Engine, GenerationRequest, GenerationStats, TextDelta
 from local_verifier.generate import PlainResult, generate_plain
 from local_verifier.loader import LoadedModel, load_model
+from local_verifier.reference import load_reference
 from local_verifier.sampling import SamplingParams
 
 CONFIGS = ("plain", "speculative", "hf_plain", "hf_pld")

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from local_verifier.loader import LoadedModel, load_model, smollm2_path
+from local_verifier.reference import load_reference
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
@@ -116,20 +117,9 @@ def tiny_lm(tiny_checkpoint: Path) -> LoadedModel:
 @pytest.fixture(scope="session")
 def hf_smollm2() -> Any:
     """transformers' own model for the same GGUF file (its dequantization and layout), fp32."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
-    path = smollm2_path()
-    config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
-    model.load_state_dict(tensors, strict=False, assign=True)
-    model.tie_weights()
-    # non-persistent buffers (rotary inv_freq) are not in the checkpoint: rebuild them on CPU
-    model.model.rotary_emb = type(model.model.rotary_emb)(config=config)
+    model = load_reference("smollm2-135m")
     assert model.lm_head.weight.device.type == "cpu"
-    return model.eval()
+    return model
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,35 @@
+"""The reference implementation on the same checkpoint: transformers' own model, for parity
+tests and side-by-side benchmarks. Needs ``transformers`` (the ``dev`` extra)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from local_verifier.loader import resolve_spec
+
+
+def load_reference(spec: str) -> Any:
+    """transformers' fp32 model for ``spec`` (a path or alias); a GGUF file is read and
+    dequantized by transformers itself, so its layout and numerics are the reference's."""
+    try:
+        from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+    except ImportError as err:
+        raise ImportError(
+            "the reference model needs transformers: pip install -e '.[dev]'"
+        ) from err
+
+    path, _ = resolve_spec(spec)
+    if path.is_dir():
+        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    tensors = load_gguf_checkpoint(str(path), return_tensors=True, model_to_load=model)["tensors"]
+    model.load_state_dict(tensors, strict=False, assign=True)
+    model.tie_weights()
+    # non-persistent buffers (rotary inv_freq) are not in the checkpoint: rebuild them on CPU
+    model.model.rotary_emb = type(model.model.rotary_emb)(config=config)
+    return model.eval()
