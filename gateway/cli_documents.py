@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import typer
 
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
     from lookup.corpus import Corpus
 
 CLI_TIMEOUT_S = 5.0
+T = TypeVar("T")
 
 documents_app = typer.Typer(
     help="List or remove a namespace's stored documents.", no_args_is_help=True
@@ -52,6 +54,23 @@ def _open_corpus(redis_url: str | None, prefix: str) -> Corpus:
 def _unavailable(exc: Exception) -> typer.Exit:
     typer.echo(f"error: {exc}", err=True)
     return typer.Exit(1)
+
+
+def _on_corpus(redis_url: str | None, prefix: str, work: Callable[[Corpus], Awaitable[T]]) -> T:
+    """Run ``work`` on the store's corpus and close it; an unreachable store exits 1."""
+    from lookup.corpus import StoreUnavailable
+
+    async def run() -> T:
+        corpus = _open_corpus(redis_url, prefix)
+        try:
+            return await work(corpus)
+        finally:
+            await corpus.aclose()
+
+    try:
+        return asyncio.run(run())
+    except StoreUnavailable as exc:
+        raise _unavailable(exc) from None
 
 
 def _human(n: float) -> str:
@@ -130,19 +149,7 @@ def ls_command(
     from rich.console import Console
     from rich.table import Table
 
-    from lookup.corpus import StoreUnavailable
-
-    async def run() -> list:
-        corpus = _open_corpus(redis_url, prefix)
-        try:
-            return await corpus.list(namespace)
-        finally:
-            await corpus.aclose()
-
-    try:
-        docs = asyncio.run(run())
-    except StoreUnavailable as exc:
-        raise _unavailable(exc) from None
+    docs = _on_corpus(redis_url, prefix, lambda corpus: corpus.list(namespace))
     table = Table("id", "bytes", "language", "last used (UTC)", box=None)
     for d in docs:
         used = datetime.fromtimestamp(d.last_used, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
@@ -160,19 +167,11 @@ def rm_command(
     prefix: str = PREFIX,
 ) -> None:
     """Remove documents by id (exit status 1 when one was not there)."""
-    from lookup.corpus import StoreUnavailable
 
-    async def run() -> list[bool]:
-        corpus = _open_corpus(redis_url, prefix)
-        try:
-            return [await corpus.delete(namespace, i) for i in ids]
-        finally:
-            await corpus.aclose()
+    async def delete(corpus: Corpus) -> list[bool]:
+        return [await corpus.delete(namespace, i) for i in ids]
 
-    try:
-        removed = asyncio.run(run())
-    except StoreUnavailable as exc:
-        raise _unavailable(exc) from None
+    removed = _on_corpus(redis_url, prefix, delete)
     for doc_id, ok in zip(ids, removed, strict=True):
         typer.echo(f"{'removed' if ok else 'not found'}: {doc_id}")
     if not all(removed):
