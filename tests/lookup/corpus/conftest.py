@@ -7,6 +7,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -102,6 +103,16 @@ def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
         server.stop()
 
 
+CLUSTER_READY_S = 60.0
+
+
+def _cluster_ready(clients: list[redis.Redis]) -> bool:
+    """Every node reports state ok and sees all three slot ranges."""
+    return all(c.cluster("info")["cluster_state"] == "ok" for c in clients) and all(
+        len(c.cluster("slots")) == 3 for c in clients
+    )
+
+
 @pytest.fixture(scope="session")
 def redis_cluster_url() -> Iterator[str]:
     """A real three-node Redis Cluster (no replicas) on loopback, for the session."""
@@ -126,14 +137,14 @@ def redis_cluster_url() -> Iterator[str]:
         create += ["--cluster-replicas", "0", "--cluster-yes"]
         subprocess.run(create, check=True, capture_output=True, timeout=60)
         clients = [redis.Redis(port=n.port, socket_timeout=1) for n in nodes]
-        for _ in range(2000):
-            infos = [c.cluster("info") for c in clients]
-            if all(i["cluster_state"] == "ok" for i in infos) and all(
-                len(c.cluster("slots")) == 3 for c in clients
-            ):
-                break
-        else:
-            pytest.fail("Redis Cluster did not reach state ok")
+        # gossip takes a moment (seconds on a busy machine): poll against a deadline
+        deadline = time.monotonic() + CLUSTER_READY_S
+        while not _cluster_ready(clients):
+            if time.monotonic() > deadline:
+                pytest.fail(f"Redis Cluster did not reach state ok in {CLUSTER_READY_S:.0f} s")
+            assert nodes[0].proc is not None
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                nodes[0].proc.wait(timeout=0.05)  # also returns at once if the node died
         for c in clients:
             c.close()
         yield f"redis+cluster://127.0.0.1:{nodes[0].port}"
