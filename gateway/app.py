@@ -21,12 +21,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway.asgi import ASGIApp, Receive, Scope, Send, overhead_middleware
 from gateway.config import Settings, load_settings
 from gateway.errors import GatewayError, NotFound
-from gateway.proxy import CompletionsEndpoint
-from gateway.routes_documents import document_routes, error_response, json_response
-from gateway.routes_records import routes as records_routes
+from gateway.http.asgi import ASGIApp, Receive, Scope, Send, overhead_middleware
+from gateway.routes.completions import CompletionsEndpoint
+from gateway.routes.documents import document_routes, error_response, json_response
+from gateway.routes.records import routes as records_routes
 from gateway.runtime import Runtime
 from gateway.telemetry import Telemetry
 from lookup.corpus import Corpus

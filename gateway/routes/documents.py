@@ -10,7 +10,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway.asgi import read_body
 from gateway.errors import (
     GatewayError,
     InvalidJSON,
@@ -19,6 +18,7 @@ from gateway.errors import (
     PayloadTooLarge,
     ServiceUnavailable,
 )
+from gateway.http.asgi import read_body
 from gateway.runtime import Runtime
 from lookup.corpus import CorpusError, DocumentTooLarge, InvalidDocument, StoreUnavailable
 from sdk.wire import DocumentIn, DocumentInfo, DocumentList

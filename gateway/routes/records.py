@@ -11,10 +11,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway.asgi import read_body
 from gateway.errors import GatewayError, InvalidJSON, InvalidRequest, NotFound, ServiceUnavailable
+from gateway.http.asgi import read_body
 from gateway.records.service import Records, model_names
-from gateway.routes_documents import error_response, json_response
+from gateway.routes.documents import error_response, json_response
 from lookup.corpus.errors import StoreUnavailable
 from sdk.wire.endpoints import AuditRequest, EndpointList, Evidence
 

@@ -15,8 +15,13 @@ from typing import TYPE_CHECKING, Any
 import httpx
 from pydantic import ValidationError
 
-from gateway import drafts
-from gateway.asgi import (
+from gateway import prediction_policy
+from gateway.call import API_PATHS, Api, Call, apply_usage
+from gateway.config import EndpointConfig
+from gateway.endpoints.capabilities import CAPABILITIES
+from gateway.endpoints.upstream import UpstreamFailure
+from gateway.errors import GatewayError, InvalidJSON, InvalidRequest, ModelNotFound, UpstreamError
+from gateway.http.asgi import (
     ENDPOINT_HEADER,
     PREDICTION_HEADER,
     ClientDisconnected,
@@ -30,13 +35,8 @@ from gateway.asgi import (
     send_body,
     send_error,
 )
-from gateway.call import API_PATHS, Api, Call, apply_usage
-from gateway.capabilities import CAPABILITIES
-from gateway.config import EndpointConfig
-from gateway.errors import GatewayError, InvalidJSON, InvalidRequest, ModelNotFound, UpstreamError
-from gateway.sse import SSE_HEADERS, StreamRelay, error_event
+from gateway.http.sse import SSE_HEADERS, StreamRelay, error_event
 from gateway.telemetry import RequestTiming
-from gateway.upstream import UpstreamFailure
 from sdk.wire import ChatCompletionRequest, CompletionRequest
 
 if TYPE_CHECKING:
@@ -108,7 +108,7 @@ class CompletionsEndpoint:
             raw=raw,
             data=data,
             request=request,
-            doc_ids=drafts.document_ids(
+            doc_ids=prediction_policy.document_ids(
                 request, docs_header.decode("latin-1") if docs_header else None
             ),
             forward_headers=[(k, v) for k, v in scope["headers"] if k in FORWARDED_HEADERS],
@@ -174,9 +174,11 @@ class CompletionsEndpoint:
             call, send, failure.to_error(failed_endpoint), call.timing.prediction_status
         )
 
-    async def _prepare(self, call: Call, endpoint: EndpointConfig) -> tuple[drafts.Decision, bytes]:
+    async def _prepare(
+        self, call: Call, endpoint: EndpointConfig
+    ) -> tuple[prediction_policy.Decision, bytes]:
         upstream_model = endpoint.upstream_model(call.request.model)
-        decision = drafts.decide(
+        decision = prediction_policy.decide(
             call.request,
             CAPABILITIES[endpoint.kind],
             upstream_model=upstream_model,
@@ -188,8 +190,8 @@ class CompletionsEndpoint:
         if decision.synthesize:
             prediction_text, missing = await self.runtime.document_text(call.tenant, call.doc_ids)
             if prediction_text is None:
-                decision = drafts.Decision(drafts.dropped(missing))
-        body = drafts.upstream_body(
+                decision = prediction_policy.Decision(prediction_policy.dropped(missing))
+        body = prediction_policy.upstream_body(
             call.raw,
             call.data,
             upstream_model=upstream_model,
