@@ -20,12 +20,14 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.config import Settings, load_settings
 from gateway.errors import GatewayError, NotFound
-from gateway.http.asgi import ASGIApp, Receive, Scope, Send, overhead_middleware
+from gateway.http.asgi import overhead_middleware
+from gateway.http.responses import error_response, json_response
 from gateway.routes.completions import CompletionsEndpoint
-from gateway.routes.documents import document_routes, error_response, json_response
+from gateway.routes.documents import document_routes
 from gateway.routes.records import routes as records_routes
 from gateway.runtime import Runtime
 from gateway.telemetry import Telemetry

@@ -16,6 +16,8 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from starlette.types import Send
+
 from gateway import prediction_policy
 from gateway.call import Call
 from gateway.config import EndpointConfig
@@ -26,7 +28,6 @@ from gateway.http.asgi import (
     ENDPOINT_HEADER,
     PREDICTION_HEADER,
     Headers,
-    Send,
     send_body,
     send_error,
 )

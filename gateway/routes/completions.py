@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 from pydantic import ValidationError
+from starlette.types import Receive, Scope, Send
 
 from gateway import prediction_policy
 from gateway.call import API_PATHS, Api, Call, apply_usage
@@ -26,9 +27,6 @@ from gateway.http.asgi import (
     PREDICTION_HEADER,
     ClientDisconnected,
     Headers,
-    Receive,
-    Scope,
-    Send,
     header,
     read_body,
     run_until_disconnect,

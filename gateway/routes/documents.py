@@ -19,22 +19,10 @@ from gateway.errors import (
     ServiceUnavailable,
 )
 from gateway.http.asgi import read_body
+from gateway.http.responses import error_response, json_response
 from gateway.runtime import Runtime
 from lookup.corpus import CorpusError, DocumentTooLarge, InvalidDocument, StoreUnavailable
 from sdk.wire import DocumentIn, DocumentInfo, DocumentList
-
-
-def error_response(error: GatewayError) -> Response:
-    """An OpenAI-style error as a Starlette response."""
-    return Response(
-        error.body(), status_code=error.status, media_type="application/json", headers=error.headers
-    )
-
-
-def json_response(payload: Any, status: int = 200) -> Response:
-    return Response(
-        json.dumps(payload, ensure_ascii=False), status_code=status, media_type="application/json"
-    )
 
 
 def _info(doc: Any, with_text: bool = False) -> dict[str, Any]:

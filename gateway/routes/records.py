@@ -13,8 +13,8 @@ from starlette.routing import Route
 
 from gateway.errors import GatewayError, InvalidJSON, InvalidRequest, NotFound, ServiceUnavailable
 from gateway.http.asgi import read_body
+from gateway.http.responses import error_response, json_response
 from gateway.records.service import Records, model_names
-from gateway.routes.documents import error_response, json_response
 from lookup.corpus.errors import StoreUnavailable
 from sdk.wire.endpoints import AuditRequest, EndpointList, Evidence
 
