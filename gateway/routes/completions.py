@@ -13,7 +13,6 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import httpx
-from pydantic import ValidationError
 from starlette.types import Receive, Scope, Send
 
 from gateway import prediction_policy
@@ -21,7 +20,7 @@ from gateway.call import API_PATHS, Api, Call, apply_usage
 from gateway.config import EndpointConfig
 from gateway.endpoints.capabilities import CAPABILITIES
 from gateway.endpoints.upstream import UpstreamFailure
-from gateway.errors import GatewayError, InvalidJSON, InvalidRequest, ModelNotFound, UpstreamError
+from gateway.errors import GatewayError, InvalidJSON, ModelNotFound, UpstreamError
 from gateway.http.asgi import (
     ENDPOINT_HEADER,
     PREDICTION_HEADER,
@@ -34,6 +33,7 @@ from gateway.http.asgi import (
     send_error,
 )
 from gateway.http.sse import SSE_HEADERS, StreamRelay, error_event
+from gateway.http.validation import parse_json, validate
 from gateway.telemetry import RequestTiming
 from sdk.wire import ChatCompletionRequest, CompletionRequest
 
@@ -48,27 +48,15 @@ FORWARDED_HEADERS = frozenset(
 CLIENT_CLOSED = 499
 
 
-def _field_error(err: ValidationError) -> InvalidRequest:
-    first = err.errors()[0]
-    loc = ".".join(str(p) for p in first["loc"]) or "body"
-    return InvalidRequest(f"{loc}: {first['msg']}", param=loc, code="invalid_field")
-
-
 def parse_request(
     api: Api, raw: bytes
 ) -> tuple[dict[str, Any], ChatCompletionRequest | CompletionRequest]:
     """The body as a dict and as the validated wire type (400 naming the field if not)."""
-    try:
-        data = json.loads(raw)
-    except ValueError as exc:
-        raise InvalidJSON(f"request body is not valid JSON: {exc}") from None
+    data = parse_json(raw)
     if not isinstance(data, dict):
         raise InvalidJSON("request body must be a JSON object")
     model_type = ChatCompletionRequest if api == "chat" else CompletionRequest
-    try:
-        return data, model_type.model_validate(data)
-    except ValidationError as err:
-        raise _field_error(err) from None
+    return data, validate(model_type, data)
 
 
 class CompletionsEndpoint:

@@ -2,24 +2,22 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.errors import (
     GatewayError,
-    InvalidJSON,
     InvalidRequest,
     NotFound,
     PayloadTooLarge,
     ServiceUnavailable,
 )
 from gateway.http.asgi import read_body
-from gateway.http.responses import error_response, json_response
+from gateway.http.responses import json_response
+from gateway.http.validation import parse_json, validate
 from gateway.runtime import Runtime
 from lookup.corpus import CorpusError, DocumentTooLarge, InvalidDocument, StoreUnavailable
 from sdk.wire import DocumentIn, DocumentInfo, DocumentList
@@ -57,44 +55,27 @@ def document_routes(runtime: Runtime) -> list[Route]:
         return runtime.auth.tenant(value.encode("latin-1") if value is not None else None)
 
     async def create(request: Request) -> Response:
+        tenant = tenant_of(request)
+        raw = await read_body(
+            request.receive,
+            runtime.settings.max_body_bytes,
+            request.headers.get("content-length", "").encode() or None,
+        )
+        doc = validate(DocumentIn, parse_json(raw))
         try:
-            tenant = tenant_of(request)
-            raw = await read_body(
-                request.receive,
-                runtime.settings.max_body_bytes,
-                request.headers.get("content-length", "").encode() or None,
+            meta = await runtime.corpus.put(
+                tenant, doc.id, doc.text, path=doc.path, language=doc.language
             )
-            try:
-                data = json.loads(raw)
-            except ValueError as exc:
-                raise InvalidJSON(f"request body is not valid JSON: {exc}") from None
-            try:
-                doc = DocumentIn.model_validate(data)
-            except ValidationError as err:
-                first = err.errors()[0]
-                loc = ".".join(str(p) for p in first["loc"]) or "body"
-                raise InvalidRequest(
-                    f"{loc}: {first['msg']}", param=loc, code="invalid_field"
-                ) from None
-            try:
-                meta = await runtime.corpus.put(
-                    tenant, doc.id, doc.text, path=doc.path, language=doc.language
-                )
-            except CorpusError as exc:
-                raise _corpus_error(exc) from None
-        except GatewayError as error:
-            return error_response(error)
+        except CorpusError as exc:
+            raise _corpus_error(exc) from None
         return json_response(_info(meta), 201)
 
     async def list_documents(request: Request) -> Response:
+        tenant = tenant_of(request)
         try:
-            tenant = tenant_of(request)
-            try:
-                metas = await runtime.corpus.list(tenant)
-            except CorpusError as exc:
-                raise _corpus_error(exc) from None
-        except GatewayError as error:
-            return error_response(error)
+            metas = await runtime.corpus.list(tenant)
+        except CorpusError as exc:
+            raise _corpus_error(exc) from None
         return json_response(
             DocumentList(data=[DocumentInfo(**_info(m)) for m in metas]).model_dump(
                 exclude_none=True
@@ -102,31 +83,25 @@ def document_routes(runtime: Runtime) -> list[Route]:
         )
 
     async def get_document(request: Request) -> Response:
+        tenant = tenant_of(request)
+        doc_id = request.path_params["doc_id"]
         try:
-            tenant = tenant_of(request)
-            doc_id = request.path_params["doc_id"]
-            try:
-                doc = await runtime.corpus.get(tenant, doc_id)
-            except CorpusError as exc:
-                raise _corpus_error(exc) from None
-            if doc is None:
-                raise NotFound(f"no document {doc_id!r}", param="id")
-        except GatewayError as error:
-            return error_response(error)
+            doc = await runtime.corpus.get(tenant, doc_id)
+        except CorpusError as exc:
+            raise _corpus_error(exc) from None
+        if doc is None:
+            raise NotFound(f"no document {doc_id!r}", param="id")
         return json_response(_info(doc, with_text=True))
 
     async def delete_document(request: Request) -> Response:
+        tenant = tenant_of(request)
+        doc_id = request.path_params["doc_id"]
         try:
-            tenant = tenant_of(request)
-            doc_id = request.path_params["doc_id"]
-            try:
-                deleted = await runtime.corpus.delete(tenant, doc_id)
-            except CorpusError as exc:
-                raise _corpus_error(exc) from None
-            if not deleted:
-                raise NotFound(f"no document {doc_id!r}", param="id")
-        except GatewayError as error:
-            return error_response(error)
+            deleted = await runtime.corpus.delete(tenant, doc_id)
+        except CorpusError as exc:
+            raise _corpus_error(exc) from None
+        if not deleted:
+            raise NotFound(f"no document {doc_id!r}", param="id")
         return json_response({"id": doc_id, "object": "document", "deleted": True})
 
     return [

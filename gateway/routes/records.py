@@ -3,17 +3,16 @@ endpoint's memory) and ``POST /v1/audits`` (run an audit through this gateway)."
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway.errors import GatewayError, InvalidJSON, InvalidRequest, NotFound, ServiceUnavailable
+from gateway.errors import InvalidRequest, NotFound, ServiceUnavailable
 from gateway.http.asgi import read_body
-from gateway.http.responses import error_response, json_response
+from gateway.http.responses import json_response
+from gateway.http.validation import parse_json, validate
 from gateway.records.service import Records, model_names
 from lookup.corpus.errors import StoreUnavailable
 from sdk.wire.endpoints import AuditRequest, EndpointList, Evidence
@@ -46,36 +45,31 @@ def _gateway_url(request: Request) -> str:
 
 async def list_endpoints(request: Request) -> Response:
     """Every endpoint's record; ``?probe=1`` runs the probes first."""
+    headers = _authorize(request)
+    records = records_of(request)
     try:
-        headers = _authorize(request)
-        records = records_of(request)
         if request.query_params.get("probe", "").lower() in ("1", "true", "yes"):
             await records.probe(_gateway_url(request), headers)
         data = await records.records()
     except StoreUnavailable as exc:
-        return error_response(ServiceUnavailable(f"record store unavailable: {exc}"))
-    except GatewayError as error:
-        return error_response(error)
+        raise ServiceUnavailable(f"record store unavailable: {exc}") from None
     return json_response(EndpointList(data=data).model_dump(mode="json"))
 
 
 async def endpoint_memory(request: Request) -> Response:
     """Memory of an in-process local endpoint's engine (weights, KV cache, indexes), bytes."""
+    _authorize(request)
+    runtime = _runtime(request)
+    name = request.path_params["name"]
+    local = runtime.local.get(name)
+    if local is None:
+        raise NotFound(f"no in-process local endpoint {name!r}", param="name")
+    engine = await local.engine()
     try:
-        _authorize(request)
-        runtime = _runtime(request)
-        name = request.path_params["name"]
-        local = runtime.local.get(name)
-        if local is None:
-            raise NotFound(f"no in-process local endpoint {name!r}", param="name")
-        engine = await local.engine()
-        try:
-            memory = engine.memory()
-        except Exception as exc:  # an engine bug must not become a stack trace
-            raise ServiceUnavailable(f"engine memory unavailable: {type(exc).__name__}") from None
-        runtime.telemetry.set_memory(name, memory)
-    except GatewayError as error:
-        return error_response(error)
+        memory = engine.memory()
+    except Exception as exc:  # an engine bug must not become a stack trace
+        raise ServiceUnavailable(f"engine memory unavailable: {type(exc).__name__}") from None
+    runtime.telemetry.set_memory(name, memory)
     return json_response(memory)
 
 
@@ -84,62 +78,52 @@ async def create_audit(request: Request) -> Response:
     from gateway.audit.runner import AuditPlan, run_audit
     from gateway.audit.workload import load_workload, parse_item
 
+    headers = _authorize(request)
+    raw = await read_body(
+        request.receive,
+        _runtime(request).settings.max_body_bytes,
+        request.headers.get("content-length", "").encode() or None,
+    )
+    body = validate(AuditRequest, parse_json(raw))
+    records = records_of(request)
+    endpoint = records.endpoints.get(body.endpoint)
+    if endpoint is None:
+        raise NotFound(f"no endpoint named {body.endpoint!r}", param="endpoint")
     try:
-        headers = _authorize(request)
-        try:
-            raw = await read_body(
-                request.receive,
-                _runtime(request).settings.max_body_bytes,
-                request.headers.get("content-length", "").encode() or None,
-            )
-            body = AuditRequest.model_validate(json.loads(raw))
-        except ValueError as exc:
-            if isinstance(exc, ValidationError):
-                first = exc.errors()[0]
-                loc = ".".join(str(p) for p in first["loc"]) or "body"
-                raise InvalidRequest(f"{loc}: {first['msg']}", param=loc) from None
-            raise InvalidJSON(f"request body is not valid JSON: {exc}") from None
-        records = records_of(request)
-        endpoint = records.endpoints.get(body.endpoint)
-        if endpoint is None:
-            raise NotFound(f"no endpoint named {body.endpoint!r}", param="endpoint")
-        try:
-            items = [parse_item(raw) for raw in body.workload] if body.workload else load_workload()
-        except ValueError as exc:
-            raise InvalidRequest(f"workload: {exc}", param="workload") from None
-        sweep = next(iter(body.sweep.items())) if body.sweep else None
-        if len(body.sweep) > 1:
-            raise InvalidRequest("sweep: vary one setting at a time", param="sweep")
-        plan = AuditPlan(
-            base_url=_gateway_url(request),
-            endpoint=endpoint.name,
-            model=model_names(endpoint)[0],
-            items=items,
-            kind=endpoint.kind,
-            concurrency=body.concurrency,
-            requests=body.requests,
-            poisson_rate=body.poisson_rate,
-            max_tokens=body.max_tokens,
-            temperature=body.temperature,
-            sweep=sweep,
-            headers=headers,
-            progress=False,
+        items = [parse_item(raw) for raw in body.workload] if body.workload else load_workload()
+    except ValueError as exc:
+        raise InvalidRequest(f"workload: {exc}", param="workload") from None
+    sweep = next(iter(body.sweep.items())) if body.sweep else None
+    if len(body.sweep) > 1:
+        raise InvalidRequest("sweep: vary one setting at a time", param="sweep")
+    plan = AuditPlan(
+        base_url=_gateway_url(request),
+        endpoint=endpoint.name,
+        model=model_names(endpoint)[0],
+        items=items,
+        kind=endpoint.kind,
+        concurrency=body.concurrency,
+        requests=body.requests,
+        poisson_rate=body.poisson_rate,
+        max_tokens=body.max_tokens,
+        temperature=body.temperature,
+        sweep=sweep,
+        headers=headers,
+        progress=False,
+    )
+    try:
+        plan.settings()
+    except ValueError as exc:
+        raise InvalidRequest(str(exc), param="sweep") from None
+    result = await run_audit(plan)
+    try:
+        await records.add_evidence(
+            endpoint.name, Evidence.model_validate(result.summary["measured_evidence"])
         )
-        try:
-            plan.settings()
-        except ValueError as exc:
-            raise InvalidRequest(str(exc), param="sweep") from None
-        result = await run_audit(plan)
-        try:
-            await records.add_evidence(
-                endpoint.name, Evidence.model_validate(result.summary["measured_evidence"])
-            )
-        except StoreUnavailable:
-            result.summary["record_update"] = "record store unavailable: evidence not stored"
-        if not body.include_records:
-            result.records = []
-    except GatewayError as error:
-        return error_response(error)
+    except StoreUnavailable:
+        result.summary["record_update"] = "record store unavailable: evidence not stored"
+    if not body.include_records:
+        result.records = []
     return json_response(result.model_dump(mode="json"))
 
 
