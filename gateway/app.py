@@ -62,7 +62,7 @@ class _Gateway(Starlette):
 
 def _meta_routes(runtime: Runtime) -> list[Route]:
     async def models(request: Request) -> Response:
-        runtime.auth.tenant(_authorization(request))
+        runtime.auth.tenant(request.scope)
         data = [
             {"id": name, "object": "model", "created": 0, "owned_by": "draftgate"}
             for name in runtime.model_names()
@@ -84,11 +84,6 @@ def _meta_routes(runtime: Runtime) -> list[Route]:
         Route("/healthz", healthz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
-
-
-def _authorization(request: Request) -> bytes | None:
-    value = request.headers.get("authorization")
-    return value.encode("latin-1") if value is not None else None
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

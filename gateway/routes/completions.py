@@ -71,7 +71,7 @@ class CompletionsEndpoint:
         runtime = self.runtime
         wait = scope["draftgate.wait"]
         try:
-            tenant = runtime.auth.tenant(header(scope, b"authorization"))
+            tenant = runtime.auth.tenant(scope)
             raw = await read_body(
                 receive, runtime.settings.max_body_bytes, header(scope, b"content-length")
             )

@@ -50,12 +50,8 @@ def _corpus_error(exc: CorpusError) -> GatewayError:
 def document_routes(runtime: Runtime) -> list[Route]:
     """The four document routes bound to ``runtime``."""
 
-    def tenant_of(request: Request) -> str:
-        value = request.headers.get("authorization")
-        return runtime.auth.tenant(value.encode("latin-1") if value is not None else None)
-
     async def create(request: Request) -> Response:
-        tenant = tenant_of(request)
+        tenant = runtime.auth.tenant(request.scope)
         raw = await read_body(
             request.receive,
             runtime.settings.max_body_bytes,
@@ -71,7 +67,7 @@ def document_routes(runtime: Runtime) -> list[Route]:
         return json_response(_info(meta), 201)
 
     async def list_documents(request: Request) -> Response:
-        tenant = tenant_of(request)
+        tenant = runtime.auth.tenant(request.scope)
         try:
             metas = await runtime.corpus.list(tenant)
         except CorpusError as exc:
@@ -83,7 +79,7 @@ def document_routes(runtime: Runtime) -> list[Route]:
         )
 
     async def get_document(request: Request) -> Response:
-        tenant = tenant_of(request)
+        tenant = runtime.auth.tenant(request.scope)
         doc_id = request.path_params["doc_id"]
         try:
             doc = await runtime.corpus.get(tenant, doc_id)
@@ -94,7 +90,7 @@ def document_routes(runtime: Runtime) -> list[Route]:
         return json_response(_info(doc, with_text=True))
 
     async def delete_document(request: Request) -> Response:
-        tenant = tenant_of(request)
+        tenant = runtime.auth.tenant(request.scope)
         doc_id = request.path_params["doc_id"]
         try:
             deleted = await runtime.corpus.delete(tenant, doc_id)

@@ -24,8 +24,8 @@ def _runtime(request: Request) -> Any:
 
 def _authorize(request: Request) -> dict[str, str]:
     """Check the caller's gateway key; the headers to reuse for calls back into the gateway."""
+    _runtime(request).auth.tenant(request.scope)
     value = request.headers.get("authorization")
-    _runtime(request).auth.tenant(value.encode("latin-1") if value is not None else None)
     return {"authorization": value} if value is not None else {}
 
 
