@@ -3,7 +3,7 @@ endpoint's memory) and ``POST /v1/audits`` (run an audit through this gateway)."
 
 from __future__ import annotations
 
-from typing import Any
+from functools import partial
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -13,40 +13,27 @@ from gateway.errors import InvalidRequest, NotFound, ServiceUnavailable
 from gateway.http.asgi import read_body
 from gateway.http.responses import json_response
 from gateway.http.validation import parse_json, validate
-from gateway.records.service import Records, model_names
+from gateway.records.service import model_names
+from gateway.runtime import Runtime
 from lookup.corpus.errors import StoreUnavailable
 from sdk.wire.endpoints import AuditRequest, EndpointList, Evidence
 
 
-def _runtime(request: Request) -> Any:
-    return request.app.state.runtime
-
-
-def _authorize(request: Request) -> dict[str, str]:
+def _authorize(runtime: Runtime, request: Request) -> dict[str, str]:
     """Check the caller's gateway key; the headers to reuse for calls back into the gateway."""
-    _runtime(request).auth.tenant(request.scope)
+    runtime.auth.tenant(request.scope)
     value = request.headers.get("authorization")
     return {"authorization": value} if value is not None else {}
-
-
-def records_of(request: Request) -> Records:
-    """The app's :class:`Records` (built on first use from the runtime's settings)."""
-    state = request.app.state
-    if getattr(state, "records", None) is None:
-        runtime = _runtime(request)
-        state.records = Records(runtime.settings.endpoints, runtime.telemetry)
-    records: Records = state.records
-    return records
 
 
 def _gateway_url(request: Request) -> str:
     return str(request.base_url).rstrip("/")
 
 
-async def list_endpoints(request: Request) -> Response:
+async def list_endpoints(runtime: Runtime, request: Request) -> Response:
     """Every endpoint's record; ``?probe=1`` runs the probes first."""
-    headers = _authorize(request)
-    records = records_of(request)
+    headers = _authorize(runtime, request)
+    records = runtime.records
     try:
         if request.query_params.get("probe", "").lower() in ("1", "true", "yes"):
             await records.probe(_gateway_url(request), headers)
@@ -56,10 +43,9 @@ async def list_endpoints(request: Request) -> Response:
     return json_response(EndpointList(data=data).model_dump(mode="json"))
 
 
-async def endpoint_memory(request: Request) -> Response:
+async def endpoint_memory(runtime: Runtime, request: Request) -> Response:
     """Memory of an in-process local endpoint's engine (weights, KV cache, indexes), bytes."""
-    _authorize(request)
-    runtime = _runtime(request)
+    _authorize(runtime, request)
     name = request.path_params["name"]
     local = runtime.local.get(name)
     if local is None:
@@ -73,19 +59,19 @@ async def endpoint_memory(request: Request) -> Response:
     return json_response(memory)
 
 
-async def create_audit(request: Request) -> Response:
+async def create_audit(runtime: Runtime, request: Request) -> Response:
     """Run an audit of one endpoint through this gateway and return its result."""
     from gateway.audit.runner import AuditPlan, run_audit
     from gateway.audit.workload import load_workload, parse_item
 
-    headers = _authorize(request)
+    headers = _authorize(runtime, request)
     raw = await read_body(
         request.receive,
-        _runtime(request).settings.max_body_bytes,
+        runtime.settings.max_body_bytes,
         request.headers.get("content-length", "").encode() or None,
     )
     body = validate(AuditRequest, parse_json(raw))
-    records = records_of(request)
+    records = runtime.records
     endpoint = records.endpoints.get(body.endpoint)
     if endpoint is None:
         raise NotFound(f"no endpoint named {body.endpoint!r}", param="endpoint")
@@ -127,8 +113,10 @@ async def create_audit(request: Request) -> Response:
     return json_response(result.model_dump(mode="json"))
 
 
-routes: list[Route] = [
-    Route("/v1/endpoints", list_endpoints, methods=["GET"]),
-    Route("/v1/endpoints/{name}/memory", endpoint_memory, methods=["GET"]),
-    Route("/v1/audits", create_audit, methods=["POST"]),
-]
+def records_routes(runtime: Runtime) -> list[Route]:
+    """The records, memory and audit routes bound to ``runtime``."""
+    return [
+        Route("/v1/endpoints", partial(list_endpoints, runtime), methods=["GET"]),
+        Route("/v1/endpoints/{name}/memory", partial(endpoint_memory, runtime), methods=["GET"]),
+        Route("/v1/audits", partial(create_audit, runtime), methods=["POST"]),
+    ]
