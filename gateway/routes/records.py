@@ -37,6 +37,7 @@ async def list_endpoints(runtime: Runtime, request: Request) -> Response:
     try:
         if request.query_params.get("probe", "").lower() in ("1", "true", "yes"):
             await records.probe(_gateway_url(request), headers)
+        await runtime.telemetry.flush()  # the traffic up to now, in the roll-ups
         data = await records.records()
     except StoreUnavailable as exc:
         raise ServiceUnavailable(f"record store unavailable: {exc}") from None

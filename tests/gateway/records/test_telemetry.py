@@ -5,6 +5,7 @@ from __future__ import annotations
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.records.store import MemoryRecordStore, RedisRecordStore
+from gateway.records.traffic import latency
 from gateway.telemetry import RequestTiming, Telemetry
 
 
@@ -45,7 +46,7 @@ async def test_record_updates_histograms_and_rolls_up_to_the_store() -> None:
     assert _sample(tel, "draftgate_output_tokens_sum") == 44
     await tel.flush()
     assert _sample(tel, "draftgate_itl_seconds_count") == 40
-    summary = await tel.latency("e")
+    summary = await latency(tel.store, "e")
     assert summary.requests == 4
     assert abs((summary.ttft_p50 or 0) - 0.2) < 1e-9
     assert abs((summary.ttft_p95 or 0) - 0.4) < 1e-9
@@ -63,7 +64,7 @@ async def test_accepted_prediction_tokens_in_traffic_become_passive_evidence() -
     [evidence] = await tel.store.evidence("e")
     assert (evidence.kind, evidence.verdict) == ("passive", "yes")
     assert _sample(tel, "draftgate_accepted_prediction_tokens_total") == 7
-    assert (await tel.latency("e")).accepted_prediction_tokens == 7
+    assert (await latency(tel.store, "e")).accepted_prediction_tokens == 7
 
 
 def test_a_full_queue_drops_and_counts() -> None:
