@@ -166,8 +166,6 @@ class Telemetry:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
         self._wake_pending = False
-        self.dropped = 0
-        self.store_errors = 0
         self._rollup = TrafficRollup(self.store)
 
     def record(self, timing: RequestTiming) -> None:
@@ -177,7 +175,6 @@ class Telemetry:
             try:
                 self._queue.put_nowait(timing)
             except queue.Full:
-                self.dropped += 1
                 self._m.dropped.inc()
                 return
             self._wake_drain()
@@ -290,7 +287,6 @@ class Telemetry:
             for endpoint, rows in samples.items():
                 await self._rollup.add(endpoint, rows, dict(counts[endpoint]), now)
         except Exception as exc:  # a dead store loses roll-ups, never requests
-            self.store_errors += 1
             self._m.store_errors.inc()
             log.warning("telemetry: store write failed: %s", type(exc).__name__)
 

@@ -22,10 +22,10 @@ def _timing(ttft: float = 0.1, tokens: int = 11, accepted: int | None = None) ->
     return t
 
 
-def _sample(tel: Telemetry, name: str) -> float:
+def _sample(tel: Telemetry, name: str, endpoint: str | None = "e") -> float:
     for family in text_string_to_metric_families(tel.metrics_text().decode()):
         for s in family.samples:
-            if s.name == name and s.labels.get("endpoint") == "e":
+            if s.name == name and s.labels.get("endpoint") == endpoint:
                 return s.value
     raise AssertionError(f"{name} not exported")
 
@@ -71,7 +71,7 @@ def test_a_full_queue_drops_and_counts() -> None:
     tel = Telemetry(max_queue=2)
     for _ in range(5):
         tel.record(_timing())
-    assert tel.dropped == 3
+    assert _sample(tel, "draftgate_telemetry_dropped_total", endpoint=None) == 3
     assert _sample(tel, "draftgate_ttft_seconds_count") == 5  # histograms still complete
 
 
@@ -79,7 +79,7 @@ async def test_a_dead_store_loses_roll_ups_but_never_raises() -> None:
     tel = Telemetry(RedisRecordStore("redis://127.0.0.1:1/0", timeout_s=0.2))
     tel.record(_timing())
     await tel.flush()
-    assert tel.store_errors == 1
+    assert _sample(tel, "draftgate_telemetry_store_errors_total", endpoint=None) == 1
 
 
 def test_a_malformed_timing_never_raises() -> None:
