@@ -10,18 +10,10 @@ import json
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
-from starlette.requests import Request
 
 from gateway.errors import InvalidJSON, InvalidRequest
-from gateway.http.asgi import header, read_body
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
-
-
-async def read_json(request: Request, limit: int) -> Any:
-    """A Starlette request's body (at most ``limit`` bytes), decoded as JSON."""
-    raw = await read_body(request.receive, limit, header(request.scope, b"content-length"))
-    return parse_json(raw)
 
 
 def parse_json(raw: bytes) -> Any:

@@ -15,8 +15,9 @@ from gateway.errors import (
     PayloadTooLarge,
     ServiceUnavailable,
 )
+from gateway.http.asgi import read_body
 from gateway.http.responses import json_response
-from gateway.http.validation import read_json, validate
+from gateway.http.validation import parse_json, validate
 from gateway.runtime import Runtime
 from lookup.corpus import CorpusError, DocumentTooLarge, InvalidDocument, StoreUnavailable
 from sdk.wire import DocumentIn, DocumentInfo, DocumentList
@@ -51,7 +52,12 @@ def document_routes(runtime: Runtime) -> list[Route]:
 
     async def create(request: Request) -> Response:
         tenant = runtime.auth.tenant(request.scope)
-        doc = validate(DocumentIn, await read_json(request, runtime.settings.max_body_bytes))
+        raw = await read_body(
+            request.receive,
+            runtime.settings.max_body_bytes,
+            request.headers.get("content-length", "").encode() or None,
+        )
+        doc = validate(DocumentIn, parse_json(raw))
         try:
             meta = await runtime.corpus.put(
                 tenant, doc.id, doc.text, path=doc.path, language=doc.language

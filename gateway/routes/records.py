@@ -10,8 +10,9 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.errors import InvalidRequest, NotFound, ServiceUnavailable
+from gateway.http.asgi import read_body
 from gateway.http.responses import json_response
-from gateway.http.validation import read_json, validate
+from gateway.http.validation import parse_json, validate
 from gateway.records.service import model_names
 from gateway.runtime import Runtime
 from lookup.corpus.errors import StoreUnavailable
@@ -65,7 +66,12 @@ async def create_audit(runtime: Runtime, request: Request) -> Response:
     from gateway.audit.workload import load_workload, parse_item
 
     headers = _authorize(runtime, request)
-    body = validate(AuditRequest, await read_json(request, runtime.settings.max_body_bytes))
+    raw = await read_body(
+        request.receive,
+        runtime.settings.max_body_bytes,
+        request.headers.get("content-length", "").encode() or None,
+    )
+    body = validate(AuditRequest, parse_json(raw))
     records = runtime.records
     endpoint = records.endpoints.get(body.endpoint)
     if endpoint is None:
