@@ -10,6 +10,7 @@ clients' ``edit``/``edit_file`` drive an :class:`EditSession` with the chunks.
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import re
 import shutil
@@ -27,6 +28,10 @@ from sdk.wire import ChatCompletionChunk, Usage
 
 DEFAULT_MAX_FILE_BYTES = 1 << 20
 """``edit_file`` refuses files larger than this (1 MiB) unless told otherwise."""
+BYTES_PER_TOKEN_ESTIMATE = 3
+"""A generous estimate: BPE tokenizers give about 3.5-4 bytes of source code per token."""
+HEADROOM_TOKENS = 256
+"""Room for a longer edit and for text around the code block."""
 
 SYSTEM_PROMPT = (
     "You edit code. Apply the user's instruction to the code and answer with the complete "
@@ -70,6 +75,16 @@ def edit_messages(code: str, instruction: str, language: str | None) -> list[dic
             "content": f"Instruction: {instruction}\n\nCode:\n{fenced(code, language)}",
         },
     ]
+
+
+def default_max_tokens(prediction: str) -> int:
+    """The answer cap of an edit whose caller set none: twice the code's tokens plus headroom.
+
+    A faithful answer repeats the code once with some changes; one that runs past twice
+    its size is looping, and without a cap it would run until the context is full.
+    """
+    estimate = math.ceil(len(prediction.encode("utf-8")) / BYTES_PER_TOKEN_ESTIMATE)
+    return 2 * estimate + HEADROOM_TOKENS
 
 
 # ---------------------------------------------------------------- reading the answer
@@ -235,6 +250,8 @@ class EditSession:
         self.messages = edit_messages(code, instruction, language)
         self.prediction = fenced(code, language)
         self.sampling = {"temperature": 0.0, **(sampling or {})}
+        if "max_tokens" not in self.sampling and "max_completion_tokens" not in self.sampling:
+            self.sampling["max_tokens"] = default_max_tokens(self.prediction)
         self.sampling["stream_options"] = {"include_usage": True}
         self._parts: list[str] = []
         self._usage: Usage | None = None
@@ -274,9 +291,13 @@ class EditSession:
         total = time.perf_counter() - self._started
         raw = "".join(self._parts)
         if self._finish_reason != "stop":
+            limit = self.sampling.get("max_tokens") or self.sampling.get("max_completion_tokens")
             raise IncompleteEditError(
                 f"the answer ended with finish_reason={self._finish_reason!r} after "
-                f"{len(raw)} characters; raise max_tokens or shorten the code"
+                f"{len(raw)} characters (max_tokens={limit}); raise max_tokens or shorten "
+                "the code",
+                raw=raw,
+                completion_tokens=self._usage.completion_tokens if self._usage else None,
             )
         code = extract_code(raw, self.code, self.language)
         usage = EditUsage.from_wire(self._usage) if self._usage else None

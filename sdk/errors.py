@@ -112,7 +112,16 @@ class EditError(DraftgateError):
 
 
 class IncompleteEditError(EditError):
-    """The model stopped before the edit was complete (e.g. ``finish_reason == "length"``)."""
+    """The model stopped before the edit was complete (e.g. ``finish_reason == "length"``).
+
+    ``raw`` is the answer received so far; ``completion_tokens`` its size as the endpoint
+    reported it (None without usage).
+    """
+
+    def __init__(self, message: str, *, raw: str = "", completion_tokens: int | None = None):
+        super().__init__(message)
+        self.raw = raw
+        self.completion_tokens = completion_tokens
 
 
 class BinaryFileError(EditError):

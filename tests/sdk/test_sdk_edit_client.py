@@ -9,7 +9,7 @@ import pytest
 from sdk_standin import Script
 
 from sdk import AsyncClient, Client, EditDelta, EditResult
-from sdk.edits import fenced
+from sdk.edits import default_max_tokens, fenced
 from sdk.errors import (
     APIConnectionError,
     APIStreamError,
@@ -194,3 +194,21 @@ def test_binary_and_oversized_files_are_refused_before_sending(
         with pytest.raises(FileTooLargeError, match="6000 bytes"):
             client.edit_file(large, "x", model="standin", max_bytes=4096)
     assert script.requests == []
+
+
+def test_edit_caps_the_answer_at_twice_the_code_by_default(base_url: str, script: Script) -> None:
+    """A runaway answer (the code over and over) stops at the default cap with a clear error."""
+    script.reply = lambda body: body["prediction"]["content"] * 200
+    with Client(base_url) as client, pytest.raises(IncompleteEditError, match="max_tokens=") as err:
+        client.edit(ORIGINAL, "rename greet to welcome", model="standin", language="python")
+    cap = default_max_tokens(fenced(ORIGINAL, "python"))
+    assert script.requests[0]["max_tokens"] == cap
+    assert err.value.completion_tokens == cap
+    assert len(err.value.raw) < len(fenced(ORIGINAL, "python")) * 200
+
+
+def test_an_explicit_limit_replaces_the_default_cap(base_url: str, renaming: Script) -> None:
+    with Client(base_url) as client:
+        client.edit(ORIGINAL, "x", model="standin", max_completion_tokens=900)
+    sent = renaming.requests[0]
+    assert sent["max_completion_tokens"] == 900 and "max_tokens" not in sent

@@ -11,6 +11,7 @@ import pytest
 
 from sdk.edits import (
     EditSession,
+    default_max_tokens,
     edit_messages,
     extract_code,
     fenced,
@@ -191,3 +192,10 @@ def test_write_atomic_failure_leaves_no_temp_file(tmp_path: Path) -> None:
         write_atomic(path, "bad \udcff surrogate\n", expected="old\n", backup=False)
     assert path.read_text() == "old\n"
     assert [p.name for p in tmp_path.iterdir()] == ["a.py"]
+
+
+def test_default_max_tokens_is_about_twice_the_code_plus_headroom() -> None:
+    code = "x = 1\n" * 100  # 600 bytes: ~150-200 tokens with a BPE tokenizer
+    assert default_max_tokens(code) == 2 * 200 + 256
+    assert default_max_tokens("") == 256
+    assert default_max_tokens("é" * 3) == 2 * 2 + 256  # bytes, not characters
