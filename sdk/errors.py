@@ -19,7 +19,8 @@ Everything the SDK raises on purpose derives from :class:`DraftgateError`::
     └── EditError                 a code edit could not be made or written
         ├── IncompleteEditError       the answer stopped before it was complete
         ├── BinaryFileError           ``edit_file`` refused a binary file
-        └── FileTooLargeError         ``edit_file`` refused a file over the size cap
+        ├── FileTooLargeError         ``edit_file`` refused a file over the size cap
+        └── NotRegularFileError       ``edit_file`` refused a symlink, FIFO or device
 
 Status errors carry the parsed OpenAI-style body (:class:`sdk.wire.ErrorResponse`), the
 status code and the response headers.
@@ -130,6 +131,10 @@ class BinaryFileError(EditError):
 
 class FileTooLargeError(EditError):
     """The file is larger than the size cap."""
+
+
+class NotRegularFileError(EditError):
+    """The path is not a regular file (a symbolic link, FIFO, device or directory)."""
 
 
 _STATUS_ERRORS: dict[int, type[APIStatusError]] = {

@@ -16,6 +16,7 @@ from sdk.errors import (
     BinaryFileError,
     FileTooLargeError,
     IncompleteEditError,
+    NotRegularFileError,
 )
 
 ORIGINAL = "def greet(name):\n    return 'hi ' + name\n\n\ndef main():\n    print(greet('bob'))\n"
@@ -212,3 +213,30 @@ def test_an_explicit_limit_replaces_the_default_cap(base_url: str, renaming: Scr
         client.edit(ORIGINAL, "x", model="standin", max_completion_tokens=900)
     sent = renaming.requests[0]
     assert sent["max_completion_tokens"] == 900 and "max_tokens" not in sent
+
+
+def test_edit_file_refuses_a_symlink_and_leaves_it(
+    base_url: str, renaming: Script, tmp_path: Path
+) -> None:
+    real = tmp_path / "real.py"
+    real.write_text(ORIGINAL)
+    link = tmp_path / "link.py"
+    link.symlink_to(real)
+    with Client(base_url) as client, pytest.raises(NotRegularFileError, match="symbolic link"):
+        client.edit_file(link, "rename greet to welcome", model="standin")
+    assert link.is_symlink() and real.read_text() == ORIGINAL
+    assert renaming.requests == []  # refused before anything was sent
+
+
+def test_put_dir_skips_secrets_unless_asked_and_survives_a_bad_gitignore(
+    base_url: str, script: Script, tmp_path: Path
+) -> None:
+    (tmp_path / ".gitignore").write_text("[z-a]\n*.log\n")
+    (tmp_path / ".env").write_text("API_KEY=secret\n")
+    (tmp_path / "app.py").write_text("x = 1\n")
+    (tmp_path / "debug.log").write_text("noise\n")
+    with Client(base_url) as client:
+        ids = {d.id for d in client.documents.put_dir(tmp_path)}
+        assert ids == {".gitignore", "app.py"}
+        ids = {d.id for d in client.documents.put_dir(tmp_path, include_secrets=True)}
+        assert ids == {".gitignore", ".env", "app.py"}
