@@ -19,7 +19,6 @@ from lookup.corpus.documents import (
     check_namespace,
     content_sha256,
     decode_text,
-    guess_language,
 )
 from lookup.corpus.errors import StoreUnavailable
 from lookup.corpus.mentions import document_names, mention_candidates
@@ -101,7 +100,7 @@ class Corpus:
             sha256=content_sha256(decoded),
             bytes=size,
             path=path,
-            language=language or guess_language(path or doc_id),
+            language=language,
             names=document_names(doc_id, path),
         )
         return await self.store.put(ns, doc, answer=answer, limits=self.limits, now=self._clock())

@@ -1,53 +1,14 @@
-"""Documents and their metadata; validation, content hashing and language guessing."""
+"""Documents and their metadata; validation and content hashing."""
 
 from __future__ import annotations
 
 import hashlib
-import posixpath
 from dataclasses import dataclass
 
 from lookup.corpus.errors import DocumentTooLarge, InvalidDocument
 
 MAX_ID_CHARS = 1024
 MAX_NAMESPACE_CHARS = 1024
-
-_LANGUAGES = {
-    ".py": "python",
-    ".pyi": "python",
-    ".js": "javascript",
-    ".mjs": "javascript",
-    ".jsx": "javascript",
-    ".ts": "typescript",
-    ".tsx": "typescript",
-    ".java": "java",
-    ".kt": "kotlin",
-    ".scala": "scala",
-    ".go": "go",
-    ".rs": "rust",
-    ".c": "c",
-    ".h": "c",
-    ".cc": "cpp",
-    ".cpp": "cpp",
-    ".cxx": "cpp",
-    ".hpp": "cpp",
-    ".cs": "csharp",
-    ".rb": "ruby",
-    ".php": "php",
-    ".swift": "swift",
-    ".sh": "bash",
-    ".bash": "bash",
-    ".sql": "sql",
-    ".html": "html",
-    ".css": "css",
-    ".md": "markdown",
-    ".rst": "rst",
-    ".json": "json",
-    ".yaml": "yaml",
-    ".yml": "yaml",
-    ".toml": "toml",
-    ".xml": "xml",
-    ".txt": "text",
-}
 
 
 @dataclass(frozen=True)
@@ -68,13 +29,6 @@ class Document(DocumentMeta):
     """A stored document with its text."""
 
     text: str
-
-
-def guess_language(name: str | None) -> str | None:
-    """The language of a file name from its extension, or None."""
-    if not name:
-        return None
-    return _LANGUAGES.get(posixpath.splitext(name)[1].lower())
 
 
 def content_sha256(text: str) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from lookup.corpus.capture import CaptureLimits, capture_items, code_blocks
-from lookup.corpus.documents import guess_language
 from lookup.corpus.mentions import document_names, mention_candidates
 
 
@@ -51,10 +50,3 @@ def test_capture_items_take_answers_then_code_within_limits() -> None:
         ("code", "ab\n", None, False),
     ]
     assert capture_items(["answer one"], [], limits)[0].id == items[0].id  # content-derived
-
-
-def test_guess_language() -> None:
-    assert guess_language("a/b/C.PY") == "python"
-    assert guess_language("x.tsx") == "typescript"
-    assert guess_language("Makefile") is None
-    assert guess_language(None) is None
