@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from gateway.config import ConfigError, Settings
-from gateway.errors import AuthenticationFailed
+from gateway.errors import AuthenticationFailed, PermissionDenied
 
 DEFAULT_TENANT = "default"
 
@@ -20,11 +20,15 @@ def _digest(key: bytes) -> bytes:
 
 
 class Authenticator:
-    """Maps ``Authorization: Bearer <key>`` to a tenant; no keys -> one tenant, no check."""
+    """Maps ``Authorization: Bearer <key>`` to a tenant; no keys -> one tenant, no check.
 
-    def __init__(self, keys: Mapping[str, str] | None) -> None:
+    ``admins`` are the keys that may run audits and probes (with no keys, everyone may:
+    the single-tenant gateway binds loopback only unless told otherwise)."""
+
+    def __init__(self, keys: Mapping[str, str] | None, admins: Iterable[str] = ()) -> None:
         # keys are held as digests: lookups do not compare secrets byte by byte
         self._tenants = {_digest(k.encode()): t for k, t in (keys or {}).items()}
+        self._admins = {_digest(k.encode()) for k in admins}
         self.enabled = bool(self._tenants)
 
     @classmethod
@@ -32,6 +36,7 @@ class Authenticator:
         if not settings.auth:
             return cls(None)
         keys: dict[str, str] = {}
+        admins: list[str] = []
         for entry in settings.keys:
             value = environ.get(entry.key_env)
             if not value:
@@ -39,7 +44,9 @@ class Authenticator:
                     f"keys: environment variable {entry.key_env} (tenant {entry.tenant!r}) is not set"
                 )
             keys[value] = entry.tenant
-        return cls(keys)
+            if entry.admin:
+                admins.append(value)
+        return cls(keys, admins)
 
     def tenant(self, authorization: bytes | None) -> str:
         """The tenant for an ``Authorization`` header value."""
@@ -51,4 +58,13 @@ class Authenticator:
         tenant = self._tenants.get(_digest(key.strip())) if scheme.lower() == b"bearer" else None
         if tenant is None:
             raise AuthenticationFailed("invalid gateway API key")
+        return tenant
+
+    def admin(self, authorization: bytes | None) -> str:
+        """The tenant of an admin key; :class:`PermissionDenied` for any other valid key."""
+        tenant = self.tenant(authorization)
+        if self.enabled:
+            assert authorization is not None
+            if _digest(authorization.partition(b" ")[2].strip()) not in self._admins:
+                raise PermissionDenied("this needs an admin key ([[keys]] admin = true)")
         return tenant

@@ -1,32 +1,56 @@
-"""``GET /v1/endpoints`` (speculation records), ``GET /v1/endpoints/{name}/memory`` (a local
-endpoint's memory) and ``POST /v1/audits`` (run an audit through this gateway)."""
+"""``GET /v1/endpoints`` (speculation records), ``POST /v1/endpoints/probe`` (probe them
+first), ``GET /v1/endpoints/{name}/memory`` (a local endpoint's memory) and
+``POST /v1/audits`` (run an audit through this gateway).
+
+Probes and audits need an admin key (anyone, with no keys configured), and call this
+gateway in process (:class:`AppTransport`): nothing in a request decides where they
+connect. One audit runs at a time; one probe run per endpoint; an audit stops when its
+client goes away.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
+import httpx
 from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway.asgi import read_body
-from gateway.errors import GatewayError, InvalidJSON, InvalidRequest, NotFound, ServiceUnavailable
+from gateway.asgi import read_body, run_until_disconnect
+from gateway.audit.app_transport import IN_PROCESS_URL, AppTransport
+from gateway.errors import (
+    Conflict,
+    GatewayError,
+    InvalidJSON,
+    InvalidRequest,
+    NotFound,
+    ServiceUnavailable,
+)
 from gateway.records.service import Records, model_names
 from gateway.routes_documents import error_response, json_response
 from lookup.corpus.errors import StoreUnavailable
-from sdk.wire.endpoints import AuditRequest, EndpointList, Evidence
+from sdk.wire.endpoints import AuditRequest, AuditResult, EndpointList
+
+PROBE_TIMEOUT_S = 300.0
 
 
 def _runtime(request: Request) -> Any:
     return request.app.state.runtime
 
 
-def _authorize(request: Request) -> dict[str, str]:
-    """Check the caller's gateway key; the headers to reuse for calls back into the gateway."""
+def _authorization(request: Request) -> bytes | None:
     value = request.headers.get("authorization")
-    _runtime(request).auth.tenant(value.encode("latin-1") if value is not None else None)
+    return value.encode("latin-1") if value is not None else None
+
+
+def _admin(request: Request) -> dict[str, str]:
+    """Check for an admin key; the headers that carry it into the in-process calls."""
+    _runtime(request).auth.admin(_authorization(request))
+    value = request.headers.get("authorization")
     return {"authorization": value} if value is not None else {}
 
 
@@ -40,102 +64,139 @@ def records_of(request: Request) -> Records:
     return records
 
 
-def _gateway_url(request: Request) -> str:
-    return str(request.base_url).rstrip("/")
+async def _listing(records: Records) -> Response:
+    try:
+        data = await records.records()
+    except StoreUnavailable as exc:
+        return error_response(ServiceUnavailable(f"record store unavailable: {exc}"))
+    return json_response(EndpointList(data=data).model_dump(mode="json"))
 
 
 async def list_endpoints(request: Request) -> Response:
-    """Every endpoint's record; ``?probe=1`` runs the probes first."""
+    """Every endpoint's record."""
     try:
-        headers = _authorize(request)
+        _runtime(request).auth.tenant(_authorization(request))
+        if "probe" in request.query_params:
+            raise InvalidRequest("probes run with POST /v1/endpoints/probe", param="probe")
+    except GatewayError as error:
+        return error_response(error)
+    return await _listing(records_of(request))
+
+
+async def probe_endpoints(request: Request) -> Response:
+    """Probe every endpoint (admin; 409 while a probe of any of them runs), then list."""
+    try:
+        headers = _admin(request)
         records = records_of(request)
-        if request.query_params.get("probe", "").lower() in ("1", "true", "yes"):
-            await records.probe(_gateway_url(request), headers)
-        data = await records.records()
+        busy = records.busy(list(records.endpoints))
+        if busy:
+            raise Conflict(f"a probe of {', '.join(busy)} is running; try again when it ends")
+        transport = AppTransport(request.app)
+        async with httpx.AsyncClient(
+            base_url=IN_PROCESS_URL, transport=transport, timeout=PROBE_TIMEOUT_S
+        ) as gateway:
+            await records.probe(gateway, headers, PROBE_TIMEOUT_S)
     except StoreUnavailable as exc:
         return error_response(ServiceUnavailable(f"record store unavailable: {exc}"))
     except GatewayError as error:
         return error_response(error)
-    return json_response(EndpointList(data=data).model_dump(mode="json"))
+    return await _listing(records)
+
+
+async def _engine_memory(runtime: Any, name: str) -> dict[str, Any]:
+    local = runtime.local.get(name)
+    if local is None:
+        raise NotFound(f"no in-process local endpoint {name!r}", param="name")
+    engine = await local.engine()
+    try:
+        memory: dict[str, Any] = engine.memory()
+    except Exception as exc:  # an engine bug must not become a stack trace
+        raise ServiceUnavailable(f"engine memory unavailable: {type(exc).__name__}") from None
+    runtime.telemetry.set_memory(name, memory)
+    return memory
 
 
 async def endpoint_memory(request: Request) -> Response:
     """Memory of an in-process local endpoint's engine (weights, KV cache, indexes), bytes."""
     try:
-        _authorize(request)
         runtime = _runtime(request)
-        name = request.path_params["name"]
-        local = runtime.local.get(name)
-        if local is None:
-            raise NotFound(f"no in-process local endpoint {name!r}", param="name")
-        engine = await local.engine()
-        try:
-            memory = engine.memory()
-        except Exception as exc:  # an engine bug must not become a stack trace
-            raise ServiceUnavailable(f"engine memory unavailable: {type(exc).__name__}") from None
-        runtime.telemetry.set_memory(name, memory)
+        runtime.auth.tenant(_authorization(request))
+        memory = await _engine_memory(runtime, request.path_params["name"])
     except GatewayError as error:
         return error_response(error)
     return json_response(memory)
 
 
+async def _audit_request(request: Request) -> AuditRequest:
+    raw = await read_body(
+        request.receive,
+        _runtime(request).settings.max_body_bytes,
+        request.headers.get("content-length", "").encode() or None,
+    )
+    try:
+        return AuditRequest.model_validate(json.loads(raw))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"]) or "body"
+        raise InvalidRequest(f"{loc}: {first['msg']}", param=loc) from None
+    except ValueError as exc:
+        raise InvalidJSON(f"request body is not valid JSON: {exc}") from None
+
+
+def _audit_lock(request: Request) -> asyncio.Lock:
+    state = request.app.state
+    if getattr(state, "audit_lock", None) is None:
+        state.audit_lock = asyncio.Lock()
+    lock: asyncio.Lock = state.audit_lock
+    return lock
+
+
 async def create_audit(request: Request) -> Response:
-    """Run an audit of one endpoint through this gateway and return its result."""
-    from gateway.audit.runner import AuditPlan, run_audit
-    from gateway.audit.workload import load_workload, parse_item
+    """Run an audit of one endpoint through this gateway (in process) and return its result."""
+    from gateway.audit.runner import PlanError, audit_client, plan_for, run_audit
 
     try:
-        headers = _authorize(request)
-        try:
-            raw = await read_body(
-                request.receive,
-                _runtime(request).settings.max_body_bytes,
-                request.headers.get("content-length", "").encode() or None,
-            )
-            body = AuditRequest.model_validate(json.loads(raw))
-        except ValueError as exc:
-            if isinstance(exc, ValidationError):
-                first = exc.errors()[0]
-                loc = ".".join(str(p) for p in first["loc"]) or "body"
-                raise InvalidRequest(f"{loc}: {first['msg']}", param=loc) from None
-            raise InvalidJSON(f"request body is not valid JSON: {exc}") from None
+        headers = _admin(request)
+        body = await _audit_request(request)
         records = records_of(request)
         endpoint = records.endpoints.get(body.endpoint)
         if endpoint is None:
             raise NotFound(f"no endpoint named {body.endpoint!r}", param="endpoint")
         try:
-            items = [parse_item(raw) for raw in body.workload] if body.workload else load_workload()
-        except ValueError as exc:
-            raise InvalidRequest(f"workload: {exc}", param="workload") from None
-        sweep = next(iter(body.sweep.items())) if body.sweep else None
-        if len(body.sweep) > 1:
-            raise InvalidRequest("sweep: vary one setting at a time", param="sweep")
-        plan = AuditPlan(
-            base_url=_gateway_url(request),
-            endpoint=endpoint.name,
-            model=model_names(endpoint)[0],
-            items=items,
-            kind=endpoint.kind,
-            concurrency=body.concurrency,
-            requests=body.requests,
-            poisson_rate=body.poisson_rate,
-            max_tokens=body.max_tokens,
-            temperature=body.temperature,
-            sweep=sweep,
-            headers=headers,
-            progress=False,
-        )
+            plan = plan_for(body, kind=endpoint.kind, model=model_names(endpoint)[0])
+        except PlanError as exc:
+            raise InvalidRequest(str(exc), param=exc.param) from None
+        plan.progress = False
+        lock = _audit_lock(request)
+        if lock.locked():
+            raise Conflict("an audit is running on this gateway; one runs at a time")
+        runtime = _runtime(request)
+
+        async def memory() -> dict[str, Any] | None:
+            if endpoint.name not in runtime.local:
+                return None
+            try:
+                return await _engine_memory(runtime, endpoint.name)
+            except GatewayError:
+                return None
+
+        results: list[AuditResult] = []
+
+        async def audit() -> None:
+            transport = AppTransport(request.app)
+            async with audit_client(
+                f"{IN_PROCESS_URL}/v1", headers=headers, transport=transport
+            ) as client:
+                results.append(await run_audit(plan, client, memory=memory))
+
+        async with lock:
+            if await run_until_disconnect(request.receive, audit):
+                return Response(status_code=499)  # nobody is listening any more
+        [result] = results
         try:
-            plan.settings()
-        except ValueError as exc:
-            raise InvalidRequest(str(exc), param="sweep") from None
-        result = await run_audit(plan)
-        try:
-            await records.add_evidence(
-                endpoint.name, Evidence.model_validate(result.summary["measured_evidence"])
-            )
+            await records.add_evidence(endpoint.name, result.summary.measured_evidence)
         except StoreUnavailable:
-            result.summary["record_update"] = "record store unavailable: evidence not stored"
+            result.summary.record_update = "record store unavailable: evidence not stored"
         if not body.include_records:
             result.records = []
     except GatewayError as error:
@@ -145,6 +206,7 @@ async def create_audit(request: Request) -> Response:
 
 routes: list[Route] = [
     Route("/v1/endpoints", list_endpoints, methods=["GET"]),
+    Route("/v1/endpoints/probe", probe_endpoints, methods=["POST"]),
     Route("/v1/endpoints/{name}/memory", endpoint_memory, methods=["GET"]),
     Route("/v1/audits", create_audit, methods=["POST"]),
 ]

@@ -22,6 +22,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics import MetricWrapperBase
 
+from gateway.audit.metrics import percentile
 from gateway.records.evidence import make
 from gateway.records.store import WINDOW_S, MemoryRecordStore, RecordStore, Sample
 from sdk.wire.endpoints import LatencySummary
@@ -146,15 +147,6 @@ class _Metrics:
         )
 
 
-def _percentile(values: list[float], q: float) -> float | None:
-    """Nearest-rank percentile (q in 0..100) of the values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = max(1, -(-len(ordered) * q // 100))
-    return ordered[int(rank) - 1]
-
-
 class Telemetry:
     """Sink for request timings (Prometheus histograms + store roll-ups)."""
 
@@ -223,10 +215,10 @@ class Telemetry:
         return LatencySummary(
             window_s=window_s,
             requests=len(samples),
-            ttft_p50=_percentile(ttfts, 50),
-            ttft_p95=_percentile(ttfts, 95),
-            tpot_p50=_percentile(tpots, 50),
-            tpot_p95=_percentile(tpots, 95),
+            ttft_p50=percentile(ttfts, 50),
+            ttft_p95=percentile(ttfts, 95),
+            tpot_p50=percentile(tpots, 50),
+            tpot_p95=percentile(tpots, 95),
             accepted_prediction_tokens=counts.get("accepted_prediction_tokens", 0),
             rejected_prediction_tokens=counts.get("rejected_prediction_tokens", 0),
         )
