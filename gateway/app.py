@@ -20,13 +20,15 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.asgi import ASGIApp, Receive, Scope, Send, overhead_middleware
 from gateway.config import Settings, load_settings
 from gateway.errors import GatewayError, NotFound
-from gateway.proxy import CompletionsEndpoint
-from gateway.routes_documents import document_routes, error_response, json_response
-from gateway.routes_records import routes as records_routes
+from gateway.http.asgi import overhead_middleware
+from gateway.http.responses import error_response, json_response
+from gateway.routes.completions import CompletionsEndpoint
+from gateway.routes.documents import document_routes
+from gateway.routes.records import routes as records_routes
 from gateway.runtime import Runtime
 from gateway.telemetry import Telemetry
 from lookup.corpus import Corpus
@@ -60,7 +62,7 @@ class _Gateway(Starlette):
 
 def _meta_routes(runtime: Runtime) -> list[Route]:
     async def models(request: Request) -> Response:
-        runtime.auth.tenant(_authorization(request))
+        runtime.auth.tenant(request.scope)
         data = [
             {"id": name, "object": "model", "created": 0, "owned_by": "draftgate"}
             for name in runtime.model_names()
@@ -82,11 +84,6 @@ def _meta_routes(runtime: Runtime) -> list[Route]:
         Route("/healthz", healthz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
-
-
-def _authorization(request: Request) -> bytes | None:
-    value = request.headers.get("authorization")
-    return value.encode("latin-1") if value is not None else None
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

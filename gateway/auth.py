@@ -5,8 +5,11 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping
 
+from starlette.types import Scope
+
 from gateway.config import ConfigError, Settings
 from gateway.errors import AuthenticationFailed, PermissionDenied
+from gateway.http.asgi import header
 
 DEFAULT_TENANT = "default"
 
@@ -17,6 +20,14 @@ class MissingKey(ConfigError):
 
 def _digest(key: bytes) -> bytes:
     return hashlib.sha256(key).digest()
+
+
+def _key_digest(authorization: bytes | None) -> bytes | None:
+    """The digest of a ``Bearer`` key (None for another scheme or no header)."""
+    if authorization is None:
+        return None
+    scheme, _, key = authorization.partition(b" ")
+    return _digest(key.strip()) if scheme.lower() == b"bearer" else None
 
 
 class Authenticator:
@@ -48,23 +59,23 @@ class Authenticator:
                 admins.append(value)
         return cls(keys, admins)
 
-    def tenant(self, authorization: bytes | None) -> str:
-        """The tenant for an ``Authorization`` header value."""
+    def tenant(self, scope: Scope) -> str:
+        """The tenant of a request, from its ``Authorization`` header."""
         if not self.enabled:
             return DEFAULT_TENANT
+        authorization = header(scope, b"authorization")
         if authorization is None:
             raise AuthenticationFailed("missing Authorization header (Bearer <gateway key>)")
-        scheme, _, key = authorization.partition(b" ")
-        tenant = self._tenants.get(_digest(key.strip())) if scheme.lower() == b"bearer" else None
+        digest = _key_digest(authorization)
+        tenant = self._tenants.get(digest) if digest is not None else None
         if tenant is None:
             raise AuthenticationFailed("invalid gateway API key")
         return tenant
 
-    def admin(self, authorization: bytes | None) -> str:
-        """The tenant of an admin key; :class:`PermissionDenied` for any other valid key."""
-        tenant = self.tenant(authorization)
-        if self.enabled:
-            assert authorization is not None
-            if _digest(authorization.partition(b" ")[2].strip()) not in self._admins:
-                raise PermissionDenied("this needs an admin key ([[keys]] admin = true)")
+    def admin(self, scope: Scope) -> str:
+        """The tenant of a request made with an admin key; :class:`PermissionDenied` for
+        any other valid key."""
+        tenant = self.tenant(scope)
+        if self.enabled and _key_digest(header(scope, b"authorization")) not in self._admins:
+            raise PermissionDenied("this needs an admin key ([[keys]] admin = true)")
         return tenant

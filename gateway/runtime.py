@@ -14,10 +14,10 @@ import httpx
 from gateway.auth import Authenticator
 from gateway.call import Call
 from gateway.config import EndpointConfig, Settings
-from gateway.local_endpoint import LocalEndpoint
+from gateway.endpoints.local import LocalEndpoint
+from gateway.endpoints.upstream import Upstream
 from gateway.records.store import open_record_store
 from gateway.telemetry import Telemetry
-from gateway.upstream import Upstream
 from lookup.corpus import Corpus, CorpusError, open_store
 
 log = logging.getLogger(__name__)

@@ -16,8 +16,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
-
-from gateway.asgi import ASGIApp, Message
+from starlette.types import ASGIApp, Message
 
 IN_PROCESS_URL = "http://127.0.0.1"
 """The root URL clients of this transport use (a loopback Host: the app's own checks pass)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gateway.sse import StreamRelay
+from gateway.http.sse import StreamRelay
 from gateway.telemetry import RequestTiming
 
 

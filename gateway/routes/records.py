@@ -1,0 +1,174 @@
+"""``GET /v1/endpoints`` (speculation records), ``POST /v1/endpoints/probe`` (probe them
+first), ``GET /v1/endpoints/{name}/memory`` (a local endpoint's memory) and
+``POST /v1/audits`` (run an audit through this gateway).
+
+Probes and audits need an admin key (anyone, with no keys configured), and call this
+gateway in process (:class:`AppTransport`): nothing in a request decides where they
+connect. One audit runs at a time; one probe run per endpoint; an audit stops when its
+client goes away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from gateway.audit.app_transport import IN_PROCESS_URL, AppTransport
+from gateway.errors import Conflict, GatewayError, InvalidRequest, NotFound, ServiceUnavailable
+from gateway.http.asgi import read_body, run_until_disconnect
+from gateway.http.responses import json_response
+from gateway.http.validation import parse_json, validate
+from gateway.records.service import Records, model_names
+from lookup.corpus.errors import StoreUnavailable
+from sdk.wire.endpoints import AuditRequest, AuditResult, EndpointList
+
+PROBE_TIMEOUT_S = 300.0
+
+
+def _runtime(request: Request) -> Any:
+    return request.app.state.runtime
+
+
+def _admin(request: Request) -> dict[str, str]:
+    """Check for an admin key; the headers that carry it into the in-process calls."""
+    _runtime(request).auth.admin(request.scope)
+    value = request.headers.get("authorization")
+    return {"authorization": value} if value is not None else {}
+
+
+def records_of(request: Request) -> Records:
+    """The app's :class:`Records` (built on first use from the runtime's settings)."""
+    state = request.app.state
+    if getattr(state, "records", None) is None:
+        runtime = _runtime(request)
+        state.records = Records(runtime.settings.endpoints, runtime.telemetry)
+    records: Records = state.records
+    return records
+
+
+async def _listing(records: Records) -> Response:
+    try:
+        data = await records.records()
+    except StoreUnavailable as exc:
+        raise ServiceUnavailable(f"record store unavailable: {exc}") from None
+    return json_response(EndpointList(data=data).model_dump(mode="json"))
+
+
+async def list_endpoints(request: Request) -> Response:
+    """Every endpoint's record."""
+    _runtime(request).auth.tenant(request.scope)
+    if "probe" in request.query_params:
+        raise InvalidRequest("probes run with POST /v1/endpoints/probe", param="probe")
+    return await _listing(records_of(request))
+
+
+async def probe_endpoints(request: Request) -> Response:
+    """Probe every endpoint (admin; 409 while a probe of any of them runs), then list."""
+    headers = _admin(request)
+    records = records_of(request)
+    busy = records.busy(list(records.endpoints))
+    if busy:
+        raise Conflict(f"a probe of {', '.join(busy)} is running; try again when it ends")
+    transport = AppTransport(request.app)
+    async with httpx.AsyncClient(
+        base_url=IN_PROCESS_URL, transport=transport, timeout=PROBE_TIMEOUT_S
+    ) as gateway:
+        try:
+            await records.probe(gateway, headers, PROBE_TIMEOUT_S)
+        except StoreUnavailable as exc:
+            raise ServiceUnavailable(f"record store unavailable: {exc}") from None
+    return await _listing(records)
+
+
+async def _engine_memory(runtime: Any, name: str) -> dict[str, Any]:
+    local = runtime.local.get(name)
+    if local is None:
+        raise NotFound(f"no in-process local endpoint {name!r}", param="name")
+    engine = await local.engine()
+    try:
+        memory: dict[str, Any] = engine.memory()
+    except Exception as exc:  # an engine bug must not become a stack trace
+        raise ServiceUnavailable(f"engine memory unavailable: {type(exc).__name__}") from None
+    runtime.telemetry.set_memory(name, memory)
+    return memory
+
+
+async def endpoint_memory(request: Request) -> Response:
+    """Memory of an in-process local endpoint's engine (weights, KV cache, indexes), bytes."""
+    runtime = _runtime(request)
+    runtime.auth.tenant(request.scope)
+    return json_response(await _engine_memory(runtime, request.path_params["name"]))
+
+
+def _audit_lock(request: Request) -> asyncio.Lock:
+    state = request.app.state
+    if getattr(state, "audit_lock", None) is None:
+        state.audit_lock = asyncio.Lock()
+    lock: asyncio.Lock = state.audit_lock
+    return lock
+
+
+async def create_audit(request: Request) -> Response:
+    """Run an audit of one endpoint through this gateway (in process) and return its result."""
+    from gateway.audit.runner import PlanError, audit_client, plan_for, run_audit
+
+    headers = _admin(request)
+    runtime = _runtime(request)
+    raw = await read_body(
+        request.receive,
+        runtime.settings.max_body_bytes,
+        request.headers.get("content-length", "").encode() or None,
+    )
+    body = validate(AuditRequest, parse_json(raw))
+    records = records_of(request)
+    endpoint = records.endpoints.get(body.endpoint)
+    if endpoint is None:
+        raise NotFound(f"no endpoint named {body.endpoint!r}", param="endpoint")
+    try:
+        plan = plan_for(body, kind=endpoint.kind, model=model_names(endpoint)[0])
+    except PlanError as exc:
+        raise InvalidRequest(str(exc), param=exc.param) from None
+    plan.progress = False
+    lock = _audit_lock(request)
+    if lock.locked():
+        raise Conflict("an audit is running on this gateway; one runs at a time")
+
+    async def memory() -> dict[str, Any] | None:
+        if endpoint.name not in runtime.local:
+            return None
+        try:
+            return await _engine_memory(runtime, endpoint.name)
+        except GatewayError:
+            return None
+
+    results: list[AuditResult] = []
+
+    async def audit() -> None:
+        transport = AppTransport(request.app)
+        async with audit_client(f"{IN_PROCESS_URL}/v1", headers=headers, transport=transport) as c:
+            results.append(await run_audit(plan, c, memory=memory))
+
+    async with lock:
+        if await run_until_disconnect(request.receive, audit):
+            return Response(status_code=499)  # the client left: nobody reads this
+    [result] = results
+    try:
+        await records.add_evidence(endpoint.name, result.summary.measured_evidence)
+    except StoreUnavailable:
+        result.summary.record_update = "record store unavailable: evidence not stored"
+    if not body.include_records:
+        result.records = []
+    return json_response(result.model_dump(mode="json"))
+
+
+routes: list[Route] = [
+    Route("/v1/endpoints", list_endpoints, methods=["GET"]),
+    Route("/v1/endpoints/probe", probe_endpoints, methods=["POST"]),
+    Route("/v1/endpoints/{name}/memory", endpoint_memory, methods=["GET"]),
+    Route("/v1/audits", create_audit, methods=["POST"]),
+]
