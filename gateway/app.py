@@ -25,10 +25,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from gateway.config import Settings, load_settings
 from gateway.errors import GatewayError, NotFound
 from gateway.http.asgi import overhead_middleware
-from gateway.http.responses import error_response, json_response
+from gateway.http.responses import error_response
 from gateway.routes.completions import CompletionsEndpoint
 from gateway.routes.documents import document_routes
-from gateway.routes.records import routes as records_routes
+from gateway.routes.meta import meta_routes
+from gateway.routes.records import records_routes
 from gateway.runtime import Runtime
 from gateway.telemetry import Telemetry
 from lookup.corpus import Corpus
@@ -58,32 +59,6 @@ class _Gateway(Starlette):
                 await app(scope, receive, send)
                 return
         await super().__call__(scope, receive, send)
-
-
-def _meta_routes(runtime: Runtime) -> list[Route]:
-    async def models(request: Request) -> Response:
-        runtime.auth.tenant(request.scope)
-        data = [
-            {"id": name, "object": "model", "created": 0, "owned_by": "draftgate"}
-            for name in runtime.model_names()
-        ]
-        return json_response({"object": "list", "data": data})
-
-    async def healthz(request: Request) -> Response:
-        local = {name: endpoint.state for name, endpoint in runtime.local.items()}
-        endpoints = [e.name for e in runtime.settings.endpoints]
-        return json_response({"status": "ok", "endpoints": endpoints, "local": local})
-
-    async def metrics(request: Request) -> Response:
-        return Response(
-            runtime.telemetry.metrics_text(), media_type="text/plain; version=0.0.4; charset=utf-8"
-        )
-
-    return [
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/healthz", healthz, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
-    ]
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -151,9 +126,9 @@ def create_app(
     }
     routes: list[Route] = [
         *(Route(path, app, methods=["POST"]) for path, app in completions.items()),
-        *_meta_routes(runtime),
+        *meta_routes(runtime),
         *document_routes(runtime),
-        *records_routes,
+        *records_routes(runtime),
     ]
     app = _Gateway(
         completions,
@@ -167,7 +142,4 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.runtime = runtime
-    app.state.settings = runtime.settings
-    app.state.telemetry = runtime.telemetry
-    app.state.corpus = runtime.corpus
     return app

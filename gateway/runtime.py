@@ -1,5 +1,5 @@
 """Everything a running gateway holds: settings, auth, routes, upstream clients, local
-engines, the document corpus and telemetry. Built by ``create_app``; started and closed
+engines, the document corpus, telemetry and the speculation records. Built by ``create_app``; started and closed
 by the app's lifespan."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from gateway.call import Call
 from gateway.config import EndpointConfig, Settings
 from gateway.endpoints.local import LocalEndpoint
 from gateway.endpoints.upstream import Upstream
+from gateway.records.service import Records
 from gateway.records.store import open_record_store
 from gateway.telemetry import Telemetry
 from lookup.corpus import Corpus, CorpusError, open_store
@@ -53,6 +54,7 @@ class Runtime:
         self.telemetry = telemetry or Telemetry(
             open_record_store(settings.redis.url, prefix=settings.redis.prefix)
         )
+        self.records = Records(settings.endpoints, self.telemetry)
         self.upstreams: dict[str, Upstream] = {}
         self.local: dict[str, LocalEndpoint] = {}
         for endpoint in settings.endpoints:

@@ -11,6 +11,7 @@ client goes away.
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 from typing import Any
 
 import httpx
@@ -24,31 +25,18 @@ from gateway.http.asgi import read_body, run_until_disconnect
 from gateway.http.responses import json_response
 from gateway.http.validation import parse_json, validate
 from gateway.records.service import Records, model_names
+from gateway.runtime import Runtime
 from lookup.corpus.errors import StoreUnavailable
 from sdk.wire.endpoints import AuditRequest, AuditResult, EndpointList
 
 PROBE_TIMEOUT_S = 300.0
 
 
-def _runtime(request: Request) -> Any:
-    return request.app.state.runtime
-
-
-def _admin(request: Request) -> dict[str, str]:
+def _admin(runtime: Runtime, request: Request) -> dict[str, str]:
     """Check for an admin key; the headers that carry it into the in-process calls."""
-    _runtime(request).auth.admin(request.scope)
+    runtime.auth.admin(request.scope)
     value = request.headers.get("authorization")
     return {"authorization": value} if value is not None else {}
-
-
-def records_of(request: Request) -> Records:
-    """The app's :class:`Records` (built on first use from the runtime's settings)."""
-    state = request.app.state
-    if getattr(state, "records", None) is None:
-        runtime = _runtime(request)
-        state.records = Records(runtime.settings.endpoints, runtime.telemetry)
-    records: Records = state.records
-    return records
 
 
 async def _listing(records: Records) -> Response:
@@ -59,18 +47,18 @@ async def _listing(records: Records) -> Response:
     return json_response(EndpointList(data=data).model_dump(mode="json"))
 
 
-async def list_endpoints(request: Request) -> Response:
+async def list_endpoints(runtime: Runtime, request: Request) -> Response:
     """Every endpoint's record."""
-    _runtime(request).auth.tenant(request.scope)
+    runtime.auth.tenant(request.scope)
     if "probe" in request.query_params:
         raise InvalidRequest("probes run with POST /v1/endpoints/probe", param="probe")
-    return await _listing(records_of(request))
+    return await _listing(runtime.records)
 
 
-async def probe_endpoints(request: Request) -> Response:
+async def probe_endpoints(runtime: Runtime, request: Request) -> Response:
     """Probe every endpoint (admin; 409 while a probe of any of them runs), then list."""
-    headers = _admin(request)
-    records = records_of(request)
+    headers = _admin(runtime, request)
+    records = runtime.records
     busy = records.busy(list(records.endpoints))
     if busy:
         raise Conflict(f"a probe of {', '.join(busy)} is running; try again when it ends")
@@ -85,7 +73,7 @@ async def probe_endpoints(request: Request) -> Response:
     return await _listing(records)
 
 
-async def _engine_memory(runtime: Any, name: str) -> dict[str, Any]:
+async def _engine_memory(runtime: Runtime, name: str) -> dict[str, Any]:
     local = runtime.local.get(name)
     if local is None:
         raise NotFound(f"no in-process local endpoint {name!r}", param="name")
@@ -98,34 +86,25 @@ async def _engine_memory(runtime: Any, name: str) -> dict[str, Any]:
     return memory
 
 
-async def endpoint_memory(request: Request) -> Response:
+async def endpoint_memory(runtime: Runtime, request: Request) -> Response:
     """Memory of an in-process local endpoint's engine (weights, KV cache, indexes), bytes."""
-    runtime = _runtime(request)
     runtime.auth.tenant(request.scope)
     return json_response(await _engine_memory(runtime, request.path_params["name"]))
 
 
-def _audit_lock(request: Request) -> asyncio.Lock:
-    state = request.app.state
-    if getattr(state, "audit_lock", None) is None:
-        state.audit_lock = asyncio.Lock()
-    lock: asyncio.Lock = state.audit_lock
-    return lock
-
-
-async def create_audit(request: Request) -> Response:
-    """Run an audit of one endpoint through this gateway (in process) and return its result."""
+async def create_audit(runtime: Runtime, lock: asyncio.Lock, request: Request) -> Response:
+    """Run an audit of one endpoint through this gateway (in process) and return its
+    result; 409 while another audit runs (``lock``)."""
     from gateway.audit.runner import PlanError, audit_client, plan_for, run_audit
 
-    headers = _admin(request)
-    runtime = _runtime(request)
+    headers = _admin(runtime, request)
     raw = await read_body(
         request.receive,
         runtime.settings.max_body_bytes,
         request.headers.get("content-length", "").encode() or None,
     )
     body = validate(AuditRequest, parse_json(raw))
-    records = records_of(request)
+    records = runtime.records
     endpoint = records.endpoints.get(body.endpoint)
     if endpoint is None:
         raise NotFound(f"no endpoint named {body.endpoint!r}", param="endpoint")
@@ -134,7 +113,6 @@ async def create_audit(request: Request) -> Response:
     except PlanError as exc:
         raise InvalidRequest(str(exc), param=exc.param) from None
     plan.progress = False
-    lock = _audit_lock(request)
     if lock.locked():
         raise Conflict("an audit is running on this gateway; one runs at a time")
 
@@ -166,9 +144,12 @@ async def create_audit(request: Request) -> Response:
     return json_response(result.model_dump(mode="json"))
 
 
-routes: list[Route] = [
-    Route("/v1/endpoints", list_endpoints, methods=["GET"]),
-    Route("/v1/endpoints/probe", probe_endpoints, methods=["POST"]),
-    Route("/v1/endpoints/{name}/memory", endpoint_memory, methods=["GET"]),
-    Route("/v1/audits", create_audit, methods=["POST"]),
-]
+def records_routes(runtime: Runtime) -> list[Route]:
+    """The records, probe, memory and audit routes bound to ``runtime``."""
+    audit_lock = asyncio.Lock()
+    return [
+        Route("/v1/endpoints", partial(list_endpoints, runtime), methods=["GET"]),
+        Route("/v1/endpoints/probe", partial(probe_endpoints, runtime), methods=["POST"]),
+        Route("/v1/endpoints/{name}/memory", partial(endpoint_memory, runtime), methods=["GET"]),
+        Route("/v1/audits", partial(create_audit, runtime, audit_lock), methods=["POST"]),
+    ]
