@@ -1,11 +1,12 @@
 """A stand-in OpenAI-compatible server speaking the documented streaming wire format:
 role chunk, content chunks, a finish chunk, a usage chunk (``stream_options.include_usage``)
 and ``data: [DONE]``. It can emulate speculation (several prediction tokens per step,
-accepted/rejected usage fields), ignore ``prediction`` silently, and fail on schedule."""
+accepted/rejected usage fields), ignore ``prediction`` silently, and fail on schedule. Documents are answered as the gateway's ``/v1/documents`` does."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import re
 import time
@@ -142,7 +143,15 @@ def create_standin(b: Behaviour) -> Starlette:
     async def documents(request: Request) -> Response:
         body = await request.json()
         b.documents[body["id"]] = body["text"]
-        return JSONResponse({"id": body["id"]}, status_code=201)
+        data = body["text"].encode()
+        info = {
+            "id": body["id"],
+            "bytes": len(data),
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "created": time.time(),
+            "last_used": time.time(),
+        }
+        return JSONResponse(info, status_code=201)
 
     return Starlette(
         routes=[
