@@ -26,7 +26,7 @@ from sdk.wire.endpoints import MAX_AUDIT_TOKENS, AuditRequest, AuditResult
 
 SWEEPABLE = ("temperature", "max_draft_tokens")
 LOSSLESS_KINDS = {"local"}
-MAX_AUDIT_TOTAL_REQUESTS = 20_000
+MAX_AUDIT_TOTAL_REQUESTS = 10_000
 """Requests of a whole audit: per configuration x configurations x levels x settings."""
 MAX_AUDIT_ARRIVALS_S = 3600.0
 """The longest a level's Poisson arrivals may take to schedule (requests / rate)."""
