@@ -54,7 +54,7 @@ class Runtime:
         self.telemetry = telemetry or Telemetry(
             open_record_store(settings.redis.url, prefix=settings.redis.prefix)
         )
-        self.records = Records(settings.endpoints, self.telemetry)
+        self.records = Records(settings.endpoints, self.telemetry.store)
         self.upstreams: dict[str, Upstream] = {}
         self.local: dict[str, LocalEndpoint] = {}
         for endpoint in settings.endpoints:

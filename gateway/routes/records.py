@@ -24,7 +24,7 @@ from gateway.errors import Conflict, GatewayError, InvalidRequest, NotFound, Ser
 from gateway.http.asgi import read_body, run_until_disconnect
 from gateway.http.responses import json_response
 from gateway.http.validation import parse_json, validate
-from gateway.records.service import Records, model_names
+from gateway.records.service import model_names
 from gateway.runtime import Runtime
 from lookup.corpus.errors import StoreUnavailable
 from sdk.wire.endpoints import AuditRequest, AuditResult, EndpointList
@@ -39,9 +39,10 @@ def _admin(runtime: Runtime, request: Request) -> dict[str, str]:
     return {"authorization": value} if value is not None else {}
 
 
-async def _listing(records: Records) -> Response:
+async def _listing(runtime: Runtime) -> Response:
     try:
-        data = await records.records()
+        await runtime.telemetry.flush()  # the traffic up to now, in the roll-ups
+        data = await runtime.records.records()
     except StoreUnavailable as exc:
         raise ServiceUnavailable(f"record store unavailable: {exc}") from None
     return json_response(EndpointList(data=data).model_dump(mode="json"))
@@ -52,7 +53,7 @@ async def list_endpoints(runtime: Runtime, request: Request) -> Response:
     runtime.auth.tenant(request.scope)
     if "probe" in request.query_params:
         raise InvalidRequest("probes run with POST /v1/endpoints/probe", param="probe")
-    return await _listing(runtime.records)
+    return await _listing(runtime)
 
 
 async def probe_endpoints(runtime: Runtime, request: Request) -> Response:
@@ -70,7 +71,7 @@ async def probe_endpoints(runtime: Runtime, request: Request) -> Response:
             await records.probe(gateway, headers, PROBE_TIMEOUT_S)
         except StoreUnavailable as exc:
             raise ServiceUnavailable(f"record store unavailable: {exc}") from None
-    return await _listing(records)
+    return await _listing(runtime)
 
 
 async def _engine_memory(runtime: Runtime, name: str) -> dict[str, Any]:
