@@ -5,7 +5,8 @@ through a URL: no request header decides where the gateway connects. Unlike http
 ``ASGITransport``, which returns a response only once the app has finished, this one
 hands the response out at ``http.response.start`` and streams the body as the app sends
 it, so an audit still measures time to first token. Closing the response early tells
-the app the client went away (``http.disconnect``) and cancels it.
+the app the client went away, as a server does (``http.disconnect``, and a send fails),
+and cancels it if it has not stopped after a grace period.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 import httpx
 from starlette.types import ASGIApp, Message
 
+DISCONNECT_GRACE_S = 5.0
 IN_PROCESS_URL = "http://127.0.0.1"
 """The root URL clients of this transport use (a loopback Host: the app's own checks pass)."""
 
@@ -39,8 +41,10 @@ class _Body(httpx.AsyncByteStream):
         self._complete = True
 
     async def aclose(self) -> None:
+        """Tell the app the client left; give it ``DISCONNECT_GRACE_S`` to stop, then cancel it."""
         self._gone.set()
         if not self._complete:
+            await asyncio.wait({self._task}, timeout=DISCONNECT_GRACE_S)
             self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await self._task
@@ -83,6 +87,8 @@ class AppTransport(httpx.AsyncBaseTransport):
             return {"type": "http.disconnect"}
 
         async def send(message: Message) -> None:
+            if gone.is_set():
+                raise OSError("the client disconnected")
             if message["type"] == "http.response.start":
                 started.set_result(message)
             elif message["type"] == "http.response.body":

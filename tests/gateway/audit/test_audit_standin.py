@@ -145,6 +145,15 @@ async def test_audit_writes_consistent_figures(tmp_path: Path) -> None:
     report = (tmp_path / "report.md").read_text()
     for name, formula in FORMULAS.items():
         assert f"| {name} | {formula} |" in report
+    # both levels side by side, each config's TTFT p50/p99 as the summary has it
+    by_level = report.split("## By concurrency level")[1].split("\n## ")[0]
+    for g in loaded.summary.all_categories():
+        assert f"| {g.config} | {g.concurrency} |" in by_level
+        p50, p99 = g.ttft_s.p50, g.ttft_s.p99
+        assert p50 is not None and p99 is not None
+        ttft = f"{p50 * 1e3:.1f} / {p99 * 1e3:.1f} (n={g.ttft_s.n})"
+        assert ttft in by_level
+    assert "## Memory (local endpoint)\n\nnot reported by this endpoint" in report
     for png in ("ttft.png", "tpot.png", "speedup.png"):
         assert (tmp_path / png) in paths
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
