@@ -49,10 +49,12 @@ def _settings(config: Path | None) -> Any:
 
 
 def _headers(settings: Any, api_key: str | None) -> dict[str, str]:
-    """The caller's key, else (in-process gateway) the first configured key."""
+    """The caller's key, else (in-process gateway) the first configured admin key (audits
+    and probes need one), else the first key."""
     key = api_key
     if key is None and settings is not None and settings.keys:
-        key = os.environ.get(settings.keys[0].key_env)
+        entry = next((k for k in settings.keys if k.admin), settings.keys[0])
+        key = os.environ.get(entry.key_env)
     return {"authorization": f"Bearer {key}"} if key else {}
 
 
