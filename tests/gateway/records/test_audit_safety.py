@@ -5,6 +5,7 @@ All against real servers over HTTP."""
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -195,3 +196,41 @@ def test_without_keys_audits_stay_open_on_loopback(standin_server: tuple[StandIn
         resp = httpx.post(f"{url}/v1/audits", json=body, timeout=60)
     assert resp.status_code == 200, resp.text
     assert resp.json()["summary"]["requests"] == 2
+
+
+def test_one_probe_run_per_endpoint_at_a_time(standin_server: tuple[StandIn, str]) -> None:
+    standin, upstream = standin_server
+    standin.reset()
+    settings = build_settings(
+        {
+            "endpoints": [
+                {
+                    "name": "sleepy",
+                    "kind": "openai",
+                    "base_url": f"{upstream}/v1",
+                    "api_key_env": "STANDIN_KEY",
+                    "models": ["slow-headers"],  # answers after 2 s
+                }
+            ],
+            "keys": [{"key_env": "OPS_KEY", "tenant": "ops", "admin": True}],
+        },
+        "test",
+    )
+    environ = {"STANDIN_KEY": "sk-standin", "OPS_KEY": "ops-key"}
+    with serve(create_app(settings, environ=environ)) as url:
+        first: list[httpx.Response] = []
+        probe = f"{url}/v1/endpoints/probe"
+        thread = threading.Thread(
+            target=lambda: first.append(httpx.post(probe, headers=OPS, timeout=60))
+        )
+        thread.start()
+        deadline = time.monotonic() + 30
+        while not standin.requests and time.monotonic() < deadline:
+            time.sleep(0.005)  # until the first probe's request reached the upstream
+        second = httpx.post(probe, headers=OPS, timeout=60)
+        thread.join(timeout=60)
+        third = httpx.post(probe, headers=OPS, timeout=60)
+    assert second.status_code == 409, second.text
+    assert "sleepy" in second.json()["error"]["message"]
+    assert first[0].status_code == 200 and third.status_code == 200
+    assert len(standin.requests) == 2  # the refused probe sent nothing upstream
