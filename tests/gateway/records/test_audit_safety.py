@@ -16,7 +16,7 @@ import pytest
 from gateway.app import create_app
 from gateway.config import build_settings
 from tests.gateway.servers import serve
-from tests.gateway.standin import StandIn
+from tests.openai_standin import StandIn
 
 ALICE = {"authorization": "Bearer alice-key"}
 OPS = {"authorization": "Bearer ops-key"}
