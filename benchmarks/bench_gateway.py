@@ -181,11 +181,6 @@ async def _one(session: aiohttp.ClientSession, url: str, body: bytes) -> float:
     return elapsed
 
 
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
-
-
 async def _measure(
     direct: str, gateway: str, concurrency: int, requests: int, stream: bool
 ) -> dict[str, Any]:
@@ -214,6 +209,14 @@ async def _measure(
         t0 = time.perf_counter()
         await asyncio.gather(*(worker(w) for w in range(concurrency)))
         wall = time.perf_counter() - t0
+    sys.path.insert(0, str(ROOT))
+    from gateway.audit.metrics import percentile
+
+    def _pct(values: list[float], q: float) -> float:
+        value = percentile(values, q)
+        assert value is not None, "no samples"
+        return value
+
     direct_s = [d for d, _ in results]
     gateway_s = [g for _, g in results]
     diffs = [g - d for d, g in results]

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from starlette.types import Scope
 
 from gateway.config import ConfigError, Settings
-from gateway.errors import AuthenticationFailed
+from gateway.errors import AuthenticationFailed, PermissionDenied
 from gateway.http.asgi import header
 
 DEFAULT_TENANT = "default"
@@ -22,12 +22,24 @@ def _digest(key: bytes) -> bytes:
     return hashlib.sha256(key).digest()
 
 
-class Authenticator:
-    """Maps ``Authorization: Bearer <key>`` to a tenant; no keys -> one tenant, no check."""
+def _key_digest(authorization: bytes | None) -> bytes | None:
+    """The digest of a ``Bearer`` key (None for another scheme or no header)."""
+    if authorization is None:
+        return None
+    scheme, _, key = authorization.partition(b" ")
+    return _digest(key.strip()) if scheme.lower() == b"bearer" else None
 
-    def __init__(self, keys: Mapping[str, str] | None) -> None:
+
+class Authenticator:
+    """Maps ``Authorization: Bearer <key>`` to a tenant; no keys -> one tenant, no check.
+
+    ``admins`` are the keys that may run audits and probes (with no keys, everyone may:
+    the single-tenant gateway binds loopback only unless told otherwise)."""
+
+    def __init__(self, keys: Mapping[str, str] | None, admins: Iterable[str] = ()) -> None:
         # keys are held as digests: lookups do not compare secrets byte by byte
         self._tenants = {_digest(k.encode()): t for k, t in (keys or {}).items()}
+        self._admins = {_digest(k.encode()) for k in admins}
         self.enabled = bool(self._tenants)
 
     @classmethod
@@ -35,6 +47,7 @@ class Authenticator:
         if not settings.auth:
             return cls(None)
         keys: dict[str, str] = {}
+        admins: list[str] = []
         for entry in settings.keys:
             value = environ.get(entry.key_env)
             if not value:
@@ -42,7 +55,9 @@ class Authenticator:
                     f"keys: environment variable {entry.key_env} (tenant {entry.tenant!r}) is not set"
                 )
             keys[value] = entry.tenant
-        return cls(keys)
+            if entry.admin:
+                admins.append(value)
+        return cls(keys, admins)
 
     def tenant(self, scope: Scope) -> str:
         """The tenant of a request, from its ``Authorization`` header."""
@@ -51,8 +66,16 @@ class Authenticator:
         authorization = header(scope, b"authorization")
         if authorization is None:
             raise AuthenticationFailed("missing Authorization header (Bearer <gateway key>)")
-        scheme, _, key = authorization.partition(b" ")
-        tenant = self._tenants.get(_digest(key.strip())) if scheme.lower() == b"bearer" else None
+        digest = _key_digest(authorization)
+        tenant = self._tenants.get(digest) if digest is not None else None
         if tenant is None:
             raise AuthenticationFailed("invalid gateway API key")
+        return tenant
+
+    def admin(self, scope: Scope) -> str:
+        """The tenant of a request made with an admin key; :class:`PermissionDenied` for
+        any other valid key."""
+        tenant = self.tenant(scope)
+        if self.enabled and _key_digest(header(scope, b"authorization")) not in self._admins:
+            raise PermissionDenied("this needs an admin key ([[keys]] admin = true)")
         return tenant

@@ -134,6 +134,7 @@ class KeyConfig(_Strict):
 
     key_env: str = Field(min_length=1)
     tenant: str = Field(min_length=1)
+    admin: bool = Field(default=False, description="may run audits and probes")
 
 
 class RedisConfig(_Strict):

@@ -81,6 +81,22 @@ class AuthenticationFailed(GatewayError):
     code = "invalid_api_key"
 
 
+class PermissionDenied(GatewayError):
+    """403: a valid key that may not do this (audits and probes need an admin key)."""
+
+    status = 403
+    type = "permission_error"
+    code = "permission_denied"
+
+
+class Conflict(GatewayError):
+    """409: the gateway is already doing this (one audit at a time, one probe per endpoint)."""
+
+    status = 409
+    type = "invalid_request_error"
+    code = "conflict"
+
+
 class NotFound(GatewayError):
     """404: an unknown route, document id, or the like."""
 

@@ -206,10 +206,11 @@ class Client:
     def endpoints(self, *, probe: bool = False) -> list[EndpointRecord]:
         """``GET /endpoints``: the gateway's speculation record of each endpoint.
 
-        ``probe=True`` has the gateway probe every endpoint first (metrics, server info).
+        ``probe=True`` has the gateway probe every endpoint first (``POST /endpoints/probe``:
+        metrics, server info; needs an admin key where keys are configured).
         """
         return parse_body(
-            self._send("GET", "endpoints", params={"probe": "1"} if probe else None),
+            self._send(*(("POST", "endpoints/probe") if probe else ("GET", "endpoints"))),
             EndpointList,
         ).data
 

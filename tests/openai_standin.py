@@ -448,7 +448,30 @@ class StandIn:
         if audit.endpoint != "standin":
             return error(404, f"no endpoint {audit.endpoint!r}", "invalid_request_error")
         now = time.time()
-        summary = {"concurrency": audit.concurrency, "requests": audit.requests}
+        plan = {
+            "endpoint": audit.endpoint,
+            "kind": "openai_compatible",
+            "model": "standin",
+            "workload_items": 1,
+            "requests_per_config": audit.requests or 1,
+            "concurrency": audit.concurrency,
+            "temperature": audit.temperature,
+        }
+        evidence = {
+            "kind": "measured",
+            "source": "audit",
+            "verdict": "unknown",
+            "detail": "no pairs",
+            "observed_at": now,
+        }
+        sections = ("levels", "groups", "speedup", "break_even", "quality", "lossless", "languages")
+        summary = {
+            "plan": plan,
+            "formulas": {},
+            **{name: [] for name in sections},
+            "requests": 0,
+            "measured_evidence": evidence,
+        }
         return JSONResponse(
             {
                 "endpoint": audit.endpoint,

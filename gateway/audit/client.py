@@ -1,13 +1,16 @@
-"""One audited request over streaming HTTP, timed from the client's side."""
+"""One audited request, streamed through the SDK's client and timed from the client's side."""
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import httpx
+
+from sdk import AsyncClient
+from sdk.errors import APIStatusError, APIStreamError, DraftgateError
+from sdk.wire import ChatCompletionChunk, Usage
 
 
 @dataclass
@@ -66,84 +69,78 @@ class RequestRecord:
         return data
 
 
-def _usage(rec: RequestRecord, usage: dict[str, Any]) -> None:
-    rec.output_tokens = usage.get("completion_tokens")
-    rec.prompt_tokens = usage.get("prompt_tokens")
-    details = usage.get("completion_tokens_details") or {}
-    rec.accepted_prediction_tokens = details.get("accepted_prediction_tokens")
-    rec.rejected_prediction_tokens = details.get("rejected_prediction_tokens")
+def _usage(rec: RequestRecord, usage: Usage) -> None:
+    rec.output_tokens = usage.completion_tokens
+    rec.prompt_tokens = usage.prompt_tokens
+    details = usage.completion_tokens_details
+    if details is not None:
+        rec.accepted_prediction_tokens = details.accepted_prediction_tokens
+        rec.rejected_prediction_tokens = details.rejected_prediction_tokens
 
 
-def _error_event(rec: RequestRecord, error: Any) -> None:
-    err = error if isinstance(error, dict) else {"message": str(error)}
-    rec.error = f"stream_error:{err.get('type') or 'unknown'}"
-    rec.error_message = str(err.get("message", ""))[:300]
+def _answered(rec: RequestRecord, headers: httpx.Headers) -> None:
+    rec.prediction_header = headers.get("x-draftgate-prediction")
+    rec.served_by = headers.get("x-draftgate-endpoint")
+    overhead = headers.get("x-draftgate-overhead-ms")
+    rec.overhead_ms = float(overhead) if overhead else None
+
+
+def _chunk(rec: RequestRecord, chunk: ChatCompletionChunk, at: float, parts: list[str]) -> None:
+    for choice in chunk.choices:
+        content = choice.delta.content
+        if content:
+            if rec.ttft_s is None:
+                rec.ttft_s = at
+            rec.chunk_offsets_s.append(at)
+            rec.chunk_chars.append(len(content))
+            parts.append(content)
+        if choice.finish_reason:
+            rec.finish_reason = choice.finish_reason
+    if chunk.usage is not None:
+        _usage(rec, chunk.usage)
+    stats = (chunk.model_extra or {}).get("draftgate")
+    if isinstance(stats, dict):
+        rec.draft_stats = stats
+
+
+def _failed(rec: RequestRecord, exc: DraftgateError) -> None:
+    if isinstance(exc, APIStatusError):
+        rec.status = exc.status_code
+        rec.error = f"http_{exc.status_code}"
+        rec.error_message = exc.error.message[:300]
+        _answered(rec, exc.headers)
+    elif isinstance(exc, APIStreamError) and exc.body is not None:
+        rec.error = f"stream_error:{exc.body.error.type or 'unknown'}"
+        rec.error_message = exc.body.error.message[:300]
+    elif isinstance(exc, APIStreamError):
+        rec.error = "truncated" if "[DONE]" in str(exc) else "bad_event"
+        rec.error_message = str(exc)[:300]
+    else:
+        cause = exc.__cause__
+        rec.error = type(cause).__name__ if cause is not None else type(exc).__name__
+        rec.error_message = str(exc)[:300]
 
 
 async def stream_chat(
-    client: httpx.AsyncClient,
-    url: str,
-    body: dict[str, Any],
-    headers: dict[str, str],
-    rec: RequestRecord,
-    origin: float,
+    client: AsyncClient, request: dict[str, Any], rec: RequestRecord, origin: float
 ) -> RequestRecord:
-    """Send ``body`` as a streaming chat completion and fill ``rec`` (never raises for an
-    endpoint failure: it is recorded in ``rec.error``)."""
-    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    """Send ``request`` (keyword arguments of ``AsyncClient.chat``) as a streaming chat
+    completion and fill ``rec``; never raises for an endpoint failure, which is recorded
+    in ``rec.error``."""
     sent = time.perf_counter()
     rec.t_sent = sent - origin
     parts: list[str] = []
-    done = False
     try:
-        async with client.stream("POST", url, json=body, headers=headers) as resp:
-            rec.status = resp.status_code
-            rec.ttfb_s = time.perf_counter() - sent
-            rec.prediction_header = resp.headers.get("x-draftgate-prediction")
-            rec.served_by = resp.headers.get("x-draftgate-endpoint")
-            overhead = resp.headers.get("x-draftgate-overhead-ms")
-            rec.overhead_ms = float(overhead) if overhead else None
-            if resp.status_code >= 400:
-                raw = await resp.aread()
-                rec.error = f"http_{resp.status_code}"
-                rec.error_message = raw.decode("utf-8", "replace")[:300]
-                return rec
-            async for line in resp.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    done = True
-                    break
-                event = json.loads(data)
-                if "error" in event:
-                    _error_event(rec, event["error"])
-                    break
-                now = time.perf_counter() - sent
-                for choice in event.get("choices") or []:
-                    content = (choice.get("delta") or {}).get("content")
-                    if content:
-                        if rec.ttft_s is None:
-                            rec.ttft_s = now
-                        rec.chunk_offsets_s.append(now)
-                        rec.chunk_chars.append(len(content))
-                        parts.append(content)
-                    if choice.get("finish_reason"):
-                        rec.finish_reason = choice["finish_reason"]
-                if event.get("usage"):
-                    _usage(rec, event["usage"])
-                if isinstance(event.get("draftgate"), dict):
-                    rec.draft_stats = event["draftgate"]
-    except httpx.HTTPError as exc:
-        rec.error = type(exc).__name__
-        rec.error_message = str(exc)[:300]
-    except json.JSONDecodeError:
-        rec.error = "bad_event"
-        rec.error_message = "an SSE event was not valid JSON"
+        stream = await client.chat(**request, stream=True, stream_options={"include_usage": True})
+        rec.ttfb_s = time.perf_counter() - sent
+        rec.status = stream.response.status_code
+        _answered(rec, stream.response.headers)
+        async with stream:
+            async for chunk in stream:
+                _chunk(rec, chunk, time.perf_counter() - sent, parts)
+    except DraftgateError as exc:
+        _failed(rec, exc)
     rec.text = "".join(parts)
-    if rec.error is None and not done:
-        rec.error = "truncated"
-        rec.error_message = "the stream ended without [DONE]"
     if rec.chunk_offsets_s:
         rec.e2e_s = rec.chunk_offsets_s[-1]
     if rec.output_tokens is None and rec.chunk_offsets_s:

@@ -1,13 +1,14 @@
-"""Latency metrics (docs/metrics.md), each with the formula it is computed by."""
+"""An audit's latency metrics (docs/metrics.md), each with the formula it is computed by
+(``FORMULAS``)."""
 
 from __future__ import annotations
 
 import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 from gateway.audit.client import RequestRecord
+from sdk.wire.audits import Acceptance, Distribution, GroupStats
 
 FORMULAS: dict[str, str] = {
     "TTFB": "request sent -> response headers received",
@@ -29,7 +30,6 @@ FORMULAS: dict[str, str] = {
     "chars/token": "sum(output characters) / sum(output_tokens)",
     "percentiles": "nearest rank: the ceil(q/100 * n)-th smallest of n samples",
 }
-PERCENTILES = (50, 90, 95, 99)
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -40,12 +40,16 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return ordered[max(1, math.ceil(q / 100 * len(ordered))) - 1]
 
 
-def distribution(values: Sequence[float]) -> dict[str, float | int | None]:
+def distribution(values: Sequence[float]) -> Distribution:
     """p50/p90/p95/p99, mean and the sample count behind them."""
-    out: dict[str, float | int | None] = {f"p{q}": percentile(values, q) for q in PERCENTILES}
-    out["mean"] = sum(values) / len(values) if values else None
-    out["n"] = len(values)
-    return out
+    return Distribution(
+        p50=percentile(values, 50),
+        p90=percentile(values, 90),
+        p95=percentile(values, 95),
+        p99=percentile(values, 99),
+        mean=sum(values) / len(values) if values else None,
+        n=len(values),
+    )
 
 
 def _ratio(num: float, den: float) -> float | None:
@@ -70,8 +74,10 @@ def tokens_per_second(records: Iterable[RequestRecord]) -> float | None:
     return _ratio(sum(r.output_tokens or 0 for r in ok), sum(r.e2e_s or 0.0 for r in ok))
 
 
-def group_stats(records: Sequence[RequestRecord]) -> dict[str, Any]:
-    """Every section 4 figure for one group of requests."""
+def group_stats(
+    records: Sequence[RequestRecord], *, config: str, setting: str, concurrency: int, category: str
+) -> GroupStats:
+    """Every figure of ``FORMULAS`` for one group of requests."""
     ok = [r for r in records if r.ok()]
     errors = Counter(r.error for r in records if r.error is not None)
     accepted = sum(r.accepted_prediction_tokens or 0 for r in ok)
@@ -86,28 +92,32 @@ def group_stats(records: Sequence[RequestRecord]) -> dict[str, Any]:
             by_position[i] += int(n)
     chunks = sum(len(r.chunk_offsets_s) for r in ok)
     tokens = sum(r.output_tokens or 0 for r in ok)
-    return {
-        "requests": len(records),
-        "finished": len(ok),
-        "errors": dict(errors),
-        "ttfb_s": distribution([r.ttfb_s for r in ok if r.ttfb_s is not None]),
-        "ttft_s": distribution([r.ttft_s for r in ok if r.ttft_s is not None]),
-        "tpot_s": distribution([t for r in ok if (t := r.tpot_s()) is not None]),
-        "itl_s": distribution([g for r in ok for g in r.itl_s()]),
-        "e2e_s": distribution([r.e2e_s for r in ok if r.e2e_s is not None]),
-        "queue_wait_s": distribution([r.queued_s for r in records]),
-        "tokens_per_chunk": _ratio(tokens, chunks),
-        "output_tokens": tokens,
-        "tokens_estimated": sum(1 for r in ok if r.tokens_source != "usage"),
-        "output_tok_s": tokens_per_second(ok),
-        "time_per_token_s": time_per_token(ok),
-        "chars_per_token": _ratio(sum(len(r.text) for r in ok), tokens),
-        "acceptance": {
-            "rate": _ratio(accepted, accepted + rejected),
-            "accepted_prediction_tokens": accepted,
-            "rejected_prediction_tokens": rejected,
-            "requests_reporting": len(reporting),
-            "accepted_per_step": _ratio(step_accepted, steps),
-            "accepted_by_position": by_position,
-        },
-    }
+    return GroupStats(
+        config=config,
+        setting=setting,
+        concurrency=concurrency,
+        category=category,
+        requests=len(records),
+        finished=len(ok),
+        errors=dict(errors),
+        ttfb_s=distribution([r.ttfb_s for r in ok if r.ttfb_s is not None]),
+        ttft_s=distribution([r.ttft_s for r in ok if r.ttft_s is not None]),
+        tpot_s=distribution([t for r in ok if (t := r.tpot_s()) is not None]),
+        itl_s=distribution([g for r in ok for g in r.itl_s()]),
+        e2e_s=distribution([r.e2e_s for r in ok if r.e2e_s is not None]),
+        queue_wait_s=distribution([r.queued_s for r in records]),
+        tokens_per_chunk=_ratio(tokens, chunks),
+        output_tokens=tokens,
+        tokens_estimated=sum(1 for r in ok if r.tokens_source != "usage"),
+        output_tok_s=tokens_per_second(ok),
+        time_per_token_s=time_per_token(ok),
+        chars_per_token=_ratio(sum(len(r.text) for r in ok), tokens),
+        acceptance=Acceptance(
+            rate=_ratio(accepted, accepted + rejected),
+            accepted_prediction_tokens=accepted,
+            rejected_prediction_tokens=rejected,
+            requests_reporting=len(reporting),
+            accepted_per_step=_ratio(step_accepted, steps),
+            accepted_by_position=by_position,
+        ),
+    )

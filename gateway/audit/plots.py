@@ -43,16 +43,16 @@ def _distributions(result: AuditResult, field: str, title: str, path: Path) -> N
 
 def _speedup(result: AuditResult, path: Path) -> None:
     plt = _pyplot()
-    rows = [r for r in result.summary["speedup"] if r["config"] == "drafts" and r["speedup"]]
-    categories = sorted({r["category"] for r in rows})
-    levels = sorted({(r["concurrency"], r["setting"]) for r in rows})
+    rows = [r for r in result.summary.speedup if r.config == "drafts" and r.speedup]
+    categories = sorted({r.category for r in rows})
+    levels = sorted({(r.concurrency, r.setting) for r in rows})
     fig, ax = plt.subplots(figsize=(7, 3.6), dpi=80)
     width = 0.8 / max(1, len(levels))
     for n, (conc, setting) in enumerate(levels):
         values = {
-            r["category"]: r["speedup"]
+            r.category: r.speedup or 0.0
             for r in rows
-            if (r["concurrency"], r["setting"]) == (conc, setting)
+            if (r.concurrency, r.setting) == (conc, setting)
         }
         xs = [i + n * width for i in range(len(categories))]
         label = f"c={conc}" + ("" if setting == "default" else f" {setting}")

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
+from sdk.wire.audits import AuditSummary, Distribution
 from sdk.wire.endpoints import AuditResult
 
 
@@ -26,285 +26,345 @@ def _table(header: Sequence[str], rows: list[list[str]]) -> list[str]:
     return [*out, ""]
 
 
-def _dist(d: dict[str, Any], *qs: int) -> str:
-    return " / ".join(_ms(d.get(f"p{q}")) for q in qs) + f" (n={d.get('n', 0)})"
+def _dist(d: Distribution, *qs: int) -> str:
+    return " / ".join(_ms(getattr(d, f"p{q}")) for q in qs) + f" (n={d.n})"
 
 
-def render(result: AuditResult, plots: Sequence[str] = ()) -> str:
-    """The whole report."""
-    s = result.summary
-    plan = s.get("plan", {})
+def _setting(setting: str) -> str:
+    return "" if setting == "default" else f" {setting}"
+
+
+def _header(result: AuditResult) -> list[str]:
+    plan = result.summary.plan
     when = dt.datetime.fromtimestamp(result.started_at, dt.timezone.utc).strftime(
         "%Y-%m-%d %H:%M UTC"
     )
-    lines = [
+    arrivals = f"Poisson arrivals at {plan.poisson_rate}/s" if plan.poisson_rate else "closed loop"
+    return [
         f"# Audit of endpoint `{result.endpoint}` (model `{result.model}`)",
         "",
-        f"Run {when}, {result.finished_at - result.started_at:.1f} s; kind `{plan.get('kind')}`; "
-        f"{plan.get('workload_items')} workload items, {plan.get('requests_per_config')} requests per "
-        f"configuration per level; concurrency {plan.get('concurrency')}; "
-        f"{'Poisson arrivals at ' + str(plan.get('poisson_rate')) + '/s' if plan.get('poisson_rate') else 'closed loop'}; "
-        f"temperature {plan.get('temperature')}; sweep {plan.get('sweep') or 'none'}.",
+        f"Run {when}, {result.finished_at - result.started_at:.1f} s; kind `{plan.kind}`; "
+        f"{plan.workload_items} workload items, {plan.requests_per_config} requests per "
+        f"configuration per level; concurrency {plan.concurrency}; {arrivals}; "
+        f"temperature {plan.temperature}; sweep {plan.sweep or 'none'}.",
         "",
         "Configurations: `drafts` = prediction (when the item has one) + documents, drafting on; "
         "`no_prediction` = drafting on without the prediction (code_edit only); "
         '`baseline` = no prediction and `"draftgate": {"draft": false}`.',
         "",
+    ]
+
+
+def _formulas(s: AuditSummary) -> list[str]:
+    return [
         "## Metrics and their formulas",
         "",
-        *_table(["metric", "formula"], [[k, v] for k, v in s["formulas"].items()]),
-        "## Runs",
+        *_table(["metric", "formula"], [[k, v] for k, v in s.formulas.items()]),
+    ]
+
+
+def _runs(s: AuditSummary) -> list[str]:
+    header = [
+        "concurrency",
+        "setting",
+        "requests",
+        "finished",
+        "wall s",
+        "output throughput tok/s",
+        "request throughput req/s",
+    ]
+    rows = [
+        [
+            str(lv.concurrency),
+            lv.setting,
+            str(lv.requests),
+            str(lv.finished),
+            _num(lv.wall_s),
+            _num(lv.output_throughput_tok_s),
+            _num(lv.request_throughput_rps, 3),
+        ]
+        for lv in s.levels
+    ]
+    return ["## Runs", "", *_table(header, rows)]
+
+
+def _by_concurrency(s: AuditSummary) -> list[str]:
+    """Each concurrency level side by side: throughput and TTFT/TPOT/E2E percentiles, per
+    config (only when the audit ran more than one level)."""
+    if len(s.plan.concurrency) < 2:
+        return []
+    header = ["config", "conc", "output tok/s (run)", "TTFT p50/p99", "TPOT p50/p99", "E2E p50/p99"]
+    walls = {(lv.concurrency, lv.setting): lv for lv in s.levels}
+    rows = []
+    for g in sorted(s.all_categories(), key=lambda g: (g.config, g.setting, g.concurrency)):
+        level = walls.get((g.concurrency, g.setting))
+        throughput = g.output_tokens / level.wall_s if level and level.wall_s else None
+        rows.append(
+            [
+                g.config + _setting(g.setting),
+                str(g.concurrency),
+                _num(throughput, 1),
+                _dist(g.ttft_s, 50, 99),
+                _dist(g.tpot_s, 50, 99),
+                _dist(g.e2e_s, 50, 99),
+            ]
+        )
+    return [
+        "## By concurrency level (all categories; ms)",
         "",
-        *_table(
-            [
-                "concurrency",
-                "setting",
-                "requests",
-                "finished",
-                "wall s",
-                "output throughput tok/s",
-                "request throughput req/s",
-            ],
-            [
-                [
-                    str(lv["concurrency"]),
-                    lv["setting"],
-                    str(lv["requests"]),
-                    str(lv["finished"]),
-                    _num(lv["wall_s"]),
-                    _num(lv["output_throughput_tok_s"]),
-                    _num(lv["request_throughput_rps"], 3),
-                ]
-                for lv in s["levels"]
-            ],
-        ),
+        "output tok/s (run) = the config's output tokens / wall time of its level's run "
+        "(the configs of a level run interleaved, so they share that wall time).",
+        "",
+        *_table(header, rows),
+    ]
+
+
+def _latency(s: AuditSummary) -> list[str]:
+    header = [
+        "config",
+        "setting",
+        "conc",
+        "TTFB p50/p95",
+        "TTFT p50/p95/p99",
+        "TPOT p50/p95",
+        "ITL p50/p99",
+        "E2E p50/p95",
+        "queue wait p95",
+        "tokens/chunk",
+        "output tok/s",
+    ]
+    rows = [
+        [
+            g.config,
+            g.setting,
+            str(g.concurrency),
+            _dist(g.ttfb_s, 50, 95),
+            _dist(g.ttft_s, 50, 95, 99),
+            _dist(g.tpot_s, 50, 95),
+            _dist(g.itl_s, 50, 99),
+            _dist(g.e2e_s, 50, 95),
+            _ms(g.queue_wait_s.p95),
+            _num(g.tokens_per_chunk),
+            _num(g.output_tok_s, 1),
+        ]
+        for g in s.all_categories()
+    ]
+    return [
         "## Latency per configuration (all categories; ms)",
         "",
         "TTFT holds waiting and prompt processing; TPOT and ITL hold generation; queue wait is "
         "the client's own and is not in TTFT.",
         "",
-        *_table(
-            [
-                "config",
-                "setting",
-                "conc",
-                "TTFB p50/p95",
-                "TTFT p50/p95/p99",
-                "TPOT p50/p95",
-                "ITL p50/p99",
-                "E2E p50/p95",
-                "queue wait p95",
-                "tokens/chunk",
-                "output tok/s",
-            ],
-            [
-                [
-                    g["config"],
-                    g["setting"],
-                    str(g["concurrency"]),
-                    _dist(g["ttfb_s"], 50, 95),
-                    _dist(g["ttft_s"], 50, 95, 99),
-                    _dist(g["tpot_s"], 50, 95),
-                    _dist(g["itl_s"], 50, 99),
-                    _dist(g["e2e_s"], 50, 95),
-                    _ms(g["queue_wait_s"].get("p95")),
-                    _num(g["tokens_per_chunk"]),
-                    _num(g["output_tok_s"], 1),
-                ]
-                for g in s["groups"]
-                if g["category"] == "all"
-            ],
-        ),
-        "## Per category",
-        "",
-        *_table(
-            [
-                "category",
-                "config",
-                "setting",
-                "conc",
-                "n",
-                "TTFT p50 ms",
-                "TPOT p50 ms",
-                "output tok/s",
-                "acceptance rate",
-                "accepted/step",
-                "errors",
-            ],
-            [
-                [
-                    g["category"],
-                    g["config"],
-                    g["setting"],
-                    str(g["concurrency"]),
-                    str(g["requests"]),
-                    _ms(g["ttft_s"]["p50"]),
-                    _ms(g["tpot_s"]["p50"]),
-                    _num(g["output_tok_s"], 1),
-                    _num(g["acceptance"]["rate"]),
-                    _num(g["acceptance"]["accepted_per_step"]),
-                    str(sum(g["errors"].values())),
-                ]
-                for g in s["groups"]
-                if g["category"] != "all"
-            ],
-        ),
+        *_table(header, rows),
+    ]
+
+
+def _categories(s: AuditSummary) -> list[str]:
+    header = [
+        "category",
+        "config",
+        "setting",
+        "conc",
+        "n",
+        "TTFT p50 ms",
+        "TPOT p50 ms",
+        "output tok/s",
+        "acceptance rate",
+        "accepted/step",
+        "errors",
+    ]
+    rows = [
+        [
+            g.category,
+            g.config,
+            g.setting,
+            str(g.concurrency),
+            str(g.requests),
+            _ms(g.ttft_s.p50),
+            _ms(g.tpot_s.p50),
+            _num(g.output_tok_s, 1),
+            _num(g.acceptance.rate),
+            _num(g.acceptance.accepted_per_step),
+            str(sum(g.errors.values())),
+        ]
+        for g in s.groups
+        if g.category != "all"
+    ]
+    return ["## Per category", "", *_table(header, rows)]
+
+
+def _speedup(s: AuditSummary) -> list[str]:
+    header = ["category", "config", "setting", "conc", "pairs", "tok/s with", "tok/s without"]
+    rows = [
+        [
+            r.category,
+            r.config,
+            r.setting,
+            str(r.concurrency),
+            str(r.pairs),
+            _num(r.tok_s_with, 1),
+            _num(r.tok_s_without, 1),
+            _num(r.speedup) + ("x" if r.speedup else ""),
+        ]
+        for r in s.speedup
+    ]
+    return [
         "## Speedup with vs without drafts",
         "",
-        f"speedup = {s['formulas']['speedup']}",
+        f"speedup = {s.formulas['speedup']}",
         "",
-        *_table(
-            [
-                "category",
-                "config",
-                "setting",
-                "conc",
-                "pairs",
-                "tok/s with",
-                "tok/s without",
-                "speedup",
-            ],
-            [
-                [
-                    r["category"],
-                    r["config"],
-                    r["setting"],
-                    str(r["concurrency"]),
-                    str(r["pairs"]),
-                    _num(r["tok_s_with"], 1),
-                    _num(r["tok_s_without"], 1),
-                    _num(r["speedup"]) + ("x" if r["speedup"] else ""),
-                ]
-                for r in s["speedup"]
-            ],
-        ),
-        "## Break-even",
-        "",
-        f"time/token = {s['formulas']['time/token']}; {s['formulas']['break-even']}.",
-        "",
-        *_table(
-            [
-                "category",
-                "config",
-                "setting",
-                "conc",
-                "ms/token with",
-                "ms/token without",
-                "verdict",
-            ],
-            [
-                [
-                    r["category"],
-                    r["config"],
-                    r["setting"],
-                    str(r["concurrency"]),
-                    _ms(r["t_with_s"]),
-                    _ms(r["t_without_s"]),
-                    r["statement"],
-                ]
-                for r in s["break_even"]
-            ],
-        ),
+        *_table([*header, "speedup"], rows),
+    ]
+
+
+def _break_even(s: AuditSummary) -> list[str]:
+    header = ["category", "config", "setting", "conc", "ms/token with", "ms/token without"]
+    rows = [
+        [
+            r.category,
+            r.config,
+            r.setting,
+            str(r.concurrency),
+            _ms(r.t_with_s),
+            _ms(r.t_without_s),
+            r.statement,
+        ]
+        for r in s.break_even
     ]
     losing = [
-        f"{r['category']} ({r['config']}, c={r['concurrency']}, {r['setting']})"
-        for r in s["break_even"]
-        if r["pays"] is False
+        f"{r.category} ({r.config}, c={r.concurrency}, {r.setting})"
+        for r in s.break_even
+        if r.pays is False
     ]
-    lines += [
+    return [
+        "## Break-even",
+        "",
+        f"time/token = {s.formulas['time/token']}; {s.formulas['break-even']}.",
+        "",
+        *_table([*header, "verdict"], rows),
         f"**Drafts do not pay in:** {', '.join(losing)}."
         if losing
         else "Drafts pay (or break even) in every cell measured.",
         "",
     ]
-    positions = [
-        g for g in s["groups"] if g["category"] == "all" and g["acceptance"]["accepted_by_position"]
+
+
+def _positions(s: AuditSummary) -> list[str]:
+    groups = [g for g in s.all_categories() if g.acceptance.accepted_by_position]
+    if not groups:
+        return []
+    rows = [
+        [
+            g.config,
+            g.setting,
+            str(g.concurrency),
+            ", ".join(map(str, g.acceptance.accepted_by_position)),
+        ]
+        for g in groups
     ]
-    if positions:
-        lines += ["## Accepted draft tokens by draft position", ""]
-        lines += _table(
-            ["config", "setting", "conc", "accepted at position 1, 2, ..."],
-            [
-                [
-                    g["config"],
-                    g["setting"],
-                    str(g["concurrency"]),
-                    ", ".join(map(str, g["acceptance"]["accepted_by_position"])),
-                ]
-                for g in positions
-            ],
-        )
-    lines += ["## Output quality", ""]
-    lines += _table(
-        ["category", "config", "checks passed/failed", "stopped at max_tokens"],
-        [
-            [
-                q["category"],
-                q["config"],
-                "; ".join(f"{k} {v['passed']}/{v['failed']}" for k, v in q["checks"].items())
-                or "-",
-                str(q["truncated_at_max_tokens"]),
-            ]
-            for q in s["quality"]
-        ],
-    )
-    lines += ["## Same answer with and without drafts", ""]
-    lines += _table(
-        ["category", "config", "setting", "identical / pairs", "expected identical", ""],
-        [
-            [
-                r["category"],
-                r["config"],
-                r["setting"],
-                f"{r['identical']}/{r['pairs']}",
-                "yes" if r["expected_identical"] else "no",
-                "MISMATCH" if r["mismatch"] else "",
-            ]
-            for r in s["lossless"]
-        ],
-    )
-    lines += ["## Per language (multilingual and other tagged items)", ""]
-    lines += _table(
-        ["language", "config", "n", "acceptance rate", "output tok/s", "chars/token"],
-        [
-            [
-                r["language"],
-                r["config"],
-                str(r["requests"]),
-                _num(r["acceptance_rate"]),
-                _num(r["output_tok_s"], 1),
-                _num(r["chars_per_token"]),
-            ]
-            for r in s["languages"]
-        ],
-    )
-    lines += ["## Memory (local endpoint)", ""]
-    memory = s.get("memory")
-    lines += (
-        _table(
-            ["part", "bytes"],
-            [[k, f"{v:,}" if isinstance(v, int) else str(v)] for k, v in memory.items()],
-        )
-        if memory
-        else ["not reported by this endpoint", ""]
-    )
-    lines += ["## Errors", ""]
-    errors = {**s["errors"], **{f"setup:{k}": v for k, v in s.get("setup_errors", {}).items()}}
-    lines += (
-        _table(["error", "count"], [[k, str(v)] for k, v in sorted(errors.items())])
-        if errors
-        else ["none", ""]
-    )
-    ev = s.get("measured_evidence") or {}
-    lines += [
-        "## Evidence recorded for the endpoint",
+    return [
+        "## Accepted draft tokens by draft position",
         "",
-        f"`{ev.get('verdict')}`: {ev.get('detail')}",
-        "",
+        *_table(["config", "setting", "conc", "accepted at position 1, 2, ..."], rows),
     ]
-    if plots:
-        lines += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
-    return "\n".join(lines)
+
+
+def _quality(s: AuditSummary) -> list[str]:
+    rows = [
+        [
+            q.category,
+            q.config,
+            "; ".join(f"{k} {v.passed}/{v.failed}" for k, v in q.checks.items()) or "-",
+            str(q.truncated_at_max_tokens),
+        ]
+        for q in s.quality
+    ]
+    header = ["category", "config", "checks passed/failed", "stopped at max_tokens"]
+    return ["## Output quality", "", *_table(header, rows)]
+
+
+def _lossless(s: AuditSummary) -> list[str]:
+    rows = [
+        [
+            r.category,
+            r.config,
+            r.setting,
+            f"{r.identical}/{r.pairs}",
+            "yes" if r.expected_identical else "no",
+            "MISMATCH" if r.mismatch else "",
+        ]
+        for r in s.lossless
+    ]
+    header = ["category", "config", "setting", "identical / pairs", "expected identical", ""]
+    return ["## Same answer with and without drafts", "", *_table(header, rows)]
+
+
+def _languages(s: AuditSummary) -> list[str]:
+    rows = [
+        [
+            r.language,
+            r.config,
+            str(r.requests),
+            _num(r.acceptance_rate),
+            _num(r.output_tok_s, 1),
+            _num(r.chars_per_token),
+        ]
+        for r in s.languages
+    ]
+    header = ["language", "config", "n", "acceptance rate", "output tok/s", "chars/token"]
+    return ["## Per language (multilingual and other tagged items)", "", *_table(header, rows)]
+
+
+def _memory(s: AuditSummary) -> list[str]:
+    """Whatever parts the engine's ``memory()`` reports (bytes where the value is an int)."""
+    lines = ["## Memory (local endpoint)", ""]
+    if not s.memory:
+        return [*lines, "not reported by this endpoint", ""]
+    rows = [[k, f"{v:,}" if isinstance(v, int) else str(v)] for k, v in s.memory.items()]
+    return [*lines, *_table(["part", "value"], rows)]
+
+
+def _errors(s: AuditSummary) -> list[str]:
+    errors = {**s.errors, **{f"setup:{k}": v for k, v in s.setup_errors.items()}}
+    rows = [[k, str(v)] for k, v in sorted(errors.items())]
+    return ["## Errors", "", *(_table(["error", "count"], rows) if errors else ["none", ""])]
+
+
+def _evidence(s: AuditSummary) -> list[str]:
+    ev = s.measured_evidence
+    return ["## Evidence recorded for the endpoint", "", f"`{ev.verdict}`: {ev.detail}", ""]
+
+
+def _plots(plots: Sequence[str]) -> list[str]:
+    if not plots:
+        return []
+    return ["## Plots", "", *(f"![{p}]({p})" for p in plots), ""]
+
+
+SECTIONS: tuple[Callable[[AuditSummary], list[str]], ...] = (
+    _formulas,
+    _runs,
+    _by_concurrency,
+    _latency,
+    _categories,
+    _speedup,
+    _break_even,
+    _positions,
+    _quality,
+    _lossless,
+    _languages,
+    _memory,
+    _errors,
+    _evidence,
+)
+
+
+def render(result: AuditResult, plots: Sequence[str] = ()) -> str:
+    """The whole report: the header, then each section in order."""
+    lines = _header(result)
+    for section in SECTIONS:
+        lines += section(result.summary)
+    return "\n".join(lines + _plots(plots))
 
 
 def write_outputs(result: AuditResult, out: Path, *, plots: bool = True) -> list[Path]:
@@ -320,7 +380,7 @@ def write_outputs(result: AuditResult, out: Path, *, plots: bool = True) -> list
         try:
             names = write_plots(result, out)
         except RuntimeError as exc:  # matplotlib missing: the report says so
-            result.summary["plots"] = str(exc)
+            result.summary.plots = str(exc)
     written += [out / n for n in names]
     report = out / "report.md"
     report.write_text(render(result, names), encoding="utf-8")

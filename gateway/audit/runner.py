@@ -1,13 +1,15 @@
 """Run an audit: the workload's requests, with and without drafts, at each concurrency level,
-over streaming HTTP to the gateway."""
+streamed through the SDK's client to a gateway. The one orchestration behind both
+``draftgate audit`` and ``POST /v1/audits``: they differ only in how the client reaches
+the gateway (over HTTP, or in process)."""
 
 from __future__ import annotations
 
 import asyncio
 import random
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -15,26 +17,35 @@ from tqdm.auto import tqdm
 
 from gateway.audit.client import RequestRecord, stream_chat
 from gateway.audit.quality import Checks, check
-from gateway.audit.summary import (
-    MEASURED_MAX_P,
-    MEASURED_YES_SPEEDUP,
-    measured_speedup,
-    sign_test_p,
-    summarize,
-)
-from gateway.audit.workload import WorkloadItem
-from gateway.records.evidence import make
-from sdk.wire.endpoints import AuditResult, Evidence
+from gateway.audit.summary import summarize
+from gateway.audit.workload import WorkloadItem, load_workload, parse_item
+from sdk import AsyncClient
+from sdk.errors import APIStatusError, DraftgateError
+from sdk.wire.audits import AuditPlanInfo, Level
+from sdk.wire.endpoints import MAX_AUDIT_TOKENS, AuditRequest, AuditResult
 
 SWEEPABLE = ("temperature", "max_draft_tokens")
 LOSSLESS_KINDS = {"local"}
+MAX_AUDIT_TOTAL_REQUESTS = 10_000
+"""Requests of a whole audit: per configuration x configurations x levels x settings."""
+MAX_AUDIT_ARRIVALS_S = 3600.0
+"""The longest a level's Poisson arrivals may take to schedule (requests / rate)."""
+
+MemoryReader = Callable[[], Awaitable[dict[str, Any] | None]]
+
+
+class PlanError(ValueError):
+    """An audit request that cannot run; ``param`` names the field."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 @dataclass
 class AuditPlan:
-    """What to run. ``base_url`` is the gateway's root (``http://127.0.0.1:8000``)."""
+    """What to run against one endpoint."""
 
-    base_url: str
     endpoint: str
     model: str
     items: Sequence[WorkloadItem]
@@ -45,8 +56,6 @@ class AuditPlan:
     max_tokens: int | None = None
     temperature: float = 0.0
     sweep: tuple[str, Sequence[float]] | None = None
-    headers: dict[str, str] = field(default_factory=dict)
-    timeout_s: float = 600.0
     progress: bool = True
     warmup: bool = True
 
@@ -55,14 +64,94 @@ class AuditPlan:
         if self.sweep is None:
             return [("default", {})]
         name, values = self.sweep
-        if name not in SWEEPABLE:
-            raise ValueError(f"can sweep only one of {', '.join(SWEEPABLE)}, not {name!r}")
         return [(f"{name}={v:g}", {name: v}) for v in values]
 
     def sequence(self) -> list[tuple[int, WorkloadItem]]:
         """(round, item) for ``requests`` requests per configuration, cycling the workload."""
         n = self.requests or len(self.items)
         return [(i // len(self.items), self.items[i % len(self.items)]) for i in range(n)]
+
+    def jobs_per_level(self) -> int:
+        """Requests of one concurrency level and setting (every configuration)."""
+        return sum(len(configs_for(item)) for _, item in self.sequence())
+
+    def info(self) -> AuditPlanInfo:
+        return AuditPlanInfo(
+            endpoint=self.endpoint,
+            kind=self.kind,
+            model=self.model,
+            workload_items=len(self.items),
+            requests_per_config=len(self.sequence()),
+            concurrency=list(self.concurrency),
+            poisson_rate=self.poisson_rate,
+            temperature=self.temperature,
+            max_tokens=self.max_tokens,
+            sweep={self.sweep[0]: list(self.sweep[1])} if self.sweep else None,
+        )
+
+
+def plan_for(
+    request: AuditRequest, *, kind: str, model: str, items: Sequence[WorkloadItem] | None = None
+) -> AuditPlan:
+    """The plan of an audit request (``items``: the workload already read, else the
+    request's own or the built-in one); :class:`PlanError` names a field out of bounds."""
+    if items is None:
+        try:
+            items = (
+                [parse_item(raw) for raw in request.workload]
+                if request.workload
+                else load_workload()
+            )
+        except ValueError as exc:
+            raise PlanError(f"workload: {exc}", "workload") from None
+    for n, item in enumerate(items):
+        if item.max_tokens > MAX_AUDIT_TOKENS:
+            raise PlanError(
+                f"workload.{n}.max_tokens: at most {MAX_AUDIT_TOKENS}", f"workload.{n}.max_tokens"
+            )
+    sweep = next(iter(request.sweep.items())) if request.sweep else None
+    if sweep is not None and sweep[0] not in SWEEPABLE:
+        raise PlanError(f"can sweep only one of {', '.join(SWEEPABLE)}, not {sweep[0]!r}", "sweep")
+    plan = AuditPlan(
+        endpoint=request.endpoint,
+        model=model,
+        items=items,
+        kind=kind,
+        concurrency=request.concurrency,
+        requests=request.requests,
+        poisson_rate=request.poisson_rate,
+        max_tokens=request.max_tokens,
+        temperature=request.temperature,
+        sweep=sweep,
+    )
+    per_level = plan.jobs_per_level()
+    total = per_level * len(plan.concurrency) * len(plan.settings())
+    if total > MAX_AUDIT_TOTAL_REQUESTS:
+        raise PlanError(
+            f"requests: the audit would send {total} requests; at most {MAX_AUDIT_TOTAL_REQUESTS}",
+            "requests",
+        )
+    if plan.poisson_rate is not None and per_level / plan.poisson_rate > MAX_AUDIT_ARRIVALS_S:
+        raise PlanError(
+            f"poisson_rate: {per_level} arrivals at {plan.poisson_rate:g}/s take longer than "
+            f"{MAX_AUDIT_ARRIVALS_S:.0f} s",
+            "poisson_rate",
+        )
+    return plan
+
+
+def audit_client(
+    base_url: str,
+    *,
+    headers: dict[str, str] | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+    timeout_s: float = 600.0,
+) -> AsyncClient:
+    """The SDK client an audit sends through: ``base_url`` is the API root (``.../v1``);
+    no retries (an audit counts failures, it does not hide them)."""
+    return AsyncClient(
+        base_url, timeout=timeout_s, max_retries=0, headers=headers, transport=transport
+    )
 
 
 @dataclass
@@ -81,10 +170,10 @@ def configs_for(item: WorkloadItem) -> list[str]:
     return ["drafts", "no_prediction", "baseline"] if item.prediction else ["drafts", "baseline"]
 
 
-def build_body(plan: AuditPlan, job: _Job, documents: list[str]) -> dict[str, Any]:
-    """The chat request of one job."""
+def chat_request(plan: AuditPlan, job: _Job, documents: list[str]) -> dict[str, Any]:
+    """The keyword arguments of ``AsyncClient.chat`` for one job."""
     item = job.item
-    body: dict[str, Any] = {
+    request: dict[str, Any] = {
         "model": plan.model,
         "messages": item.messages,
         "max_tokens": plan.max_tokens or item.max_tokens,
@@ -92,20 +181,17 @@ def build_body(plan: AuditPlan, job: _Job, documents: list[str]) -> dict[str, An
         "seed": 0,
     }
     if item.stop:
-        body["stop"] = item.stop
+        request["stop"] = item.stop
     if job.config == "baseline":
-        body["draftgate"] = {"draft": False}
-        return body
+        request["draftgate"] = {"draft": False}
+        return request
     if job.config == "drafts" and item.prediction:
-        body["prediction"] = {"type": "content", "content": item.prediction}
-    options: dict[str, Any] = {}
+        request["prediction"] = item.prediction
     if documents:
-        options["documents"] = documents
+        request["documents"] = documents
     if "max_draft_tokens" in job.setting:
-        options["max_draft_tokens"] = int(job.setting["max_draft_tokens"])
-    if options:
-        body["draftgate"] = options
-    return body
+        request["draftgate"] = {"max_draft_tokens": int(job.setting["max_draft_tokens"])}
+    return request
 
 
 def _chains(jobs: list[_Job]) -> list[list[_Job]]:
@@ -125,10 +211,9 @@ def _chains(jobs: list[_Job]) -> list[list[_Job]]:
 
 
 class _Audit:
-    def __init__(self, plan: AuditPlan, client: httpx.AsyncClient) -> None:
+    def __init__(self, plan: AuditPlan, client: AsyncClient) -> None:
         self.plan = plan
         self.client = client
-        self.url = f"{plan.base_url.rstrip('/')}/v1/chat/completions"
         self.origin = time.perf_counter()
         self.records: list[RequestRecord] = []
         self.setup_errors: dict[str, int] = {}
@@ -136,18 +221,15 @@ class _Audit:
 
     async def put_document(self, doc_id: str, text: str) -> bool:
         try:
-            resp = await self.client.post(
-                f"{self.plan.base_url.rstrip('/')}/v1/documents",
-                json={"id": doc_id, "text": text},
-                headers=self.plan.headers,
-            )
-            ok = resp.status_code < 300
-            reason = f"documents_http_{resp.status_code}"
-        except httpx.HTTPError as exc:
-            ok, reason = False, f"documents_{type(exc).__name__}"
-        if not ok:
-            self.setup_errors[reason] = self.setup_errors.get(reason, 0) + 1
-        return ok
+            await self.client.documents.put(doc_id, text)
+            return True
+        except APIStatusError as exc:
+            reason = f"documents_http_{exc.status_code}"
+        except DraftgateError as exc:
+            cause = exc.__cause__
+            reason = f"documents_{type(cause or exc).__name__}"
+        self.setup_errors[reason] = self.setup_errors.get(reason, 0) + 1
+        return False
 
     async def run_chain(self, chain: list[_Job], scheduled: float) -> None:
         prior: list[str] = []
@@ -163,14 +245,7 @@ class _Audit:
                 language=job.item.language,
                 t_scheduled=scheduled,
             )
-            await stream_chat(
-                self.client,
-                self.url,
-                build_body(self.plan, job, docs),
-                self.plan.headers,
-                rec,
-                self.origin,
-            )
+            await stream_chat(self.client, chat_request(self.plan, job, docs), rec, self.origin)
             rec.queued_s = max(0.0, rec.t_sent - scheduled)
             if rec.error is None and rec.served_by not in (None, self.plan.endpoint):
                 rec.error = "served_by_fallback"  # another endpoint answered: not this one's figure
@@ -184,9 +259,7 @@ class _Audit:
                 if await self.put_document(doc_id, rec.text):
                     prior.append(doc_id)
 
-    async def run_level(
-        self, concurrency: int, label: str, setting: dict[str, float]
-    ) -> dict[str, Any]:
+    async def run_level(self, concurrency: int, label: str, setting: dict[str, float]) -> Level:
         jobs = [
             _Job(item, config, label, setting, concurrency, rnd)
             for rnd, item in self.plan.sequence()
@@ -219,20 +292,20 @@ class _Audit:
         await asyncio.gather(dispatch(), *(worker() for _ in range(concurrency)))
         wall = time.perf_counter() - start
         done = [r for r in self.records[before:] if r.ok()]
-        return {
-            "concurrency": concurrency,
-            "setting": label,
-            "poisson_rate": self.plan.poisson_rate,
-            "requests": len(self.records) - before,
-            "finished": len(done),
-            "wall_s": wall,
-            "output_throughput_tok_s": sum(r.output_tokens or 0 for r in done) / wall,
-            "request_throughput_rps": len(done) / wall,
-        }
+        return Level(
+            concurrency=concurrency,
+            setting=label,
+            poisson_rate=self.plan.poisson_rate,
+            requests=len(self.records) - before,
+            finished=len(done),
+            wall_s=wall,
+            output_throughput_tok_s=sum(r.output_tokens or 0 for r in done) / wall,
+            request_throughput_rps=len(done) / wall,
+        )
 
     async def warm_up(self) -> None:
         item = self.plan.items[0]
-        body = {
+        request = {
             "model": self.plan.model,
             "messages": item.messages,
             "max_tokens": 4,
@@ -246,69 +319,32 @@ class _Audit:
             concurrency=1,
             round=-1,
         )
-        await stream_chat(self.client, self.url, body, self.plan.headers, rec, self.origin)
+        await stream_chat(self.client, request, rec, self.origin)
 
 
-async def fetch_memory(client: httpx.AsyncClient, plan: AuditPlan) -> dict[str, Any] | None:
-    """A local endpoint's memory from ``GET /v1/endpoints/{name}/memory`` (None if absent)."""
-    try:
-        resp = await client.get(
-            f"{plan.base_url.rstrip('/')}/v1/endpoints/{plan.endpoint}/memory", headers=plan.headers
-        )
-    except httpx.HTTPError:
-        return None
-    return resp.json() if resp.status_code == 200 else None
-
-
-def measured_evidence(summary: dict[str, Any]) -> Evidence:
-    """The audit's evidence for the endpoint's record. ``yes`` needs a clear and consistent
-    difference: speedup >= 1.2 and the drafted request faster in enough pairs that chance
-    is ruled out (one-sided sign test p <= 0.05, so at least 5 pairs). No difference proves
-    nothing either way (``unknown``)."""
-    m = measured_speedup(summary)
-    if m is None:
-        return make("measured", "audit", "unknown", "no finished with/without pairs to compare")
-    p = sign_test_p(m["faster_pairs"], m["pairs"])
-    values = {
-        "speedup": m["speedup"],
-        "pairs": m["pairs"],
-        "faster_pairs": m["faster_pairs"],
-        "sign_test_p": p,
-    }
-    detail = (
-        f"audit speedup with vs without drafts {m['speedup']:.2f}x at concurrency "
-        f"{m['concurrency']}; faster in {m['faster_pairs']}/{m['pairs']} pairs (sign test p={p:.3f})"
-    )
-    if m["speedup"] >= MEASURED_YES_SPEEDUP and p <= MEASURED_MAX_P:
-        return make("measured", "audit", "yes", detail, values)
-    return make("measured", "audit", "unknown", detail + ": no clear difference", values)
-
-
-async def run_audit(plan: AuditPlan) -> AuditResult:
-    """Run every level and setting, then summarise (an endpoint that fails mid-audit is
-    counted per error type; the audit still finishes)."""
+async def run_audit(
+    plan: AuditPlan, client: AsyncClient, *, memory: MemoryReader | None = None
+) -> AuditResult:
+    """Run every level and setting through ``client``, then summarise (an endpoint that
+    fails mid-audit is counted per error type; the audit still finishes). ``memory``
+    reads the endpoint's memory at the end (a local endpoint's engine)."""
     started = time.time()
     settings = plan.settings()
-    total = (
-        len(plan.concurrency) * len(settings) * sum(len(configs_for(i)) for _, i in plan.sequence())
-    )
-    limits = httpx.Limits(max_connections=max(plan.concurrency) + 4)
-    async with httpx.AsyncClient(timeout=plan.timeout_s, limits=limits) as client:
-        audit = _Audit(plan, client)
-        if plan.warmup:
-            await audit.warm_up()
-        docs = {d["id"]: d["text"] for item in plan.items for d in item.documents}
-        for doc_id, text in docs.items():
-            await audit.put_document(doc_id, text)
-        levels = []
-        with tqdm(
-            total=total, desc=f"audit {plan.endpoint}", unit="req", disable=not plan.progress
-        ) as bar:
-            audit.bar = bar
-            for conc in plan.concurrency:
-                for label, setting in settings:
-                    levels.append(await audit.run_level(conc, label, setting))
-        memory = await fetch_memory(client, plan)
+    total = len(plan.concurrency) * len(settings) * plan.jobs_per_level()
+    audit = _Audit(plan, client)
+    if plan.warmup:
+        await audit.warm_up()
+    docs = {d["id"]: d["text"] for item in plan.items for d in item.documents}
+    for doc_id, text in docs.items():
+        await audit.put_document(doc_id, text)
+    levels = []
+    with tqdm(
+        total=total, desc=f"audit {plan.endpoint}", unit="req", disable=not plan.progress
+    ) as bar:
+        audit.bar = bar
+        for conc in plan.concurrency:
+            for label, setting in settings:
+                levels.append(await audit.run_level(conc, label, setting))
     items = {i.id: i for i in plan.items}
     checks: dict[int, Checks] = {
         n: check(items[r.item], r.text) for n, r in enumerate(audit.records) if r.ok()
@@ -316,26 +352,14 @@ async def run_audit(plan: AuditPlan) -> AuditResult:
     summary = summarize(
         audit.records,
         checks,
-        levels,
+        plan=plan.info(),
+        levels=levels,
+        setup_errors=audit.setup_errors,
+        memory=await memory() if memory is not None else None,
         lossless_expected=plan.kind in LOSSLESS_KINDS
         and plan.temperature == 0
         and (plan.sweep is None or plan.sweep[0] != "temperature"),
     )
-    summary["plan"] = {
-        "endpoint": plan.endpoint,
-        "kind": plan.kind,
-        "model": plan.model,
-        "workload_items": len(plan.items),
-        "requests_per_config": len(plan.sequence()),
-        "concurrency": list(plan.concurrency),
-        "poisson_rate": plan.poisson_rate,
-        "temperature": plan.temperature,
-        "max_tokens": plan.max_tokens,
-        "sweep": {plan.sweep[0]: list(plan.sweep[1])} if plan.sweep else None,
-    }
-    summary["setup_errors"] = audit.setup_errors
-    summary["memory"] = memory
-    summary["measured_evidence"] = measured_evidence(summary).model_dump()
     records = []
     for n, r in enumerate(audit.records):
         row = r.to_dict()

@@ -10,6 +10,21 @@ from typing import Any
 from gateway.audit.client import RequestRecord
 from gateway.audit.metrics import FORMULAS, group_stats, time_per_token, tokens_per_second
 from gateway.audit.quality import Checks
+from gateway.records.evidence import make
+from sdk.wire.audits import (
+    AuditPlanInfo,
+    AuditSummary,
+    BreakEven,
+    CheckCount,
+    GroupStats,
+    LanguageStats,
+    Level,
+    Lossless,
+    MeasuredSpeedup,
+    Quality,
+    Speedup,
+)
+from sdk.wire.evidence import Evidence
 
 BASELINE = "baseline"
 DRAFTED = ("drafts", "no_prediction")
@@ -41,9 +56,7 @@ def _pairs(records: Sequence[RequestRecord]) -> list[tuple[str, RequestRecord, R
     ]
 
 
-def comparisons(
-    records: Sequence[RequestRecord],
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def comparisons(records: Sequence[RequestRecord]) -> tuple[list[Speedup], list[BreakEven]]:
     """Speedup and break-even per (category, concurrency, setting, drafted config), over the
     pairs where both requests finished."""
     cells: dict[tuple[str, int, str, str], list[tuple[RequestRecord, RequestRecord]]] = defaultdict(
@@ -57,7 +70,7 @@ def comparisons(
     for (category, conc, setting, config), pairs in sorted(cells.items()):
         withs, withouts = [p[0] for p in pairs], [p[1] for p in pairs]
         tps_with, tps_without = tokens_per_second(withs), tokens_per_second(withouts)
-        key = {
+        cell: dict[str, Any] = {
             "category": category,
             "concurrency": conc,
             "setting": setting,
@@ -65,18 +78,18 @@ def comparisons(
             "pairs": len(pairs),
         }
         speedups.append(
-            {
-                **key,
-                "tok_s_with": tps_with,
-                "tok_s_without": tps_without,
-                "speedup": tps_with / tps_without if tps_with and tps_without else None,
-                "faster_pairs": sum(
+            Speedup(
+                **cell,
+                tok_s_with=tps_with,
+                tok_s_without=tps_without,
+                speedup=tps_with / tps_without if tps_with and tps_without else None,
+                faster_pairs=sum(
                     1
                     for w, wo in pairs
                     if (w.output_tokens or 0) * (wo.e2e_s or 0)
                     > (wo.output_tokens or 0) * (w.e2e_s or 0)
                 ),
-            }
+            )
         )
         t_with, t_without = time_per_token(withs), time_per_token(withouts)
         pays: bool | None = None
@@ -88,41 +101,37 @@ def comparisons(
                 f"vs {t_without * 1e3:.2f} without"
             )
         break_even.append(
-            {
-                **key,
-                "t_with_s": t_with,
-                "t_without_s": t_without,
-                "pays": pays,
-                "statement": statement,
-            }
+            BreakEven(
+                **cell, t_with_s=t_with, t_without_s=t_without, pays=pays, statement=statement
+            )
         )
     return speedups, break_even
 
 
-def lossless(records: Sequence[RequestRecord], expected: bool) -> list[dict[str, Any]]:
+def lossless(records: Sequence[RequestRecord], expected: bool) -> list[Lossless]:
     """Per category and drafted config: how many answers equal the answer without drafts."""
     cells: dict[tuple[str, str, str], list[bool]] = defaultdict(list)
     for config, with_, without in _pairs(records):
         if with_.ok() and without.ok():
             cells[(with_.category, config, with_.setting)].append(with_.text == without.text)
     return [
-        {
-            "category": cat,
-            "config": config,
-            "setting": setting,
-            "pairs": len(same),
-            "identical": sum(same),
-            "expected_identical": expected,
-            "mismatch": expected and not all(same),
-        }
+        Lossless(
+            category=cat,
+            config=config,
+            setting=setting,
+            pairs=len(same),
+            identical=sum(same),
+            expected_identical=expected,
+            mismatch=expected and not all(same),
+        )
         for (cat, config, setting), same in sorted(cells.items())
     ]
 
 
-def quality(records: Sequence[RequestRecord], checks: dict[int, Checks]) -> list[dict[str, Any]]:
+def quality(records: Sequence[RequestRecord], checks: dict[int, Checks]) -> list[Quality]:
     """Pass/fail counts of every quality check per category and config."""
-    cells: dict[tuple[str, str], dict[str, dict[str, int]]] = defaultdict(
-        lambda: defaultdict(lambda: {"passed": 0, "failed": 0})
+    cells: dict[tuple[str, str], dict[str, CheckCount]] = defaultdict(
+        lambda: defaultdict(CheckCount)
     )
     truncated: dict[tuple[str, str], int] = defaultdict(int)
     for i, r in enumerate(records):
@@ -131,100 +140,131 @@ def quality(records: Sequence[RequestRecord], checks: dict[int, Checks]) -> list
         truncated[(r.category, r.config)] += int(r.finish_reason == "length")
         for name, result in checks.get(i, {}).items():
             if result is not None:
-                cells[(r.category, r.config)][name]["passed" if result else "failed"] += 1
+                count = cells[(r.category, r.config)][name]
+                if result:
+                    count.passed += 1
+                else:
+                    count.failed += 1
     return [
-        {
-            "category": cat,
-            "config": config,
-            "checks": {k: dict(v) for k, v in c.items()},
-            "truncated_at_max_tokens": truncated[(cat, config)],
-        }
+        Quality(
+            category=cat,
+            config=config,
+            checks=dict(c),
+            truncated_at_max_tokens=truncated[(cat, config)],
+        )
         for (cat, config), c in sorted(cells.items())
     ]
 
 
-def languages(records: Sequence[RequestRecord]) -> list[dict[str, Any]]:
+def languages(records: Sequence[RequestRecord]) -> list[LanguageStats]:
     """Per language and config: acceptance, tokens/s and characters per token."""
     out = []
     for (lang, config), group in sorted(
         _by([r for r in records if r.language], lambda r: (r.language, r.config)).items()
     ):
-        stats = group_stats(group)
+        stats = group_stats(group, config=config, setting="", concurrency=0, category="")
         out.append(
-            {
-                "language": lang,
-                "config": config,
-                "requests": stats["requests"],
-                "acceptance_rate": stats["acceptance"]["rate"],
-                "output_tok_s": stats["output_tok_s"],
-                "chars_per_token": stats["chars_per_token"],
-            }
+            LanguageStats(
+                language=lang,
+                config=config,
+                requests=stats.requests,
+                acceptance_rate=stats.acceptance.rate,
+                output_tok_s=stats.output_tok_s,
+                chars_per_token=stats.chars_per_token,
+            )
         )
     return out
+
+
+def groups(records: Sequence[RequestRecord]) -> list[GroupStats]:
+    """Per (config, setting, concurrency, category), then per (config, setting, concurrency)
+    over every category (``all``)."""
+    out = [
+        group_stats(group, config=config, setting=setting, concurrency=conc, category=category)
+        for (config, setting, conc, category), group in sorted(
+            _by(records, lambda r: (r.config, r.setting, r.concurrency, r.category)).items()
+        )
+    ]
+    out += [
+        group_stats(group, config=config, setting=setting, concurrency=conc, category="all")
+        for (config, setting, conc), group in sorted(
+            _by(records, lambda r: (r.config, r.setting, r.concurrency)).items()
+        )
+    ]
+    return out
+
+
+def measured_speedup(speedups: Sequence[Speedup]) -> MeasuredSpeedup | None:
+    """The ``drafts`` config over all categories at the lowest concurrency: speedup, pairs,
+    and the pairs where the drafted request was faster (tokens per second)."""
+    rows = [s for s in speedups if s.category == "all" and s.config == "drafts" and s.speedup]
+    if not rows:
+        return None
+    low = min(s.concurrency for s in rows)
+    row = min((s for s in rows if s.concurrency == low), key=lambda s: s.setting)
+    assert row.speedup is not None
+    return MeasuredSpeedup(
+        speedup=row.speedup,
+        pairs=row.pairs,
+        faster_pairs=row.faster_pairs,
+        concurrency=row.concurrency,
+        setting=row.setting,
+    )
+
+
+def measured_evidence(speedups: Sequence[Speedup]) -> Evidence:
+    """The audit's evidence for the endpoint's record. ``yes`` needs a clear and consistent
+    difference: speedup >= 1.2 and the drafted request faster in enough pairs that chance
+    is ruled out (one-sided sign test p <= 0.05, so at least 5 pairs). No difference proves
+    nothing either way (``unknown``)."""
+    m = measured_speedup(speedups)
+    if m is None:
+        return make("measured", "audit", "unknown", "no finished with/without pairs to compare")
+    p = sign_test_p(m.faster_pairs, m.pairs)
+    values = {
+        "speedup": m.speedup,
+        "pairs": float(m.pairs),
+        "faster_pairs": float(m.faster_pairs),
+        "sign_test_p": p,
+    }
+    detail = (
+        f"audit speedup with vs without drafts {m.speedup:.2f}x at concurrency "
+        f"{m.concurrency}; faster in {m.faster_pairs}/{m.pairs} pairs (sign test p={p:.3f})"
+    )
+    if m.speedup >= MEASURED_YES_SPEEDUP and p <= MEASURED_MAX_P:
+        return make("measured", "audit", "yes", detail, values)
+    return make("measured", "audit", "unknown", detail + ": no clear difference", values)
 
 
 def summarize(
     records: Sequence[RequestRecord],
     checks: dict[int, Checks],
-    levels: list[dict[str, Any]],
     *,
+    plan: AuditPlanInfo,
+    levels: list[Level],
+    setup_errors: dict[str, int],
+    memory: dict[str, Any] | None,
     lossless_expected: bool,
-) -> dict[str, Any]:
+) -> AuditSummary:
     """The whole summary written to audit.json and rendered in report.md."""
-    groups = []
-    for (config, setting, conc, category), group in sorted(
-        _by(records, lambda r: (r.config, r.setting, r.concurrency, r.category)).items()
-    ):
-        groups.append(
-            {
-                "config": config,
-                "setting": setting,
-                "concurrency": conc,
-                "category": category,
-                **group_stats(group),
-            }
-        )
-    for (config, setting, conc), group in sorted(
-        _by(records, lambda r: (r.config, r.setting, r.concurrency)).items()
-    ):
-        groups.append(
-            {
-                "config": config,
-                "setting": setting,
-                "concurrency": conc,
-                "category": "all",
-                **group_stats(group),
-            }
-        )
     speedups, break_even = comparisons(records)
     errors: dict[str, int] = defaultdict(int)
     for r in records:
         if r.error:
             errors[r.error] += 1
-    return {
-        "formulas": FORMULAS,
-        "levels": levels,
-        "groups": groups,
-        "speedup": speedups,
-        "break_even": break_even,
-        "quality": quality(records, checks),
-        "lossless": lossless(records, lossless_expected),
-        "languages": languages(records),
-        "errors": dict(errors),
-        "requests": len(records),
-    }
-
-
-def measured_speedup(summary: dict[str, Any]) -> dict[str, Any] | None:
-    """The ``drafts`` config over all categories at the lowest concurrency: speedup, pairs,
-    and the pairs where the drafted request was faster (tokens per second)."""
-    rows = [
-        s
-        for s in summary["speedup"]
-        if s["category"] == "all" and s["config"] == "drafts" and s["speedup"]
-    ]
-    if not rows:
-        return None
-    low = min(s["concurrency"] for s in rows)
-    row = min((s for s in rows if s["concurrency"] == low), key=lambda s: s["setting"])
-    return {k: row[k] for k in ("speedup", "pairs", "faster_pairs", "concurrency", "setting")}
+    return AuditSummary(
+        plan=plan,
+        formulas=FORMULAS,
+        levels=levels,
+        groups=groups(records),
+        speedup=speedups,
+        break_even=break_even,
+        quality=quality(records, checks),
+        lossless=lossless(records, lossless_expected),
+        languages=languages(records),
+        errors=dict(errors),
+        setup_errors=setup_errors,
+        requests=len(records),
+        memory=memory,
+        measured_evidence=measured_evidence(speedups),
+    )

@@ -14,9 +14,16 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
+
+from sdk.wire.audits import AuditSummary
+from sdk.wire.endpoints import AuditRequest, AuditResult
+from sdk.wire.evidence import Evidence
+
+if TYPE_CHECKING:
+    from gateway.audit.runner import AuditPlan, MemoryReader
 
 CONFIG = typer.Option(
     None, "--config", help="draftgate.toml (default: ./draftgate.toml or built-in)."
@@ -42,10 +49,12 @@ def _settings(config: Path | None) -> Any:
 
 
 def _headers(settings: Any, api_key: str | None) -> dict[str, str]:
-    """The caller's key, else (in-process gateway) the first configured key."""
+    """The caller's key, else (in-process gateway) the first configured admin key (audits
+    and probes need one), else the first key."""
     key = api_key
     if key is None and settings is not None and settings.keys:
-        key = os.environ.get(settings.keys[0].key_env)
+        entry = next((k for k in settings.keys if k.admin), settings.keys[0])
+        key = os.environ.get(entry.key_env)
     return {"authorization": f"Bearer {key}"} if key else {}
 
 
@@ -65,13 +74,13 @@ def _gateway(settings: Any, base_url: str | None) -> Iterator[str]:
 def _get_records(url: str, headers: dict[str, str], probe: bool) -> list[dict[str, Any]]:
     import httpx
 
-    params = {"probe": "1"} if probe else {}
+    method, path = ("POST", "/v1/endpoints/probe") if probe else ("GET", "/v1/endpoints")
     try:
-        resp = httpx.get(f"{url}/v1/endpoints", params=params, headers=headers, timeout=300)
+        resp = httpx.request(method, f"{url}{path}", headers=headers, timeout=300)
     except httpx.HTTPError as exc:
         raise _fail(f"gateway unreachable at {url}: {type(exc).__name__}", 1) from None
     if resp.status_code != 200:
-        raise _fail(f"GET /v1/endpoints answered {resp.status_code}: {resp.text[:300]}", 1)
+        raise _fail(f"{method} {path} answered {resp.status_code}: {resp.text[:300]}", 1)
     data: list[dict[str, Any]] = resp.json()["data"]
     return data
 
@@ -159,17 +168,15 @@ def _parse_concurrency(text: str) -> list[int]:
         levels = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise _fail(f"--concurrency takes integers like 1,4,16, not {text!r}") from None
-    if not levels or min(levels) < 1:
-        raise _fail("--concurrency levels must be >= 1")
     return levels
 
 
-def _parse_sweep(text: str | None) -> tuple[str, list[float]] | None:
+def _parse_sweep(text: str | None) -> dict[str, list[float]]:
     if not text:
-        return None
+        return {}
     name, _, values = text.partition("=")
     try:
-        return name.strip(), [float(v) for v in values.split(",") if v.strip()]
+        return {name.strip(): [float(v) for v in values.split(",") if v.strip()]}
     except ValueError:
         raise _fail(
             f"--sweep takes NAME=V1,V2,... (e.g. temperature=0,0.7), not {text!r}"
@@ -183,16 +190,15 @@ def _endpoint_of(records: list[dict[str, Any]], name: str) -> dict[str, Any]:
     raise _fail(f"no endpoint named {name!r} (have: {', '.join(r['name'] for r in records)})")
 
 
-async def _store_evidence(settings: Any, endpoint: str, evidence: dict[str, Any]) -> str:
+async def _store_evidence(settings: Any, endpoint: str, evidence: Evidence) -> str:
     from gateway.records.store import open_record_store
     from lookup.corpus.errors import StoreUnavailable
-    from sdk.wire.endpoints import Evidence
 
     if settings is None or settings.redis.url is None:
         return "record not updated: no shared store (configure Redis, or use POST /v1/audits)"
     store = open_record_store(settings.redis.url, prefix=settings.redis.prefix)
     try:
-        await store.add_evidence(endpoint, Evidence.model_validate(evidence))
+        await store.add_evidence(endpoint, evidence)
     except StoreUnavailable as exc:
         return f"record not updated: {exc}"
     finally:
@@ -200,14 +206,47 @@ async def _store_evidence(settings: Any, endpoint: str, evidence: dict[str, Any]
     return "record updated in Redis"
 
 
-def _print_summary(result: Any, written: list[Path]) -> None:
+def _levels_table(s: AuditSummary) -> Any:
+    """Each concurrency level side by side: throughput, TTFT/TPOT/E2E p50 and p99 per config."""
+    from rich.table import Table
+
+    table = Table(title="by concurrency level (all categories)")
+    for col in ("config", "conc", "tok/s (run)", "TTFT p50/p99", "TPOT p50/p99", "E2E p50/p99"):
+        table.add_column(col)
+    walls = {(lv.concurrency, lv.setting): lv.wall_s for lv in s.levels}
+    for g in sorted(s.all_categories(), key=lambda g: (g.config, g.setting, g.concurrency)):
+        wall = walls.get((g.concurrency, g.setting))
+        table.add_row(
+            g.config if g.setting == "default" else f"{g.config} {g.setting}",
+            str(g.concurrency),
+            f"{g.output_tokens / wall:.1f}" if wall else "-",
+            f"{_ms(g.ttft_s.p50)}/{_ms(g.ttft_s.p99)}",
+            f"{_ms(g.tpot_s.p50)}/{_ms(g.tpot_s.p99)}",
+            f"{_ms(g.e2e_s.p50)}/{_ms(g.e2e_s.p99)}",
+        )
+    return table
+
+
+def _memory_table(memory: dict[str, Any]) -> Any:
+    """Every part the engine's ``memory()`` reports."""
+    from rich.table import Table
+
+    table = Table(title="memory (local endpoint)")
+    table.add_column("part")
+    table.add_column("value", justify="right")
+    for part, value in memory.items():
+        table.add_row(part, f"{value:,}" if isinstance(value, int) else str(value))
+    return table
+
+
+def _print_summary(result: AuditResult, written: list[Path]) -> None:
     from rich.console import Console
     from rich.table import Table
 
     s = result.summary
     console = Console()
     formulas = Table(title="metrics and formulas", show_header=False)
-    for name, formula in s["formulas"].items():
+    for name, formula in s.formulas.items():
         formulas.add_row(name, formula)
     console.print(formulas)
     table = Table(title=f"audit of {result.endpoint} (all categories)")
@@ -224,40 +263,58 @@ def _print_summary(result: Any, written: list[Path]) -> None:
         "tok/s",
     ):
         table.add_column(col)
-    for g in s["groups"]:
-        if g["category"] == "all":
-            table.add_row(
-                g["config"],
-                g["setting"],
-                str(g["concurrency"]),
-                str(g["requests"]),
-                str(sum(g["errors"].values())),
-                _ms(g["ttft_s"]["p50"]),
-                _ms(g["tpot_s"]["p50"]),
-                _ms(g["itl_s"]["p50"]),
-                _ms(g["e2e_s"]["p50"]),
-                "-" if g["output_tok_s"] is None else f"{g['output_tok_s']:.1f}",
-            )
-    console.print(table)
-    for b in s["break_even"]:
-        speed = next(
-            (
-                x["speedup"]
-                for x in s["speedup"]
-                if all(x[k] == b[k] for k in ("category", "config", "concurrency", "setting"))
-            ),
-            None,
+    for g in s.all_categories():
+        table.add_row(
+            g.config,
+            g.setting,
+            str(g.concurrency),
+            str(g.requests),
+            str(sum(g.errors.values())),
+            _ms(g.ttft_s.p50),
+            _ms(g.tpot_s.p50),
+            _ms(g.itl_s.p50),
+            _ms(g.e2e_s.p50),
+            "-" if g.output_tok_s is None else f"{g.output_tok_s:.1f}",
         )
+    console.print(table)
+    if len(s.plan.concurrency) > 1:
+        console.print(_levels_table(s))
+    speedups = {(x.category, x.config, x.concurrency, x.setting): x.speedup for x in s.speedup}
+    for b in s.break_even:
+        speed = speedups.get((b.category, b.config, b.concurrency, b.setting))
         shown = "-" if speed is None else f"{speed:.2f}x"
         console.print(
-            f"{b['category']:>12} {b['config']:<13} c={b['concurrency']:<3} {b['setting']:<10} speedup {shown:>6}  {b['statement']}"
+            f"{b.category:>12} {b.config:<13} c={b.concurrency:<3} {b.setting:<10} speedup {shown:>6}  {b.statement}"
         )
-    if s["errors"]:
-        console.print(f"errors by type: {s['errors']}")
-    console.print(
-        f"evidence: {s['measured_evidence']['verdict']}: {s['measured_evidence']['detail']}"
-    )
+    if s.memory:
+        console.print(_memory_table(s.memory))
+    if s.errors:
+        console.print(f"errors by type: {s.errors}")
+    console.print(f"evidence: {s.measured_evidence.verdict}: {s.measured_evidence.detail}")
     console.print("wrote " + ", ".join(str(p) for p in written))
+
+
+def _memory_reader(url: str, endpoint: str, headers: dict[str, str]) -> MemoryReader:
+    """Reads ``GET /v1/endpoints/{endpoint}/memory`` (None where the endpoint has none)."""
+    import httpx
+
+    async def read() -> dict[str, Any] | None:
+        async with httpx.AsyncClient(timeout=60) as client:
+            try:
+                resp = await client.get(f"{url}/v1/endpoints/{endpoint}/memory", headers=headers)
+            except httpx.HTTPError:
+                return None
+        memory: dict[str, Any] | None = resp.json() if resp.status_code == 200 else None
+        return memory
+
+    return read
+
+
+async def _audit(plan: AuditPlan, url: str, headers: dict[str, str]) -> AuditResult:
+    from gateway.audit.runner import audit_client, run_audit
+
+    async with audit_client(f"{url}/v1", headers=headers) as client:
+        return await run_audit(plan, client, memory=_memory_reader(url, plan.endpoint, headers))
 
 
 def audit_command(
@@ -269,7 +326,6 @@ def audit_command(
     requests: int | None = typer.Option(
         None,
         "--requests",
-        min=1,
         help="Requests per configuration per level (default: the workload's size).",
     ),
     out: Path = typer.Option(Path("audit-out"), "--out", help="Output directory."),
@@ -277,12 +333,12 @@ def audit_command(
         None, "--sweep", help="One setting: temperature=0,0.7 or max_draft_tokens=4,8,16."
     ),
     poisson: float | None = typer.Option(
-        None, "--poisson", min=0.001, help="Poisson arrivals per second (default: closed loop)."
+        None, "--poisson", help="Poisson arrivals per second (default: closed loop)."
     ),
     max_tokens: int | None = typer.Option(
-        None, "--max-tokens", min=1, help="Override every item's max_tokens."
+        None, "--max-tokens", help="Override every item's max_tokens."
     ),
-    temperature: float = typer.Option(0.0, "--temperature", min=0.0, max=2.0),
+    temperature: float = typer.Option(0.0, "--temperature"),
     plots: bool = typer.Option(
         True, "--plots/--no-plots", help="Write PNG plots (needs matplotlib)."
     ),
@@ -290,13 +346,28 @@ def audit_command(
     base_url: str | None = BASE_URL,
     api_key: str | None = API_KEY,
 ) -> None:
-    """Audit one endpoint's latency with and without drafts; writes audit.json, report.md, PNGs."""
+    """Audit one endpoint's latency with and without drafts; writes audit.json, report.md, PNGs.
+
+    The options have the bounds of ``POST /v1/audits`` and run the same audit."""
+    from pydantic import ValidationError
+
     from gateway.audit.report import write_outputs
-    from gateway.audit.runner import AuditPlan, run_audit
+    from gateway.audit.runner import PlanError, plan_for
     from gateway.audit.workload import load_workload
 
-    levels = _parse_concurrency(concurrency)
-    swept = _parse_sweep(sweep)
+    try:
+        request = AuditRequest(
+            endpoint=endpoint,
+            concurrency=_parse_concurrency(concurrency),
+            requests=requests,
+            poisson_rate=poisson,
+            max_tokens=max_tokens,
+            temperature=temperature,
+            sweep=_parse_sweep(sweep),
+        )
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise _fail(f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from None
     try:
         items = load_workload(workload)
     except (OSError, ValueError) as exc:
@@ -305,27 +376,11 @@ def audit_command(
     headers = _headers(settings, api_key)
     with _gateway(settings, base_url) as url:
         record = _endpoint_of(_get_records(url, headers, probe=False), endpoint)
-        plan = AuditPlan(
-            base_url=url,
-            endpoint=endpoint,
-            model=record["models"][0],
-            items=items,
-            kind=record["kind"],
-            concurrency=levels,
-            requests=requests,
-            poisson_rate=poisson,
-            max_tokens=max_tokens,
-            temperature=temperature,
-            sweep=swept,
-            headers=headers,
-        )
         try:
-            plan.settings()
-        except ValueError as exc:
+            plan = plan_for(request, kind=record["kind"], model=record["models"][0], items=items)
+        except PlanError as exc:
             raise _fail(str(exc)) from None
-        result = asyncio.run(run_audit(plan))
+        result = asyncio.run(_audit(plan, url, headers))
     written = write_outputs(result, out, plots=plots)
     _print_summary(result, written)
-    typer.echo(
-        asyncio.run(_store_evidence(settings, endpoint, result.summary["measured_evidence"]))
-    )
+    typer.echo(asyncio.run(_store_evidence(settings, endpoint, result.summary.measured_evidence)))

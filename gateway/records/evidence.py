@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
-from sdk.wire.endpoints import Evidence, EvidenceKind, Verdict
+from sdk.wire.evidence import Evidence, EvidenceKind, Verdict
 
 MAX_EVIDENCE = 20
 

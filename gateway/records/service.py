@@ -42,6 +42,7 @@ class Records:
     def __init__(self, endpoints: Sequence[EndpointLike], store: RecordStore) -> None:
         self.endpoints = {e.name: e for e in endpoints}
         self.store = store
+        self._probing: set[str] = set()
 
     async def add_evidence(self, endpoint: str, evidence: Evidence) -> None:
         await self.store.add_evidence(endpoint, evidence)
@@ -66,25 +67,36 @@ class Records:
     async def records(self) -> list[EndpointRecord]:
         return [await self.record(name) for name in self.endpoints]
 
-    async def probe(
-        self, gateway_url: str, headers: Mapping[str, str], timeout_s: float = 300.0
-    ) -> None:
-        """Probe every endpoint and store what was found.
+    def busy(self, names: Sequence[str]) -> list[str]:
+        """The endpoints among ``names`` being probed now."""
+        return [n for n in names if n in self._probing]
 
-        Engines are asked directly (metrics, server info); the usage probe goes through the
-        gateway at ``gateway_url`` so credentials, model names and draft handling are the
-        gateway's own, and it asks the endpoint's first model.
+    async def probe(
+        self, gateway: httpx.AsyncClient, headers: Mapping[str, str], timeout_s: float = 300.0
+    ) -> None:
+        """Probe every endpoint and store what was found; one probe run per endpoint at a
+        time (call :meth:`busy` first: an endpoint being probed is skipped).
+
+        Engines are asked directly (metrics, server info); the usage probe goes through
+        ``gateway`` (a client of this gateway, e.g. in process: never a URL a request
+        named) so credentials, model names and draft handling are the gateway's own, and
+        it asks the endpoint's first model.
         """
-        async with httpx.AsyncClient(timeout=timeout_s) as client:
-            await asyncio.gather(
-                *(self._probe_one(client, e, gateway_url, headers) for e in self.endpoints.values())
-            )
+        endpoints = [e for e in self.endpoints.values() if e.name not in self._probing]
+        self._probing.update(e.name for e in endpoints)
+        try:
+            async with httpx.AsyncClient(timeout=timeout_s) as client:
+                await asyncio.gather(
+                    *(self._probe_one(client, gateway, e, headers) for e in endpoints)
+                )
+        finally:
+            self._probing.difference_update(e.name for e in endpoints)
 
     async def _probe_one(
         self,
         client: httpx.AsyncClient,
+        gateway: httpx.AsyncClient,
         e: EndpointLike,
-        gateway_url: str,
         headers: Mapping[str, str],
     ) -> None:
         models = model_names(e)
@@ -101,7 +113,8 @@ class Records:
             found += await probe_engine(client, e.kind, e.base_url, models[0], previous)
         documented = documented_for(e.kind, models)
         if documented is None or documented.accepts_prediction != "no":
-            url = f"{gateway_url.rstrip('/')}/v1/chat/completions"
-            found.append(await probe_usage(client, url, models[0], headers, e.name))
+            found.append(
+                await probe_usage(gateway, "/v1/chat/completions", models[0], headers, e.name)
+            )
         for ev in found:
             await self.add_evidence(e.name, ev)

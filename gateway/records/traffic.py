@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 
+from gateway.audit.metrics import percentile
 from gateway.records.evidence import make
 from gateway.records.store import WINDOW_S, RecordStore, Sample
 from sdk.wire.endpoints import LatencySummary
@@ -55,15 +56,6 @@ class TrafficRollup:
         )
 
 
-def _percentile(values: list[float], q: float) -> float | None:
-    """Nearest-rank percentile (q in 0..100) of the values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = max(1, -(-len(ordered) * q // 100))
-    return ordered[int(rank) - 1]
-
-
 async def latency(store: RecordStore, endpoint: str, window_s: float = WINDOW_S) -> LatencySummary:
     """p50/p95 TTFT and TPOT over the window, and the endpoint's prediction-token totals."""
     samples = await store.samples(endpoint, time.time() - window_s)
@@ -73,10 +65,10 @@ async def latency(store: RecordStore, endpoint: str, window_s: float = WINDOW_S)
     return LatencySummary(
         window_s=window_s,
         requests=len(samples),
-        ttft_p50=_percentile(ttfts, 50),
-        ttft_p95=_percentile(ttfts, 95),
-        tpot_p50=_percentile(tpots, 50),
-        tpot_p95=_percentile(tpots, 95),
+        ttft_p50=percentile(ttfts, 50),
+        ttft_p95=percentile(ttfts, 95),
+        tpot_p50=percentile(tpots, 50),
+        tpot_p95=percentile(tpots, 95),
         accepted_prediction_tokens=counts.get("accepted_prediction_tokens", 0),
         rejected_prediction_tokens=counts.get("rejected_prediction_tokens", 0),
     )

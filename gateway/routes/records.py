@@ -1,71 +1,104 @@
-"""``GET /v1/endpoints`` (speculation records), ``GET /v1/endpoints/{name}/memory`` (a local
-endpoint's memory) and ``POST /v1/audits`` (run an audit through this gateway)."""
+"""``GET /v1/endpoints`` (speculation records), ``POST /v1/endpoints/probe`` (probe them
+first), ``GET /v1/endpoints/{name}/memory`` (a local endpoint's memory) and
+``POST /v1/audits`` (run an audit through this gateway).
+
+Probes and audits need an admin key (anyone, with no keys configured), and call this
+gateway in process (:class:`AppTransport`): nothing in a request decides where they
+connect. One audit runs at a time; one probe run per endpoint; an audit stops when its
+client goes away.
+"""
 
 from __future__ import annotations
 
+import asyncio
 from functools import partial
+from typing import Any
 
+import httpx
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway.errors import InvalidRequest, NotFound, ServiceUnavailable
-from gateway.http.asgi import read_body
+from gateway.audit.app_transport import IN_PROCESS_URL, AppTransport
+from gateway.errors import Conflict, GatewayError, InvalidRequest, NotFound, ServiceUnavailable
+from gateway.http.asgi import read_body, run_until_disconnect
 from gateway.http.responses import json_response
 from gateway.http.validation import parse_json, validate
 from gateway.records.service import model_names
 from gateway.runtime import Runtime
 from lookup.corpus.errors import StoreUnavailable
-from sdk.wire.endpoints import AuditRequest, EndpointList, Evidence
+from sdk.wire.endpoints import AuditRequest, AuditResult, EndpointList
+
+PROBE_TIMEOUT_S = 300.0
 
 
-def _authorize(runtime: Runtime, request: Request) -> dict[str, str]:
-    """Check the caller's gateway key; the headers to reuse for calls back into the gateway."""
-    runtime.auth.tenant(request.scope)
+def _admin(runtime: Runtime, request: Request) -> dict[str, str]:
+    """Check for an admin key; the headers that carry it into the in-process calls."""
+    runtime.auth.admin(request.scope)
     value = request.headers.get("authorization")
     return {"authorization": value} if value is not None else {}
 
 
-def _gateway_url(request: Request) -> str:
-    return str(request.base_url).rstrip("/")
-
-
-async def list_endpoints(runtime: Runtime, request: Request) -> Response:
-    """Every endpoint's record; ``?probe=1`` runs the probes first."""
-    headers = _authorize(runtime, request)
-    records = runtime.records
+async def _listing(runtime: Runtime) -> Response:
     try:
-        if request.query_params.get("probe", "").lower() in ("1", "true", "yes"):
-            await records.probe(_gateway_url(request), headers)
         await runtime.telemetry.flush()  # the traffic up to now, in the roll-ups
-        data = await records.records()
+        data = await runtime.records.records()
     except StoreUnavailable as exc:
         raise ServiceUnavailable(f"record store unavailable: {exc}") from None
     return json_response(EndpointList(data=data).model_dump(mode="json"))
 
 
-async def endpoint_memory(runtime: Runtime, request: Request) -> Response:
-    """Memory of an in-process local endpoint's engine (weights, KV cache, indexes), bytes."""
-    _authorize(runtime, request)
-    name = request.path_params["name"]
+async def list_endpoints(runtime: Runtime, request: Request) -> Response:
+    """Every endpoint's record."""
+    runtime.auth.tenant(request.scope)
+    if "probe" in request.query_params:
+        raise InvalidRequest("probes run with POST /v1/endpoints/probe", param="probe")
+    return await _listing(runtime)
+
+
+async def probe_endpoints(runtime: Runtime, request: Request) -> Response:
+    """Probe every endpoint (admin; 409 while a probe of any of them runs), then list."""
+    headers = _admin(runtime, request)
+    records = runtime.records
+    busy = records.busy(list(records.endpoints))
+    if busy:
+        raise Conflict(f"a probe of {', '.join(busy)} is running; try again when it ends")
+    transport = AppTransport(request.app)
+    async with httpx.AsyncClient(
+        base_url=IN_PROCESS_URL, transport=transport, timeout=PROBE_TIMEOUT_S
+    ) as gateway:
+        try:
+            await records.probe(gateway, headers, PROBE_TIMEOUT_S)
+        except StoreUnavailable as exc:
+            raise ServiceUnavailable(f"record store unavailable: {exc}") from None
+    return await _listing(runtime)
+
+
+async def _engine_memory(runtime: Runtime, name: str) -> dict[str, Any]:
     local = runtime.local.get(name)
     if local is None:
         raise NotFound(f"no in-process local endpoint {name!r}", param="name")
     engine = await local.engine()
     try:
-        memory = engine.memory()
+        memory: dict[str, Any] = engine.memory()
     except Exception as exc:  # an engine bug must not become a stack trace
         raise ServiceUnavailable(f"engine memory unavailable: {type(exc).__name__}") from None
     runtime.telemetry.set_memory(name, memory)
-    return json_response(memory)
+    return memory
 
 
-async def create_audit(runtime: Runtime, request: Request) -> Response:
-    """Run an audit of one endpoint through this gateway and return its result."""
-    from gateway.audit.runner import AuditPlan, run_audit
-    from gateway.audit.workload import load_workload, parse_item
+async def endpoint_memory(runtime: Runtime, request: Request) -> Response:
+    """Memory of an in-process local endpoint's engine (weights, KV cache, indexes), bytes."""
+    runtime.auth.tenant(request.scope)
+    return json_response(await _engine_memory(runtime, request.path_params["name"]))
 
-    headers = _authorize(runtime, request)
+
+async def create_audit(runtime: Runtime, lock: asyncio.Lock, request: Request) -> Response:
+    """Run an audit of one endpoint through this gateway (in process) and return its
+    result; 409 while another audit runs (``lock``)."""
+    from gateway.audit.runner import PlanError, audit_client, plan_for, run_audit
+
+    headers = _admin(runtime, request)
     raw = await read_body(
         request.receive,
         runtime.settings.max_body_bytes,
@@ -77,47 +110,47 @@ async def create_audit(runtime: Runtime, request: Request) -> Response:
     if endpoint is None:
         raise NotFound(f"no endpoint named {body.endpoint!r}", param="endpoint")
     try:
-        items = [parse_item(raw) for raw in body.workload] if body.workload else load_workload()
-    except ValueError as exc:
-        raise InvalidRequest(f"workload: {exc}", param="workload") from None
-    sweep = next(iter(body.sweep.items())) if body.sweep else None
-    if len(body.sweep) > 1:
-        raise InvalidRequest("sweep: vary one setting at a time", param="sweep")
-    plan = AuditPlan(
-        base_url=_gateway_url(request),
-        endpoint=endpoint.name,
-        model=model_names(endpoint)[0],
-        items=items,
-        kind=endpoint.kind,
-        concurrency=body.concurrency,
-        requests=body.requests,
-        poisson_rate=body.poisson_rate,
-        max_tokens=body.max_tokens,
-        temperature=body.temperature,
-        sweep=sweep,
-        headers=headers,
-        progress=False,
-    )
+        plan = plan_for(body, kind=endpoint.kind, model=model_names(endpoint)[0])
+    except PlanError as exc:
+        raise InvalidRequest(str(exc), param=exc.param) from None
+    plan.progress = False
+    if lock.locked():
+        raise Conflict("an audit is running on this gateway; one runs at a time")
+
+    async def memory() -> dict[str, Any] | None:
+        if endpoint.name not in runtime.local:
+            return None
+        try:
+            return await _engine_memory(runtime, endpoint.name)
+        except GatewayError:
+            return None
+
+    results: list[AuditResult] = []
+
+    async def audit() -> None:
+        transport = AppTransport(request.app)
+        async with audit_client(f"{IN_PROCESS_URL}/v1", headers=headers, transport=transport) as c:
+            results.append(await run_audit(plan, c, memory=memory))
+
+    async with lock:
+        if await run_until_disconnect(request.receive, audit):
+            return Response(status_code=499)  # the client left: nobody reads this
+    [result] = results
     try:
-        plan.settings()
-    except ValueError as exc:
-        raise InvalidRequest(str(exc), param="sweep") from None
-    result = await run_audit(plan)
-    try:
-        await records.add_evidence(
-            endpoint.name, Evidence.model_validate(result.summary["measured_evidence"])
-        )
+        await records.add_evidence(endpoint.name, result.summary.measured_evidence)
     except StoreUnavailable:
-        result.summary["record_update"] = "record store unavailable: evidence not stored"
+        result.summary.record_update = "record store unavailable: evidence not stored"
     if not body.include_records:
         result.records = []
     return json_response(result.model_dump(mode="json"))
 
 
 def records_routes(runtime: Runtime) -> list[Route]:
-    """The records, memory and audit routes bound to ``runtime``."""
+    """The records, probe, memory and audit routes bound to ``runtime``."""
+    audit_lock = asyncio.Lock()
     return [
         Route("/v1/endpoints", partial(list_endpoints, runtime), methods=["GET"]),
+        Route("/v1/endpoints/probe", partial(probe_endpoints, runtime), methods=["POST"]),
         Route("/v1/endpoints/{name}/memory", partial(endpoint_memory, runtime), methods=["GET"]),
-        Route("/v1/audits", partial(create_audit, runtime), methods=["POST"]),
+        Route("/v1/audits", partial(create_audit, runtime, audit_lock), methods=["POST"]),
     ]

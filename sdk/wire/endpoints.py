@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-Verdict = Literal["yes", "no", "unknown"]
-EvidenceKind = Literal["probe", "passive", "measured"]
+from sdk.wire.audits import AuditSummary
+from sdk.wire.evidence import Evidence, Verdict
+
+MAX_AUDIT_WORKLOAD_ITEMS = 200
+MAX_AUDIT_REQUESTS = 1000
+MAX_AUDIT_LEVELS = 8
+MAX_AUDIT_CONCURRENCY = 64
+MAX_AUDIT_TOKENS = 4096
+MAX_AUDIT_SWEEP_VALUES = 8
+MIN_AUDIT_POISSON_RATE = 0.01
+MAX_AUDIT_POISSON_RATE = 100.0
 
 
 class DocumentedSpeculation(BaseModel):
@@ -24,17 +33,6 @@ class DocumentedSpeculation(BaseModel):
     evidence_visible: str = ""
     source_url: str
     checked: str = Field(description="date the row was checked against its source (YYYY-MM-DD)")
-
-
-class Evidence(BaseModel):
-    """One observation about whether speculation runs behind an endpoint."""
-
-    kind: EvidenceKind
-    source: str = Field(description="what was looked at, e.g. 'vllm /metrics'")
-    verdict: Verdict
-    detail: str
-    observed_at: float = Field(description="unix time of the observation")
-    values: dict[str, float] = Field(default_factory=dict)
 
 
 class LatencySummary(BaseModel):
@@ -75,17 +73,34 @@ class AuditRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    endpoint: str = Field(min_length=1)
+    endpoint: str = Field(min_length=1, max_length=200)
     workload: list[dict[str, Any]] | None = Field(
-        default=None, description="workload items (bench/README.md format); None = built-in"
+        default=None,
+        min_length=1,
+        max_length=MAX_AUDIT_WORKLOAD_ITEMS,
+        description="workload items (the audit workload JSONL format); None = built-in",
     )
-    concurrency: list[int] = Field(default_factory=lambda: [1], min_length=1)
-    requests: int | None = Field(default=None, ge=1, description="requests per configuration")
-    poisson_rate: float | None = Field(default=None, gt=0, description="arrivals per second")
-    max_tokens: int | None = Field(default=None, ge=1, description="override every item's")
+    concurrency: list[Annotated[int, Field(ge=1, le=MAX_AUDIT_CONCURRENCY)]] = Field(
+        default_factory=lambda: [1], min_length=1, max_length=MAX_AUDIT_LEVELS
+    )
+    requests: int | None = Field(
+        default=None, ge=1, le=MAX_AUDIT_REQUESTS, description="requests per configuration"
+    )
+    poisson_rate: float | None = Field(
+        default=None,
+        ge=MIN_AUDIT_POISSON_RATE,
+        le=MAX_AUDIT_POISSON_RATE,
+        description="arrivals per second",
+    )
+    max_tokens: int | None = Field(
+        default=None, ge=1, le=MAX_AUDIT_TOKENS, description="override every item's"
+    )
     temperature: float = Field(default=0.0, ge=0.0, le=2.0)
-    sweep: dict[str, list[float]] = Field(
+    sweep: dict[
+        str, Annotated[list[float], Field(min_length=1, max_length=MAX_AUDIT_SWEEP_VALUES)]
+    ] = Field(
         default_factory=dict,
+        max_length=1,
         description="one setting to vary ('temperature' or 'max_draft_tokens') -> values",
     )
     include_records: bool = Field(default=False, description="return every request's record")
@@ -100,5 +115,5 @@ class AuditResult(BaseModel):
     model: str
     started_at: float
     finished_at: float
-    summary: dict[str, Any]
+    summary: AuditSummary
     records: list[dict[str, Any]] = Field(default_factory=list)

@@ -14,7 +14,11 @@ from tests.gateway.servers import serve
 from tests.openai_standin import StandIn
 
 UPSTREAM_KEY = "sk-upstream-secret-0123456789"
-KEYS = {"DRAFTGATE_KEY_ALICE": "alice-key", "DRAFTGATE_KEY_BOB": "bob-key"}
+KEYS = {
+    "DRAFTGATE_KEY_ALICE": "alice-key",
+    "DRAFTGATE_KEY_BOB": "bob-key",
+    "DRAFTGATE_KEY_OPS": "ops-key",
+}
 ENVIRON = {"STANDIN_KEY": UPSTREAM_KEY, **KEYS}
 
 
@@ -89,6 +93,7 @@ def standin_settings(url: str, **extra: Any) -> Settings:
         "keys": [
             {"key_env": "DRAFTGATE_KEY_ALICE", "tenant": "alice"},
             {"key_env": "DRAFTGATE_KEY_BOB", "tenant": "bob"},
+            {"key_env": "DRAFTGATE_KEY_OPS", "tenant": "ops", "admin": True},
         ],
         **extra,
     }
@@ -97,7 +102,7 @@ def standin_settings(url: str, **extra: Any) -> Settings:
 
 @pytest.fixture(scope="session")
 def gateway_url(standin_server: tuple[StandIn, str]) -> Iterator[str]:
-    """The gateway in front of the stand-in (keys: alice-key, bob-key)."""
+    """The gateway in front of the stand-in (keys: alice-key, bob-key; ops-key is an admin)."""
     app = create_app(standin_settings(standin_server[1]), environ=ENVIRON)
     with serve(app) as url:
         yield url

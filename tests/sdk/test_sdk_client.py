@@ -150,4 +150,5 @@ def test_endpoints_and_audit(base_url: str, standin: StandIn) -> None:
         with pytest.raises(pydantic.ValidationError):
             client.audit("standin", concurency=[1])  # misspelt option: refused before sending
     assert records[0].name == "standin" and records[0].enabled == "unknown"
-    assert result.summary == {"concurrency": [1, 4], "requests": 2}
+    assert result.summary.plan.concurrency == [1, 4]
+    assert result.summary.plan.requests_per_config == 2

@@ -45,7 +45,7 @@ def gateway_settings(upstream: str) -> Settings:
     )
     return Settings(
         endpoints=(endpoint,),
-        keys=(KeyConfig(key_env="SDK_TEST_KEY", tenant="sdk"),),
+        keys=(KeyConfig(key_env="SDK_TEST_KEY", tenant="sdk", admin=True),),
         max_body_bytes=MAX_BODY,
     )
 
@@ -191,7 +191,7 @@ def test_endpoint_records_and_an_audit_through_the_gateway(
     assert [r.name for r in records] == ["standin"]
     assert records[0].documented is not None and records[0].documented.source_url
     assert result.endpoint == "standin" and result.finished_at >= result.started_at
-    assert result.summary["levels"][0]["concurrency"] == 1
+    assert result.summary.levels[0].concurrency == 1
     assert standin.requests  # the audit's requests went through the gateway to the upstream
 
 

@@ -57,7 +57,7 @@ def local_gateway(engine: Any) -> Iterator[str]:
 
 
 def test_local_verifier_record_is_yes_from_its_usage_fields(local_gateway: str) -> None:
-    resp = httpx.get(f"{local_gateway}/v1/endpoints", params={"probe": "1"}, timeout=600)
+    resp = httpx.post(f"{local_gateway}/v1/endpoints/probe", timeout=600)
     assert resp.status_code == 200
     [record] = EndpointList.model_validate(resp.json()).data
     assert (record.name, record.kind) == ("local", "local")
@@ -87,8 +87,9 @@ def test_audit_through_the_gateway_is_consistent_and_lossless(local_gateway: str
     assert baseline["draft_stats"]["drafted_tokens"] == 0
     # greedy decoding on the lossless local endpoint: same text with and without drafts
     assert {r["text"] for r in result.records} == {baseline["text"]}
-    assert not any(row["mismatch"] for row in result.summary["lossless"])
-    assert result.summary["measured_evidence"]["kind"] == "measured"
+    assert not any(row.mismatch for row in result.summary.lossless)
+    assert result.summary.measured_evidence.kind == "measured"
+    assert result.summary.memory and result.summary.memory.keys() >= {"weights_bytes"}
 
     listed = httpx.get(f"{local_gateway}/v1/endpoints", timeout=60).json()
     kinds = {e["kind"] for e in listed["data"][0]["evidence"]}
@@ -111,14 +112,23 @@ def test_cli_audit_against_a_running_gateway(local_gateway: str, tmp_path: Path)
             "--out",
             str(out),
             "--concurrency",
-            "1",
+            "1,4",
+            "--requests",
+            "4",
         ],
     )
     assert result.exit_code == 0, result.output
     assert "TPOT" in result.output and "(e2e - TTFT) / (output_tokens - 1)" in result.output
+    assert "by concurrency level" in result.output and "memory (local endpoint)" in result.output
     audit = AuditResult.model_validate_json((out / "audit.json").read_text())
-    assert len(audit.records) == 2
-    assert (out / "report.md").read_text().startswith("# Audit of endpoint `local`")
+    assert len(audit.records) == 2 * 2 * 4  # 2 levels x 2 configs x 4 requests
+    assert [lv.concurrency for lv in audit.summary.levels] == [1, 4]
+    memory = audit.summary.memory
+    assert memory is not None
+    report = (out / "report.md").read_text()
+    assert report.startswith("# Audit of endpoint `local`")
+    assert "## By concurrency level" in report
+    assert all(f"| {part} |" in report for part in memory)  # every part the engine reports
     assert (out / "speedup.png").exists()
 
     listing = CliRunner().invoke(cli, ["endpoints", "--json", "--base-url", local_gateway])

@@ -55,7 +55,8 @@ async def test_an_engine_that_ignores_prediction_never_comes_out_yes(kind: str) 
         assert engine.openai.bodies()[-1]["prediction"]["content"]  # it was sent, and answered 200
         endpoint = EndpointConfig(name="e", kind=kind, base_url=f"{url}/v1", models=["m"])
         records = Records([endpoint], MemoryRecordStore())
-        await records.probe(url, {})
+        async with httpx.AsyncClient(base_url=url) as gateway:
+            await records.probe(gateway, {})
         record = await records.record("e")
     assert record.enabled == ("no" if kind == "vllm" else "unknown")
     assert record.evidence

@@ -7,6 +7,7 @@ from __future__ import annotations
 import httpx
 
 ALICE = {"authorization": "Bearer alice-key"}
+OPS = {"authorization": "Bearer ops-key"}  # an admin key
 
 
 def _record(data: dict[str, object], name: str) -> dict[str, object]:
@@ -29,9 +30,7 @@ def test_records_list_every_endpoint_with_its_documented_row(gateway_url: str) -
 
 
 def test_probes_never_call_an_endpoint_that_ignores_prediction_yes(gateway_url: str) -> None:
-    resp = httpx.get(
-        f"{gateway_url}/v1/endpoints", params={"probe": "1"}, headers=ALICE, timeout=120
-    )
+    resp = httpx.post(f"{gateway_url}/v1/endpoints/probe", headers=OPS, timeout=120)
     assert resp.status_code == 200
     data = resp.json()
     vllm = _record(data, "vllm")
@@ -43,16 +42,16 @@ def test_probes_never_call_an_endpoint_that_ignores_prediction_yes(gateway_url: 
 def test_audit_requests_are_validated(gateway_url: str) -> None:
     url = f"{gateway_url}/v1/audits"
     bad_json = httpx.post(
-        url, content=b"{nope", headers={**ALICE, "content-type": "application/json"}
+        url, content=b"{nope", headers={**OPS, "content-type": "application/json"}
     )
     assert bad_json.status_code == 400
     assert bad_json.json()["error"]["code"] == "invalid_json"
-    empty = httpx.post(url, json={"endpoint": "vllm", "concurrency": []}, headers=ALICE)
+    empty = httpx.post(url, json={"endpoint": "vllm", "concurrency": []}, headers=OPS)
     assert empty.status_code == 400
     assert empty.json()["error"]["param"] == "concurrency"
-    unknown = httpx.post(url, json={"endpoint": "nope"}, headers=ALICE)
+    unknown = httpx.post(url, json={"endpoint": "nope"}, headers=OPS)
     assert unknown.status_code == 404
-    sweep = httpx.post(url, json={"endpoint": "vllm", "sweep": {"top_p": [1.0]}}, headers=ALICE)
+    sweep = httpx.post(url, json={"endpoint": "vllm", "sweep": {"top_p": [1.0]}}, headers=OPS)
     assert sweep.status_code == 400
     assert sweep.json()["error"]["param"] == "sweep"
 
@@ -70,7 +69,7 @@ def test_an_audit_of_an_endpoint_that_ignores_prediction_records_no_yes(gateway_
     resp = httpx.post(
         f"{gateway_url}/v1/audits",
         json={"endpoint": "vllm", "workload": [item], "requests": 2},
-        headers=ALICE,
+        headers=OPS,
         timeout=120,
     )
     assert resp.status_code == 200, resp.text
@@ -95,7 +94,7 @@ def test_an_audit_answered_by_a_fallback_endpoint_is_not_charged_to_the_audited_
     resp = httpx.post(
         f"{gateway_url}/v1/audits",
         json={"endpoint": "dead", "workload": [item], "include_records": True},
-        headers=ALICE,
+        headers=OPS,
         timeout=120,
     )
     assert resp.status_code == 200, resp.text
