@@ -14,9 +14,10 @@ from lookup.corpus.capture import CaptureItem, CaptureLimits, CaptureStats, capt
 from lookup.corpus.documents import (
     Document,
     DocumentMeta,
-    check_encodable,
     check_id,
+    check_language,
     check_namespace,
+    check_path,
     content_sha256,
     decode_text,
     guess_language,
@@ -91,18 +92,20 @@ class Corpus:
     ) -> DocumentMeta:
         check_namespace(ns)
         check_id(doc_id)
-        for value, what in ((path, "path"), (language, "language")):
-            if value is not None:
-                check_encodable(value, what)
+        check_path(path)
+        check_language(language)
         decoded, size = decode_text(text, self.max_doc_bytes)
+        language = language or guess_language(path or doc_id)
+        names = document_names(doc_id, path)
         doc = NewDocument(
             id=doc_id,
             text=decoded,
             sha256=content_sha256(decoded),
             bytes=size,
             path=path,
-            language=language or guess_language(path or doc_id),
-            names=document_names(doc_id, path),
+            language=language,
+            names=names,
+            meta_bytes=sum(len(v.encode()) for v in (doc_id, path or "", language or "", *names)),
         )
         return await self.store.put(ns, doc, answer=answer, limits=self.limits, now=self._clock())
 
