@@ -21,7 +21,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway.asgi import ASGIApp, Receive, Scope, Send, overhead_middleware
+from gateway import guard
+from gateway.asgi import ASGIApp, Receive, Scope, Send, overhead_middleware, send_error
 from gateway.config import Settings, load_settings
 from gateway.errors import GatewayError, NotFound
 from gateway.proxy import CompletionsEndpoint
@@ -44,11 +45,19 @@ class _Gateway(Starlette):
     middleware stack cost tens of microseconds per request. Everything else, other
     methods on these paths included, goes through Starlette."""
 
-    def __init__(self, fast: dict[str, ASGIApp], **kwargs: Any) -> None:
+    def __init__(self, fast: dict[str, ASGIApp], *, loopback_only: bool, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._fast = {path: overhead_middleware(app, catch=True) for path, app in fast.items()}
+        self._loopback_only = loopback_only
+        self._refuse = overhead_middleware(_refuse)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            refusal = guard.check(scope, loopback_only=self._loopback_only)
+            if refusal is not None:
+                scope["draftgate.refusal"] = refusal
+                await self._refuse(scope, receive, send)
+                return
         if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
             app = self._fast.get(scope["path"])
             if app is not None:
@@ -56,6 +65,10 @@ class _Gateway(Starlette):
                 await app(scope, receive, send)
                 return
         await super().__call__(scope, receive, send)
+
+
+async def _refuse(scope: Scope, receive: Receive, send: Send) -> None:
+    await send_error(send, scope["draftgate.refusal"])
 
 
 def _meta_routes(runtime: Runtime) -> list[Route]:
@@ -160,6 +173,7 @@ def create_app(
     ]
     app = _Gateway(
         completions,
+        loopback_only=not runtime.auth.enabled and not runtime.settings.allow_public_bind,
         routes=routes,
         middleware=[Middleware(overhead_middleware)],
         exception_handlers={

@@ -74,6 +74,8 @@ def _run(settings: Settings, host: str, port: int, allow_public: bool, access_lo
 
     try:
         check_bind(settings, host, allow_public)
+        if allow_public:  # also serves Host names other than loopback ones without keys
+            settings = settings.model_copy(update={"allow_public_bind": True})
         app = create_app(settings)
     except ConfigError as err:
         typer.echo(str(err), err=True)

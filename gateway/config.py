@@ -145,6 +145,7 @@ class RedisConfig(_Strict):
 class DocumentsConfig(_Strict):
     ttl_s: int = Field(default=86400, ge=1)
     recent: int = Field(default=2, ge=0, description="recent captured answers to draft from")
+    max_ids: int = Field(default=64, ge=1, description="document ids one request may name")
 
 
 def _default_endpoints() -> tuple[EndpointConfig, ...]:

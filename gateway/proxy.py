@@ -33,7 +33,8 @@ from gateway.asgi import (
 from gateway.call import API_PATHS, Api, Call, apply_usage
 from gateway.capabilities import CAPABILITIES
 from gateway.config import EndpointConfig
-from gateway.errors import GatewayError, InvalidJSON, InvalidRequest, ModelNotFound, UpstreamError
+from gateway.errors import GatewayError, InvalidRequest, ModelNotFound, UpstreamError
+from gateway.json_body import read_object
 from gateway.sse import SSE_HEADERS, StreamRelay, error_event
 from gateway.telemetry import RequestTiming
 from gateway.upstream import UpstreamFailure
@@ -56,16 +57,11 @@ def _field_error(err: ValidationError) -> InvalidRequest:
     return InvalidRequest(f"{loc}: {first['msg']}", param=loc, code="invalid_field")
 
 
-def parse_request(
+async def parse_request(
     api: Api, raw: bytes
 ) -> tuple[dict[str, Any], ChatCompletionRequest | CompletionRequest]:
     """The body as a dict and as the validated wire type (400 naming the field if not)."""
-    try:
-        data = json.loads(raw)
-    except ValueError as exc:
-        raise InvalidJSON(f"request body is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise InvalidJSON("request body must be a JSON object")
+    data = await read_object(raw)
     model_type = ChatCompletionRequest if api == "chat" else CompletionRequest
     try:
         return data, model_type.model_validate(data)
@@ -89,28 +85,31 @@ class CompletionsEndpoint:
             raw = await read_body(
                 receive, runtime.settings.max_body_bytes, header(scope, b"content-length")
             )
-            data, request = parse_request(self.api, raw)
+            data, request = await parse_request(self.api, raw)
             endpoints = runtime.routes.get(request.model)
             if not endpoints:
                 raise ModelNotFound(
                     f"model {request.model!r} is not served here (see GET /v1/models)",
                     param="model",
                 )
+            docs_header = header(scope, DOCUMENTS_HEADER)
+            doc_ids = drafts.document_ids(
+                request,
+                docs_header.decode("latin-1") if docs_header else None,
+                runtime.corpus.select_max_ids,
+            )
         except ClientDisconnected:
             return
         except GatewayError as error:
             await send_error(send, error)
             return
-        docs_header = header(scope, DOCUMENTS_HEADER)
         call = Call(
             api=self.api,
             tenant=tenant,
             raw=raw,
             data=data,
             request=request,
-            doc_ids=drafts.document_ids(
-                request, docs_header.decode("latin-1") if docs_header else None
-            ),
+            doc_ids=doc_ids,
             forward_headers=[(k, v) for k, v in scope["headers"] if k in FORWARDED_HEADERS],
             wait=wait,
             timing=RequestTiming(

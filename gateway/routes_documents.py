@@ -13,12 +13,12 @@ from starlette.routing import Route
 from gateway.asgi import read_body
 from gateway.errors import (
     GatewayError,
-    InvalidJSON,
     InvalidRequest,
     NotFound,
     PayloadTooLarge,
     ServiceUnavailable,
 )
+from gateway.json_body import read_object
 from gateway.runtime import Runtime
 from lookup.corpus import CorpusError, DocumentTooLarge, InvalidDocument, StoreUnavailable
 from sdk.wire import DocumentIn, DocumentInfo, DocumentList
@@ -76,10 +76,7 @@ def document_routes(runtime: Runtime) -> list[Route]:
                 runtime.settings.max_body_bytes,
                 request.headers.get("content-length", "").encode() or None,
             )
-            try:
-                data = json.loads(raw)
-            except ValueError as exc:
-                raise InvalidJSON(f"request body is not valid JSON: {exc}") from None
+            data = await read_object(raw)
             try:
                 doc = DocumentIn.model_validate(data)
             except ValidationError as err:

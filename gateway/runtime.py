@@ -49,6 +49,7 @@ class Runtime:
                 settings.redis.url, prefix=settings.redis.prefix, timeout_s=settings.redis.timeout_s
             ),
             ttl_s=settings.documents.ttl_s,
+            select_max_ids=settings.documents.max_ids,
         )
         self.telemetry = telemetry or Telemetry(
             open_record_store(settings.redis.url, prefix=settings.redis.prefix)
