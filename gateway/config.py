@@ -175,6 +175,9 @@ class Settings(BaseSettings):
     documents: DocumentsConfig = DocumentsConfig()
     capture: bool = False
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    max_response_bytes: int = Field(
+        default=64 * 1024 * 1024, ge=1024, description="an upstream's non-streamed answer"
+    )
     allow_public_bind: bool = False
     auth: bool = Field(default=True, description="false: no keys checked (the verifier server)")
 

@@ -35,7 +35,7 @@ from gateway.capabilities import CAPABILITIES
 from gateway.config import EndpointConfig
 from gateway.errors import GatewayError, InvalidRequest, ModelNotFound, UpstreamError
 from gateway.json_body import read_object
-from gateway.sse import SSE_HEADERS, StreamRelay, error_event
+from gateway.sse import SSE_HEADERS, EventTooLarge, StreamRelay, error_event
 from gateway.telemetry import RequestTiming
 from gateway.upstream import UpstreamFailure
 from sdk.wire import ChatCompletionRequest, CompletionRequest
@@ -206,8 +206,17 @@ class CompletionsEndpoint:
         self, call: Call, response: httpx.Response, send: Send, headers: Headers
     ) -> None:
         t0 = time.perf_counter()
+        limit = self.runtime.settings.max_response_bytes
         try:
-            body = await response.aread()
+            body = await _read_capped(response, limit)
+        except ResponseTooLarge:
+            await self._fail(
+                call,
+                send,
+                UpstreamError(f"upstream answer is over {limit} bytes", code="response_too_large"),
+                call.timing.prediction_status,
+            )
+            return
         except httpx.TimeoutException:
             await self._fail(
                 call,
@@ -262,6 +271,8 @@ class CompletionsEndpoint:
                     relay.observe(ready)
             if not relay.done:
                 problem = "upstream stream ended before [DONE]"
+        except EventTooLarge as exc:
+            problem = str(exc)
         except httpx.TimeoutException:
             problem = "upstream timed out mid-stream"
         except httpx.HTTPError as exc:
@@ -279,6 +290,25 @@ class CompletionsEndpoint:
         elif relay.text is not None:
             call.response_text = ["".join(relay.text)]
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+class ResponseTooLarge(Exception):
+    """An upstream answer is longer than the gateway will hold."""
+
+
+async def _read_capped(response: httpx.Response, limit: int) -> bytes:
+    """The whole body of ``response``; :class:`ResponseTooLarge` past ``limit`` bytes."""
+    declared = response.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise ResponseTooLarge
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_bytes():
+        size += len(chunk)
+        if size > limit:
+            raise ResponseTooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _texts(payload: dict[str, Any]) -> list[str]:
