@@ -20,14 +20,17 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway import guard
-from gateway.asgi import ASGIApp, Receive, Scope, Send, overhead_middleware, send_error
 from gateway.config import Settings, load_settings
 from gateway.errors import GatewayError, NotFound
-from gateway.proxy import CompletionsEndpoint
-from gateway.routes_documents import document_routes, error_response, json_response
-from gateway.routes_records import routes as records_routes
+from gateway.http import guard
+from gateway.http.asgi import overhead_middleware, send_error
+from gateway.http.responses import error_response
+from gateway.routes.completions import CompletionsEndpoint
+from gateway.routes.documents import document_routes
+from gateway.routes.meta import meta_routes
+from gateway.routes.records import records_routes
 from gateway.runtime import Runtime
 from gateway.telemetry import Telemetry
 from lookup.corpus import Corpus
@@ -69,37 +72,6 @@ class _Gateway(Starlette):
 
 async def _refuse(scope: Scope, receive: Receive, send: Send) -> None:
     await send_error(send, scope["draftgate.refusal"])
-
-
-def _meta_routes(runtime: Runtime) -> list[Route]:
-    async def models(request: Request) -> Response:
-        runtime.auth.tenant(_authorization(request))
-        data = [
-            {"id": name, "object": "model", "created": 0, "owned_by": "draftgate"}
-            for name in runtime.model_names()
-        ]
-        return json_response({"object": "list", "data": data})
-
-    async def healthz(request: Request) -> Response:
-        local = {name: endpoint.state for name, endpoint in runtime.local.items()}
-        endpoints = [e.name for e in runtime.settings.endpoints]
-        return json_response({"status": "ok", "endpoints": endpoints, "local": local})
-
-    async def metrics(request: Request) -> Response:
-        return Response(
-            runtime.telemetry.metrics_text(), media_type="text/plain; version=0.0.4; charset=utf-8"
-        )
-
-    return [
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/healthz", healthz, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
-    ]
-
-
-def _authorization(request: Request) -> bytes | None:
-    value = request.headers.get("authorization")
-    return value.encode("latin-1") if value is not None else None
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -167,9 +139,9 @@ def create_app(
     }
     routes: list[Route] = [
         *(Route(path, app, methods=["POST"]) for path, app in completions.items()),
-        *_meta_routes(runtime),
+        *meta_routes(runtime),
         *document_routes(runtime),
-        *records_routes,
+        *records_routes(runtime),
     ]
     app = _Gateway(
         completions,
@@ -184,7 +156,4 @@ def create_app(
         lifespan=lifespan,
     )
     app.state.runtime = runtime
-    app.state.settings = runtime.settings
-    app.state.telemetry = runtime.telemetry
-    app.state.corpus = runtime.corpus
     return app

@@ -5,8 +5,11 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 
+from starlette.types import Scope
+
 from gateway.config import ConfigError, Settings
 from gateway.errors import AuthenticationFailed
+from gateway.http.asgi import header
 
 DEFAULT_TENANT = "default"
 
@@ -52,10 +55,11 @@ class Authenticator:
             key_envs[value] = entry.key_env
         return cls(keys)
 
-    def tenant(self, authorization: bytes | None) -> str:
-        """The tenant for an ``Authorization`` header value."""
+    def tenant(self, scope: Scope) -> str:
+        """The tenant of a request, from its ``Authorization`` header."""
         if not self.enabled:
             return DEFAULT_TENANT
+        authorization = header(scope, b"authorization")
         if authorization is None:
             raise AuthenticationFailed("missing Authorization header (Bearer <gateway key>)")
         scheme, _, key = authorization.partition(b" ")

@@ -18,7 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from gateway.capabilities import DEFAULT_BASE_URLS
+from gateway.endpoints.capabilities import DEFAULT_BASE_URLS
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -1,5 +1,5 @@
 """Everything a running gateway holds: settings, auth, routes, upstream clients, local
-engines, the document corpus and telemetry. Built by ``create_app``; started and closed
+engines, the document corpus, telemetry and the speculation records. Built by ``create_app``; started and closed
 by the app's lifespan."""
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ import httpx
 from gateway.auth import Authenticator
 from gateway.call import Call
 from gateway.config import EndpointConfig, Settings
-from gateway.local_endpoint import LocalEndpoint
+from gateway.endpoints.local import LocalEndpoint
+from gateway.endpoints.upstream import Upstream
+from gateway.records.service import Records
 from gateway.records.store import open_record_store
 from gateway.telemetry import Telemetry
-from gateway.upstream import Upstream
 from lookup.corpus import Corpus, CorpusError, open_store
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ class Runtime:
         self.telemetry = telemetry or Telemetry(
             open_record_store(settings.redis.url, prefix=settings.redis.prefix)
         )
+        self.records = Records(settings.endpoints, self.telemetry.store)
         self.upstreams: dict[str, Upstream] = {}
         self.local: dict[str, LocalEndpoint] = {}
         for endpoint in settings.endpoints:

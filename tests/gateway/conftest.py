@@ -106,7 +106,7 @@ def gateway_url(standin_server: tuple[StandIn, str]) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def local_app(engine: Any) -> Any:
     """The verifier configuration (one local endpoint, no auth) on the shared engine."""
-    from gateway.cli_serve import verifier_settings
+    from gateway.cli.serve import verifier_settings
 
     return create_app(verifier_settings("smollm2-135m"), engines={"local": engine})
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gateway.app import create_app
-from gateway.cli_serve import check_bind, is_loopback, verifier_settings
+from gateway.cli.serve import check_bind, is_loopback, verifier_settings
 from gateway.config import ConfigError, build_settings, load_settings
 
 ISSUE_SHAPE = """

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from gateway.capabilities import CAPABILITIES
-from gateway.drafts import decide, document_ids, header_document_ids, upstream_body
+from gateway.endpoints.capabilities import CAPABILITIES
+from gateway.prediction_policy import decide, document_ids, header_document_ids, upstream_body
 from sdk.wire import ChatCompletionRequest, CompletionRequest
 
 BASE: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from gateway.sse import MAX_EVENT_BYTES, MAX_KEPT_CHARS, EventTooLarge, StreamRelay
+from gateway.http.sse import MAX_EVENT_BYTES, MAX_KEPT_CHARS, EventTooLarge, StreamRelay
 from gateway.telemetry import RequestTiming
 
 

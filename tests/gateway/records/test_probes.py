@@ -17,7 +17,7 @@ from gateway.records.probes import (
     usage_evidence,
 )
 from gateway.records.service import Records
-from gateway.telemetry import Telemetry
+from gateway.records.store import MemoryRecordStore
 
 
 async def test_vllm_with_spec_decode_counters_is_yes_and_rising_counters_are_passive_yes() -> None:
@@ -54,7 +54,7 @@ async def test_an_engine_that_ignores_prediction_never_comes_out_yes(kind: str) 
         assert "no evidence" in usage.detail
         assert engine.requests[-1]["prediction"]["content"]  # it was sent, and answered 200
         endpoint = EndpointConfig(name="e", kind=kind, base_url=f"{url}/v1", models=["m"])
-        records = Records([endpoint], Telemetry())
+        records = Records([endpoint], MemoryRecordStore())
         await records.probe(url, {})
         record = await records.record("e")
     assert record.enabled == ("no" if kind == "vllm" else "unknown")

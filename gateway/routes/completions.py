@@ -13,31 +13,28 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import httpx
-from pydantic import ValidationError
+from starlette.types import Receive, Scope, Send
 
-from gateway import drafts
-from gateway.asgi import (
+from gateway import prediction_policy
+from gateway.call import API_PATHS, Api, Call, apply_usage
+from gateway.config import EndpointConfig
+from gateway.endpoints.capabilities import CAPABILITIES
+from gateway.endpoints.upstream import UpstreamFailure
+from gateway.errors import GatewayError, InvalidJSON, ModelNotFound, UpstreamError
+from gateway.http.asgi import (
     ENDPOINT_HEADER,
     PREDICTION_HEADER,
     ClientDisconnected,
     Headers,
-    Receive,
-    Scope,
-    Send,
     header,
     read_body,
     run_until_disconnect,
     send_body,
     send_error,
 )
-from gateway.call import API_PATHS, Api, Call, apply_usage
-from gateway.capabilities import CAPABILITIES
-from gateway.config import EndpointConfig
-from gateway.errors import GatewayError, InvalidRequest, ModelNotFound, UpstreamError
-from gateway.json_body import read_object
-from gateway.sse import SSE_HEADERS, EventTooLarge, StreamRelay, error_event
+from gateway.http.sse import SSE_HEADERS, EventTooLarge, StreamRelay, error_event
+from gateway.http.validation import read_json, validate
 from gateway.telemetry import RequestTiming
-from gateway.upstream import UpstreamFailure
 from sdk.wire import ChatCompletionRequest, CompletionRequest
 
 if TYPE_CHECKING:
@@ -51,22 +48,16 @@ FORWARDED_HEADERS = frozenset(
 CLIENT_CLOSED = 499
 
 
-def _field_error(err: ValidationError) -> InvalidRequest:
-    first = err.errors()[0]
-    loc = ".".join(str(p) for p in first["loc"]) or "body"
-    return InvalidRequest(f"{loc}: {first['msg']}", param=loc, code="invalid_field")
-
-
 async def parse_request(
     api: Api, raw: bytes
 ) -> tuple[dict[str, Any], ChatCompletionRequest | CompletionRequest]:
     """The body as a dict and as the validated wire type (400 naming the field if not)."""
-    data = await read_object(raw)
-    model_type = ChatCompletionRequest if api == "chat" else CompletionRequest
-    try:
-        return data, model_type.model_validate(data)
-    except ValidationError as err:
-        raise _field_error(err) from None
+    data = await read_json(raw)
+    if not isinstance(data, dict):
+        raise InvalidJSON("request body must be a JSON object")
+    if api == "chat":
+        return data, validate(ChatCompletionRequest, data)
+    return data, validate(CompletionRequest, data)
 
 
 class CompletionsEndpoint:
@@ -81,7 +72,7 @@ class CompletionsEndpoint:
         runtime = self.runtime
         wait = scope["draftgate.wait"]
         try:
-            tenant = runtime.auth.tenant(header(scope, b"authorization"))
+            tenant = runtime.auth.tenant(scope)
             raw = await read_body(
                 receive, runtime.settings.max_body_bytes, header(scope, b"content-length")
             )
@@ -93,7 +84,7 @@ class CompletionsEndpoint:
                     param="model",
                 )
             docs_header = header(scope, DOCUMENTS_HEADER)
-            doc_ids = drafts.document_ids(
+            doc_ids = prediction_policy.document_ids(
                 request,
                 docs_header.decode("latin-1") if docs_header else None,
                 runtime.corpus.select_max_ids,
@@ -173,9 +164,11 @@ class CompletionsEndpoint:
             call, send, failure.to_error(failed_endpoint), call.timing.prediction_status
         )
 
-    async def _prepare(self, call: Call, endpoint: EndpointConfig) -> tuple[drafts.Decision, bytes]:
+    async def _prepare(
+        self, call: Call, endpoint: EndpointConfig
+    ) -> tuple[prediction_policy.Decision, bytes]:
         upstream_model = endpoint.upstream_model(call.request.model)
-        decision = drafts.decide(
+        decision = prediction_policy.decide(
             call.request,
             CAPABILITIES[endpoint.kind],
             upstream_model=upstream_model,
@@ -187,8 +180,8 @@ class CompletionsEndpoint:
         if decision.synthesize:
             prediction_text, missing = await self.runtime.document_text(call.tenant, call.doc_ids)
             if prediction_text is None:
-                decision = drafts.Decision(drafts.dropped(missing))
-        body = drafts.upstream_body(
+                decision = prediction_policy.Decision(prediction_policy.dropped(missing))
+        body = prediction_policy.upstream_body(
             call.raw,
             call.data,
             upstream_model=upstream_model,

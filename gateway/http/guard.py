@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import ipaddress
 
-from gateway.asgi import Scope, header
+from starlette.types import Scope
+
 from gateway.errors import GatewayError
+from gateway.http.asgi import header
 
 _LOOPBACK_NAMES = frozenset({"localhost", "localhost."})
 

@@ -1,11 +1,14 @@
-"""Request bodies as JSON objects, strictly: what the gateway validates is what it forwards.
+"""Request bodies into wire types: the one place a bad body becomes a 400.
 
-Refused with :class:`InvalidJSON` (400): invalid JSON, a body that is not an object, an
-object with a key twice (providers disagree on which one wins, so the gateway could
-validate one model and forward another), nesting deeper than ``MAX_DEPTH``, and strings
-with a lone surrogate (``"\\ud800"``: valid JSON, but not encodable as UTF-8, so a body
-rewritten for the upstream could not be sent). Large bodies are parsed on a worker
-thread so the event loop keeps serving everyone else.
+Bad JSON is :class:`InvalidJSON` (``invalid_json``); a body that fails a wire type's
+validation is :class:`InvalidRequest` (``invalid_field``) naming the first bad field.
+
+JSON is read strictly, so that what the gateway validates is what it forwards: an
+object with a key twice (providers disagree on which one wins: the gateway could validate
+one model and forward another), nesting deeper than ``MAX_DEPTH``, and strings with a
+lone surrogate (``"\\ud800"``: valid JSON, but not UTF-8, so a body rewritten for the
+upstream could not be encoded) are :class:`InvalidJSON` too. Bodies over
+``OFF_LOOP_BYTES`` are parsed on a worker thread so the event loop keeps serving others.
 """
 
 from __future__ import annotations
@@ -13,9 +16,13 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from typing import Any
+from typing import Any, TypeVar
 
-from gateway.errors import InvalidJSON
+from pydantic import BaseModel, ValidationError
+
+from gateway.errors import InvalidJSON, InvalidRequest
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
 
 MAX_DEPTH = 64
 OFF_LOOP_BYTES = 256 << 10
@@ -59,22 +66,30 @@ def _check_shape(data: Any, check_strings: bool) -> None:
         stack.extend((child, depth + 1) for child in children)
 
 
-def parse_object(raw: bytes) -> dict[str, Any]:
-    """``raw`` as a JSON object, or :class:`InvalidJSON` (see the module docstring)."""
+def parse_json(raw: bytes) -> Any:
+    """The decoded body; :class:`InvalidJSON` if it is not strict JSON (see above)."""
     try:
         data = json.loads(raw, object_pairs_hook=_no_duplicates)
     except RecursionError:
         raise InvalidJSON(f"request body nests deeper than {MAX_DEPTH} levels") from None
     except ValueError as exc:  # UnicodeDecodeError included
         raise InvalidJSON(f"request body is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise InvalidJSON("request body must be a JSON object")
     _check_shape(data, check_strings=_MAYBE_SURROGATE.search(raw) is not None)
     return data
 
 
-async def read_object(raw: bytes) -> dict[str, Any]:
-    """:func:`parse_object`, on a worker thread for bodies over ``OFF_LOOP_BYTES``."""
+async def read_json(raw: bytes) -> Any:
+    """:func:`parse_json`, on a worker thread for bodies over ``OFF_LOOP_BYTES``."""
     if len(raw) > OFF_LOOP_BYTES:
-        return await asyncio.to_thread(parse_object, raw)
-    return parse_object(raw)
+        return await asyncio.to_thread(parse_json, raw)
+    return parse_json(raw)
+
+
+def validate(model: type[ModelT], data: Any) -> ModelT:
+    """``data`` as ``model``; :class:`InvalidRequest` naming the first bad field if not."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"]) or "body"
+        raise InvalidRequest(f"{loc}: {first['msg']}", param=loc, code="invalid_field") from None

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
-from gateway.capabilities import Capability
+from gateway.endpoints.capabilities import Capability
 from gateway.errors import InvalidRequest
 from sdk.wire import ChatCompletionRequest, CompletionRequest
 

@@ -16,14 +16,22 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from gateway import drafts
-from gateway.asgi import ENDPOINT_HEADER, PREDICTION_HEADER, Headers, Send, send_body, send_error
+from starlette.types import Send
+
+from gateway import prediction_policy
 from gateway.call import Call
-from gateway.capabilities import CAPABILITIES
 from gateway.config import EndpointConfig
+from gateway.endpoints.capabilities import CAPABILITIES
+from gateway.endpoints.openai_objects import ResponseBuilder, draft_stats
 from gateway.errors import GatewayError, InvalidRequest, ServiceUnavailable, UpstreamError
-from gateway.openai_objects import ResponseBuilder, draft_stats
-from gateway.sse import DONE_EVENT, SSE_HEADERS, data_event, error_event
+from gateway.http.asgi import (
+    ENDPOINT_HEADER,
+    PREDICTION_HEADER,
+    Headers,
+    send_body,
+    send_error,
+)
+from gateway.http.sse import DONE_EVENT, SSE_HEADERS, data_event, error_event
 from lookup.corpus import Corpus, CorpusError
 from sdk.wire import ChatCompletionRequest, CompletionRequest
 
@@ -238,7 +246,7 @@ class LocalEndpoint:
     async def serve(self, call: Call, send: Send) -> None:
         """Answer ``call`` (streamed or not) from the local engine."""
         field = _unsupported(call.request)
-        decision = drafts.decide(
+        decision = prediction_policy.decide(
             call.request, CAPABILITIES["local"], upstream_model="", doc_ids=call.doc_ids, local=True
         )
         call.timing.prediction_status = decision.status
