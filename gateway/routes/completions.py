@@ -34,6 +34,7 @@ from gateway.http.asgi import (
 )
 from gateway.http.sse import SSE_HEADERS, EventTooLarge, StreamRelay, error_event
 from gateway.http.validation import read_json, validate
+from gateway.limits import estimate_tokens
 from gateway.telemetry import RequestTiming
 from sdk.wire import ChatCompletionRequest, CompletionRequest
 
@@ -60,6 +61,12 @@ async def parse_request(
     return data, validate(CompletionRequest, data)
 
 
+def _token_limit(request: ChatCompletionRequest | CompletionRequest) -> int | None:
+    if isinstance(request, ChatCompletionRequest):
+        return request.token_limit()
+    return request.max_tokens
+
+
 class CompletionsEndpoint:
     """The ASGI app behind one of the two completion routes."""
 
@@ -74,7 +81,10 @@ class CompletionsEndpoint:
         try:
             tenant = runtime.auth.tenant(scope)
             raw = await read_body(
-                receive, runtime.settings.max_body_bytes, header(scope, b"content-length")
+                receive,
+                runtime.settings.max_body_bytes,
+                header(scope, b"content-length"),
+                runtime.settings.server.body_timeout_s,
             )
             data, request = await parse_request(self.api, raw)
             endpoints = runtime.routes.get(request.model)
@@ -88,6 +98,9 @@ class CompletionsEndpoint:
                 request,
                 docs_header.decode("latin-1") if docs_header else None,
                 runtime.corpus.select_max_ids,
+            )
+            lease = await runtime.limiter.admit(
+                tenant, estimate_tokens(len(raw), _token_limit(request))
             )
         except ClientDisconnected:
             return
@@ -115,6 +128,7 @@ class CompletionsEndpoint:
                 call.timing.status = CLIENT_CLOSED
                 call.timing.error = "client disconnected"
         finally:
+            await runtime.limiter.release(lease)
             if call.timing.t_end is None:
                 call.timing.t_end = time.perf_counter()
             runtime.telemetry.record(call.timing)

@@ -52,10 +52,12 @@ def document_routes(runtime: Runtime) -> list[Route]:
 
     async def create(request: Request) -> Response:
         tenant = runtime.auth.tenant(request.scope)
+        await runtime.limiter.admit_upload(tenant)
         raw = await read_body(
             request.receive,
             runtime.settings.max_body_bytes,
             request.headers.get("content-length", "").encode() or None,
+            runtime.settings.server.body_timeout_s,
         )
         doc = validate(DocumentIn, await read_json(raw))
         try:
