@@ -2,7 +2,8 @@
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (pure ASGI, the hot
 path, dispatched before Starlette's router and middleware stack), ``GET /v1/models``,
-``GET /healthz``, ``GET /metrics``, ``/v1/documents``, and the records/audits routes.
+``GET /healthz``, ``GET /metrics``, ``/v1/documents``, the records/audits routes and
+``GET /openapi.json``.
 Every response carries ``X-Draftgate-Overhead-Ms``.
 """
 
@@ -30,6 +31,7 @@ from gateway.http.responses import error_response
 from gateway.routes.completions import CompletionsEndpoint
 from gateway.routes.documents import document_routes
 from gateway.routes.meta import meta_routes
+from gateway.routes.openapi import openapi_routes
 from gateway.routes.records import records_routes
 from gateway.runtime import Runtime
 from gateway.telemetry import Telemetry
@@ -142,6 +144,7 @@ def create_app(
         *meta_routes(runtime),
         *document_routes(runtime),
         *records_routes(runtime),
+        *openapi_routes(),
     ]
     app = _Gateway(
         completions,
