@@ -16,7 +16,7 @@ from gateway.app import create_app
 from gateway.routes.openapi import openapi_document
 from tests.gateway.conftest import ENVIRON, KEYS, UPSTREAM_KEY, standin_settings
 from tests.gateway.servers import serve
-from tests.gateway.standin import StandIn
+from tests.openai_standin import StandIn
 
 SECRETS = (UPSTREAM_KEY, *KEYS.values())
 AUTH = {"authorization": "Bearer alice-key"}

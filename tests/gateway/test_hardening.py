@@ -13,7 +13,7 @@ import pytest
 from gateway.app import create_app
 from tests.gateway.conftest import ENVIRON, standin_settings
 from tests.gateway.servers import serve
-from tests.gateway.standin import StandIn
+from tests.openai_standin import StandIn
 
 JSON = {"content-type": "application/json"}
 AUTH = {"authorization": "Bearer alice-key", **JSON}

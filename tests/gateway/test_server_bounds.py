@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.gateway.standin import StandIn
+from tests.openai_standin import StandIn
 
 CONFIG = """
 [[endpoints]]
