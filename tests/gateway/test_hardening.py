@@ -129,12 +129,15 @@ def small_answers_url(standin_server: tuple[StandIn, str]) -> Iterator[str]:
 
 
 def test_upstream_answer_is_bounded(small_answers_url: str, standin: StandIn) -> None:
-    """The stand-in answers with the prediction it was sent."""
-    echo = {**CHAT, "prediction": {"type": "content", "content": "x" * 8000}}
-    error = error_of(post(small_answers_url, json.dumps(echo).encode()), 502)
+    """The stand-in answers with the prompt's fenced block."""
+
+    def fenced(size: int) -> bytes:
+        block = "```\n" + "x" * size + "\n```"
+        return json.dumps({**CHAT, "messages": [{"role": "user", "content": block}]}).encode()
+
+    error = error_of(post(small_answers_url, fenced(8000)), 502)
     assert error["code"] == "response_too_large"
-    echo["prediction"] = {"type": "content", "content": "x" * 100}
-    assert post(small_answers_url, json.dumps(echo).encode()).status_code == 200
+    assert post(small_answers_url, fenced(100)).status_code == 200
 
 
 def test_document_path_and_language_are_bounded(gateway_url: str) -> None:
