@@ -169,7 +169,9 @@ async def test_ids_and_namespaces_with_any_characters_round_trip(corpus: Corpus)
 
 
 @pytest.mark.parametrize(
-    ("path", "language"), [("p" * 1025, None), ("", None), (None, "l" * 65), (None, "")]
+    ("path", "language"),
+    [("p" * 1025, None), ("", None), (None, "l" * 65), (None, "")],
+    ids=["long-path", "empty-path", "long-language", "empty-language"],
 )
 async def test_path_and_language_are_bounded(corpus: Corpus, path, language) -> None:
     with pytest.raises(InvalidDocument):
