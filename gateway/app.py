@@ -26,7 +26,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from gateway.config import Settings, load_settings
 from gateway.errors import GatewayError, NotFound
 from gateway.http import guard
-from gateway.http.asgi import overhead_middleware, send_error
+from gateway.http.asgi import ClientDisconnected, overhead_middleware, send_error
 from gateway.http.responses import error_response
 from gateway.routes.completions import CompletionsEndpoint
 from gateway.routes.documents import document_routes
@@ -94,6 +94,11 @@ async def _gateway_error(request: Request, exc: Exception) -> Response:
     return error_response(exc)
 
 
+async def _client_gone(request: Request, exc: Exception) -> Response:
+    """Nobody reads this answer: the client left while sending its body."""
+    return Response(status_code=499)
+
+
 async def _server_error(request: Request, exc: Exception) -> Response:
     return error_response(GatewayError("internal gateway error"))
 
@@ -154,6 +159,7 @@ def create_app(
         exception_handlers={
             HTTPException: _http_error,
             GatewayError: _gateway_error,
+            ClientDisconnected: _client_gone,
             Exception: _server_error,
         },
         lifespan=lifespan,

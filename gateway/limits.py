@@ -8,8 +8,9 @@ limits hold across gateway replicas; without Redis (the embedded default) they l
 this process. When Redis does not answer, this process's counters stand in: a limiter
 must not turn a Redis outage into an outage of the gateway.
 
-Tokens are counted at admission as OpenAI does: the prompt estimated from its bytes
-(4 per token) plus the most the answer may use (``max_tokens``).
+Tokens are counted at admission as OpenAI does: the prompt estimated from the body's
+bytes (4 per token), counted before the body is parsed so that big bodies spend their
+sender's budget, then the most the answer may use (``max_tokens``) once it is known.
 """
 
 from __future__ import annotations
@@ -58,6 +59,15 @@ if refused == 0 then
   if tokens == want then redis.call('PEXPIRE', KEYS[3], ARGV[5]); ttl_t = tonumber(ARGV[5]) end
 end
 return {refused, requests, tokens, ttl_r, ttl_t}
+"""
+# KEYS: tokens. ARGV: token limit, tokens, window ms. Returns {refused (0/1), tokens, ms left}.
+_CHARGE = """
+local tokens = tonumber(redis.call('GET', KEYS[1]) or '0')
+local ttl = redis.call('PTTL', KEYS[1])
+if tokens + tonumber(ARGV[2]) > tonumber(ARGV[1]) then return {1, tokens, ttl} end
+tokens = redis.call('INCRBY', KEYS[1], ARGV[2])
+if ttl < 0 then redis.call('PEXPIRE', KEYS[1], ARGV[3]); ttl = tonumber(ARGV[3]) end
+return {0, tokens, ttl}
 """
 _RELEASE = """
 if tonumber(redis.call('GET', KEYS[1]) or '0') > 0 then redis.call('DECR', KEYS[1]) end
@@ -117,6 +127,14 @@ class _Windows:
             self._windows[(tenant, "tokens")] = (t_end, used)
         return Verdict(refused, requests, used, r_end - now, t_end - now)
 
+    def charge(self, tenant: str, limit: int, tokens: int) -> Verdict:
+        now = self._clock()
+        end, used = self._window((tenant, "tokens"), now)
+        if used + tokens > limit:
+            return Verdict("tokens", 0, used, 0.0, end - now)
+        self._windows[(tenant, "tokens")] = (end, used + tokens)
+        return Verdict(None, 0, used + tokens, 0.0, end - now)
+
     def release(self, tenant: str) -> None:
         left = self._inflight.get(tenant, 0) - 1
         if left > 0:
@@ -152,6 +170,7 @@ class RateLimiter:
         self._local = _Windows(clock)
         self._admit: Any = redis.register_script(_ADMIT) if redis is not None else None
         self._release: Any = redis.register_script(_RELEASE) if redis is not None else None
+        self._charge: Any = redis.register_script(_CHARGE) if redis is not None else None
 
     def _keys(self, tenant: str, *kinds: str) -> list[str]:
         base = f"{self._prefix}{{rl:{digest(tenant)}}}:"
@@ -192,6 +211,24 @@ class RateLimiter:
             if verdict.refused is None:
                 return Lease(tenant, in_redis=False)
         raise self._refusal(verdict)
+
+    async def charge(self, lease: Lease, tokens: int) -> None:
+        """Count ``tokens`` more for an admitted request (its ``max_tokens``, once known);
+        :class:`RateLimited` when they pass the limit (the caller still releases)."""
+        if tokens <= 0:
+            return
+        limit = self.limits.tokens_per_minute
+        result = None
+        if lease.in_redis:
+            (key,) = self._keys(lease.tenant, "tokens")
+            result = await self._call(self._charge, [key], [limit, tokens, int(WINDOW_S * 1000)])
+        if result is not None:
+            refused, used, ttl = (int(v) for v in result)
+            verdict = Verdict("tokens" if refused else None, 0, used, 0.0, max(ttl, 0) / 1000)
+        else:
+            verdict = self._local.charge(lease.tenant, limit, tokens)
+        if verdict.refused is not None:
+            raise self._refusal(verdict)
 
     def _refusal(self, verdict: Verdict) -> RateLimited:
         limits = self.limits
@@ -267,9 +304,9 @@ class Lease:
     in_redis: bool
 
 
-def estimate_tokens(body_bytes: int, max_tokens: int | None) -> int:
-    """Tokens a request is counted for at admission."""
-    return body_bytes // BYTES_PER_TOKEN + (max_tokens or 0)
+def prompt_tokens(body_bytes: int) -> int:
+    """Tokens a request body is counted for at admission (before it is parsed)."""
+    return body_bytes // BYTES_PER_TOKEN
 
 
 def open_limiter(

@@ -25,9 +25,10 @@ from gateway.errors import InvalidJSON, InvalidRequest
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
 MAX_DEPTH = 64
+_CONTAINERS = (dict, list)
 OFF_LOOP_BYTES = 256 << 10
-# a \uD800-\uDFFF escape, or a surrogate encoded as (invalid) UTF-8 bytes
-_MAYBE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+# a \uD800-\uDFFF escape (one literal prefix: the search skips ahead quickly)
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -41,40 +42,51 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return obj
 
 
-def _check_shape(data: Any, check_strings: bool) -> None:
-    """Depth bound (and, when asked, lone surrogates) over the parsed value, iteratively."""
-    stack: list[tuple[Any, int]] = [(data, 0)]
-    while stack:
-        value, depth = stack.pop()
-        if isinstance(value, dict):
-            children: Any = value.values()
-            if check_strings:
-                children = [*value, *children]
-        elif isinstance(value, list):
-            children = value
-        else:
-            if check_strings and isinstance(value, str):
-                try:
-                    value.encode("utf-8")
-                except UnicodeEncodeError:
-                    raise InvalidJSON(
-                        "request body has a string with a lone surrogate (not valid Unicode)"
-                    ) from None
-            continue
+def _check_depth(data: Any) -> None:
+    """:class:`InvalidJSON` when containers nest deeper than ``MAX_DEPTH`` (iteratively;
+    only containers are visited, so long lists of scalars cost one pass in C)."""
+    level = [data] if isinstance(data, _CONTAINERS) else []
+    depth = 0
+    while level:
         if depth >= MAX_DEPTH:
             raise InvalidJSON(f"request body nests deeper than {MAX_DEPTH} levels")
-        stack.extend((child, depth + 1) for child in children)
+        nested: list[Any] = []
+        for value in level:
+            children = value.values() if isinstance(value, dict) else value
+            nested += [c for c in children if isinstance(c, _CONTAINERS)]
+        level, depth = nested, depth + 1
+
+
+def _lone_surrogate(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(item, dict):
+            stack += item
+            stack += item.values()
+        elif isinstance(item, list):
+            stack += item
+    return False
 
 
 def parse_json(raw: bytes) -> Any:
     """The decoded body; :class:`InvalidJSON` if it is not strict JSON (see above)."""
     try:
-        data = json.loads(raw, object_pairs_hook=_no_duplicates)
+        text = raw.decode("utf-8")  # strict: surrogates encoded as bytes are refused here
+        data = json.loads(text, object_pairs_hook=_no_duplicates)
     except RecursionError:
         raise InvalidJSON(f"request body nests deeper than {MAX_DEPTH} levels") from None
     except ValueError as exc:  # UnicodeDecodeError included
         raise InvalidJSON(f"request body is not valid JSON: {exc}") from None
-    _check_shape(data, check_strings=_MAYBE_SURROGATE.search(raw) is not None)
+    if text.count("[") + text.count("{") > MAX_DEPTH:  # else it cannot nest deeper
+        _check_depth(data)
+    if "\\u" in text and _SURROGATE_ESCAPE.search(text) and _lone_surrogate(data):
+        raise InvalidJSON("request body has a string with a lone surrogate (not valid Unicode)")
     return data
 
 

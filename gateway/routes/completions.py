@@ -34,7 +34,7 @@ from gateway.http.asgi import (
 )
 from gateway.http.sse import SSE_HEADERS, EventTooLarge, StreamRelay, error_event
 from gateway.http.validation import read_json, validate
-from gateway.limits import estimate_tokens
+from gateway.limits import Lease, prompt_tokens
 from gateway.telemetry import RequestTiming
 from sdk.wire import ChatCompletionRequest, CompletionRequest
 
@@ -78,6 +78,7 @@ class CompletionsEndpoint:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         runtime = self.runtime
         wait = scope["draftgate.wait"]
+        lease: Lease | None = None
         try:
             tenant = runtime.auth.tenant(scope)
             raw = await read_body(
@@ -86,7 +87,10 @@ class CompletionsEndpoint:
                 header(scope, b"content-length"),
                 runtime.settings.server.body_timeout_s,
             )
+            # counted before parsing: a tenant's big bodies spend its own budget
+            lease = await runtime.limiter.admit(tenant, prompt_tokens(len(raw)))
             data, request = await parse_request(self.api, raw)
+            await runtime.limiter.charge(lease, _token_limit(request) or 0)
             endpoints = runtime.routes.get(request.model)
             if not endpoints:
                 raise ModelNotFound(
@@ -99,13 +103,11 @@ class CompletionsEndpoint:
                 docs_header.decode("latin-1") if docs_header else None,
                 runtime.corpus.select_max_ids,
             )
-            lease = await runtime.limiter.admit(
-                tenant, estimate_tokens(len(raw), _token_limit(request))
-            )
-        except ClientDisconnected:
-            return
-        except GatewayError as error:
-            await send_error(send, error)
+        except (ClientDisconnected, GatewayError) as error:
+            if lease is not None:
+                await runtime.limiter.release(lease)
+            if isinstance(error, GatewayError):
+                await send_error(send, error)
             return
         call = Call(
             api=self.api,
