@@ -2,7 +2,8 @@
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (pure ASGI, the hot
 path, dispatched before Starlette's router and middleware stack), ``GET /v1/models``,
-``GET /healthz``, ``GET /metrics``, ``/v1/documents``, and the records/audits routes.
+``GET /healthz``, ``GET /metrics``, ``/v1/documents``, the records/audits routes and
+``GET /openapi.json``.
 Every response carries ``X-Draftgate-Overhead-Ms``.
 """
 
@@ -24,11 +25,13 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.config import Settings, load_settings
 from gateway.errors import GatewayError, NotFound
-from gateway.http.asgi import overhead_middleware
+from gateway.http import guard
+from gateway.http.asgi import ClientDisconnected, overhead_middleware, send_error
 from gateway.http.responses import error_response
 from gateway.routes.completions import CompletionsEndpoint
 from gateway.routes.documents import document_routes
 from gateway.routes.meta import meta_routes
+from gateway.routes.openapi import openapi_routes
 from gateway.routes.records import records_routes
 from gateway.runtime import Runtime
 from gateway.telemetry import Telemetry
@@ -47,11 +50,19 @@ class _Gateway(Starlette):
     middleware stack cost tens of microseconds per request. Everything else, other
     methods on these paths included, goes through Starlette."""
 
-    def __init__(self, fast: dict[str, ASGIApp], **kwargs: Any) -> None:
+    def __init__(self, fast: dict[str, ASGIApp], *, loopback_only: bool, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._fast = {path: overhead_middleware(app, catch=True) for path, app in fast.items()}
+        self._loopback_only = loopback_only
+        self._refuse = overhead_middleware(_refuse)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            refusal = guard.check(scope, loopback_only=self._loopback_only)
+            if refusal is not None:
+                scope["draftgate.refusal"] = refusal
+                await self._refuse(scope, receive, send)
+                return
         if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
             app = self._fast.get(scope["path"])
             if app is not None:
@@ -59,6 +70,10 @@ class _Gateway(Starlette):
                 await app(scope, receive, send)
                 return
         await super().__call__(scope, receive, send)
+
+
+async def _refuse(scope: Scope, receive: Receive, send: Send) -> None:
+    await send_error(send, scope["draftgate.refusal"])
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -77,6 +92,11 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 async def _gateway_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, GatewayError)
     return error_response(exc)
+
+
+async def _client_gone(request: Request, exc: Exception) -> Response:
+    """Nobody reads this answer: the client left while sending its body."""
+    return Response(status_code=499)
 
 
 async def _server_error(request: Request, exc: Exception) -> Response:
@@ -129,14 +149,17 @@ def create_app(
         *meta_routes(runtime),
         *document_routes(runtime),
         *records_routes(runtime),
+        *openapi_routes(),
     ]
     app = _Gateway(
         completions,
+        loopback_only=not runtime.auth.enabled and not runtime.settings.allow_public_bind,
         routes=routes,
         middleware=[Middleware(overhead_middleware)],
         exception_handlers={
             HTTPException: _http_error,
             GatewayError: _gateway_error,
+            ClientDisconnected: _client_gone,
             Exception: _server_error,
         },
         lifespan=lifespan,

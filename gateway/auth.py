@@ -18,6 +18,10 @@ class MissingKey(ConfigError):
     """A configured ``key_env`` variable is not set."""
 
 
+class DuplicateKey(ConfigError):
+    """Two ``key_env`` variables hold the same key (one tenant would get the other's)."""
+
+
 def _digest(key: bytes) -> bytes:
     return hashlib.sha256(key).digest()
 
@@ -48,13 +52,20 @@ class Authenticator:
             return cls(None)
         keys: dict[str, str] = {}
         admins: list[str] = []
+        key_envs: dict[str, str] = {}
         for entry in settings.keys:
             value = environ.get(entry.key_env)
             if not value:
                 raise MissingKey(
                     f"keys: environment variable {entry.key_env} (tenant {entry.tenant!r}) is not set"
                 )
+            if value in keys:
+                raise DuplicateKey(
+                    f"keys: {key_envs[value]} and {entry.key_env} hold the same key; "
+                    "every tenant needs a key of its own"
+                )
             keys[value] = entry.tenant
+            key_envs[value] = entry.key_env
             if entry.admin:
                 admins.append(value)
         return cls(keys, admins)

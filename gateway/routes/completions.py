@@ -32,8 +32,9 @@ from gateway.http.asgi import (
     send_body,
     send_error,
 )
-from gateway.http.sse import SSE_HEADERS, StreamRelay, error_event
-from gateway.http.validation import parse_json, validate
+from gateway.http.sse import SSE_HEADERS, EventTooLarge, StreamRelay, error_event
+from gateway.http.validation import read_json, validate
+from gateway.limits import Lease, prompt_tokens
 from gateway.telemetry import RequestTiming
 from sdk.wire import ChatCompletionRequest, CompletionRequest
 
@@ -48,16 +49,22 @@ FORWARDED_HEADERS = frozenset(
 CLIENT_CLOSED = 499
 
 
-def parse_request(
+async def parse_request(
     api: Api, raw: bytes
 ) -> tuple[dict[str, Any], ChatCompletionRequest | CompletionRequest]:
     """The body as a dict and as the validated wire type (400 naming the field if not)."""
-    data = parse_json(raw)
+    data = await read_json(raw)
     if not isinstance(data, dict):
         raise InvalidJSON("request body must be a JSON object")
     if api == "chat":
         return data, validate(ChatCompletionRequest, data)
     return data, validate(CompletionRequest, data)
+
+
+def _token_limit(request: ChatCompletionRequest | CompletionRequest) -> int | None:
+    if isinstance(request, ChatCompletionRequest):
+        return request.token_limit()
+    return request.max_tokens
 
 
 class CompletionsEndpoint:
@@ -71,33 +78,44 @@ class CompletionsEndpoint:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         runtime = self.runtime
         wait = scope["draftgate.wait"]
+        lease: Lease | None = None
         try:
             tenant = runtime.auth.tenant(scope)
             raw = await read_body(
-                receive, runtime.settings.max_body_bytes, header(scope, b"content-length")
+                receive,
+                runtime.settings.max_body_bytes,
+                header(scope, b"content-length"),
+                runtime.settings.server.body_timeout_s,
             )
-            data, request = parse_request(self.api, raw)
+            # counted before parsing: a tenant's big bodies spend its own budget
+            lease = await runtime.limiter.admit(tenant, prompt_tokens(len(raw)))
+            data, request = await parse_request(self.api, raw)
+            await runtime.limiter.charge(lease, _token_limit(request) or 0)
             endpoints = runtime.routes.get(request.model)
             if not endpoints:
                 raise ModelNotFound(
                     f"model {request.model!r} is not served here (see GET /v1/models)",
                     param="model",
                 )
-        except ClientDisconnected:
+            docs_header = header(scope, DOCUMENTS_HEADER)
+            doc_ids = prediction_policy.document_ids(
+                request,
+                docs_header.decode("latin-1") if docs_header else None,
+                runtime.corpus.select_max_ids,
+            )
+        except (ClientDisconnected, GatewayError) as error:
+            if lease is not None:
+                await runtime.limiter.release(lease)
+            if isinstance(error, GatewayError):
+                await send_error(send, error)
             return
-        except GatewayError as error:
-            await send_error(send, error)
-            return
-        docs_header = header(scope, DOCUMENTS_HEADER)
         call = Call(
             api=self.api,
             tenant=tenant,
             raw=raw,
             data=data,
             request=request,
-            doc_ids=prediction_policy.document_ids(
-                request, docs_header.decode("latin-1") if docs_header else None
-            ),
+            doc_ids=doc_ids,
             forward_headers=[(k, v) for k, v in scope["headers"] if k in FORWARDED_HEADERS],
             wait=wait,
             timing=RequestTiming(
@@ -112,6 +130,7 @@ class CompletionsEndpoint:
                 call.timing.status = CLIENT_CLOSED
                 call.timing.error = "client disconnected"
         finally:
+            await runtime.limiter.release(lease)
             if call.timing.t_end is None:
                 call.timing.t_end = time.perf_counter()
             runtime.telemetry.record(call.timing)
@@ -196,8 +215,17 @@ class CompletionsEndpoint:
         self, call: Call, response: httpx.Response, send: Send, headers: Headers
     ) -> None:
         t0 = time.perf_counter()
+        limit = self.runtime.settings.max_response_bytes
         try:
-            body = await response.aread()
+            body = await _read_capped(response, limit)
+        except ResponseTooLarge:
+            await self._fail(
+                call,
+                send,
+                UpstreamError(f"upstream answer is over {limit} bytes", code="response_too_large"),
+                call.timing.prediction_status,
+            )
+            return
         except httpx.TimeoutException:
             await self._fail(
                 call,
@@ -252,6 +280,8 @@ class CompletionsEndpoint:
                     relay.observe(ready)
             if not relay.done:
                 problem = "upstream stream ended before [DONE]"
+        except EventTooLarge as exc:
+            problem = str(exc)
         except httpx.TimeoutException:
             problem = "upstream timed out mid-stream"
         except httpx.HTTPError as exc:
@@ -269,6 +299,25 @@ class CompletionsEndpoint:
         elif relay.text is not None:
             call.response_text = ["".join(relay.text)]
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+class ResponseTooLarge(Exception):
+    """An upstream answer is longer than the gateway will hold."""
+
+
+async def _read_capped(response: httpx.Response, limit: int) -> bytes:
+    """The whole body of ``response``; :class:`ResponseTooLarge` past ``limit`` bytes."""
+    declared = response.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise ResponseTooLarge
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_bytes():
+        size += len(chunk)
+        if size > limit:
+            raise ResponseTooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _texts(payload: dict[str, Any]) -> list[str]:

@@ -17,7 +17,7 @@ from gateway.errors import (
 )
 from gateway.http.asgi import read_body
 from gateway.http.responses import json_response
-from gateway.http.validation import parse_json, validate
+from gateway.http.validation import read_json, validate
 from gateway.runtime import Runtime
 from lookup.corpus import CorpusError, DocumentTooLarge, InvalidDocument, StoreUnavailable
 from sdk.languages import language_for
@@ -53,12 +53,14 @@ def document_routes(runtime: Runtime) -> list[Route]:
 
     async def create(request: Request) -> Response:
         tenant = runtime.auth.tenant(request.scope)
+        await runtime.limiter.admit_upload(tenant)
         raw = await read_body(
             request.receive,
             runtime.settings.max_body_bytes,
             request.headers.get("content-length", "").encode() or None,
+            runtime.settings.server.body_timeout_s,
         )
-        doc = validate(DocumentIn, parse_json(raw))
+        doc = validate(DocumentIn, await read_json(raw))
         try:
             meta = await runtime.corpus.put(
                 tenant,

@@ -14,13 +14,14 @@ from lookup.corpus.capture import CaptureItem, CaptureLimits, CaptureStats, capt
 from lookup.corpus.documents import (
     Document,
     DocumentMeta,
-    check_encodable,
     check_id,
+    check_language,
     check_namespace,
+    check_path,
     content_sha256,
     decode_text,
 )
-from lookup.corpus.errors import StoreUnavailable
+from lookup.corpus.errors import InvalidDocument, StoreUnavailable
 from lookup.corpus.mentions import document_names, mention_candidates
 from lookup.corpus.store import DocumentStore, Limits, NewDocument
 
@@ -35,7 +36,8 @@ class Corpus:
     ``ttl_s``: a document unused for this long is gone. ``max_doc_bytes``: larger documents
     are refused. ``max_ns_bytes``/``max_ns_docs``: a namespace's caps; least recently used
     documents are evicted to fit. ``select_max_docs``/``select_max_bytes`` bound what one
-    request drafts from. ``clock`` gives wall-clock seconds (injectable for tests).
+    request drafts from; ``select_max_ids`` bounds the ids one request may name (more is
+    `InvalidDocument`, refused before the store is asked). ``clock`` gives wall-clock seconds (injectable for tests).
     """
 
     def __init__(
@@ -48,6 +50,7 @@ class Corpus:
         max_ns_docs: int = 10_000,
         select_max_docs: int = 16,
         select_max_bytes: int = 4 << 20,
+        select_max_ids: int = 64,
         capture_limits: CaptureLimits | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -60,6 +63,7 @@ class Corpus:
         self.max_doc_bytes = max_doc_bytes
         self.select_max_docs = select_max_docs
         self.select_max_bytes = select_max_bytes
+        self.select_max_ids = select_max_ids
         self.capture_limits = capture_limits or CaptureLimits()
         self.capture_stats = CaptureStats()
         self._clock = clock
@@ -90,10 +94,10 @@ class Corpus:
     ) -> DocumentMeta:
         check_namespace(ns)
         check_id(doc_id)
-        for value, what in ((path, "path"), (language, "language")):
-            if value is not None:
-                check_encodable(value, what)
+        check_path(path)
+        check_language(language)
         decoded, size = decode_text(text, self.max_doc_bytes)
+        names = document_names(doc_id, path)
         doc = NewDocument(
             id=doc_id,
             text=decoded,
@@ -101,7 +105,8 @@ class Corpus:
             bytes=size,
             path=path,
             language=language,
-            names=document_names(doc_id, path),
+            names=names,
+            meta_bytes=sum(len(v.encode()) for v in (doc_id, path or "", language or "", *names)),
         )
         return await self.store.put(ns, doc, answer=answer, limits=self.limits, now=self._clock())
 
@@ -134,11 +139,18 @@ class Corpus:
     ) -> builtins.list[Document]:
         """Documents for one request, in one store round trip: ``ids`` in order, then
         documents whose id or path the prompt mentions, then the ``recent`` latest captured
-        answers; deduplicated and bounded by ``select_max_docs``/``select_max_bytes``."""
+        answers; deduplicated and bounded by ``select_max_docs``/``select_max_bytes``.
+        The prompt is scanned for mentions on a worker thread."""
+        if len(ids) > self.select_max_ids:
+            raise InvalidDocument(
+                f"{len(ids)} document ids named; at most {self.select_max_ids} per request"
+            )
+        checked = [check_id(i) for i in ids]
+        names = await asyncio.to_thread(mention_candidates, prompt_text) if prompt_text else []
         return await self.store.select(
             check_namespace(ns),
-            ids=[check_id(i) for i in ids],
-            names=mention_candidates(prompt_text) if prompt_text else [],
+            ids=checked,
+            names=names,
             recent=min(max(0, recent), self.select_max_docs),
             max_docs=self.select_max_docs,
             max_bytes=self.select_max_bytes,
@@ -151,7 +163,8 @@ class Corpus:
     ) -> builtins.list[tuple[str, np.ndarray]]:
         """(content sha256, uint32 token ids) per document, tokenized once per tokenizer.
 
-        Cached arrays come back in one round trip; new ones are encoded here and cached.
+        Cached arrays come back in one round trip; new ones are encoded on a worker thread
+        and cached.
         When the store is unavailable the documents are simply encoded.
         """
         shas = list(dict.fromkeys(d.sha256 for d in docs))
@@ -165,11 +178,13 @@ class Corpus:
             for sha, data in zip(shas, cached, strict=True)
             if data is not None
         }
-        fresh: dict[str, bytes] = {}
-        for doc in docs:
-            if doc.sha256 not in arrays:
-                arrays[doc.sha256] = np.asarray(encode(doc.text), dtype=np.uint32)
-                fresh[doc.sha256] = arrays[doc.sha256].astype("<u4").tobytes()
+        todo = list({d.sha256: d.text for d in docs if d.sha256 not in arrays}.items())
+        if todo:  # tokenizing megabytes takes a while: not on the event loop
+            encoded = await asyncio.to_thread(
+                lambda: [np.asarray(encode(text), dtype=np.uint32) for _, text in todo]
+            )
+            arrays.update((sha, array) for (sha, _), array in zip(todo, encoded, strict=True))
+        fresh = {sha: arrays[sha].astype("<u4").tobytes() for sha, _ in todo}
         if fresh:
             try:
                 await self.store.put_tokens(ns, fingerprint, fresh, limits=self.limits)

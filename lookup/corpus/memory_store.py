@@ -60,6 +60,7 @@ class _Namespace:
         if entry is None:
             return False
         self.answers.pop(doc_id, None)
+        self.stored_bytes -= entry.doc.meta_bytes
         self.drop_names(doc_id, entry)
         self.drop_ref(entry.doc)
         return True
@@ -96,6 +97,7 @@ class MemoryDocumentStore:
         created = now
         if old is not None:
             created = old.created
+            space.stored_bytes -= old.doc.meta_bytes
             space.drop_names(doc.id, old)
             if old.doc.sha256 != doc.sha256:
                 space.drop_ref(old.doc)
@@ -104,6 +106,7 @@ class MemoryDocumentStore:
             space.add_ref(doc)
         entry = _Entry(doc, created, now, digest(doc.id))
         space.entries[doc.id] = entry
+        space.stored_bytes += doc.meta_bytes
         for name in doc.names:
             space.names[name] = doc.id
         if answer:

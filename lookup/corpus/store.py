@@ -26,7 +26,12 @@ class Limits:
 
 @dataclass(frozen=True)
 class NewDocument:
-    """A validated document to store: its text, hash and the names a prompt may mention."""
+    """A validated document to store: its text, hash and the names a prompt may mention.
+
+    ``bytes`` is the text's UTF-8 size (counted once per distinct content);
+    ``meta_bytes`` the UTF-8 size of its id, path, language and names (counted per
+    document). Both count toward the namespace's byte cap.
+    """
 
     id: str
     text: str
@@ -35,6 +40,7 @@ class NewDocument:
     path: str | None
     language: str | None
     names: tuple[str, ...]
+    meta_bytes: int = 0
 
 
 class DocumentStore(Protocol):

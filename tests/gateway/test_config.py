@@ -141,6 +141,20 @@ def test_missing_credentials_stop_start_up() -> None:
         create_app(keyed, environ={})
 
 
+def test_two_key_variables_with_one_value_stop_start_up() -> None:
+    keyed = build_settings(
+        {
+            "keys": [
+                {"key_env": "KEY_ALICE", "tenant": "alice"},
+                {"key_env": "KEY_BOB", "tenant": "bob"},
+            ]
+        }
+    )
+    with pytest.raises(ConfigError, match="KEY_ALICE and KEY_BOB hold the same key"):
+        create_app(keyed, environ={"KEY_ALICE": "same", "KEY_BOB": "same"})
+    create_app(keyed, environ={"KEY_ALICE": "one", "KEY_BOB": "two"})
+
+
 def test_public_bind_needs_keys_or_consent() -> None:
     no_keys = build_settings({})
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")

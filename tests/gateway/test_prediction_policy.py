@@ -83,7 +83,7 @@ def test_completions_api_cannot_carry_predictions() -> None:
 def test_document_ids_from_extension_and_header() -> None:
     request = chat(draftgate={"documents": ["a.py", "b.py"]})
     assert header_document_ids(" c.py , a%2Cb.txt,,") == ["c.py", "a,b.txt"]
-    assert document_ids(request, "b.py, c.py") == ["a.py", "b.py", "c.py"]
+    assert document_ids(request, "b.py, c.py", 3) == ["a.py", "b.py", "c.py"]
 
 
 def test_upstream_body_rewrites_only_when_needed() -> None:
