@@ -6,10 +6,10 @@ import math
 
 import httpx
 import pytest
+from gateway.upstream import RETRY_AFTER_LIMIT_S, Upstream, UpstreamFailure
 
 from gateway.config import EndpointConfig
 from gateway.errors import RateLimited
-from gateway.upstream import RETRY_AFTER_LIMIT_S, Upstream, UpstreamFailure
 
 
 @pytest.mark.parametrize(
