@@ -6,9 +6,9 @@ import math
 
 import httpx
 import pytest
-from gateway.upstream import RETRY_AFTER_LIMIT_S, Upstream, UpstreamFailure
 
 from gateway.config import EndpointConfig
+from gateway.endpoints.upstream import RETRY_AFTER_LIMIT_S, Upstream, UpstreamFailure
 from gateway.errors import RateLimited
 
 
