@@ -212,7 +212,11 @@ class AsyncClient:
         metrics, server info; needs an admin key where keys are configured).
         """
         return parse_body(
-            await self._send(*(("POST", "endpoints/probe") if probe else ("GET", "endpoints"))),
+            await (
+                self._send("POST", "endpoints/probe", json={})
+                if probe
+                else self._send("GET", "endpoints")
+            ),
             EndpointList,
         ).data
 

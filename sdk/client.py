@@ -210,7 +210,11 @@ class Client:
         metrics, server info; needs an admin key where keys are configured).
         """
         return parse_body(
-            self._send(*(("POST", "endpoints/probe") if probe else ("GET", "endpoints"))),
+            (
+                self._send("POST", "endpoints/probe", json={})
+                if probe
+                else self._send("GET", "endpoints")
+            ),
             EndpointList,
         ).data
 

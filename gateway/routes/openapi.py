@@ -116,6 +116,9 @@ def openapi_document() -> dict[str, Any]:
                 "delete": _operation("Delete a document", params=[_path_param("doc_id")]),
             },
             "/v1/endpoints": {"get": _operation("Speculation records of every endpoint")},
+            "/v1/endpoints/probe": {
+                "post": _operation("Probe every endpoint, then return the records (admin)")
+            },
             "/v1/endpoints/{name}/memory": {
                 "get": _operation("A local endpoint's memory", params=[_path_param("name")])
             },

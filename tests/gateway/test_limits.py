@@ -21,7 +21,9 @@ BOB = {"authorization": "Bearer bob-key"}
 
 
 def chat(url: str, headers: dict[str, str], **extra: Any) -> httpx.Response:
-    return httpx.post(f"{url}/v1/chat/completions", json={**CHAT, **extra}, headers=headers)
+    return httpx.post(
+        f"{url}/v1/chat/completions", json={**CHAT, **extra}, headers=headers, timeout=60
+    )
 
 
 def assert_limited(r: httpx.Response) -> dict[str, Any]:

@@ -57,7 +57,7 @@ def local_gateway(engine: Any) -> Iterator[str]:
 
 
 def test_local_verifier_record_is_yes_from_its_usage_fields(local_gateway: str) -> None:
-    resp = httpx.post(f"{local_gateway}/v1/endpoints/probe", timeout=600)
+    resp = httpx.post(f"{local_gateway}/v1/endpoints/probe", json={}, timeout=600)
     assert resp.status_code == 200
     [record] = EndpointList.model_validate(resp.json()).data
     assert (record.name, record.kind) == ("local", "local")

@@ -69,6 +69,7 @@ def test_a_probe_never_calls_the_host_header(gateway_url: str, listener: socket.
     port = listener.getsockname()[1]
     resp = httpx.post(
         f"{gateway_url}/v1/endpoints/probe",
+        json={},
         headers={**OPS, "host": f"127.0.0.1:{port}"},
         timeout=120,
     )
@@ -221,15 +222,15 @@ def test_one_probe_run_per_endpoint_at_a_time(standin_server: tuple[StandIn, str
         first: list[httpx.Response] = []
         probe = f"{url}/v1/endpoints/probe"
         thread = threading.Thread(
-            target=lambda: first.append(httpx.post(probe, headers=OPS, timeout=60))
+            target=lambda: first.append(httpx.post(probe, headers=OPS, json={}, timeout=60))
         )
         thread.start()
         deadline = time.monotonic() + 30
         while not standin.requests and time.monotonic() < deadline:
             time.sleep(0.005)  # until the first probe's request reached the upstream
-        second = httpx.post(probe, headers=OPS, timeout=60)
+        second = httpx.post(probe, headers=OPS, json={}, timeout=60)
         thread.join(timeout=60)
-        third = httpx.post(probe, headers=OPS, timeout=60)
+        third = httpx.post(probe, headers=OPS, json={}, timeout=60)
     assert second.status_code == 409, second.text
     assert "sleepy" in second.json()["error"]["message"]
     assert first[0].status_code == 200 and third.status_code == 200

@@ -30,7 +30,7 @@ def test_records_list_every_endpoint_with_its_documented_row(gateway_url: str) -
 
 
 def test_probes_never_call_an_endpoint_that_ignores_prediction_yes(gateway_url: str) -> None:
-    resp = httpx.post(f"{gateway_url}/v1/endpoints/probe", headers=OPS, timeout=120)
+    resp = httpx.post(f"{gateway_url}/v1/endpoints/probe", headers=OPS, json={}, timeout=120)
     assert resp.status_code == 200
     data = resp.json()
     vllm = _record(data, "vllm")
