@@ -93,12 +93,23 @@ def _by_concurrency(s: AuditSummary) -> list[str]:
     config (only when the audit ran more than one level)."""
     if len(s.plan.concurrency) < 2:
         return []
-    header = ["config", "conc", "output tok/s (run)", "TTFT p50/p99", "TPOT p50/p99", "E2E p50/p99"]
+    low = min(s.plan.concurrency)
+    header = [
+        "config",
+        "conc",
+        "output tok/s (run)",
+        "TTFT p50/p99",
+        "TPOT p50/p99",
+        "E2E p50/p99",
+        f"same as baseline at c={low}",
+    ]
     walls = {(lv.concurrency, lv.setting): lv for lv in s.levels}
+    same = {(i.config, i.setting, i.concurrency): i for i in s.identical_to_first_level}
     rows = []
     for g in sorted(s.all_categories(), key=lambda g: (g.config, g.setting, g.concurrency)):
         level = walls.get((g.concurrency, g.setting))
         throughput = g.output_tokens / level.wall_s if level and level.wall_s else None
+        identity = same.get((g.config, g.setting, g.concurrency))
         rows.append(
             [
                 g.config + _setting(g.setting),
@@ -107,6 +118,7 @@ def _by_concurrency(s: AuditSummary) -> list[str]:
                 _dist(g.ttft_s, 50, 99),
                 _dist(g.tpot_s, 50, 99),
                 _dist(g.e2e_s, 50, 99),
+                f"{identity.identical}/{identity.pairs}" if identity else "-",
             ]
         )
     return [

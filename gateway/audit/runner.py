@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from pydantic import ValidationError
 from tqdm.auto import tqdm
 
 from gateway.audit.client import RequestRecord, stream_chat
@@ -21,6 +22,7 @@ from gateway.audit.summary import summarize
 from gateway.audit.workload import WorkloadItem, load_workload, parse_item
 from sdk import AsyncClient
 from sdk.errors import APIStatusError, DraftgateError
+from sdk.wire import ChatCompletionRequest
 from sdk.wire.audits import AuditPlanInfo, Level
 from sdk.wire.endpoints import MAX_AUDIT_TOKENS, AuditRequest, AuditResult
 
@@ -109,6 +111,14 @@ def plan_for(
             raise PlanError(
                 f"workload.{n}.max_tokens: at most {MAX_AUDIT_TOKENS}", f"workload.{n}.max_tokens"
             )
+        try:
+            ChatCompletionRequest.model_validate(
+                {"model": model, "messages": item.messages, "stop": item.stop}
+            )
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            loc = ".".join(["workload", str(n), *(str(p) for p in first["loc"])])
+            raise PlanError(f"{loc}: {first['msg']}", loc) from None
     sweep = next(iter(request.sweep.items())) if request.sweep else None
     if sweep is not None and sweep[0] not in SWEEPABLE:
         raise PlanError(f"can sweep only one of {', '.join(SWEEPABLE)}, not {sweep[0]!r}", "sweep")

@@ -19,6 +19,7 @@ from sdk.wire.audits import (
     GroupStats,
     LanguageStats,
     Level,
+    LevelIdentity,
     Lossless,
     MeasuredSpeedup,
     Quality,
@@ -125,6 +126,31 @@ def lossless(records: Sequence[RequestRecord], expected: bool) -> list[Lossless]
             mismatch=expected and not all(same),
         )
         for (cat, config, setting), same in sorted(cells.items())
+    ]
+
+
+def identical_to_first_level(records: Sequence[RequestRecord]) -> list[LevelIdentity]:
+    """Per config, setting and level: answers equal to the ``baseline`` answer of the same
+    item, round and setting at the lowest concurrency level (batching must not change them)."""
+    ok = [r for r in records if r.ok()]
+    if not ok:
+        return []
+    low = min(r.concurrency for r in ok)
+    reference = {
+        (r.item, r.round, r.setting): r.text
+        for r in ok
+        if r.config == BASELINE and r.concurrency == low
+    }
+    cells: dict[tuple[str, str, int], list[bool]] = defaultdict(list)
+    for r in ok:
+        expected = reference.get((r.item, r.round, r.setting))
+        if expected is not None:
+            cells[(r.config, r.setting, r.concurrency)].append(r.text == expected)
+    return [
+        LevelIdentity(
+            config=config, setting=setting, concurrency=conc, pairs=len(same), identical=sum(same)
+        )
+        for (config, setting, conc), same in sorted(cells.items())
     ]
 
 
@@ -261,6 +287,7 @@ def summarize(
         break_even=break_even,
         quality=quality(records, checks),
         lossless=lossless(records, lossless_expected),
+        identical_to_first_level=identical_to_first_level(records),
         languages=languages(records),
         errors=dict(errors),
         setup_errors=setup_errors,

@@ -1,4 +1,12 @@
-"""Audit workloads: the JSONL format of ``bench/README.md`` (one request per line)."""
+"""Audit workloads: JSONL, one request per line.
+
+Each line is an object with ``id`` and ``messages`` (OpenAI chat messages), and optionally
+``category`` (one of ``CATEGORIES``, default ``chat``), ``max_tokens`` (default 256),
+``prediction`` (the expected output, sent as OpenAI's ``prediction``), ``documents``
+(``[{"id", "text"}]`` stored before the audit and named in the request), ``series`` (items
+of a series run in file order, each naming the previous answers as documents), ``stop``
+and ``language`` (detected from the script for ``multilingual`` items).
+"""
 
 from __future__ import annotations
 

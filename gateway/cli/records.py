@@ -211,12 +211,15 @@ def _levels_table(s: AuditSummary) -> Any:
     """Each concurrency level side by side: throughput, TTFT/TPOT/E2E p50 and p99 per config."""
     from rich.table import Table
 
-    table = Table(title="by concurrency level (all categories)")
-    for col in ("config", "conc", "tok/s (run)", "TTFT p50/p99", "TPOT p50/p99", "E2E p50/p99"):
+    table = Table(title="by concurrency level (all categories; ms)")
+    columns = ("config", "conc", "tok/s (run)", "TTFT p50/p99", "TPOT p50/p99", "E2E p50/p99")
+    for col in (*columns, f"same as baseline at c={min(s.plan.concurrency)}"):
         table.add_column(col)
     walls = {(lv.concurrency, lv.setting): lv.wall_s for lv in s.levels}
+    same = {(i.config, i.setting, i.concurrency): i for i in s.identical_to_first_level}
     for g in sorted(s.all_categories(), key=lambda g: (g.config, g.setting, g.concurrency)):
         wall = walls.get((g.concurrency, g.setting))
+        identity = same.get((g.config, g.setting, g.concurrency))
         table.add_row(
             g.config if g.setting == "default" else f"{g.config} {g.setting}",
             str(g.concurrency),
@@ -224,6 +227,7 @@ def _levels_table(s: AuditSummary) -> Any:
             f"{_ms(g.ttft_s.p50)}/{_ms(g.ttft_s.p99)}",
             f"{_ms(g.tpot_s.p50)}/{_ms(g.tpot_s.p99)}",
             f"{_ms(g.e2e_s.p50)}/{_ms(g.e2e_s.p99)}",
+            f"{identity.identical}/{identity.pairs}" if identity else "-",
         )
     return table
 

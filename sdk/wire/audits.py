@@ -120,6 +120,17 @@ class Lossless(BaseModel):
     mismatch: bool
 
 
+class LevelIdentity(BaseModel):
+    """How many answers of a config at a level equal the ``baseline`` answer at the lowest
+    concurrency level (same item, round and setting)."""
+
+    config: str
+    setting: str
+    concurrency: int
+    pairs: int
+    identical: int
+
+
 class LanguageStats(BaseModel):
     language: str
     config: str
@@ -165,6 +176,7 @@ class AuditSummary(BaseModel):
     break_even: list[BreakEven]
     quality: list[Quality]
     lossless: list[Lossless]
+    identical_to_first_level: list[LevelIdentity] = Field(default_factory=list)
     languages: list[LanguageStats]
     errors: dict[str, int] = Field(default_factory=dict)
     setup_errors: dict[str, int] = Field(default_factory=dict)

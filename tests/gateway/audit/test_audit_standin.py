@@ -153,6 +153,13 @@ async def test_audit_writes_consistent_figures(tmp_path: Path) -> None:
         assert p50 is not None and p99 is not None
         assert f"{p50 * 1e3:.1f} / {p99 * 1e3:.1f} (n={g.ttft_s.n})" in by_level
     assert "## Memory (local endpoint)\n\nnot reported by this endpoint" in report
+    # the stand-in answers the same at every level: every answer equals the c=1 baseline's
+    same = loaded.summary.identical_to_first_level
+    assert {(i.concurrency, i.config) for i in same} == {
+        (c, config) for c in (1, 2) for config in ("drafts", "no_prediction", "baseline")
+    }
+    assert all(i.identical == i.pairs > 0 for i in same)
+    assert "same as baseline at c=1" in by_level
     for png in ("ttft.png", "tpot.png", "speedup.png"):
         assert (tmp_path / png) in paths
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -123,6 +123,10 @@ def test_cli_audit_against_a_running_gateway(local_gateway: str, tmp_path: Path)
     audit = AuditResult.model_validate_json((out / "audit.json").read_text())
     assert len(audit.records) == 2 * 2 * 4  # 2 levels x 2 configs x 4 requests
     assert [lv.concurrency for lv in audit.summary.levels] == [1, 4]
+    # greedy on the local target: the same answers at concurrency 4 as alone, drafts or not
+    same = audit.summary.identical_to_first_level
+    assert {i.concurrency for i in same} == {1, 4}
+    assert all(i.identical == i.pairs == 4 for i in same), same
     memory = audit.summary.memory
     assert memory is not None
     report = (out / "report.md").read_text()

@@ -111,6 +111,11 @@ def test_probe_is_no_longer_a_get(gateway_url: str) -> None:
         ({"workload": [CHAT_ITEM] * 1000}, "workload"),
         ({"workload": [{**CHAT_ITEM, "max_tokens": 10**6}]}, "workload.0.max_tokens"),
         ({"requests": 1000, "concurrency": [1, 2, 4, 8, 16, 32, 64]}, "requests"),
+        (
+            {"workload": [{**CHAT_ITEM, "messages": [{"content": "no role"}]}]},
+            "workload.0.messages.0.role",
+        ),
+        ({"workload": [{**CHAT_ITEM, "stop": ["a", "b", "c", "d", "e"]}]}, "workload.0.stop"),
     ],
 )
 def test_every_audit_field_is_bounded(gateway_url: str, fields: dict[str, Any], param: str) -> None:
