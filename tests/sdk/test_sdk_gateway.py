@@ -236,14 +236,11 @@ def test_edit_end_to_end_on_the_local_model(local_gateway: str, tmp_path: Path) 
     assert result.timings.ttft_s is not None and result.timings.ttft_s <= result.timings.total_s
 
 
-SIXTY_LINES = "".join(
-    f"def scale_{n}(values, factor):\n"
-    f'    """Multiply each value by factor and add {n}."""\n'
-    f"    result = []\n"
-    f"    for value in values:\n"
-    f"        result.append(value * factor + {n})\n"
-    f"    return result\n"
-    for n in range(10)
+SIXTY_LINES = (
+    '"""HTTP status codes by name."""\n\n'
+    + "STATUS = {\n"
+    + "".join(f'    "code_{n}": {200 + n},\n' for n in range(56))
+    + "}\n"
 )
 
 

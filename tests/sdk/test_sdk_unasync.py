@@ -8,6 +8,7 @@ from pathlib import Path
 from types import ModuleType
 
 from sdk import AsyncClient, Client
+from sdk.documents import AsyncDocuments, Documents
 
 TOOL = Path(__file__).resolve().parents[2] / "tools" / "unasync.py"
 
@@ -47,14 +48,20 @@ def test_generator_turns_a_new_async_method_into_a_sync_one() -> None:
     ]
 
 
-def test_both_clients_have_the_same_public_methods_and_parameters() -> None:
-    def api(cls: type) -> dict[str, list[str]]:
-        return {
-            name: list(inspect.signature(member).parameters)
-            for name, member in inspect.getmembers(cls, inspect.isfunction)
-            if not name.startswith("_")
-        }
+def _api(cls: type) -> dict[str, list[str]]:
+    return {
+        name: list(inspect.signature(member).parameters)
+        for name, member in inspect.getmembers(cls, inspect.isfunction)
+        if not name.startswith("_")
+    }
 
-    sync, asynchronous = api(Client), api(AsyncClient)
+
+def test_both_clients_have_the_same_public_methods_and_parameters() -> None:
+    sync, asynchronous = _api(Client), _api(AsyncClient)
     asynchronous["close"] = asynchronous.pop("aclose")
     assert sync == asynchronous
+
+
+def test_both_document_apis_have_the_same_methods_and_parameters() -> None:
+    """``Documents``/``AsyncDocuments`` are written side by side; this keeps them equal."""
+    assert _api(Documents) == _api(AsyncDocuments)
