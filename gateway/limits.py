@@ -223,21 +223,21 @@ class RateLimiter:
                 return Lease(tenant, in_redis=False)
         raise self._refusal(verdict)
 
-    async def charge(self, lease: Lease, tokens: int) -> None:
-        """Count ``tokens`` more for an admitted request (its ``max_tokens``, once known);
-        :class:`RateLimited` when they pass the limit (the caller still releases)."""
+    async def charge(self, tenant: str, tokens: int) -> None:
+        """Count ``tokens`` more for a request already admitted (its ``max_tokens`` once
+        known, an upload's body); :class:`RateLimited` when they would pass the limit."""
         if tokens <= 0:
             return
         limit = self.limits.tokens_per_minute
         result = None
-        if lease.in_redis:
-            (key,) = self._keys(lease.tenant, "tokens")
+        if self._charge is not None:
+            (key,) = self._keys(tenant, "tokens")
             result = await self._call(self._charge, [key], [limit, tokens, int(WINDOW_S * 1000)])
         if result is not None:
             refused, used, ttl = (int(v) for v in result)
             verdict = Verdict("tokens" if refused else None, 0, used, 0.0, max(ttl, 0) / 1000)
         else:
-            verdict = self._local.charge(lease.tenant, limit, tokens)
+            verdict = self._local.charge(tenant, limit, tokens)
         if verdict.refused is not None:
             raise self._refusal(verdict)
 

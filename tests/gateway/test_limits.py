@@ -130,3 +130,13 @@ def test_every_route_counts_toward_requests_per_minute(gateways: Any) -> None:
     assert_limited(chat(url, ALICE))
     assert httpx.get(f"{url}/healthz").status_code == 200  # not a tenant's request
     assert httpx.get(f"{url}/v1/models", headers=BOB).status_code == 200
+
+
+def test_upload_bytes_count_as_tokens(gateways: Any) -> None:
+    (url,) = gateways(1, {"tokens_per_minute": 1000})
+    small = {"id": "a.py", "text": "x" * 1000}
+    assert httpx.post(f"{url}/v1/documents", json=small, headers=ALICE).status_code == 201
+    big = {"id": "b.py", "text": "x" * 5000}
+    r = httpx.post(f"{url}/v1/documents", json=big, headers=ALICE)
+    assert "tokens a minute" in assert_limited(r)["message"]
+    assert httpx.get(f"{url}/v1/documents/b.py", headers=ALICE).status_code == 404
