@@ -208,9 +208,9 @@ def test_a_full_queue_refuses_before_any_document_work(engine: Any, local_app: A
         c.post(f"{url}/v1/documents", json={"id": "a.py", "text": CODE}).raise_for_status()
         with c.stream("POST", f"{url}/v1/chat/completions", json=long) as r:
             next(r.iter_lines())  # generating: the one queue slot is taken
-            trips = app.state.corpus.store.round_trips
+            trips = app.state.runtime.corpus.store.round_trips
             refused = c.post(f"{url}/v1/chat/completions", json=crowded)
             assert refused.status_code == 503
             assert refused.json()["error"]["code"] == "service_unavailable"
-            assert app.state.corpus.store.round_trips == trips
+            assert app.state.runtime.corpus.store.round_trips == trips
     local._executor.submit(lambda: None).result(timeout=120)  # stopped before the next test
