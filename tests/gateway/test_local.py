@@ -196,7 +196,14 @@ def test_a_full_queue_refuses_before_any_document_work(engine: Any, local_app: A
     # the engine is shared: the session app's abandoned generations finish first
     local_app.state.runtime.local["local"]._executor.submit(lambda: None).result(timeout=120)
     story = [{"role": "user", "content": "Write a very long story about a dragon."}]
-    long = {"model": MODEL, "messages": story, "max_tokens": 4000, "stream": True}
+    long = {
+        "model": MODEL,
+        "messages": story,
+        "temperature": 0,
+        "max_tokens": 4000,
+        "stream": True,
+        "draftgate": {"draft": False},
+    }
     names = " ".join(f"src/m{i}.py" for i in range(20_000))
     crowded = {
         "model": MODEL,
@@ -207,10 +214,11 @@ def test_a_full_queue_refuses_before_any_document_work(engine: Any, local_app: A
     with serve(app) as url, httpx.Client(timeout=60) as c:
         c.post(f"{url}/v1/documents", json={"id": "a.py", "text": CODE}).raise_for_status()
         with c.stream("POST", f"{url}/v1/chat/completions", json=long) as r:
-            next(r.iter_lines())  # generating: the one queue slot is taken
+            lines = r.iter_lines()  # kept: dropping the iterator would close the stream
+            next(lines)  # generating: the one queue slot is taken
             trips = app.state.runtime.corpus.store.round_trips
             refused = c.post(f"{url}/v1/chat/completions", json=crowded)
-            assert refused.status_code == 503
+            assert refused.status_code == 503, refused.text
             assert refused.json()["error"]["code"] == "service_unavailable"
             assert app.state.runtime.corpus.store.round_trips == trips
-    local._executor.submit(lambda: None).result(timeout=120)  # stopped before the next test
+        local._executor.submit(lambda: None).result(timeout=120)  # stopped before the next test
