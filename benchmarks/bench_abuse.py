@@ -298,6 +298,8 @@ async def _slow_upload(port: int, run: Run, stop: float) -> None:
         writer.close()
         with contextlib.suppress(OSError):
             await writer.wait_closed()
+        if status == "429":  # waits as the other abusers do
+            await asyncio.sleep(1.0)
 
 
 ABUSES = ("fenced-1MB", "100k-ids", "audit", "1MB-path", "slow-upload")

@@ -28,6 +28,7 @@ from gateway.errors import GatewayError, NotFound
 from gateway.http import guard
 from gateway.http.asgi import ClientDisconnected, overhead_middleware, send_error
 from gateway.http.responses import error_response
+from gateway.limits import tenant_limits
 from gateway.routes.completions import CompletionsEndpoint
 from gateway.routes.documents import document_routes
 from gateway.routes.meta import meta_routes
@@ -155,7 +156,15 @@ def create_app(
         completions,
         loopback_only=not runtime.auth.enabled and not runtime.settings.allow_public_bind,
         routes=routes,
-        middleware=[Middleware(overhead_middleware)],
+        middleware=[
+            Middleware(overhead_middleware),
+            Middleware(
+                tenant_limits,
+                auth=runtime.auth,
+                limiter=runtime.limiter,
+                exempt=frozenset({"/healthz", "/metrics", "/openapi.json"}),
+            ),
+        ],
         exception_handlers={
             HTTPException: _http_error,
             GatewayError: _gateway_error,

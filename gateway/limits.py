@@ -26,9 +26,12 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gateway.auth import Authenticator
 from gateway.config import LimitsConfig
-from gateway.errors import RateLimited
+from gateway.errors import GatewayError, RateLimited
+from gateway.http.asgi import send_error
 from lookup.corpus.keys import digest
 
 log = logging.getLogger(__name__)
@@ -168,6 +171,7 @@ class RateLimiter:
         self._prefix = prefix
         self._timeout_s = timeout_s
         self._local = _Windows(clock)
+        self._warned_at = -WINDOW_S
         self._admit: Any = redis.register_script(_ADMIT) if redis is not None else None
         self._release: Any = redis.register_script(_RELEASE) if redis is not None else None
         self._charge: Any = redis.register_script(_CHARGE) if redis is not None else None
@@ -180,8 +184,15 @@ class RateLimiter:
         try:
             return await asyncio.wait_for(script(keys=keys, args=args), self._timeout_s)
         except (RedisError, OSError, TimeoutError) as exc:
-            log.warning("rate limits: Redis unavailable (%s), counting in this process", exc)
+            self._unavailable(exc)
             return None
+
+    def _unavailable(self, exc: Exception) -> None:
+        """Log that Redis did not answer, at most once a minute."""
+        now = time.monotonic()
+        if now - self._warned_at >= WINDOW_S:
+            self._warned_at = now
+            log.warning("rate limits: Redis unavailable (%r), counting in this process", exc)
 
     async def admit(self, tenant: str, tokens: int) -> Lease:
         """Count one request of ``tokens``; :class:`RateLimited` when over a limit."""
@@ -212,21 +223,21 @@ class RateLimiter:
                 return Lease(tenant, in_redis=False)
         raise self._refusal(verdict)
 
-    async def charge(self, lease: Lease, tokens: int) -> None:
-        """Count ``tokens`` more for an admitted request (its ``max_tokens``, once known);
-        :class:`RateLimited` when they pass the limit (the caller still releases)."""
+    async def charge(self, tenant: str, tokens: int) -> None:
+        """Count ``tokens`` more for a request already admitted (its ``max_tokens`` once
+        known, an upload's body); :class:`RateLimited` when they would pass the limit."""
         if tokens <= 0:
             return
         limit = self.limits.tokens_per_minute
         result = None
-        if lease.in_redis:
-            (key,) = self._keys(lease.tenant, "tokens")
+        if self._charge is not None:
+            (key,) = self._keys(tenant, "tokens")
             result = await self._call(self._charge, [key], [limit, tokens, int(WINDOW_S * 1000)])
         if result is not None:
             refused, used, ttl = (int(v) for v in result)
             verdict = Verdict("tokens" if refused else None, 0, used, 0.0, max(ttl, 0) / 1000)
         else:
-            verdict = self._local.charge(lease.tenant, limit, tokens)
+            verdict = self._local.charge(tenant, limit, tokens)
         if verdict.refused is not None:
             raise self._refusal(verdict)
 
@@ -275,7 +286,7 @@ class RateLimiter:
                     count, _, ttl_ms = await pipe.execute()
                 ok, reset_s = count <= limit, max(int(ttl_ms), 0) / 1000
             except (RedisError, OSError, TimeoutError) as exc:
-                log.warning("rate limits: Redis unavailable (%s), counting in this process", exc)
+                self._unavailable(exc)
                 ok, count, reset_s = self._local.count_upload(tenant, limit)
         else:
             ok, count, reset_s = self._local.count_upload(tenant, limit)
@@ -302,6 +313,35 @@ class Lease:
 
     tenant: str
     in_redis: bool
+
+
+def tenant_limits(
+    app: ASGIApp, *, auth: Authenticator, limiter: RateLimiter, exempt: frozenset[str]
+) -> ASGIApp:
+    """ASGI middleware: every request to a path not in ``exempt`` counts toward its
+    tenant's requests in flight and per minute (the completion routes count their own,
+    with tokens). A request without a valid key goes on to its route, which answers 401."""
+
+    async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in exempt:
+            await app(scope, receive, send)
+            return
+        try:
+            tenant = auth.tenant(scope)
+        except GatewayError:
+            await app(scope, receive, send)
+            return
+        try:
+            lease = await limiter.admit(tenant, 0)
+        except RateLimited as error:
+            await send_error(send, error)
+            return
+        try:
+            await app(scope, receive, send)
+        finally:
+            await limiter.release(lease)
+
+    return middleware
 
 
 def prompt_tokens(body_bytes: int) -> int:

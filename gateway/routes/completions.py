@@ -90,7 +90,7 @@ class CompletionsEndpoint:
             # counted before parsing: a tenant's big bodies spend its own budget
             lease = await runtime.limiter.admit(tenant, prompt_tokens(len(raw)))
             data, request = await parse_request(self.api, raw)
-            await runtime.limiter.charge(lease, _token_limit(request) or 0)
+            await runtime.limiter.charge(tenant, _token_limit(request) or 0)
             endpoints = runtime.routes.get(request.model)
             if not endpoints:
                 raise ModelNotFound(

@@ -18,6 +18,7 @@ from gateway.errors import (
 from gateway.http.asgi import read_body
 from gateway.http.responses import json_response
 from gateway.http.validation import read_json, validate
+from gateway.limits import prompt_tokens
 from gateway.runtime import Runtime
 from lookup.corpus import CorpusError, DocumentTooLarge, InvalidDocument, StoreUnavailable
 from sdk.languages import language_for
@@ -60,6 +61,7 @@ def document_routes(runtime: Runtime) -> list[Route]:
             request.headers.get("content-length", "").encode() or None,
             runtime.settings.server.body_timeout_s,
         )
+        await runtime.limiter.charge(tenant, prompt_tokens(len(raw)))  # bytes sent, as tokens
         doc = validate(DocumentIn, await read_json(raw))
         try:
             meta = await runtime.corpus.put(

@@ -121,3 +121,24 @@ def test_limits_hold_across_replicas_in_redis(
     counts = {k.rsplit(":", 1)[1]: int(redis_client.get(k)) for k in keys}
     assert counts["requests"] == 4 and counts["inflight"] == 0
     assert 0 < redis_client.pttl(next(k for k in keys if k.endswith("requests"))) <= 60_000
+
+
+def test_every_route_counts_toward_requests_per_minute(gateways: Any) -> None:
+    (url,) = gateways(1, {"requests_per_minute": 2})
+    assert httpx.get(f"{url}/v1/models", headers=ALICE).status_code == 200
+    assert httpx.get(f"{url}/v1/documents", headers=ALICE).status_code == 200
+    for path in ("/v1/models", "/v1/endpoints"):
+        assert_limited(httpx.get(f"{url}{path}", headers=ALICE))
+    assert_limited(chat(url, ALICE))
+    assert httpx.get(f"{url}/healthz").status_code == 200  # not a tenant's request
+    assert httpx.get(f"{url}/v1/models", headers=BOB).status_code == 200
+
+
+def test_upload_bytes_count_as_tokens(gateways: Any) -> None:
+    (url,) = gateways(1, {"tokens_per_minute": 1000})
+    small = {"id": "a.py", "text": "x" * 1000}
+    assert httpx.post(f"{url}/v1/documents", json=small, headers=ALICE).status_code == 201
+    big = {"id": "b.py", "text": "x" * 5000}
+    r = httpx.post(f"{url}/v1/documents", json=big, headers=ALICE)
+    assert "tokens a minute" in assert_limited(r)["message"]
+    assert httpx.get(f"{url}/v1/documents/b.py", headers=ALICE).status_code == 404
