@@ -76,7 +76,9 @@ def _get_records(url: str, headers: dict[str, str], probe: bool) -> list[dict[st
 
     method, path = ("POST", "/v1/endpoints/probe") if probe else ("GET", "/v1/endpoints")
     try:
-        body = {} if probe else None  # POSTs carry a JSON body (the gateway refuses others)
+        body: dict[str, object] | None = (
+            {} if probe else None
+        )  # POSTs carry a JSON body (the gateway refuses others)
         resp = httpx.request(method, f"{url}{path}", headers=headers, json=body, timeout=300)
     except httpx.HTTPError as exc:
         raise _fail(f"gateway unreachable at {url}: {type(exc).__name__}", 1) from None

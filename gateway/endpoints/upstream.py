@@ -132,8 +132,8 @@ class Upstream:
     def _delay(self, exc: BaseException | None, failed_attempts: int) -> float:
         """Seconds to wait before the next try: Retry-After (capped) or jittered backoff."""
         if isinstance(exc, UpstreamFailure) and exc.retry_after is not None:
-            return min(exc.retry_after, self.config.retry_after_cap_s)
-        backoff = self.config.backoff_s * 2 ** (failed_attempts - 1)
+            return min(float(exc.retry_after), self.config.retry_after_cap_s)
+        backoff = self.config.backoff_s * 2.0 ** (failed_attempts - 1)
         return min(backoff, self.config.max_backoff_s) * (0.5 + random.random() / 2)
 
     async def open(

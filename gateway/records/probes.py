@@ -14,7 +14,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.records.evidence import make
-from sdk.wire.endpoints import Evidence
+from sdk.wire.evidence import Evidence
 
 PROBE_TEXT = "The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs."
 PROBE_BODY: dict[str, Any] = {

@@ -13,7 +13,8 @@ from gateway.records.probes import probe_engine, probe_usage
 from gateway.records.store import RecordStore
 from gateway.records.table import documented_for
 from gateway.records.traffic import latency
-from sdk.wire.endpoints import EndpointRecord, Evidence
+from sdk.wire.endpoints import EndpointRecord
+from sdk.wire.evidence import Evidence
 
 ENGINE_KINDS = {"vllm", "sglang", "trtllm", "llamacpp"}
 

@@ -17,7 +17,7 @@ from redis.exceptions import RedisError
 from gateway.records.evidence import MAX_EVIDENCE
 from lookup.corpus.breaker import CircuitBreaker
 from lookup.corpus.errors import StoreUnavailable
-from sdk.wire.endpoints import Evidence
+from sdk.wire.evidence import Evidence
 
 Sample = tuple[float, float | None, float | None]
 """(unix time, TTFT seconds, TPOT seconds) of one request."""
