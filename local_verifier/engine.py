@@ -184,7 +184,9 @@ class Engine:
             generator=None if params.greedy else make_generator(params.seed, device),
             drafter=drafter if req.draft else None,
             controller=controller if req.draft else None,
-            max_draft=self.max_draft if req.max_draft is None else min(req.max_draft, self.max_draft),
+            max_draft=self.max_draft
+            if req.max_draft is None
+            else min(req.max_draft, self.max_draft),
             output=OutputAssembler(self.tokenizer, req.stop, max_new),
             on_delta=on_item,
             on_finish=lambda r, error: self._finished(r, error, req, on_item),
@@ -229,6 +231,11 @@ class Engine:
             "index_bytes": int(self.index_cache.nbytes()),
         }
 
+    def wait_idle(self, timeout: float) -> bool:
+        """Block until every submitted request has ended (False if ``timeout`` s pass first)."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._outstanding == 0, timeout)
+
     # -- the engine thread -------------------------------------------------------------------
 
     def _wake(self) -> None:
@@ -268,6 +275,7 @@ class Engine:
     ) -> None:
         with self._cond:
             self._outstanding -= 1
+            self._cond.notify_all()
         if error is not None:
             on_item(error)
         elif not request.cancelled:

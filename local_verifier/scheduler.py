@@ -272,9 +272,8 @@ class Scheduler:
     def _verdict(self, req: Request, logits: torch.Tensor, draft: Draft) -> Verdict:
         if req.params.greedy:
             return verify_greedy(logits, draft.tokens, draft.parents)
-        return verify_sampled(
-            _LazyProbs(logits, req.params), draft.tokens, draft.parents, req.generator, sample
-        )
+        probs = _LazyProbs(logits, req.params)
+        return verify_sampled(probs, draft.tokens, draft.parents, req.generator, sample)  # type: ignore[arg-type]
 
     def _compact(self, table: BlockTable, start: int, draft: Draft, path: list[int]) -> None:
         """Move the accepted tree nodes' K/V to the positions right after the root."""

@@ -63,18 +63,39 @@ async def test_stream_matches_non_stream_and_plain_decoding(local_url: str) -> N
     assert usage is not None and usage.completion_tokens == whole.usage.completion_tokens
 
 
-async def test_concurrent_requests_queue_and_all_succeed(local_url: str) -> None:
+QUESTIONS = [
+    f"Repeat this code exactly:\n{CODE}",
+    "Write a Python function that reverses a string.",
+    "What is the capital of France?",
+    "def fib(n):",
+]
+
+
+async def _stream_text(c: openai.AsyncOpenAI, content: str, **extra: Any) -> str:
+    stream = await c.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": content}],
+        max_tokens=24,
+        stream=True,
+        **extra,
+    )
+    return "".join([ch.choices[0].delta.content or "" async for ch in stream if ch.choices])
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": 0}, {"temperature": 0.9, "seed": 7}])
+async def test_four_concurrent_streams_equal_sequential_answers(
+    local_url: str, sampling: dict[str, Any]
+) -> None:
+    """Batched answers (4 streams at once, drafts on) equal one-at-a-time answers without
+    drafts, greedy and seeded sampling alike."""
     async with openai.AsyncOpenAI(base_url=f"{local_url}/v1", api_key="x", max_retries=0) as c:
-        answers = await asyncio.gather(
-            *(
-                c.chat.completions.create(
-                    model=MODEL, messages=MESSAGES, temperature=0, max_tokens=6, stream=i % 2 == 1
-                )
-                for i in range(4)
-            ),
-            return_exceptions=True,
-        )
-    assert not [a for a in answers if isinstance(a, BaseException)]
+        alone = [
+            await _stream_text(c, q, **sampling, extra_body={"draftgate": {"draft": False}})
+            for q in QUESTIONS
+        ]
+        together = await asyncio.gather(*(_stream_text(c, q, **sampling) for q in QUESTIONS))
+    assert list(together) == alone
+    assert all(alone)
 
 
 def test_completions_api(local_url: str) -> None:
@@ -114,8 +135,8 @@ def test_documents_feed_local_drafting(local_url: str) -> None:
 
 def test_client_disconnect_stops_generation(local_url: str, local_app: Any) -> None:
     local = local_app.state.runtime.local["local"]
-    # earlier tests' abandoned generations finish first (the worker runs jobs in order)
-    local._executor.submit(lambda: None).result(timeout=60)
+    engine = local._engine
+    assert engine.wait_idle(60)  # earlier tests' generations have ended
     stopped = local.stopped
     story = [{"role": "user", "content": "Write a very long story about a dragon."}]
     body = {
@@ -133,6 +154,7 @@ def test_client_disconnect_stops_generation(local_url: str, local_app: Any) -> N
         for line in r.iter_lines():
             if '"content"' in line and '"content":""' not in line:
                 break
-    # the worker thread must become free long before 4000 tokens could be generated
-    local._executor.submit(lambda: None).result(timeout=10)
+    # the request must end long before 4000 tokens could be generated, its blocks freed
+    assert engine.wait_idle(10)
     assert local.stopped == stopped + 1
+    assert engine.pool.used() == 0
