@@ -28,7 +28,10 @@ import openai
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "smollm2-135m"
-SAMPLINGS = {"greedy": {"temperature": 0}, "seeded": {"temperature": 0.8, "seed": 1234}}
+SAMPLINGS: dict[str, dict[str, Any]] = {
+    "greedy": {"temperature": 0},
+    "seeded": {"temperature": 0.8, "seed": 1234},
+}
 
 
 def _free_port() -> int:

@@ -176,6 +176,7 @@ class LocalEndpoint:
             stop=request.stop_list(),
             draft=draft,
             max_draft=request.draftgate.max_draft_tokens if request.draftgate else None,
+            tenant="" if self.config.share_prefix_cache else call.tenant,
         )
         if isinstance(request, ChatCompletionRequest):
             gen.messages = [{"role": m.role, "content": m.text()} for m in request.messages]
@@ -288,6 +289,7 @@ class LocalEndpoint:
         timing.t_end = time.perf_counter()
         timing.output_tokens = stats.completion_tokens
         timing.prompt_tokens = stats.prompt_tokens
+        timing.cached_tokens = stats.cached_tokens
         timing.accepted_prediction_tokens = stats.accepted_prediction_tokens
         timing.rejected_prediction_tokens = stats.rejected_prediction_tokens
 

@@ -67,6 +67,7 @@ class GenerationRequest:
     documents: list[DocumentTokens] = field(default_factory=list)
     draft: bool = True
     max_draft: int | None = None  # cap on draft tokens per verify step (None = measured range)
+    tenant: str = ""  # prefixes are reused only between requests of the same tenant
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,7 @@ class GenerationStats:
     verify_s: float
     total_s: float
     queued_s: float = 0.0
+    cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache
 
 
 class Handle:
@@ -117,9 +119,11 @@ class Engine:
         max_batch: int = MAX_BATCH,
         max_queue: int = MAX_QUEUE,
         row_costs: Sequence[float] | None = None,
+        prefix_cache: bool = True,
     ) -> None:
         """``row_costs[r]``: seconds of a step with r rows, r = 0..token_budget + max_draft
-        (measured at start-up when None)."""
+        (measured at start-up when None). ``prefix_cache``: reuse the K/V of full blocks of
+        earlier requests' committed tokens (per ``GenerationRequest.tenant``)."""
         self.lm = model if isinstance(model, LoadedModel) else load_model(model, device, dtype)
         self.tokenizer = self.lm.tokenizer
         self.name = self.lm.name
@@ -143,7 +147,7 @@ class Engine:
         self.index_cache = IndexCache()
         self.max_queue = max_queue
         self._scheduler = Scheduler(
-            model_, self.pool, self.tokenizer, self.row_costs, token_budget, max_batch
+            model_, self.pool, self.tokenizer, self.row_costs, token_budget, max_batch, prefix_cache
         )
         self._max_outstanding = max_batch + max_queue
         self._cond = threading.Condition()
@@ -190,6 +194,7 @@ class Engine:
             output=OutputAssembler(self.tokenizer, req.stop, max_new),
             on_delta=on_item,
             on_finish=lambda r, error: self._finished(r, error, req, on_item),
+            tenant=req.tenant,
         )
         with self._cond:
             if self._outstanding >= self._max_outstanding:
@@ -219,6 +224,10 @@ class Engine:
         items: queue.SimpleQueue[Any] = queue.SimpleQueue()
         handle = self.submit(req, items.put, drafter=drafter, controller=controller)
         return _drain(items, handle)
+
+    def prefix_cache_tokens(self) -> tuple[int, int]:
+        """(hit, miss): prompt tokens found in the prefix cache and computed, so far."""
+        return self._scheduler.hit_tokens, self._scheduler.miss_tokens
 
     def memory(self) -> dict[str, int]:
         """Bytes: model weights, KV pool reserved and in use, document indexes."""
@@ -304,6 +313,7 @@ class Engine:
             verify_s=max(total - stats.queued_s - stats.prefill_s - stats.draft_s, 0.0),
             total_s=total,
             queued_s=stats.queued_s,
+            cached_tokens=request.cached_tokens,
         )
 
     def _prompt_ids(self, req: GenerationRequest) -> list[int]:

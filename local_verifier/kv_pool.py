@@ -27,14 +27,23 @@ class PoolExhausted(RuntimeError):
     """Fewer free blocks than asked for."""
 
 
+def root_key(tenant: str) -> bytes:
+    """The key the chain of a tenant's first block starts from."""
+    return hashlib.blake2b(tenant.encode(), digest_size=16).digest()
+
+
+def chain_key(parent: bytes, block_tokens: Sequence[int]) -> bytes:
+    """The key of a block: its parent's key and its own tokens."""
+    chunk = np.asarray(block_tokens, dtype=np.int64).tobytes()
+    return hashlib.blake2b(parent + chunk, digest_size=16).digest()
+
+
 def block_keys(tenant: str, tokens: Sequence[int], block_size: int) -> list[bytes]:
     """Prefix-index keys of the full blocks of ``tokens``: key i covers tokens [0, (i+1)*bs)."""
     keys: list[bytes] = []
-    parent = hashlib.blake2b(tenant.encode(), digest_size=16).digest()
-    ids = np.asarray(tokens, dtype=np.int64)
-    for start in range(0, len(ids) - block_size + 1, block_size):
-        chunk = ids[start : start + block_size].tobytes()
-        parent = hashlib.blake2b(parent + chunk, digest_size=16).digest()
+    parent = root_key(tenant)
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        parent = chain_key(parent, tokens[start : start + block_size])
         keys.append(parent)
     return keys
 

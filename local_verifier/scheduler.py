@@ -19,7 +19,7 @@ from typing import Protocol
 
 import torch
 
-from local_verifier.kv_pool import BlockTable, KVPool
+from local_verifier.kv_pool import BlockTable, KVPool, block_keys, chain_key, root_key
 from local_verifier.model import SeqStep, Transformer
 from local_verifier.output import OutputAssembler, TextDelta
 from local_verifier.sampling import SamplingParams, sample, target_probs
@@ -84,10 +84,14 @@ class Request:
     output: OutputAssembler
     on_delta: Callable[[TextDelta], None]
     on_finish: Callable[[Request, Exception | None], None]  # error None: done or cancelled
+    tenant: str = ""  # whose prefix cache the request reads and fills
     submitted: float = field(default_factory=time.perf_counter)
     started: float = 0.0
     table: BlockTable | None = None
     computed: int = 0  # positions whose K/V is in the pool (committed)
+    cached_tokens: int = 0  # prompt positions found in the prefix cache
+    tokens: list[int] = field(default_factory=list)  # prompt and output so far
+    keys: list[bytes] = field(default_factory=list)  # prefix keys of the table's full blocks
     pending: int | None = None  # the last emitted token, not yet in the pool
     produced: int = 0
     cancelled: bool = False
@@ -118,6 +122,7 @@ class Scheduler:
         row_costs: Sequence[float],
         token_budget: int = 256,
         max_batch: int = 16,
+        prefix_cache: bool = True,
     ) -> None:
         self.model = model
         self.pool = pool
@@ -125,6 +130,9 @@ class Scheduler:
         self.row_costs = list(row_costs)
         self.token_budget = token_budget
         self.max_batch = max_batch
+        self.prefix_cache = prefix_cache
+        self.hit_tokens = 0  # prompt tokens found in the prefix cache
+        self.miss_tokens = 0  # prompt tokens computed
         self.vocab_size = model.config.vocab_size
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -145,11 +153,24 @@ class Scheduler:
     def _admit(self) -> None:
         while self.waiting and len(self.running) < self.max_batch:
             head = self.waiting[0]
-            if -(-head.positions // self.pool.block_size) > self.pool.available():
+            bs = self.pool.block_size
+            keys: list[bytes] = []
+            hits: list[int] = []
+            if self.prefix_cache:  # the last prompt token is always computed (its logits)
+                keys = block_keys(head.tenant, head.prompt_ids[:-1], bs)
+                hits = self.pool.lookup(keys)
+            if -(-head.positions // bs) - len(hits) > self.pool.available():
+                self.pool.release(hits)
                 return
             self.waiting.popleft()
             head.table = BlockTable(self.pool)
+            head.table.blocks = list(hits)
             head.table.reserve(head.positions)
+            head.keys = keys[: len(hits)]
+            head.computed = head.cached_tokens = len(hits) * bs
+            head.tokens = list(head.prompt_ids)
+            self.hit_tokens += head.cached_tokens
+            self.miss_tokens += len(head.prompt_ids) - head.cached_tokens
             head.started = time.perf_counter()
             head.stats.queued_s = head.started - head.submitted
             self.running.append(head)
@@ -248,8 +269,20 @@ class Scheduler:
             mask=None if draft.is_chain else tree_mask(draft.parents),
         )
 
+    def _publish(self, req: Request) -> None:
+        """Index the request's newly committed full blocks (draft rows never are)."""
+        if not self.prefix_cache or req.table is None:
+            return
+        bs = self.pool.block_size
+        while (len(req.keys) + 1) * bs <= req.computed:
+            i = len(req.keys)
+            parent = req.keys[-1] if req.keys else root_key(req.tenant)
+            req.keys.append(chain_key(parent, req.tokens[i * bs : (i + 1) * bs]))
+            self.pool.publish(req.table.blocks[i], req.keys[-1])
+
     def _after_chunk(self, req: Request, n: int, logits: torch.Tensor) -> None:
         req.computed += n
+        self._publish(req)
         if req.computed < len(req.prompt_ids):
             return
         req.stats.prefill_s = time.perf_counter() - req.started
@@ -286,6 +319,8 @@ class Scheduler:
         storage.v[:, dst] = storage.v[:, src]
 
     def _emit(self, req: Request, new: list[int]) -> None:
+        req.tokens += new
+        self._publish(req)
         req.produced += len(new)
         req.pending = new[-1]
         delta = req.output.push(new)
