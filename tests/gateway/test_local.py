@@ -158,3 +158,19 @@ def test_client_disconnect_stops_generation(local_url: str, local_app: Any) -> N
     assert engine.wait_idle(10)
     assert local.stopped == stopped + 1
     assert engine.pool.used() == 0
+
+
+def test_a_repeated_prompt_reports_cached_tokens_and_metrics(local_url: str) -> None:
+    long_messages = [{"role": "user", "content": f"Repeat this code exactly:\n{CODE * 6}"}]
+    answers = [
+        client(local_url).chat.completions.create(
+            model=MODEL, messages=long_messages, temperature=0, max_tokens=4
+        )
+        for _ in range(2)
+    ]
+    assert answers[1].choices[0].message.content == answers[0].choices[0].message.content
+    assert answers[1].usage.prompt_tokens_details.cached_tokens >= 64
+    metrics = httpx.get(f"{local_url}/metrics").text
+    assert 'draftgate_prefix_cache_hit_tokens_total{endpoint="local"}' in metrics
+    assert 'draftgate_local_memory_bytes{endpoint="local",part="kv_reserved_bytes"}' in metrics
+    assert 'part="kv_in_use_bytes"' in metrics
