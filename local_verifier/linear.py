@@ -9,7 +9,7 @@ machine, so ``select_linear_paths`` times them on the device and keeps the faste
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 
 import torch
@@ -72,7 +72,7 @@ def _onednn_usable(device: torch.device, dtype: torch.dtype) -> bool:
     )
 
 
-def _fastest(runs: dict[str, Callable[[], torch.Tensor]], rounds: int) -> str:
+def _fastest(runs: Mapping[str, Callable[[], torch.Tensor]], rounds: int) -> str:
     """The key of the fastest run: rounds interleave the runs and each keeps its best time
     (the minimum is what a busy machine distorts least: noise only ever adds time)."""
     best = dict.fromkeys(runs, float("inf"))

@@ -1,12 +1,13 @@
-"""A Llama-family decoder (Llama 2/3, Qwen2, Mistral, SmolLM) for batch-1 decoding.
+"""A Llama-family decoder (Llama 2/3, Qwen2, Mistral, SmolLM) stepping many sequences at once.
 
-One forward runs T new tokens against a static KV cache: plain decoding (T = 1), prefill,
-and verification of a draft chain or tree (T = k, with an explicit ``tree_mask``).
+``Transformer.step`` runs one forward over the new rows of several sequences (prompt chunks,
+decode rows, draft chains and trees) against a shared ``KVStorage``; it is the only forward.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,27 +15,28 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from local_verifier.config import ModelConfig
 from local_verifier.kv_cache import KVCache
+from local_verifier.kv_storage import KVStorage
 from local_verifier.linear import Linear
+
+__all__ = ["ModelConfig", "SeqStep", "Transformer"]
 
 
 @dataclass
-class ModelConfig:
-    """Shape and numerics of a Llama-family decoder."""
+class SeqStep:
+    """One sequence's new rows in a forward step.
 
-    vocab_size: int
-    dim: int
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    hidden_dim: int
-    rope_theta: float = 10000.0
-    rope_scaling: dict[str, Any] | None = None
-    norm_eps: float = 1e-5
-    tie_embeddings: bool = False
-    qkv_bias: bool = False
-    max_seq_len: int = 2048
+    Row i attends to all of ``context_slots`` (in order), then to the new rows j with
+    ``mask[i, j]`` (in row order; ``mask[i, i]`` must be True). ``mask=None`` is causal.
+    """
+
+    tokens: torch.Tensor  # long [T]
+    positions: torch.Tensor  # long [T]: rope position (prefix length + depth for trees)
+    new_slots: torch.Tensor  # long [T]: slots the rows' K/V are written to
+    context_slots: torch.Tensor  # long [C]: committed slots the rows attend to, in order
+    mask: torch.Tensor | None = None  # bool [T, T]: new row i may attend new row j
+    logits: str = "all"  # which rows need logits
 
 
 SUPPORTED_ROPE_SCALING = ("default", "linear", "llama3", "yarn", "freq_factors")
@@ -124,6 +126,16 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(x.dtype)
 
 
+@dataclass
+class _SeqAttention:
+    """Rows [start, end) of a step attend to ``key_slots`` under ``mask`` [T, C + T]."""
+
+    start: int
+    end: int
+    key_slots: torch.Tensor
+    mask: torch.Tensor
+
+
 class Attention(nn.Module):
     """Grouped-query attention with fused q/k/v projection."""
 
@@ -138,31 +150,33 @@ class Attention(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        cache: KVCache,
+        kv: KVStorage,
+        new_slots: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        mask: torch.Tensor | None,
+        seqs: list[_SeqAttention],
     ) -> torch.Tensor:
         cfg = self.cfg
-        t = x.shape[0]
+        n = x.shape[0]
         q_size, kv_size = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
         qk, v = self.wqkv(x).split([q_size + kv_size, kv_size], dim=-1)
-        # q and k heads rotated in one pass: [T, n_heads + n_kv_heads, head_dim]
-        qk = apply_rope(qk.view(t, cfg.n_heads + cfg.n_kv_heads, cfg.head_dim), cos, sin)
-        q = qk[:, : cfg.n_heads].transpose(0, 1)
-        k = qk[:, cfg.n_heads :].transpose(0, 1)
-        v = v.view(t, cfg.n_kv_heads, cfg.head_dim).transpose(0, 1)
-        keys, values = cache.write(self.layer, k, v, t)
-        causal = mask is None and t > 1  # a plain prefill from slot 0
-        out = F.scaled_dot_product_attention(
-            q.unsqueeze(0),
-            keys.unsqueeze(0),
-            values.unsqueeze(0),
-            attn_mask=mask,
-            is_causal=causal,
-            enable_gqa=True,
-        )
-        return self.wo(out.squeeze(0).transpose(0, 1).reshape(t, q_size))
+        # q and k heads rotated in one pass: [N, n_heads + n_kv_heads, head_dim]
+        qk = apply_rope(qk.view(n, cfg.n_heads + cfg.n_kv_heads, cfg.head_dim), cos, sin)
+        q = qk[:, : cfg.n_heads]
+        keys, values = kv.k[self.layer], kv.v[self.layer]
+        keys[new_slots] = qk[:, cfg.n_heads :]
+        values[new_slots] = v.view(n, cfg.n_kv_heads, cfg.head_dim)
+        out = torch.empty_like(q)
+        for seq in seqs:
+            attended = F.scaled_dot_product_attention(
+                q[seq.start : seq.end].transpose(0, 1).unsqueeze(0),
+                keys[seq.key_slots].transpose(0, 1).unsqueeze(0),
+                values[seq.key_slots].transpose(0, 1).unsqueeze(0),
+                attn_mask=seq.mask,
+                enable_gqa=True,
+            )
+            out[seq.start : seq.end] = attended.squeeze(0).transpose(0, 1)
+        return self.wo(out.view(n, q_size))
 
 
 class FeedForward(nn.Module):
@@ -192,17 +206,18 @@ class Block(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        cache: KVCache,
+        kv: KVStorage,
+        new_slots: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        mask: torch.Tensor | None,
+        seqs: list[_SeqAttention],
     ) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), cache, cos, sin, mask)
+        x = x + self.attn(self.attn_norm(x), kv, new_slots, cos, sin, seqs)
         return x + self.ffn(self.ffn_norm(x))
 
 
 class Transformer(nn.Module):
-    """Batch-1 decoder: ``forward(tokens, cache, positions, tree_mask) -> logits [T, vocab]``."""
+    """Llama-family decoder: ``step(seqs, kv)`` over many sequences' rows at once."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -250,6 +265,37 @@ class Transformer(nn.Module):
         return self
 
     @torch.inference_mode()
+    def step(self, seqs: Sequence[SeqStep], kv: KVStorage) -> list[torch.Tensor]:
+        """One forward over every sequence's rows; returns per sequence float32 logits
+        [T, V] ("all"), [1, V] ("last") or [0, V] ("none").
+
+        Writes every row's K/V to its ``new_slots`` (rejected draft rows are simply
+        overwritten later). See ``SeqStep`` for what a row attends to.
+        """
+        device = self.device
+        tokens = torch.cat([s.tokens for s in seqs]).to(device)
+        positions = torch.cat([s.positions for s in seqs]).to(device)
+        new_slots = torch.cat([s.new_slots for s in seqs]).to(device)
+        cos = self.rope_cos[positions].unsqueeze(1)
+        sin = self.rope_sin[positions].unsqueeze(1)
+        plans: list[_SeqAttention] = []
+        logit_rows: list[int] = []
+        counts: list[int] = []
+        start = 0
+        for s in seqs:
+            t = s.tokens.shape[0]
+            plans.append(_seq_attention(s, start, device))
+            rows = {"all": range(start, start + t), "last": range(start + t - 1, start + t)}
+            picked = rows.get(s.logits, range(0))
+            logit_rows.extend(picked)
+            counts.append(len(picked))
+            start += t
+        x = self.embed(tokens)
+        for layer in self.layers:
+            x = layer(x, kv, new_slots, cos, sin, plans)
+        x = x[torch.tensor(logit_rows, dtype=torch.long, device=device)]
+        return list(self.head(self.norm(x)).float().split(counts))
+
     def forward(
         self,
         tokens: torch.Tensor,
@@ -259,7 +305,8 @@ class Transformer(nn.Module):
         *,
         last_only: bool = False,
     ) -> torch.Tensor:
-        """Run T new tokens; returns float32 logits [T, vocab] ([1, vocab] with ``last_only``).
+        """Batch-1 ``step``: T new tokens; float32 logits [T, vocab] ([1, vocab] with
+        ``last_only``).
 
         The tokens' K/V go to cache slots [cache.length, cache.length + T) and cache.length
         advances by T. ``tree_mask[i, j]``: new token i may attend to new token j (None =
@@ -269,34 +316,18 @@ class Transformer(nn.Module):
         start = cache.length
         if start + t > cache.max_len:
             raise ValueError(f"{start + t} tokens exceed the cache's {cache.max_len} slots")
-        if positions is None:
-            cos = self.rope_cos[start : start + t].unsqueeze(1)
-            sin = self.rope_sin[start : start + t].unsqueeze(1)
-        else:
-            cos = self.rope_cos[positions].unsqueeze(1)
-            sin = self.rope_sin[positions].unsqueeze(1)
-        mask = self._mask(t, start, tree_mask)
-        x = self.embed(tokens)
-        for layer in self.layers:
-            x = layer(x, cache, cos, sin, mask)
-        cache.length = start + t
-        if last_only:
-            x = x[-1:]
-        return self.head(self.norm(x)).float()
-
-    def _mask(self, t: int, start: int, tree_mask: torch.Tensor | None) -> torch.Tensor | None:
-        """Boolean attention mask [T, start + T] (True = may attend); None when T == 1 or for a
-        causal run from slot 0 (then attention is told ``is_causal``)."""
-        if tree_mask is None and (t == 1 or start == 0):
-            return None
-        device = self.rope_cos.device
-        new = (
-            tree_mask.to(device=device, dtype=torch.bool)
-            if tree_mask is not None
-            else torch.ones(t, t, dtype=torch.bool, device=device).tril()
+        new_slots = torch.arange(start, start + t)
+        seq = SeqStep(
+            tokens=tokens,
+            positions=new_slots if positions is None else positions,
+            new_slots=new_slots,
+            context_slots=torch.arange(start),
+            mask=tree_mask,
+            logits="last" if last_only else "all",
         )
-        prefix = torch.ones(t, start, dtype=torch.bool, device=device)
-        return torch.cat([prefix, new], dim=1)
+        (logits,) = self.step([seq], cache.storage)
+        cache.length = start + t
+        return logits
 
     def load_hf_weights(self, tensors: dict[str, torch.Tensor]) -> None:
         """Copy weights named as in a Hugging Face Llama/Qwen2 checkpoint (``model.layers...``)."""
@@ -344,3 +375,16 @@ class Transformer(nn.Module):
                         f"{name}: checkpoint shape {tuple(value.shape)} != model {tuple(target.shape)}"
                     )
                 target.copy_(value.to(target.dtype))
+
+
+def _seq_attention(seq: SeqStep, start: int, device: torch.device) -> _SeqAttention:
+    """The keys (context then new rows) and the boolean mask [T, C + T] of one sequence."""
+    t, c = seq.tokens.shape[0], seq.context_slots.shape[0]
+    new = (
+        torch.ones(t, t, dtype=torch.bool, device=device).tril()
+        if seq.mask is None
+        else seq.mask.to(device=device, dtype=torch.bool)
+    )
+    mask = torch.cat([torch.ones(t, c, dtype=torch.bool, device=device), new], dim=1)
+    keys = torch.cat([seq.context_slots, seq.new_slots]).to(device)
+    return _SeqAttention(start, start + t, keys, mask)
