@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from local_verifier.config import ModelConfig
+from local_verifier.kernels import AttentionPlan, StepOps, step_ops
 from local_verifier.kv_cache import KVCache
 from local_verifier.kv_storage import KVStorage
 from local_verifier.linear import Linear
@@ -91,7 +91,8 @@ def rope_inv_freq(cfg: ModelConfig) -> tuple[torch.Tensor, float]:
 
 def rope_tables(cfg: ModelConfig, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin tables [max_seq_len, head_dim] in float32 (HF "rotate_half" layout, with
-    rotate_half's sign folded into the first half of sin)."""
+    rotate_half's sign folded into the first half of sin: the rotation of x is
+    ``x * cos + roll(x, head_dim / 2) * sin``)."""
     inv_freq, mscale = rope_inv_freq(cfg)
     t = torch.arange(cfg.max_seq_len, dtype=torch.float64)
     freqs = torch.outer(t, inv_freq)
@@ -100,40 +101,24 @@ def rope_tables(cfg: ModelConfig, device: torch.device) -> tuple[torch.Tensor, t
     return cos, sin
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [T, H, D] by cos/sin [T, 1, D] (computed in float32).
-
-    ``sin`` carries the sign of HF's ``rotate_half`` in its first half, so the rotation is
-    ``x * cos + roll(x, D/2) * sin``.
-    """
-    xf = x.float()
-    return torch.addcmul(xf * cos, xf.roll(x.shape[-1] // 2, -1), sin).to(x.dtype)
-
-
 class RMSNorm(nn.Module):
-    """Root-mean-square norm, computed in float32 like the reference."""
+    """Root-mean-square norm's weight and epsilon (applied by the step kernels in float32)."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32:  # one fused kernel, same formula
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
-
 
 @dataclass
-class _SeqAttention:
-    """Rows [start, end) of a step attend to ``key_slots`` under ``mask`` [T, C + T]."""
+class _StepInputs:
+    """What every layer of one step shares."""
 
-    start: int
-    end: int
-    key_slots: torch.Tensor
-    mask: torch.Tensor
+    ops: StepOps
+    cos: torch.Tensor  # [N, head_dim]
+    sin: torch.Tensor
+    new_slots: torch.Tensor  # long [N]
+    plan: AttentionPlan
 
 
 class Attention(nn.Module):
@@ -147,36 +132,15 @@ class Attention(nn.Module):
         self.wqkv = Linear(cfg.dim, q + 2 * kv, bias=cfg.qkv_bias)
         self.wo = Linear(q, cfg.dim)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        kv: KVStorage,
-        new_slots: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        seqs: list[_SeqAttention],
-    ) -> torch.Tensor:
-        cfg = self.cfg
-        n = x.shape[0]
-        q_size, kv_size = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-        qk, v = self.wqkv(x).split([q_size + kv_size, kv_size], dim=-1)
-        # q and k heads rotated in one pass: [N, n_heads + n_kv_heads, head_dim]
-        qk = apply_rope(qk.view(n, cfg.n_heads + cfg.n_kv_heads, cfg.head_dim), cos, sin)
-        q = qk[:, : cfg.n_heads]
+    def forward(self, x: torch.Tensor, kv: KVStorage, step: _StepInputs) -> torch.Tensor:
+        cfg, ops = self.cfg, step.ops
         keys, values = kv.k[self.layer], kv.v[self.layer]
-        keys[new_slots] = qk[:, cfg.n_heads :]
-        values[new_slots] = v.view(n, cfg.n_kv_heads, cfg.head_dim)
-        out = torch.empty_like(q)
-        for seq in seqs:
-            attended = F.scaled_dot_product_attention(
-                q[seq.start : seq.end].transpose(0, 1).unsqueeze(0),
-                keys[seq.key_slots].transpose(0, 1).unsqueeze(0),
-                values[seq.key_slots].transpose(0, 1).unsqueeze(0),
-                attn_mask=seq.mask,
-                enable_gqa=True,
-            )
-            out[seq.start : seq.end] = attended.squeeze(0).transpose(0, 1)
-        return self.wo(out.view(n, q_size))
+        qkv = ops.linear(x, self.wqkv.weight, self.wqkv.bias)
+        q = ops.rope_store(
+            qkv, step.cos, step.sin, keys, values, step.new_slots, cfg.n_heads, cfg.n_kv_heads
+        )
+        out = ops.attention(q, keys, values, step.plan)
+        return ops.linear(out.view(x.shape[0], -1), self.wo.weight, None)
 
 
 class FeedForward(nn.Module):
@@ -184,13 +148,12 @@ class FeedForward(nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.hidden = cfg.hidden_dim
         self.w13 = Linear(cfg.dim, 2 * cfg.hidden_dim)
         self.w2 = Linear(cfg.hidden_dim, cfg.dim)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.w13(x).split([self.hidden, self.hidden], dim=-1)
-        return self.w2(F.silu(gate) * up)
+    def forward(self, x: torch.Tensor, ops: StepOps) -> torch.Tensor:
+        gate_up = ops.linear(x, self.w13.weight, None)
+        return ops.linear(ops.silu_mul(gate_up), self.w2.weight, None)
 
 
 class Block(nn.Module):
@@ -203,17 +166,10 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.ffn = FeedForward(cfg)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        kv: KVStorage,
-        new_slots: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        seqs: list[_SeqAttention],
-    ) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), kv, new_slots, cos, sin, seqs)
-        return x + self.ffn(self.ffn_norm(x))
+    def forward(self, x: torch.Tensor, kv: KVStorage, step: _StepInputs) -> torch.Tensor:
+        ops = step.ops
+        x = x + self.attn(ops.rms_norm(x, self.attn_norm.weight, self.attn_norm.eps), kv, step)
+        return x + self.ffn(ops.rms_norm(x, self.ffn_norm.weight, self.ffn_norm.eps), ops)
 
 
 class Transformer(nn.Module):
@@ -273,18 +229,23 @@ class Transformer(nn.Module):
         overwritten later). See ``SeqStep`` for what a row attends to.
         """
         device = self.device
+        ops = step_ops(device, self.dtype)
         tokens = torch.cat([s.tokens for s in seqs]).to(device)
         positions = torch.cat([s.positions for s in seqs]).to(device)
         new_slots = torch.cat([s.new_slots for s in seqs]).to(device)
-        cos = self.rope_cos[positions].unsqueeze(1)
-        sin = self.rope_sin[positions].unsqueeze(1)
-        plans: list[_SeqAttention] = []
+        plan = AttentionPlan.build(
+            [s.context_slots for s in seqs], [s.new_slots for s in seqs], [s.mask for s in seqs]
+        )
+        if plan.keys.numel() and not 0 <= int(plan.keys.min()) <= int(plan.keys.max()) < kv.n_slots:
+            raise IndexError(f"a slot outside the storage's {kv.n_slots} slots")
+        inputs = _StepInputs(
+            ops, self.rope_cos[positions], self.rope_sin[positions], new_slots, plan
+        )
         logit_rows: list[int] = []
         counts: list[int] = []
         start = 0
         for s in seqs:
             t = s.tokens.shape[0]
-            plans.append(_seq_attention(s, start, device))
             rows = {"all": range(start, start + t), "last": range(start + t - 1, start + t)}
             picked = rows.get(s.logits, range(0))
             logit_rows.extend(picked)
@@ -292,9 +253,10 @@ class Transformer(nn.Module):
             start += t
         x = self.embed(tokens)
         for layer in self.layers:
-            x = layer(x, kv, new_slots, cos, sin, plans)
+            x = layer(x, kv, inputs)
         x = x[torch.tensor(logit_rows, dtype=torch.long, device=device)]
-        return list(self.head(self.norm(x)).float().split(counts))
+        x = ops.rms_norm(x, self.norm.weight, self.norm.eps)
+        return list(ops.linear(x, self.head.weight, None).float().split(counts))
 
     def forward(
         self,
@@ -375,16 +337,3 @@ class Transformer(nn.Module):
                         f"{name}: checkpoint shape {tuple(value.shape)} != model {tuple(target.shape)}"
                     )
                 target.copy_(value.to(target.dtype))
-
-
-def _seq_attention(seq: SeqStep, start: int, device: torch.device) -> _SeqAttention:
-    """The keys (context then new rows) and the boolean mask [T, C + T] of one sequence."""
-    t, c = seq.tokens.shape[0], seq.context_slots.shape[0]
-    new = (
-        torch.ones(t, t, dtype=torch.bool, device=device).tril()
-        if seq.mask is None
-        else seq.mask.to(device=device, dtype=torch.bool)
-    )
-    mask = torch.cat([torch.ones(t, c, dtype=torch.bool, device=device), new], dim=1)
-    keys = torch.cat([seq.context_slots, seq.new_slots]).to(device)
-    return _SeqAttention(start, start + t, keys, mask)
