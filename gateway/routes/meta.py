@@ -27,6 +27,10 @@ def meta_routes(runtime: Runtime) -> list[Route]:
         return json_response({"status": "ok", "endpoints": endpoints, "local": local})
 
     async def metrics(request: Request) -> Response:
+        for name, local in runtime.local.items():  # local endpoints' KV pool gauges, fresh
+            memory = local.memory()
+            if memory is not None:
+                runtime.telemetry.set_memory(name, memory)
         return Response(
             runtime.telemetry.metrics_text(), media_type="text/plain; version=0.0.4; charset=utf-8"
         )
