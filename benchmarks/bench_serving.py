@@ -44,7 +44,7 @@ def _run_gateway(port: int) -> None:
     """The gateway as ``draftgate serve`` runs it with the embedded default."""
     sys.path.insert(0, str(ROOT))
     from gateway.app import create_app
-    from gateway.cli_serve import run_server, verifier_settings
+    from gateway.cli.serve import run_server, verifier_settings
 
     run_server(create_app(verifier_settings(MODEL), environ={}), "127.0.0.1", port)
 
