@@ -91,7 +91,7 @@ PY
 done
 
 WORKLOAD=""
-for candidate in benchmarks/workloads/*.jsonl ../shared/bench/workload.jsonl; do
+for candidate in benchmarks/workloads/*.jsonl; do
   [ -f "$candidate" ] && WORKLOAD=$candidate && break
 done
 for dtype in float32 bfloat16; do
