@@ -204,6 +204,11 @@ def main() -> None:
     steps = step_ms(lm, rows_per_step, args.repeats)
     report["step_ms"] = steps
     print(f"ms per step by rows: {steps}", flush=True)
+    # before the bandwidth probe: its 1 GiB buffer would mask the peak RSS growth
+    lengths = [int(n) for n in args.prefill.split(",") if n]
+    report["prefill"] = [prefill(lm, n, args.chunk) for n in lengths if n <= lm.context_length]
+    for entry in report["prefill"]:
+        print(f"prefill {entry}", flush=True)
     if lm.device.type == "cpu":
         bandwidth = read_bandwidth()
         floor_ms = weight_bytes_per_token(lm) / bandwidth * 1e3
@@ -212,10 +217,6 @@ def main() -> None:
         if 1 in steps:
             report["floor_fraction"] = round(floor_ms / steps[1], 3)
         print(f"bandwidth {bandwidth / 1e9:.1f} GB/s, floor {floor_ms:.2f} ms", flush=True)
-    lengths = [int(n) for n in args.prefill.split(",") if n]
-    report["prefill"] = [prefill(lm, n, args.chunk) for n in lengths if n <= lm.context_length]
-    for entry in report["prefill"]:
-        print(f"prefill {entry}", flush=True)
 
     rows = [json.loads(x) for x in args.workload.read_text().splitlines() if x.strip()]
     if args.category:

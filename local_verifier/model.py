@@ -246,8 +246,16 @@ class Transformer(nn.Module):
         start = 0
         for s in seqs:
             t = s.tokens.shape[0]
-            rows = {"all": range(start, start + t), "last": range(start + t - 1, start + t)}
-            picked = rows.get(s.logits, range(0))
+            rows = {
+                "all": range(start, start + t),
+                "last": range(start + t - 1, start + t),
+                "none": range(0),
+            }
+            if s.logits not in rows:
+                raise ValueError(f"logits must be 'all', 'last' or 'none', got {s.logits!r}")
+            if s.mask is not None and not bool(s.mask.diagonal().all()):
+                raise ValueError("a row's mask must allow the row itself (mask[i, i])")
+            picked = rows[s.logits]
             logit_rows.extend(picked)
             counts.append(len(picked))
             start += t

@@ -128,7 +128,7 @@ def test_tree_rows_equal_sequential_steps_along_their_paths(
     logits = tiny.step([tree], kv)[0]
     for i in range(n):
         path = mask[i].nonzero().flatten()
-        base = 200 + 0  # each path decoded one row at a time in fresh slots
+        base = 200  # each path decoded one row at a time in slots 200...
         sequential = _sequential(tiny, kv, tokens[path], base, prompt)
         assert torch.equal(logits[i], sequential[-1]), i
         assert torch.equal(kv.k[:, 100 + i], kv.k[:, base + len(path) - 1]), i
