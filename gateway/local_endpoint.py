@@ -87,7 +87,8 @@ def _is_off(name: str, value: Any) -> bool:
 
 def _unsupported(request: ChatCompletionRequest | CompletionRequest) -> str | None:
     """The first request field the local engine cannot honour (set to something not off)."""
-    fields = {name: getattr(request, name) for name in request.model_fields_set}
+    given = request.model_fields_set
+    fields = {name: getattr(request, name) for name in type(request).model_fields if name in given}
     fields.update(request.model_extra or {})
     for name, value in fields.items():
         if name not in _HONOURED and not _is_off(name, value):
