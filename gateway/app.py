@@ -24,6 +24,7 @@ from starlette.routing import Route
 from gateway.asgi import ASGIApp, Receive, Scope, Send, overhead_middleware
 from gateway.config import Settings, load_settings
 from gateway.errors import GatewayError, NotFound
+from gateway.local_endpoint import capabilities as local_capabilities
 from gateway.proxy import CompletionsEndpoint
 from gateway.routes_documents import document_routes, error_response, json_response
 from gateway.routes_records import routes as records_routes
@@ -61,8 +62,12 @@ class _Gateway(Starlette):
 def _meta_routes(runtime: Runtime) -> list[Route]:
     async def models(request: Request) -> Response:
         runtime.auth.tenant(_authorization(request))
+        local = {
+            n for e in runtime.settings.endpoints if e.kind == "local" for n in e.client_names()
+        }
         data = [
             {"id": name, "object": "model", "created": 0, "owned_by": "draftgate"}
+            | ({"draftgate": local_capabilities()} if name in local else {})
             for name in runtime.model_names()
         ]
         return json_response({"object": "list", "data": data})

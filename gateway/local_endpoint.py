@@ -71,6 +71,32 @@ _HONOURED = frozenset(
         "user",  # an end-user id for the caller's own records: nothing to do
     }
 )
+# OpenAI fields the local engine still refuses (a 400 naming them), as /v1/models lists them
+UNSUPPORTED_PARAMETERS = (
+    "n",
+    "logprobs",
+    "top_logprobs",
+    "response_format",
+    "tools",
+    "tool_choice",
+    "functions",
+    "function_call",
+    "audio",
+    "modalities",
+    "web_search_options",
+    "echo",
+    "suffix",
+)
+
+
+def capabilities() -> dict[str, list[str]]:
+    """What a local model honours and refuses, for its ``/v1/models`` entry."""
+    return {
+        "supported_parameters": sorted(_HONOURED),
+        "unsupported_parameters": list(UNSUPPORTED_PARAMETERS),
+    }
+
+
 _OFF_VALUES: tuple[Any, ...] = (None, False, "", [], {})
 
 

@@ -110,3 +110,12 @@ def test_penalties_bias_and_min_p_reach_the_engine(
     assert text == _engine_text(engine, params, penalties)
     assert text != _engine_text(engine, SamplingParams(temperature=0.8, seed=3), Penalties())
     assert text and "\n" not in text
+
+
+def test_models_list_what_a_local_model_honours(local_url: str) -> None:
+    entry = next(m for m in client(local_url).models.list().data if m.id == MODEL)
+    table = (entry.model_extra or {})["draftgate"]
+    assert {"logit_bias", "min_p", "presence_penalty", "repetition_penalty"} <= set(
+        table["supported_parameters"]
+    )
+    assert {"n", "logprobs", "response_format", "tools"} <= set(table["unsupported_parameters"])
