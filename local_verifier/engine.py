@@ -241,6 +241,8 @@ class Engine:
             "weights_bytes": int(weights),
             "kv_reserved_bytes": int(pool.storage.nbytes()),
             "kv_in_use_bytes": int(pool.used() * pool.block_bytes()),
+            "kv_peak_bytes": int(pool.peak_used * pool.block_bytes()),
+            "kv_cached_bytes": int(pool.cached() * pool.block_bytes()),
             "index_bytes": int(self.index_cache.nbytes()),
         }
 

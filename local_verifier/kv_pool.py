@@ -63,6 +63,7 @@ class KVPool:
         self._key_of: dict[int, bytes] = {}  # published block -> its key
         self._index: dict[bytes, int] = {}  # key -> published block
         self._evictable: OrderedDict[int, None] = OrderedDict()  # unreferenced, published; LRU
+        self.peak_used = 0  # most blocks referenced at once so far
 
     # -- accounting ---------------------------------------------------------------------
 
@@ -97,6 +98,7 @@ class KVPool:
                 del self._index[self._key_of.pop(block)]
             self._refs[block] = 1
             out.append(block)
+        self.peak_used = max(self.peak_used, self.used())
         return out
 
     def release(self, blocks: Sequence[int]) -> None:
@@ -133,6 +135,7 @@ class KVPool:
             if self._refs[block] == 0:
                 del self._evictable[block]
             self._refs[block] += 1
+        self.peak_used = max(self.peak_used, self.used())
         return found
 
 

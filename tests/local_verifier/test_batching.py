@@ -27,6 +27,7 @@ SAMPLED = SamplingParams(temperature=0.9, top_k=20, seed=5)
 def make_engine(lm: LoadedModel, **kw: Any) -> Engine:
     budget = kw.pop("token_budget", 32)
     costs = [1e-3 + 1e-5 * r for r in range(budget + MAX_DRAFT + 1)]
+    kw.setdefault("kv_cache_mb", 4)  # 512 blocks of the tiny model
     return Engine(lm, max_draft=MAX_DRAFT, token_budget=budget, row_costs=costs, **kw)
 
 

@@ -21,7 +21,7 @@ PROMPT = "def add(a, b):\n    return a + b\n\nThe quick brown fox"
 
 @pytest.fixture(scope="module")
 def engine(tiny_lm: LoadedModel) -> Engine:
-    return Engine(tiny_lm, max_draft=16, row_costs=LINEAR_COSTS)
+    return Engine(tiny_lm, max_draft=16, row_costs=LINEAR_COSTS, kv_cache_mb=4)
 
 
 def plain(lm: LoadedModel, ids: list[int], max_tokens: int | None, stop: list[str] = ()):

@@ -21,6 +21,7 @@ MAX_DRAFT = 8
 
 def make_engine(lm: LoadedModel, **kw: Any) -> Engine:
     costs = [1e-3 + 1e-5 * r for r in range(BUDGET + MAX_DRAFT + 1)]
+    kw.setdefault("kv_cache_mb", 4)  # 512 blocks of the tiny model
     return Engine(lm, max_draft=MAX_DRAFT, token_budget=BUDGET, row_costs=costs, **kw)
 
 
