@@ -21,6 +21,7 @@ from local_verifier.errors import EngineBusy, PromptTooLong
 from local_verifier.kv_pool import DEFAULT_BLOCK_SIZE, KVPool
 from local_verifier.kv_storage import KVStorage
 from local_verifier.loader import LoadedModel, load_model
+from local_verifier.logits_processors import Penalties
 from local_verifier.output import OutputAssembler, TextDelta
 from local_verifier.sampling import SamplingParams, make_generator
 from local_verifier.scheduler import DraftPolicy, DraftSource, Request, Scheduler
@@ -68,6 +69,7 @@ class GenerationRequest:
     draft: bool = True
     max_draft: int | None = None  # cap on draft tokens per verify step (None = measured range)
     tenant: str = ""  # prefixes are reused only between requests of the same tenant
+    penalties: Penalties = field(default_factory=Penalties)
 
 
 @dataclass(frozen=True)
@@ -179,6 +181,7 @@ class Engine:
         if req.max_tokens is not None and req.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {req.max_tokens}")
         max_new = room if req.max_tokens is None else min(req.max_tokens, room)
+        req.penalties.check_vocab(self.lm.config.vocab_size)
         params = req.params
         device = self.lm.model.device
         request = Request(
@@ -195,6 +198,7 @@ class Engine:
             on_delta=on_item,
             on_finish=lambda r, error: self._finished(r, error, req, on_item),
             tenant=req.tenant,
+            penalties=req.penalties,
         )
         with self._cond:
             if self._outstanding >= self._max_outstanding:

@@ -10,12 +10,13 @@ import torch
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """temperature 0 = greedy; top_k 0 = off; top_p 1.0 = off; seed None = random."""
+    """temperature 0 = greedy; top_k 0 = off; top_p 1.0 = off; min_p 0 = off; seed None = random."""
 
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
     seed: int | None = None
+    min_p: float = 0.0
 
     def __post_init__(self) -> None:
         t = self.temperature
@@ -26,6 +27,9 @@ class SamplingParams:
         p = self.top_p
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {p!r}")
+        m = self.min_p
+        if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 <= m <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {m!r}")
         if self.seed is not None and (
             isinstance(self.seed, bool) or not isinstance(self.seed, int)
         ):
@@ -37,15 +41,20 @@ class SamplingParams:
 
 
 def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """Float32 probabilities [..., V] after temperature, top-k and top-p.
+    """Float32 probabilities [..., V] after temperature, min-p, top-k and top-p.
 
-    Greedy (temperature 0) gives a one-hot distribution at the argmax.
+    min-p (vLLM's): drop tokens whose probability after temperature is below ``min_p``
+    times the largest. Greedy (temperature 0) gives a one-hot distribution at the argmax.
     """
     logits = logits.float()
     if params.greedy:
         probs = torch.zeros_like(logits)
         return probs.scatter_(-1, logits.argmax(dim=-1, keepdim=True), 1.0)
     logits = logits / params.temperature
+    if params.min_p > 0:
+        probs = logits.softmax(dim=-1)
+        floor = params.min_p * probs.amax(dim=-1, keepdim=True)
+        logits = logits.masked_fill(probs < floor, float("-inf"))
     if 0 < params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))

@@ -20,6 +20,7 @@ from typing import Protocol
 import torch
 
 from local_verifier.kv_pool import BlockTable, KVPool, block_keys, chain_key, root_key
+from local_verifier.logits_processors import Penalties, adjust_rows
 from local_verifier.model import SeqStep, Transformer
 from local_verifier.output import OutputAssembler, TextDelta
 from local_verifier.sampling import SamplingParams, sample, target_probs
@@ -85,6 +86,7 @@ class Request:
     on_delta: Callable[[TextDelta], None]
     on_finish: Callable[[Request, Exception | None], None]  # error None: done or cancelled
     tenant: str = ""  # whose prefix cache the request reads and fills
+    penalties: Penalties = field(default_factory=Penalties)
     submitted: float = field(default_factory=time.perf_counter)
     started: float = 0.0
     table: BlockTable | None = None
@@ -303,6 +305,10 @@ class Scheduler:
         self._emit(req, new)
 
     def _verdict(self, req: Request, logits: torch.Tensor, draft: Draft) -> Verdict:
+        if req.penalties.active:
+            output = req.tokens[len(req.prompt_ids) :]
+            tokens, parents = draft.tokens.tolist(), draft.parents.tolist()
+            logits = adjust_rows(logits, req.penalties, req.prompt_ids, output, tokens, parents)
         if req.params.greedy:
             return verify_greedy(logits, draft.tokens, draft.parents)
         probs = _LazyProbs(logits, req.params)

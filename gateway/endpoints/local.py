@@ -41,48 +41,135 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RETRY_AFTER_S = 1
+_PARAMS = (  # sampling fields a ValueError may name
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "seed",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "logit_bias",
+)
 
 
-# fields the engine honours, or that do not change its output (the rest get a 400)
+# Fields the local engine honours (every other field must be absent or off)
 _HONOURED = frozenset(
     {
-        "model", "max_tokens", "temperature", "top_p", "top_k", "n", "stream",
-        "stream_options", "stop", "seed", "logprobs", "presence_penalty",
-        "frequency_penalty", "draftgate", "messages", "max_completion_tokens", "prediction",
-        "tools", "tool_choice", "audio", "modalities", "prompt", "echo", "suffix",
-        "user", "metadata", "store", "service_tier", "parallel_tool_calls",
-        "prompt_cache_key", "safety_identifier",
+        "model",
+        "messages",
+        "prompt",
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "stream",
+        "stream_options",
+        "stop",
+        "seed",
+        "prediction",
+        "draftgate",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+        "logit_bias",
+        # ids and hints for the caller's own records or a provider's routing: nothing to do
+        "user",
+        "metadata",
+        "service_tier",
+        "prompt_cache_key",
+        "safety_identifier",
     }
-)  # fmt: skip
+)
+# OpenAI fields the local engine still refuses (a 400 naming them), as /v1/models lists them
+UNSUPPORTED_PARAMETERS = (
+    "n",
+    "logprobs",
+    "top_logprobs",
+    "response_format",
+    "tools",
+    "tool_choice",
+    "functions",
+    "function_call",
+    "audio",
+    "modalities",
+    "web_search_options",
+    "echo",
+    "suffix",
+)
+
+
+def capabilities() -> dict[str, list[str]]:
+    """What a local model honours and refuses, for its ``/v1/models`` entry."""
+    return {
+        "supported_parameters": sorted(_HONOURED),
+        "unsupported_parameters": list(UNSUPPORTED_PARAMETERS),
+    }
+
+
+_OFF_VALUES: tuple[Any, ...] = (None, False, "", [], {})
+
+
+def _is_off(name: str, value: Any) -> bool:
+    """True when ``value`` asks for nothing (the field's default or an explicit off)."""
+    if any(value is off or (type(value) is type(off) and value == off) for off in _OFF_VALUES):
+        return True
+    if name == "n":
+        return bool(value == 1)
+    if name == "tool_choice":  # no tools can be given, so "none" and "auto" agree
+        return value in ("none", "auto")
+    return name == "parallel_tool_calls" and isinstance(value, bool)
 
 
 def _unsupported(request: ChatCompletionRequest | CompletionRequest) -> str | None:
-    """The first request field the local engine cannot honour."""
-    if request.n is not None and request.n > 1:
-        return "n"
-    if request.logprobs:
-        return "logprobs"
-    if request.presence_penalty or request.frequency_penalty:
-        return "presence_penalty" if request.presence_penalty else "frequency_penalty"
+    """The first request field the local engine cannot honour (set to something not off)."""
+    given = request.model_fields_set
+    fields = {name: getattr(request, name) for name in type(request).model_fields if name in given}
+    fields.update(request.model_extra or {})
+    for name, value in fields.items():
+        if name not in _HONOURED and not _is_off(name, value):
+            return name
     if isinstance(request, ChatCompletionRequest):
-        if request.tools:
-            return "tools"
-        if request.audio is not None:
-            return "audio"
-        if request.modalities and any(m != "text" for m in request.modalities):
-            return "modalities"
+        for message in request.messages:
+            parts = message.content if isinstance(message.content, list) else []
+            extra = {k for k, v in (message.model_extra or {}).items() if not _is_off(k, v)}
+            if extra or any(part.get("type") != "text" for part in parts):
+                return "messages"  # images, audio, tool calls and tool results
     else:
-        if request.echo:
-            return "echo"
-        if request.suffix:
-            return "suffix"
         prompt = request.prompt
         if isinstance(prompt, list) and len(prompt) > 1 and isinstance(prompt[0], str):
             return "prompt"
-    for name, value in (request.model_extra or {}).items():
-        if value is not None and name not in _HONOURED:
-            return name  # logit_bias, min_p, repetition_penalty, response_format, ...
     return None
+
+
+def _invalid(exc: ValueError) -> InvalidRequest:
+    """A 400 for a bad value, naming the sampling field its message starts with."""
+    message = str(exc)
+    return InvalidRequest(message, param=next((f for f in _PARAMS if message.startswith(f)), None))
+
+
+def _penalties(request: ChatCompletionRequest | CompletionRequest) -> Any:
+    """The request's ``local_verifier`` Penalties (``ValueError`` when a value is bad)."""
+    from local_verifier.logits_processors import Penalties
+
+    extra = request.model_extra or {}
+    bias = extra.get("logit_bias") or {}
+    if not isinstance(bias, dict):
+        raise ValueError("logit_bias must map token ids to biases")
+    try:
+        logit_bias = {int(token): bias[token] for token in bias}
+    except ValueError:
+        raise ValueError("logit_bias keys must be token ids") from None
+    repetition = extra.get("repetition_penalty")
+    return Penalties(
+        presence_penalty=request.presence_penalty or 0.0,
+        frequency_penalty=request.frequency_penalty or 0.0,
+        repetition_penalty=1.0 if repetition is None else repetition,
+        logit_bias=logit_bias,
+    )
 
 
 class _Job:
@@ -184,15 +271,18 @@ class LocalEndpoint:
         from local_verifier.sampling import SamplingParams
 
         request = call.request
+        min_p = (request.model_extra or {}).get("min_p")
         try:
             params = SamplingParams(
                 temperature=1.0 if request.temperature is None else request.temperature,
                 top_k=request.top_k or 0,
                 top_p=1.0 if request.top_p is None else request.top_p,
                 seed=request.seed,
+                min_p=0.0 if min_p is None else min_p,
             )
+            penalties = _penalties(request)
         except ValueError as exc:
-            raise InvalidRequest(str(exc)) from None
+            raise _invalid(exc) from None
         draft = request.draftgate is None or request.draftgate.draft
         gen = GenerationRequest(
             params=params,
@@ -203,6 +293,7 @@ class LocalEndpoint:
             draft=draft,
             max_draft=request.draftgate.max_draft_tokens if request.draftgate else None,
             tenant="" if self.config.share_prefix_cache else call.tenant,
+            penalties=penalties,
         )
         if isinstance(request, ChatCompletionRequest):
             gen.messages = [{"role": m.role, "content": m.text()} for m in request.messages]
@@ -288,7 +379,7 @@ class LocalEndpoint:
                 str(exc), param="messages", code="context_length_exceeded"
             ) from None
         except ValueError as exc:
-            raise InvalidRequest(str(exc)) from None
+            raise _invalid(exc) from None
         except EngineBusy:
             raise self._busy() from None
 

@@ -6,6 +6,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from gateway.endpoints.local import capabilities as local_capabilities
 from gateway.http.responses import json_response
 from gateway.runtime import Runtime
 
@@ -15,8 +16,12 @@ def meta_routes(runtime: Runtime) -> list[Route]:
 
     async def models(request: Request) -> Response:
         runtime.auth.tenant(request.scope)
+        local = {
+            n for e in runtime.settings.endpoints if e.kind == "local" for n in e.client_names()
+        }
         data = [
             {"id": name, "object": "model", "created": 0, "owned_by": "draftgate"}
+            | ({"draftgate": local_capabilities()} if name in local else {})
             for name in runtime.model_names()
         ]
         return json_response({"object": "list", "data": data})

@@ -162,10 +162,8 @@ def test_client_disconnect_stops_generation(local_url: str, local_app: Any) -> N
 @pytest.mark.parametrize(
     ("field", "value"),
     [
-        ("logit_bias", {"50": 100}),
-        ("min_p", 0.1),
-        ("repetition_penalty", 1.2),
         ("response_format", {"type": "json_object"}),
+        ("guided_json", {"type": "object"}),
         ("top_logprobs", 2),
     ],
 )

@@ -26,6 +26,7 @@ from local_verifier import scheduler
 from local_verifier.engine import Engine, GenerationRequest, TextDelta
 from local_verifier.kv_cache import KVCache
 from local_verifier.loader import LoadedModel
+from local_verifier.logits_processors import Penalties, adjust, adjust_rows
 from local_verifier.model import ModelConfig, Transformer
 from local_verifier.sampling import SamplingParams, target_probs
 from local_verifier.tokenizer import Tokenizer
@@ -179,6 +180,72 @@ def test_check_detects_a_sampler_that_always_accepts() -> None:
 def test_check_detects_a_sampler_that_forgets_to_renormalise() -> None:
     ok, worst, threshold = _run(no_renormalise, N_SYNTHETIC, seed=11)
     assert not ok, f"biased sampler passed: max N*KL {worst:.1f} < {threshold:.1f}"
+
+
+# --- penalties, logit_bias and min_p: each tree row after its own ancestors --------------
+
+PENALISED = Penalties(
+    presence_penalty=0.9, frequency_penalty=0.7, repetition_penalty=1.6, logit_bias={2: 1.5}
+)
+PENALISED_PARAMS = SamplingParams(temperature=0.9, min_p=0.04)
+SYN_PROMPT = (1, 3)
+N_PENALISED = 2500
+
+
+def _raw(target: SyntheticTarget, context: tuple[int, ...]) -> torch.Tensor:
+    return target.probs(context).log()
+
+
+def _penalised_exact(target: SyntheticTarget) -> dict[tuple[int, ...], float]:
+    rows: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def row(context: tuple[int, ...]) -> torch.Tensor:
+        if context not in rows:
+            logits = adjust(_raw(target, context), PENALISED, SYN_PROMPT, context)
+            rows[context] = target_probs(logits, PENALISED_PARAMS)
+        return rows[context]
+
+    return {
+        seq: math.prod(float(row(seq[:i])[seq[i]]) for i in range(LENGTH))
+        for seq in itertools.product(range(V), repeat=LENGTH)
+    }
+
+
+def _penalised_continuation(
+    target: SyntheticTarget, generator: torch.Generator, ancestors: bool
+) -> tuple[int, ...]:
+    """Trees drafted and verified with rows adjusted by ``adjust_rows`` (``ancestors``
+    False: wrong on purpose, every row adjusted as if it followed the committed tokens)."""
+    out: tuple[int, ...] = ()
+    step = 0
+    while len(out) < LENGTH:
+        tokens, parents = adversarial_draft(target, out, step)
+        paths: list[tuple[int, ...]] = [out]
+        for node, parent in enumerate(parents):
+            paths.append(paths[parent + 1] + (tokens[node],))
+        raw = torch.stack([_raw(target, p) for p in paths])
+        if ancestors:
+            rows = adjust_rows(raw, PENALISED, SYN_PROMPT, out, tokens, parents)
+        else:
+            rows = torch.stack([adjust(r, PENALISED, SYN_PROMPT, out) for r in raw])
+        probs = target_probs(rows, PENALISED_PARAMS)
+        verdict = verify_sampled(probs, tokens, parents, generator, multinomial)
+        out = out + tuple(tokens[n] for n in verdict.accepted) + (verdict.next_token,)
+        step += 1
+    return out[:LENGTH]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ancestors", [True, False], ids=["right", "committed-only"])
+def test_penalised_trees_match_exact_distribution(ancestors: bool) -> None:
+    target = SyntheticTarget(seed=5)
+    gen = torch.Generator().manual_seed(5)
+    samples = Counter(_penalised_continuation(target, gen, ancestors) for _ in range(N_PENALISED))
+    ok, worst, threshold = distribution_matches(samples, _penalised_exact(target))
+    if ancestors:
+        assert ok, f"max N*KL {worst:.1f} >= {threshold:.1f}"
+    else:
+        assert not ok, f"wrong histories passed: max N*KL {worst:.1f} < {threshold:.1f}"
 
 
 # --- the same check through the decoding loop on a tiny random-weight model -------------
