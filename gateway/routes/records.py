@@ -39,6 +39,8 @@ async def list_endpoints(runtime: Runtime, request: Request) -> Response:
             await records.probe(_gateway_url(request), headers)
         await runtime.telemetry.flush()  # the traffic up to now, in the roll-ups
         data = await records.records()
+        for record in data:
+            record.routing = runtime.balancer.state(record.name)
     except StoreUnavailable as exc:
         raise ServiceUnavailable(f"record store unavailable: {exc}") from None
     return json_response(EndpointList(data=data).model_dump(mode="json"))
