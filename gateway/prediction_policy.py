@@ -1,4 +1,4 @@
-"""Draft policy: what happens to a request's prediction at a given endpoint.
+"""Prediction policy: what happens to a request's prediction at a given endpoint.
 
 ``decide`` reads the validated request and the endpoint's :class:`Capability` and
 returns the outcome reported in ``X-Draftgate-Prediction``: ``passed``,

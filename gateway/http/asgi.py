@@ -41,9 +41,10 @@ class UpstreamWait:
 
 def header(scope: Scope, name: bytes) -> bytes | None:
     """The first value of header ``name`` (lower-case) or ``None``."""
-    for key, value in scope["headers"]:
+    headers: Headers = scope["headers"]
+    for key, value in headers:
         if key == name:
-            return value  # type: ignore[no-any-return]
+            return value
     return None
 
 

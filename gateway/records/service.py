@@ -21,10 +21,14 @@ ENGINE_KINDS = {"vllm", "sglang", "trtllm", "llamacpp"}
 class EndpointLike(Protocol):
     """What records need of an endpoint's configuration (``gateway.config.EndpointConfig``)."""
 
-    name: str
-    kind: str
-    base_url: str | None
-    models: Any
+    @property
+    def name(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def base_url(self) -> str | None: ...
+    @property
+    def models(self) -> Any: ...
 
 
 def model_names(endpoint: EndpointLike) -> list[str]:

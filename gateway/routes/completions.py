@@ -57,8 +57,9 @@ def parse_request(
     data = parse_json(raw)
     if not isinstance(data, dict):
         raise InvalidJSON("request body must be a JSON object")
-    model_type = ChatCompletionRequest if api == "chat" else CompletionRequest
-    return data, validate(model_type, data)
+    if api == "chat":
+        return data, validate(ChatCompletionRequest, data)
+    return data, validate(CompletionRequest, data)
 
 
 class CompletionsEndpoint:

@@ -11,7 +11,7 @@ import pytest
 from gateway.app import create_app
 from gateway.config import Settings, build_settings
 from tests.gateway.servers import serve
-from tests.gateway.standin import StandIn
+from tests.openai_standin import StandIn
 
 UPSTREAM_KEY = "sk-upstream-secret-0123456789"
 KEYS = {"DRAFTGATE_KEY_ALICE": "alice-key", "DRAFTGATE_KEY_BOB": "bob-key"}

@@ -6,7 +6,7 @@ import httpx
 import openai
 import pytest
 
-from tests.gateway.standin import StandIn
+from tests.openai_standin import StandIn
 
 AUTH = {"authorization": "Bearer alice-key"}
 

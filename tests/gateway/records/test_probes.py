@@ -52,7 +52,7 @@ async def test_an_engine_that_ignores_prediction_never_comes_out_yes(kind: str) 
             usage = await probe_usage(client, f"{url}/v1/chat/completions", "m", {})
         assert usage.verdict == "unknown"
         assert "no evidence" in usage.detail
-        assert engine.requests[-1]["prediction"]["content"]  # it was sent, and answered 200
+        assert engine.openai.bodies()[-1]["prediction"]["content"]  # it was sent, and answered 200
         endpoint = EndpointConfig(name="e", kind=kind, base_url=f"{url}/v1", models=["m"])
         records = Records([endpoint], MemoryRecordStore())
         await records.probe(url, {})

@@ -1,4 +1,4 @@
-"""The draft policy as a table: request x endpoint capability -> outcome."""
+"""The prediction policy as a table: request x endpoint capability -> outcome."""
 
 from __future__ import annotations
 
