@@ -1,8 +1,8 @@
 """Scale-out: one vs two ``draftgate verifier`` replicas behind the gateway, and ``prefix``
 vs ``least-busy`` routing on multi-turn sessions.
 
-    python benchmarks/bench_scale.py --json OUT [--requests 24] [--concurrency 4]
-        [--sessions 8] [--turns 4] [--rounds 2]
+    python benchmarks/bench_scale.py --json OUT [--requests 12] [--concurrency 4]
+        [--sessions 6] [--turns 3] [--rounds 2]
 
 Two verifier processes (SmolLM2-135M, greedy) are started, each pinned to one CPU core
 (``os.sched_setaffinity`` in the child, and one torch/OpenMP thread), so two replicas
@@ -15,7 +15,9 @@ and ``b`` (``least-busy``), interleaved for ``--rounds`` rounds; requests/s and 
 p50/p99 per configuration and the 2-vs-1 throughput ratio.
 
 Sessions: ``--sessions`` conversations run at once, each ``--turns`` streamed turns in
-order (a turn's messages carry the earlier turns). A turn after the first is a warm hit
+order (a turn's messages carry the earlier turns), with a random pause of 0 to 2x
+``--think-s`` seconds between turns (the user reading; without it a closed loop keeps
+each session on the endpoint that just freed up, which flatters ``least-busy``). A turn after the first is a warm hit
 when the replica that answers it (``X-Draftgate-Endpoint``) already answered an earlier
 turn of the session, i.e. holds its prefix. Warm-hit rate and TTFT per strategy,
 interleaved likewise.
@@ -28,6 +30,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -128,7 +131,9 @@ async def _throughput(url: str, requests: int, concurrency: int, max_tokens: int
     }
 
 
-async def _sessions(url: str, sessions: int, turns: int, max_tokens: int) -> dict[str, Any]:
+async def _sessions(
+    url: str, sessions: int, turns: int, max_tokens: int, think_s: float
+) -> dict[str, Any]:
     hits = warm_turns = 0
     ttft_all: list[float] = []
     ttft_warm: list[float] = []
@@ -177,6 +182,7 @@ async def _sessions(url: str, sessions: int, turns: int, max_tokens: int) -> dic
                     {"role": "assistant", "content": "".join(text)},
                     {"role": "user", "content": f"Tell me more ({turn + 1})."},
                 ]
+                await asyncio.sleep(random.uniform(0, 2 * think_s))
 
         await asyncio.gather(*(session(s) for s in range(sessions)))
     return {
@@ -197,12 +203,13 @@ def _through_gateway(urls: dict[str, str], strategy: str, work: Any) -> dict[str
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, required=True, help="write the results here")
-    parser.add_argument("--requests", type=int, default=24, help="chats per throughput run")
+    parser.add_argument("--requests", type=int, default=12, help="chats per throughput run")
     parser.add_argument("--concurrency", type=int, default=4, help="closed-loop workers")
-    parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--sessions", type=int, default=8)
-    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--sessions", type=int, default=6)
+    parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--session-max-tokens", type=int, default=8)
+    parser.add_argument("--think-s", type=float, default=1.0, help="mean pause between turns")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved repetitions")
     parser.add_argument("--base-port", type=int, default=18311)
     args = parser.parse_args()
@@ -230,7 +237,9 @@ def main() -> None:
                 result = _through_gateway(
                     urls,
                     strategy,
-                    lambda u: _sessions(u, args.sessions, args.turns, args.session_max_tokens),
+                    lambda u: _sessions(
+                        u, args.sessions, args.turns, args.session_max_tokens, args.think_s
+                    ),
                 )
                 runs.setdefault(strategy, []).append(result)
                 print(strategy, json.dumps(result), flush=True)

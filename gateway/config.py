@@ -177,7 +177,7 @@ class RoutingConfig(_Strict):
 
     strategy: RoutingStrategy = "least-busy"
     prefix_chars: int = Field(default=512, ge=1)
-    load_factor: float = Field(default=1.25, ge=1.0)
+    load_factor: float = Field(default=1.5, ge=1.0)
     failures: int = Field(default=3, ge=1, description="failures within window_s that eject")
     window_s: float = Field(default=10.0, gt=0)
     eject_s: float = Field(default=5.0, gt=0, description="first back-off; doubles per ejection")
