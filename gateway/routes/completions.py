@@ -2,9 +2,9 @@
 
 Per request: authenticate, read the body (bounded), validate once with the shared wire
 types, route by model, then try the model's endpoints in the order the balancer plans
-(:mod:`gateway.routing.balancer`); a failure before the first byte moves to the next. An HTTP upstream's
-answer is forwarded as it arrives; a local endpoint runs the engine. Nothing is retried
-or failed over once the first byte went to the client.
+(:mod:`gateway.routing.balancer`); a failure before the first byte moves to the next. An
+HTTP upstream's answer is forwarded as it arrives; a local endpoint runs the engine.
+Nothing is retried or failed over once the first byte went to the client.
 """
 
 from __future__ import annotations
