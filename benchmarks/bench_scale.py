@@ -200,6 +200,36 @@ def _through_gateway(urls: dict[str, str], strategy: str, work: Any) -> dict[str
         return asyncio.run(work(gateway_url))  # type: ignore[no-any-return]
 
 
+def _summary(
+    runs: dict[str, list[dict[str, Any]]], cores: list[int], args: argparse.Namespace
+) -> dict[str, Any]:
+    """Medians over the rounds so far, written to ``--json`` (after every configuration, so
+    a run cut short still leaves its figures)."""
+
+    def median(label: str, key: str) -> float | None:
+        values = [r[key] for r in runs.get(label, []) if r[key] is not None]
+        return statistics.median(values) if values else None
+
+    one, two = median("one", "requests_per_s"), median("two", "requests_per_s")
+    out = {
+        "machine": f"{os.cpu_count()} CPUs (shared), replicas pinned to cores {cores[:2]}",
+        "args": vars(args) | {"json": str(args.json)},
+        "rounds_done": min((len(runs.get(k, [])) for k in ("one", "two", "prefix")), default=0),
+        "throughput": {
+            label: {k: median(label, k) for k in ("requests_per_s", "e2e_p50_s", "e2e_p99_s")}
+            for label in ("one", "two")
+        },
+        "two_vs_one": two / one if one and two else None,
+        "sessions": {
+            s: {k: median(s, k) for k in ("warm_hit_rate", "ttft_p50_s", "ttft_p50_warm_s")}
+            for s in ("least-busy", "prefix")
+        },
+        "runs": runs,
+    }
+    args.json.write_text(json.dumps(out, indent=2))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, required=True, help="write the results here")
@@ -220,10 +250,10 @@ def main() -> None:
     ports = {"a": args.base_port, "b": args.base_port + 1}
     urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
     procs = {name: _start_verifier(ports[name], cores[i]) for i, name in enumerate(ports)}
+    runs: dict[str, list[dict[str, Any]]] = {}
     try:
         for name, proc in procs.items():
             _wait_loaded(urls[name], proc)
-        runs: dict[str, list[dict[str, Any]]] = {}
         for _ in range(args.rounds):
             for label, replicas in (("one", {"a": urls["a"]}), ("two", urls)):
                 result = _through_gateway(
@@ -233,6 +263,7 @@ def main() -> None:
                 )
                 runs.setdefault(label, []).append(result)
                 print(label, json.dumps(result), flush=True)
+                _summary(runs, cores, args)
             for strategy in ("least-busy", "prefix"):
                 result = _through_gateway(
                     urls,
@@ -243,37 +274,13 @@ def main() -> None:
                 )
                 runs.setdefault(strategy, []).append(result)
                 print(strategy, json.dumps(result), flush=True)
+                _summary(runs, cores, args)
     finally:
         for proc in procs.values():
             proc.terminate()
             proc.wait(timeout=30)
 
-    def median(label: str, key: str) -> float:
-        return statistics.median(r[key] for r in runs[label])
-
-    out = {
-        "machine": f"{os.cpu_count()} CPUs (shared), replicas pinned to cores {cores[:2]}",
-        "args": vars(args) | {"json": str(args.json)},
-        "throughput": {
-            label: {
-                "requests_per_s": median(label, "requests_per_s"),
-                "e2e_p50_s": median(label, "e2e_p50_s"),
-                "e2e_p99_s": median(label, "e2e_p99_s"),
-            }
-            for label in ("one", "two")
-        },
-        "two_vs_one": median("two", "requests_per_s") / median("one", "requests_per_s"),
-        "sessions": {
-            s: {
-                "warm_hit_rate": median(s, "warm_hit_rate"),
-                "ttft_p50_s": median(s, "ttft_p50_s"),
-            }
-            for s in ("least-busy", "prefix")
-        },
-        "runs": runs,
-    }
-    args.json.write_text(json.dumps(out, indent=2))
-    print(json.dumps({k: out[k] for k in ("throughput", "two_vs_one", "sessions")}, indent=2))
+    print(json.dumps({k: v for k, v in _summary(runs, cores, args).items() if k != "runs"}))
 
 
 if __name__ == "__main__":
