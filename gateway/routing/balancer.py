@@ -13,8 +13,10 @@ model's endpoints for one request by the configured strategy:
   passed over (bounded-load consistent hashing, as in SGLang's router);
 - ``ordered``: configuration order (models in ``[fallback]`` always use their order).
 
-Endpoints whose health does not admit a request come last: they are tried only when every
-other endpoint failed, so ejection never turns a working request into an error.
+A half-open endpoint whose trial slot is free comes first (the trial must happen for it to
+be re-admitted). Endpoints whose health does not admit a request come last: they are tried
+only when every other endpoint failed, so ejection never turns a working request into an
+error.
 """
 
 from __future__ import annotations
@@ -109,6 +111,10 @@ class Balancer:
         else:
             ordered = self._by_load(endpoints)
         admitted = [e for e in ordered if self.replicas[e.name].health.admits()]
+        # a half-open endpoint's trial goes first: a stale latency average or a prefix's
+        # home elsewhere must not keep it from ever being tried again
+        trials = [e for e in admitted if self.replicas[e.name].health.state == "half-open"]
+        admitted = trials + [e for e in admitted if e not in trials]
         return [(e, True) for e in admitted] + [(e, False) for e in ordered if e not in admitted]
 
     def _by_load(self, endpoints: Sequence[EndpointConfig]) -> list[EndpointConfig]:

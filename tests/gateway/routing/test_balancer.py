@@ -152,3 +152,17 @@ def test_an_attempt_without_outcome_releases_a_trial() -> None:
     with balancer.attempt("r0"):
         pass  # the client disconnected: no outcome
     assert health.admits() and balancer.replicas["r0"].in_flight == 0
+
+
+def test_a_half_open_endpoint_gets_its_trial_first_despite_a_stale_latency() -> None:
+    clock = [0.0]
+    balancer = _balancer(2, clock, failures=1, eject_s=5)
+    balancer.replicas["r0"].observe_latency(60.0)  # slow before it failed
+    balancer.replicas["r1"].observe_latency(1.0)
+    with balancer.attempt("r0") as attempt:
+        attempt.failed()
+    assert _names(balancer)[0] == "r1"
+    clock[0] = 5.0  # half-open
+    assert _names(balancer)[0] == "r0"
+    assert balancer.replicas["r0"].health.acquire()  # the trial is claimed
+    assert _names(balancer)[0] == "r1"  # meanwhile the others go by load again
