@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -34,6 +35,7 @@ from gateway.routes.documents import document_routes
 from gateway.routes.meta import meta_routes
 from gateway.routes.openapi import openapi_routes
 from gateway.routes.records import records_routes
+from gateway.routing.health import Clock
 from gateway.runtime import Runtime
 from gateway.telemetry import Telemetry
 from lookup.corpus import Corpus
@@ -112,13 +114,15 @@ def create_app(
     telemetry: Telemetry | None = None,
     corpus: Corpus | None = None,
     engines: Mapping[str, Any] | None = None,
+    clock: Clock = time.monotonic,
 ) -> Starlette:
     """The gateway app for ``settings`` (default: ``load_settings()``).
 
     ``environ`` supplies API keys (default ``os.environ``); ``transport`` replaces the
     network transport of every HTTP upstream (tests); ``telemetry``/``corpus`` replace
     the defaults built from the settings; ``engines`` maps local endpoint names to
-    already loaded ``local_verifier`` engines (shared by tests).
+    already loaded ``local_verifier`` engines (shared by tests); ``clock`` (monotonic
+    seconds) times the endpoints' ejection back-offs.
     """
     runtime = Runtime(
         settings or load_settings(),
@@ -127,6 +131,7 @@ def create_app(
         telemetry=telemetry,
         corpus=corpus,
         engines=engines,
+        clock=clock,
     )
 
     @contextlib.asynccontextmanager

@@ -36,8 +36,12 @@ EndpointKind = Literal[
     "trtllm",
     "llamacpp",
     "openai_compatible",
+    "openrouter",
     "local",
 ]
+RoutingStrategy = Literal["least-busy", "prefix", "ordered"]
+# kinds run by a hosted provider: no active health check unless an endpoint asks for one
+HOSTED_KINDS = frozenset({"openai", "azure", "fireworks", "cerebras", "mistral", "openrouter"})
 
 DEFAULT_LOCAL_MODEL = "smollm2-135m"
 DEFAULT_CONFIG_FILE = "draftgate.toml"
@@ -96,6 +100,10 @@ class EndpointConfig(_Strict):
         gt=0,
         description="local kind: KV pool size in MiB (None: the engine's default)",
     )
+    health_check: bool | None = Field(
+        default=None,
+        description="active GET {base_url}/models checks (default: on unless a hosted provider)",
+    )
 
     @field_validator("models", mode="before")
     @classmethod
@@ -128,6 +136,15 @@ class EndpointConfig(_Strict):
     def client_names(self) -> list[str]:
         """Every name clients may send for this endpoint (names and aliases)."""
         return [n for m in self.models for n in (m.name, *m.aliases)]
+
+    @property
+    def actively_checked(self) -> bool:
+        """Whether the periodic health check asks this endpoint (never an in-process one)."""
+        if self.base_url is None:
+            return False
+        if self.health_check is not None:
+            return self.health_check
+        return self.kind not in HOSTED_KINDS
 
     def upstream_model(self, client_name: str) -> str:
         """The provider's model name for a name clients send."""
@@ -183,6 +200,29 @@ class ServerConfig(_Strict):
     )
 
 
+class RoutingConfig(_Strict):
+    """How a model's endpoints share its traffic, and when a failing one is taken out.
+
+    ``least-busy`` (the default) picks the endpoint with the fewest requests in flight,
+    weighted by a moving average of its latency; ``prefix`` sends requests that share a
+    session (``X-Draftgate-Session``) or the first ``prefix_chars`` characters of the
+    prompt to the same endpoint (rendezvous hashing), unless that endpoint already holds
+    more than ``load_factor`` times its share of the requests in flight; ``ordered``
+    tries them in configuration order. Models listed in ``[fallback]`` keep that order.
+    """
+
+    strategy: RoutingStrategy = "least-busy"
+    prefix_chars: int = Field(default=512, ge=1)
+    load_factor: float = Field(default=1.5, ge=1.0)
+    failures: int = Field(default=3, ge=1, description="failures within window_s that eject")
+    window_s: float = Field(default=10.0, gt=0)
+    eject_s: float = Field(default=5.0, gt=0, description="first back-off; doubles per ejection")
+    max_eject_s: float = Field(default=60.0, gt=0)
+    health_check_interval_s: float = Field(
+        default=10.0, ge=0, description="active checks of self-hosted endpoints; 0 = off"
+    )
+
+
 def _default_endpoints() -> tuple[EndpointConfig, ...]:
     return (
         EndpointConfig(
@@ -210,6 +250,7 @@ class Settings(BaseSettings):
     documents: DocumentsConfig = DocumentsConfig()
     limits: LimitsConfig = LimitsConfig()
     server: ServerConfig = ServerConfig()
+    routing: RoutingConfig = RoutingConfig()
     capture: bool = False
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     max_response_bytes: int = Field(

@@ -1,11 +1,14 @@
 """Everything a running gateway holds: settings, auth, routes, upstream clients, local
-engines, the document corpus, telemetry and the speculation records. Built by ``create_app``; started and closed
+engines, the document corpus, telemetry, the speculation records and the balancer. Built by ``create_app``; started and closed
 by the app's lifespan."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,6 +22,10 @@ from gateway.endpoints.upstream import Upstream
 from gateway.limits import open_limiter
 from gateway.records.service import Records
 from gateway.records.store import open_record_store
+from gateway.routing.balancer import Balancer
+from gateway.routing.checks import HealthChecks
+from gateway.routing.health import Clock
+from gateway.routing.metrics import ReplicaCollector
 from gateway.telemetry import Telemetry
 from lookup.corpus import Corpus, CorpusError, open_store
 
@@ -41,6 +48,7 @@ class Runtime:
         telemetry: Telemetry | None = None,
         corpus: Corpus | None = None,
         engines: Mapping[str, Any] | None = None,
+        clock: Clock = time.monotonic,
     ) -> None:
         env = os.environ if environ is None else environ
         self.settings = settings
@@ -75,6 +83,15 @@ class Runtime:
                 )
             else:
                 self.upstreams[endpoint.name] = Upstream(endpoint, env, transport)
+        self.balancer = Balancer(
+            settings.routing,
+            settings.endpoints,
+            clock,
+            ordered_models=frozenset(settings.fallback),
+        )
+        self.health_checks = HealthChecks(self.balancer, self.upstreams)
+        self.telemetry.registry.register(ReplicaCollector(self.balancer))
+        self._checking: asyncio.Task[None] | None = None
 
     def model_names(self) -> list[str]:
         """Every model name clients may send, in configuration order."""
@@ -84,8 +101,17 @@ class Runtime:
         """Start loading local models (queued first on their worker threads)."""
         for local in self.local.values():
             local.start()
+        interval = self.settings.routing.health_check_interval_s
+        if interval > 0 and self.health_checks.upstreams:
+            self._checking = asyncio.create_task(
+                self.health_checks.run(interval), name="draftgate-health-checks"
+            )
 
     async def aclose(self) -> None:
+        if self._checking is not None:
+            self._checking.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._checking
         for upstream in self.upstreams.values():
             await upstream.aclose()
         for local in self.local.values():

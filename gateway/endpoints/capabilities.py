@@ -1,8 +1,10 @@
 """What each endpoint kind accepts, as data: the request policy reads it.
 
-Facts from docs/providers.md (the documented-speculation table of the
-records is separate, in ``gateway/records``). ``prediction_models`` lists the model name
-prefixes that accept ``prediction``; ``None`` means every model the endpoint serves.
+Each row follows the provider's own documentation as cited, with its date, in
+``gateway/records/documented.toml`` (the documented-speculation table of the records).
+``prediction_models`` lists the model name prefixes that accept ``prediction``; ``None``
+means every model the endpoint serves (the provider drops or refuses it per model).
+The same facts in prose: docs/providers.md.
 """
 
 from __future__ import annotations
@@ -38,13 +40,17 @@ CAPABILITIES: dict[str, Capability] = {
     "openai": Capability(True, OPENAI_CONFLICTS, ("gpt-4o", "gpt-4.1")),
     "azure": Capability(True, OPENAI_CONFLICTS, ("gpt-4o", "gpt-4.1"), "2025-01-01-preview"),
     "fireworks": Capability(True, OPENAI_CONFLICTS),
-    "cerebras": Capability(True, OPENAI_CONFLICTS),
+    # public preview, gpt-oss-120b and zai-glm-4.7 (checked 2026-11-30)
+    "cerebras": Capability(True, OPENAI_CONFLICTS, ("gpt-oss-120b", "zai-glm-4.7")),
     "mistral": Capability(True, OPENAI_CONFLICTS, ("codestral", "mistral-large")),
     "vllm": Capability(False),
     "sglang": Capability(False),
     "trtllm": Capability(False),
     "llamacpp": Capability(False),
     "openai_compatible": Capability(False),
+    # passed on; whether the provider OpenRouter picks honours it is listed per endpoint
+    # in its `supported_parameters` (GET /models/{author}/{slug}/endpoints)
+    "openrouter": Capability(True, OPENAI_CONFLICTS),
     # a local endpoint (in-process or a `draftgate verifier` server) takes everything
     "local": Capability(True),
 }
@@ -55,4 +61,5 @@ DEFAULT_BASE_URLS: dict[str, str] = {
     "fireworks": "https://api.fireworks.ai/inference/v1",
     "cerebras": "https://api.cerebras.ai/v1",
     "mistral": "https://api.mistral.ai/v1",
+    "openrouter": "https://openrouter.ai/api/v1",
 }

@@ -68,6 +68,11 @@ class UpstreamFailure(Exception):
         return self.status is None or self.status in RETRY_STATUSES
 
     @property
+    def endpoint_fault(self) -> bool:
+        """The endpoint is unwell (unreachable, timed out, 5xx): counts against its health."""
+        return self.status is None or self.status >= 500
+
+    @property
     def client_fault(self) -> bool:
         return self.status in CLIENT_FAULT_STATUSES
 
@@ -142,8 +147,12 @@ class Upstream:
         body: bytes,
         upstream_model: str,
         client_headers: Sequence[tuple[bytes, bytes]] = (),
+        *,
+        retry: bool = True,
     ) -> httpx.Response:
-        """POST ``body`` to ``path``; the response (2xx, body not yet read) or a failure."""
+        """POST ``body`` to ``path``; the response (2xx, body not yet read) or a failure.
+
+        ``retry=False`` makes one try only (another replica of the model is next)."""
         url = self._urls.get((path, upstream_model))
         if url is None:
             url = self._urls[(path, upstream_model)] = httpx.URL(
@@ -153,7 +162,7 @@ class Upstream:
         try:  # the first try runs without the retry machinery: the common case stays cheap
             return await self._send_once(url, body, headers)
         except UpstreamFailure as exc:
-            if not exc.retryable or self.config.retries == 0:
+            if not exc.retryable or self.config.retries == 0 or not retry:
                 raise
             first = exc
         await asyncio.sleep(self._delay(first, 1))
@@ -197,6 +206,27 @@ class Upstream:
             retry_after=retry_after_s(response.headers, RETRY_AFTER_LIMIT_S),
             param=param,
         )
+
+    async def check(self) -> bool:
+        """One active health check: ``GET {base_url}/models`` answers 2xx in time."""
+        timeout = self.config.connect_timeout_s
+        request = httpx.Request(
+            "GET",
+            self.adapter.url("models", ""),
+            headers=[(b"accept-encoding", b"identity"), *self.adapter.auth_headers()],
+            extensions={
+                "timeout": {"connect": timeout, "read": timeout, "write": timeout, "pool": timeout}
+            },
+        )
+        try:
+            response = await self.transport.handle_async_request(request)
+            try:
+                await response.aread()
+            finally:
+                await response.aclose()
+        except httpx.HTTPError:
+            return False
+        return 200 <= response.status_code < 300
 
     def safe(self, message: str) -> str:
         """``message`` with credentials removed."""

@@ -1,9 +1,10 @@
 """``POST /v1/chat/completions`` and ``POST /v1/completions`` as pure ASGI endpoints.
 
 Per request: authenticate, read the body (bounded), validate once with the shared wire
-types, route by model, then try the model's endpoints in order. An HTTP upstream's
-answer is forwarded as it arrives; a local endpoint runs the engine. Nothing is retried
-or failed over once the first byte went to the client.
+types, route by model, then try the model's endpoints in the order the balancer plans
+(:mod:`gateway.routing.balancer`); a failure before the first byte moves to the next. An
+HTTP upstream's answer is forwarded as it arrives; a local endpoint runs the engine.
+Nothing is retried or failed over once the first byte went to the client.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from gateway.http.asgi import (
 from gateway.http.sse import SSE_HEADERS, EventTooLarge, StreamRelay, error_event
 from gateway.http.validation import read_json, validate
 from gateway.limits import Lease, prompt_tokens
+from gateway.routing.key import SESSION_HEADER, routing_key
 from gateway.telemetry import RequestTiming
 from sdk.wire import ChatCompletionRequest, CompletionRequest
 
@@ -109,6 +111,7 @@ class CompletionsEndpoint:
             if isinstance(error, GatewayError):
                 await send_error(send, error)
             return
+        session = header(scope, SESSION_HEADER)
         call = Call(
             api=self.api,
             tenant=tenant,
@@ -126,7 +129,9 @@ class CompletionsEndpoint:
             ),
         )
         try:
-            if await run_until_disconnect(receive, lambda: self._serve(call, endpoints, send)):
+            if await run_until_disconnect(
+                receive, lambda: self._serve(call, endpoints, send, session)
+            ):
                 call.timing.status = CLIENT_CLOSED
                 call.timing.error = "client disconnected"
         finally:
@@ -137,45 +142,64 @@ class CompletionsEndpoint:
         if runtime.settings.capture and call.timing.status == 200 and call.response_text:
             await runtime.capture(call)
 
-    async def _serve(self, call: Call, endpoints: tuple[EndpointConfig, ...], send: Send) -> None:
+    async def _serve(
+        self, call: Call, endpoints: tuple[EndpointConfig, ...], send: Send, session: bytes | None
+    ) -> None:
+        balancer = self.runtime.balancer
+        key = None
+        if balancer.strategy_for(call.request.model) == "prefix":
+            key = routing_key(call, session, balancer.config.prefix_chars)
+        plan = balancer.plan(call.request.model, endpoints, key)
         failure: UpstreamFailure | None = None
         failed_endpoint = endpoints[0].name
-        for endpoint in endpoints:
+        for index, (endpoint, admitted) in enumerate(plan):
+            replica = balancer.replicas[endpoint.name]
+            if admitted and not replica.health.acquire():
+                continue  # its half-open trial went to another request meanwhile
             call.timing.endpoint = endpoint.name
-            local = self.runtime.local.get(endpoint.name)
-            if local is not None:
-                await local.serve(call, send)
-                return
-            upstream = self.runtime.upstreams[endpoint.name]
-            decision, body = await self._prepare(call, endpoint)
-            call.timing.prediction_status = decision.status
-            t0 = time.perf_counter()
-            try:
-                response = await upstream.open(
-                    self.path,
-                    body,
-                    endpoint.upstream_model(call.request.model),
-                    call.forward_headers,
-                )
-            except UpstreamFailure as exc:
-                if exc.client_fault:
-                    await self._fail(call, send, exc.to_error(endpoint.name), decision.status)
+            with balancer.attempt(endpoint.name) as attempt:
+                local = self.runtime.local.get(endpoint.name)
+                if local is not None:
+                    await local.serve(call, send)
                     return
-                failure, failed_endpoint = exc, endpoint.name
-                continue
-            finally:
-                call.wait.seconds += time.perf_counter() - t0
-            call.timing.t_first_byte = time.perf_counter()
-            headers: Headers = [
-                (PREDICTION_HEADER, decision.status.encode()),
-                (ENDPOINT_HEADER, endpoint.name.encode()),
-            ]
-            if call.request.stream:
-                await self._relay_stream(call, response, send, headers)
-            else:
-                await self._relay_body(call, response, send, headers)
-            return
-        assert failure is not None
+                upstream = self.runtime.upstreams[endpoint.name]
+                decision, body = await self._prepare(call, endpoint)
+                call.timing.prediction_status = decision.status
+                t0 = time.perf_counter()
+                try:
+                    response = await upstream.open(
+                        self.path,
+                        body,
+                        endpoint.upstream_model(call.request.model),
+                        call.forward_headers,
+                        retry=index == len(plan) - 1,
+                    )
+                except UpstreamFailure as exc:
+                    if exc.client_fault:
+                        await self._fail(call, send, exc.to_error(endpoint.name), decision.status)
+                        return
+                    if exc.endpoint_fault:
+                        attempt.failed()
+                    failure, failed_endpoint = exc, endpoint.name
+                    continue
+                finally:
+                    call.wait.seconds += time.perf_counter() - t0
+                call.timing.t_first_byte = time.perf_counter()
+                headers: Headers = [
+                    (PREDICTION_HEADER, decision.status.encode()),
+                    (ENDPOINT_HEADER, endpoint.name.encode()),
+                ]
+                if call.request.stream:
+                    await self._relay_stream(call, response, send, headers)
+                else:
+                    await self._relay_body(call, response, send, headers)
+                if call.timing.error is None:
+                    attempt.succeeded(time.perf_counter() - t0)
+                else:
+                    attempt.failed()
+                return
+        if failure is None:  # every endpoint was skipped: none admitted this request
+            failure = UpstreamFailure("no endpoint is available")
         await self._fail(
             call, send, failure.to_error(failed_endpoint), call.timing.prediction_status
         )

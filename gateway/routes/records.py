@@ -43,6 +43,8 @@ async def _listing(runtime: Runtime) -> Response:
     try:
         await runtime.telemetry.flush()  # the traffic up to now, in the roll-ups
         data = await runtime.records.records()
+        for record in data:
+            record.routing = runtime.balancer.state(record.name)
     except StoreUnavailable as exc:
         raise ServiceUnavailable(f"record store unavailable: {exc}") from None
     return json_response(EndpointList(data=data).model_dump(mode="json"))

@@ -48,6 +48,17 @@ class LatencySummary(BaseModel):
     rejected_prediction_tokens: int = 0
 
 
+class RoutingState(BaseModel):
+    """An endpoint as the answering gateway's balancer sees it (each gateway keeps its own)."""
+
+    state: Literal["healthy", "half-open", "ejected"]
+    ejected_for_s: float = Field(default=0.0, description="back-off left while ejected")
+    in_flight: int = 0
+    latency_ewma_s: float | None = Field(default=None, description="moving average latency")
+    requests: int = Field(default=0, description="requests routed here since start")
+    ejections: int = 0
+
+
 class EndpointRecord(BaseModel):
     """The speculation record of one configured endpoint."""
 
@@ -61,6 +72,7 @@ class EndpointRecord(BaseModel):
     )
     evidence: list[Evidence] = Field(default_factory=list, description="newest first")
     latency: LatencySummary | None = None
+    routing: RoutingState | None = None
 
 
 class EndpointList(BaseModel):

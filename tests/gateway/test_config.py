@@ -197,3 +197,30 @@ def test_serve_reports_a_bad_file(tmp_path: Path) -> None:
     )
     assert result.exit_code == 2
     assert "max_body_bytes" in result.output
+
+
+def test_routing_section_openrouter_kind_and_checked_endpoints() -> None:
+    settings = build_settings(
+        {
+            "endpoints": [
+                {"name": "or", "kind": "openrouter", "models": ["openai/gpt-4o-mini"]},
+                {"name": "v1", "kind": "vllm", "base_url": "http://a/v1", "models": ["q"]},
+                {
+                    "name": "v2",
+                    "kind": "vllm",
+                    "base_url": "http://b/v1",
+                    "models": ["q"],
+                    "health_check": False,
+                },
+            ],
+            "routing": {"strategy": "prefix", "prefix_chars": 256},
+        }
+    )
+    by_name = {e.name: e for e in settings.endpoints}
+    assert by_name["or"].base_url == "https://openrouter.ai/api/v1"
+    assert settings.routing.strategy == "prefix" and settings.routing.prefix_chars == 256
+    assert settings.routing.load_factor == 1.5 and settings.routing.health_check_interval_s == 10
+    # hosted providers are not checked unless asked; self-hosted engines are unless told not
+    assert [by_name[n].actively_checked for n in ("or", "v1", "v2")] == [False, True, False]
+    with pytest.raises(ConfigError, match="routing.strategy"):
+        build_settings({"routing": {"strategy": "random"}})

@@ -1,0 +1,1 @@
+"""Spreading a model's traffic over its endpoints: balancing, prefix affinity, health."""

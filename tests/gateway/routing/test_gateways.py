@@ -1,0 +1,83 @@
+"""Two ``draftgate serve`` processes in front of the two verifier replicas, sharing one
+Redis: a document uploaded through one drafts requests on the other, and the speculation
+records (traffic roll-ups) of both are one."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.gateway.routing.conftest import MODEL
+from tests.gateway.routing.processes import Process, gateway
+
+KEY = {"authorization": "Bearer scale-test-key"}
+CHAT = {"model": MODEL, "max_tokens": 4, "temperature": 0}
+
+
+@pytest.fixture
+def gateways(
+    replicas: dict[str, Process], redis_url: str, redis_prefix: str, tmp_path: Path
+) -> Iterator[list[str]]:
+    endpoints = "\n".join(
+        f'[[endpoints]]\nname = "{name}"\nkind = "local"\nbase_url = "{p.url}/v1"\n'
+        f'models = ["{MODEL}"]\n'
+        for name, p in replicas.items()
+    )
+    config = tmp_path / "draftgate.toml"
+    config.write_text(
+        f"{endpoints}\n"
+        '[[keys]]\nkey_env = "SCALE_TEST_KEY"\ntenant = "alice"\n\n'
+        f'[redis]\nurl = "{redis_url}"\nprefix = "{redis_prefix}"\n'
+    )
+    env = {"SCALE_TEST_KEY": "scale-test-key", "REDIS_URL": redis_url}
+    procs = [gateway(config, env), gateway(config, env)]
+    try:
+        for p in procs:
+            p.spawn()
+        for p in procs:
+            p.wait()
+        yield [p.url for p in procs]
+    finally:
+        for p in procs:
+            p.stop()
+
+
+def _served(records: list[dict[str, object]]) -> int:
+    return sum(int(r["latency"]["requests"]) for r in records if r["latency"])  # type: ignore[index]
+
+
+@pytest.mark.redis
+@pytest.mark.usefixtures("redis_client")  # removes the test's keys afterwards
+def test_two_gateways_share_documents_and_records(gateways: list[str]) -> None:
+    one, two = gateways
+    text = "def area(r):\n    return 3.14159 * r * r\n"
+    r = httpx.post(f"{one}/v1/documents", json={"id": "geo.py", "text": text}, headers=KEY)
+    assert r.status_code in (200, 201), r.text
+    got = httpx.get(f"{two}/v1/documents/geo.py", headers=KEY)
+    assert got.status_code == 200 and got.json()["text"] == text
+
+    # the other gateway drafts from it in the request path
+    r = httpx.post(
+        f"{two}/v1/chat/completions",
+        json={**CHAT, "messages": [{"role": "user", "content": "Repeat geo.py."}]},
+        headers={**KEY, "x-draftgate-documents": "geo.py"},
+        timeout=300,
+    )
+    assert r.status_code == 200, r.text
+    assert r.headers["x-draftgate-prediction"] == "synthesized"
+
+    for _ in range(2):
+        r = httpx.post(
+            f"{one}/v1/chat/completions",
+            json={**CHAT, "messages": [{"role": "user", "content": "Hi"}]},
+            headers=KEY,
+            timeout=300,
+        )
+        assert r.status_code == 200, r.text
+    # listing the records writes the listing gateway's pending roll-ups first
+    httpx.get(f"{two}/v1/endpoints", headers=KEY, timeout=30).raise_for_status()
+    assert _served(httpx.get(f"{one}/v1/endpoints", headers=KEY, timeout=30).json()["data"]) == 3
+    assert _served(httpx.get(f"{two}/v1/endpoints", headers=KEY, timeout=30).json()["data"]) == 3
