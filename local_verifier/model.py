@@ -169,7 +169,10 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, kv: KVStorage, step: _StepInputs) -> torch.Tensor:
         ops = step.ops
         x = x + self.attn(ops.rms_norm(x, self.attn_norm.weight, self.attn_norm.eps), kv, step)
-        return x + self.ffn(ops.rms_norm(x, self.ffn_norm.weight, self.ffn_norm.eps), ops)
+        out: torch.Tensor = x + self.ffn(
+            ops.rms_norm(x, self.ffn_norm.weight, self.ffn_norm.eps), ops
+        )
+        return out
 
 
 class Transformer(nn.Module):
