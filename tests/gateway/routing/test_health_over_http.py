@@ -84,7 +84,7 @@ def test_active_checks_eject_and_readmit(standin_server: tuple[StandIn, str]) ->
 
     async def scenario() -> None:
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://gw") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
             assert [await checks.run_once() for _ in range(2)] == [
                 {"dead": False, "live": True}
             ] * 2
