@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from lookup.corpus.capture import CaptureItem, CaptureLimits, CaptureStats, capture_items
+from lookup.corpus.capture import CaptureLimits, CaptureStats, capture_items
 from lookup.corpus.documents import (
     Document,
     DocumentMeta,
@@ -182,25 +182,30 @@ class Corpus:
         self, ns: str, texts: Sequence[str], *, request_texts: Sequence[str] = ()
     ) -> None:
         """Store response ``texts`` (as answers) and the code blocks of ``request_texts``
-        in the namespace, in the background. Returns at once and never raises: outcomes
-        are counted in ``capture_stats``; each capture is bounded by ``capture_limits``."""
+        in the namespace, in the background. Returns at once and never raises: the texts
+        are scanned on a worker thread, outcomes are counted in ``capture_stats``, and each
+        capture is bounded by ``capture_limits``."""
         try:
-            items = capture_items(texts, request_texts, self.capture_limits)
-            if not items:
-                return
             if len(self._pending) >= self.capture_limits.max_pending:
                 self.capture_stats.dropped += 1
                 return
-            task = asyncio.get_running_loop().create_task(self._store_captured(ns, items))
+            task = asyncio.get_running_loop().create_task(
+                self._store_captured(ns, texts, request_texts)
+            )
             self._pending.add(task)
             task.add_done_callback(self._pending.discard)
         except Exception:
             self.capture_stats.failed += 1
             log.debug("capture not started", exc_info=True)
 
-    async def _store_captured(self, ns: str, items: Sequence[CaptureItem]) -> None:
+    async def _store_captured(
+        self, ns: str, texts: Sequence[str], request_texts: Sequence[str]
+    ) -> None:
         try:
             async with asyncio.timeout(self.capture_limits.timeout_s):
+                items = await asyncio.to_thread(
+                    capture_items, texts, request_texts, self.capture_limits
+                )
                 for item in items:
                     await self._put(
                         ns,
