@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from lookup.corpus.anchors import AnchorConfig, anchors, query_text
 from lookup.corpus.capture import CaptureLimits, CaptureStats, capture_items
 from lookup.corpus.documents import (
     Document,
@@ -27,7 +28,11 @@ from lookup.corpus.store import DocumentStore, Limits, NewDocument
 
 log = logging.getLogger(__name__)
 
+_NO_ANCHORS = np.zeros(0, np.uint64)
+
 Encode = Callable[[str], Sequence[int]]
+
+INLINE_ANCHOR_CHARS = 64 * 1024  # longer texts are anchored on a worker thread
 
 
 class Corpus:
@@ -36,7 +41,8 @@ class Corpus:
     ``ttl_s``: a document unused for this long is gone. ``max_doc_bytes``: larger documents
     are refused. ``max_ns_bytes``/``max_ns_docs``: a namespace's caps; least recently used
     documents are evicted to fit. ``select_max_docs``/``select_max_bytes`` bound what one
-    request drafts from. ``clock`` gives wall-clock seconds (injectable for tests).
+    request drafts from; ``retrieve_max_docs`` of those may be found by content (0: off),
+    anchored as ``anchor_config`` says. ``clock`` gives wall-clock seconds (injectable).
     """
 
     def __init__(
@@ -49,11 +55,15 @@ class Corpus:
         max_ns_docs: int = 10_000,
         select_max_docs: int = 16,
         select_max_bytes: int = 4 << 20,
+        retrieve_max_docs: int = 8,
+        anchor_config: AnchorConfig | None = None,
         capture_limits: CaptureLimits | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         if ttl_s <= 0 or min(max_doc_bytes, max_ns_bytes, max_ns_docs, select_max_docs) < 1:
             raise ValueError("ttl_s, caps and selection bounds must be positive")
+        if retrieve_max_docs < 0:
+            raise ValueError("retrieve_max_docs must not be negative")
         if max_doc_bytes > max_ns_bytes:
             raise ValueError("max_doc_bytes must not exceed max_ns_bytes")
         self.store = store
@@ -61,6 +71,8 @@ class Corpus:
         self.max_doc_bytes = max_doc_bytes
         self.select_max_docs = select_max_docs
         self.select_max_bytes = select_max_bytes
+        self.retrieve_max_docs = retrieve_max_docs
+        self.anchor_config = anchor_config or AnchorConfig()
         self.capture_limits = capture_limits or CaptureLimits()
         self.capture_stats = CaptureStats()
         self._clock = clock
@@ -79,6 +91,21 @@ class Corpus:
         `StoreUnavailable`."""
         return await self._put(ns, id, text, path=path, language=language, answer=False)
 
+    def _document_anchors(self, text: str, keys: str) -> np.ndarray:
+        """A document's anchors; an answer's also include its request's (``keys``)."""
+        cfg = self.anchor_config
+        found = anchors(text, cfg.window, cfg.max_anchors)
+        if keys:
+            asked = anchors(query_text(keys, "", cfg), cfg.window, cfg.max_query_anchors)
+            found = np.union1d(found, asked)
+        return found
+
+    def _query_anchors(self, prompt_text: str, prediction_text: str) -> np.ndarray:
+        cfg = self.anchor_config
+        return anchors(
+            query_text(prompt_text, prediction_text, cfg), cfg.window, cfg.max_query_anchors
+        )
+
     async def _put(
         self,
         ns: str,
@@ -88,6 +115,7 @@ class Corpus:
         path: str | None,
         language: str | None,
         answer: bool,
+        keys: str = "",
     ) -> DocumentMeta:
         check_namespace(ns)
         check_id(doc_id)
@@ -95,6 +123,10 @@ class Corpus:
             if value is not None:
                 check_encodable(value, what)
         decoded, size = decode_text(text, self.max_doc_bytes)
+        if len(decoded) + len(keys) > INLINE_ANCHOR_CHARS:
+            found = await asyncio.to_thread(self._document_anchors, decoded, keys)
+        else:
+            found = self._document_anchors(decoded, keys)
         doc = NewDocument(
             id=doc_id,
             text=decoded,
@@ -103,6 +135,7 @@ class Corpus:
             path=path,
             language=language or guess_language(path or doc_id),
             names=document_names(doc_id, path),
+            anchors=found,
         )
         return await self.store.put(ns, doc, answer=answer, limits=self.limits, now=self._clock())
 
@@ -113,6 +146,8 @@ class Corpus:
             ids=[check_id(id)],
             names=[],
             recent=0,
+            query=_NO_ANCHORS,
+            retrieve=0,
             max_docs=1,
             max_bytes=self.limits.max_ns_bytes,
             limits=self.limits,
@@ -131,16 +166,27 @@ class Corpus:
         return await self.store.list(check_namespace(ns), limits=self.limits, now=self._clock())
 
     async def select(
-        self, ns: str, *, ids: Sequence[str] = (), prompt_text: str = "", recent: int = 0
+        self,
+        ns: str,
+        *,
+        ids: Sequence[str] = (),
+        prompt_text: str = "",
+        prediction_text: str = "",
+        recent: int = 0,
     ) -> builtins.list[Document]:
         """Documents for one request, in one store round trip: ``ids`` in order, then
         documents whose id or path the prompt mentions, then the ``recent`` latest captured
-        answers; deduplicated and bounded by ``select_max_docs``/``select_max_bytes``."""
+        answers, then up to ``retrieve_max_docs`` documents and answers whose content the
+        prompt or prediction shares most (``Document.kind`` says which way each came);
+        deduplicated and bounded by ``select_max_docs``/``select_max_bytes``."""
+        retrieve = self.retrieve_max_docs if prompt_text or prediction_text else 0
         return await self.store.select(
             check_namespace(ns),
             ids=[check_id(i) for i in ids],
             names=mention_candidates(prompt_text) if prompt_text else [],
             recent=min(max(0, recent), self.select_max_docs),
+            query=self._query_anchors(prompt_text, prediction_text) if retrieve else _NO_ANCHORS,
+            retrieve=retrieve,
             max_docs=self.select_max_docs,
             max_bytes=self.select_max_bytes,
             limits=self.limits,
@@ -206,6 +252,7 @@ class Corpus:
                 items = await asyncio.to_thread(
                     capture_items, texts, request_texts, self.capture_limits
                 )
+                keys = "\n".join(request_texts)
                 for item in items:
                     await self._put(
                         ns,
@@ -214,6 +261,7 @@ class Corpus:
                         path=None,
                         language=item.language,
                         answer=item.answer,
+                        keys=keys if item.answer else "",
                     )
             self.capture_stats.stored += len(items)
         except Exception:
