@@ -25,6 +25,7 @@ from gateway.errors import GatewayError, InvalidRequest, ServiceUnavailable, Ups
 from gateway.openai_objects import ResponseBuilder, draft_stats
 from gateway.sse import DONE_EVENT, SSE_HEADERS, data_event, error_event
 from lookup.corpus import Corpus, CorpusError
+from lookup.draft import Source
 from sdk.wire import ChatCompletionRequest, CompletionRequest
 
 if TYPE_CHECKING:
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _END = object()
+_SOURCES = {"named": Source.DOCUMENT, "retrieved": Source.RETRIEVED, "answer": Source.ANSWER}
 
 
 def _unsupported(request: ChatCompletionRequest | CompletionRequest) -> str | None:
@@ -197,23 +199,28 @@ class LocalEndpoint:
         else:
             gen.prompt_ids = [int(t) for t in request.prompt]
         if draft:
-            gen.documents = await self._documents(call, engine)
+            await self._documents(call, engine, gen)
         return gen
 
-    async def _documents(self, call: Call, engine: Engine) -> list[tuple[str, Any]]:
+    async def _documents(self, call: Call, engine: Engine, gen: GenerationRequest) -> None:
+        """Named, recent and retrieved documents' tokens and sources into ``gen``."""
         try:
             docs = await self.corpus.select(
-                call.tenant, ids=call.doc_ids, prompt_text=call.prompt_text(), recent=self.recent
+                call.tenant,
+                ids=call.doc_ids,
+                prompt_text=call.prompt_text(),
+                prediction_text=gen.prediction or "",
+                recent=self.recent,
             )
             if not docs:
-                return []
+                return
             tokenizer = engine.tokenizer
-            return await self.corpus.tokens(
+            gen.documents = await self.corpus.tokens(
                 call.tenant, docs, tokenizer.fingerprint, tokenizer.encode
             )
+            gen.document_sources = [_SOURCES[d.kind] for d in docs]
         except CorpusError as exc:
             log.warning("local endpoint %s: documents unavailable: %s", self.config.name, exc)
-            return []
 
     async def serve(self, call: Call, send: Send) -> None:
         """Answer ``call`` (streamed or not) from the local engine."""

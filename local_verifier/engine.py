@@ -18,6 +18,7 @@ from local_verifier.output import OutputAssembler, TextDelta
 from local_verifier.sampling import SamplingParams, make_generator, sample, target_probs
 from local_verifier.speculate import DraftPolicy, DraftSource, LoopStats, speculative_decode
 from lookup.controller import DraftController
+from lookup.draft import Source
 from lookup.drafter import Drafter
 from lookup.index import IndexCache
 
@@ -39,6 +40,7 @@ class GenerationRequest:
     stop: list[str] = field(default_factory=list)
     prediction: str | None = None
     documents: list[DocumentTokens] = field(default_factory=list)
+    document_sources: list[Source] = field(default_factory=list)  # default: Source.DOCUMENT
     draft: bool = True
     max_draft: int | None = None  # cap on draft tokens per verify step (None = measured range)
 
@@ -54,6 +56,7 @@ class GenerationStats:
     drafted_tokens: int
     accepted_tokens: int
     accepted_by_position: list[int]
+    accepted_by_source: dict[str, int]  # accepted draft tokens per source (Source names)
     accepted_prediction_tokens: int | None
     rejected_prediction_tokens: int | None
     prefill_s: float
@@ -150,7 +153,12 @@ class Engine:
             else None
         )
         documents = [self.index_cache.get_or_build(key, tokens) for key, tokens in req.documents]
-        return Drafter(prompt_ids, prediction=prediction, documents=documents)
+        return Drafter(
+            prompt_ids,
+            prediction=prediction,
+            documents=documents,
+            document_sources=req.document_sources,
+        )
 
     def _run(
         self,
@@ -200,6 +208,7 @@ class Engine:
             drafted_tokens=loop.drafted_tokens,
             accepted_tokens=loop.accepted_tokens,
             accepted_by_position=loop.accepted_by_position,
+            accepted_by_source=loop.accepted_by_source,
             accepted_prediction_tokens=accepted_pred,
             rejected_prediction_tokens=rejected_pred,
             prefill_s=prefill_s,

@@ -14,7 +14,7 @@ from local_verifier.model import Transformer
 from local_verifier.sampling import SamplingParams, sample, target_probs
 from local_verifier.tree import path_slots, tree_mask, tree_positions
 from local_verifier.verify import Verdict, verify_greedy, verify_sampled
-from lookup.draft import Draft
+from lookup.draft import Draft, Source
 
 
 class DraftSource(Protocol):
@@ -43,6 +43,7 @@ class LoopStats:
     drafted_tokens: int = 0
     accepted_tokens: int = 0
     accepted_by_position: list[int] = field(default_factory=list)
+    accepted_by_source: dict[str, int] = field(default_factory=dict)  # Source names, lower case
     draft_s: float = 0.0
     verify_s: float = 0.0
 
@@ -54,6 +55,12 @@ class LoopStats:
             self.accepted_by_position.extend([0] * (accepted - len(self.accepted_by_position)))
         for depth in range(accepted):
             self.accepted_by_position[depth] += 1
+
+    def count_sources(self, sources: Sequence[int]) -> None:
+        """Count accepted draft tokens by the ``lookup.draft.Source`` they were copied from."""
+        for source in sources:
+            name = Source(source).name.lower()
+            self.accepted_by_source[name] = self.accepted_by_source.get(name, 0) + 1
 
 
 def fit_draft(draft: Draft, max_tokens: int) -> Draft:
@@ -112,6 +119,7 @@ def speculative_decode(
         cache.truncate(start + 1 + accepted)
         new = [int(draft.tokens[n]) for n in verdict.accepted] + [verdict.next_token]
         stats.count(len(draft), accepted)
+        stats.count_sources(draft.source[verdict.accepted].tolist())
         verified = time.perf_counter()
         stats.draft_s += drafted - begin
         stats.verify_s += verified - drafted
