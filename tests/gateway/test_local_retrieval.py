@@ -54,6 +54,7 @@ async def test_a_repeated_question_drafts_from_its_earlier_answer(engine: Any) -
     text = first["choices"][0]["message"]["content"]
     assert again["choices"][0]["message"]["content"] == text
     by_source = again["draftgate"]["accepted_by_source"]
+    assert sum(by_source.values()) == again["draftgate"]["accepted_tokens"]
     completion = again["usage"]["completion_tokens"]
     # recent = 2 no longer reaches it: it was found by content; all but a few tokens of the
     # answer (the first, and each verify step's own token) were drafted from it
