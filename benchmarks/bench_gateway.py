@@ -131,7 +131,7 @@ def _run_gateway(port: int, upstream_port: int) -> None:
     """The gateway as ``draftgate serve`` runs it."""
     sys.path.insert(0, str(ROOT))
     from gateway.app import create_app
-    from gateway.cli_serve import run_server
+    from gateway.cli.serve import run_server
     from gateway.config import build_settings
 
     settings = build_settings(

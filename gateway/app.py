@@ -2,7 +2,8 @@
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (pure ASGI, the hot
 path, dispatched before Starlette's router and middleware stack), ``GET /v1/models``,
-``GET /healthz``, ``GET /metrics``, ``/v1/documents``, and the records/audits routes.
+``GET /healthz``, ``GET /metrics``, ``/v1/documents``, the records/audits routes and
+``GET /openapi.json``.
 Every response carries ``X-Draftgate-Overhead-Ms``.
 """
 
@@ -20,13 +21,19 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.asgi import ASGIApp, Receive, Scope, Send, overhead_middleware
 from gateway.config import Settings, load_settings
 from gateway.errors import GatewayError, NotFound
-from gateway.proxy import CompletionsEndpoint
-from gateway.routes_documents import document_routes, error_response, json_response
-from gateway.routes_records import routes as records_routes
+from gateway.http import guard
+from gateway.http.asgi import ClientDisconnected, overhead_middleware, send_error
+from gateway.http.responses import error_response
+from gateway.limits import tenant_limits
+from gateway.routes.completions import CompletionsEndpoint
+from gateway.routes.documents import document_routes
+from gateway.routes.meta import meta_routes
+from gateway.routes.openapi import openapi_routes
+from gateway.routes.records import records_routes
 from gateway.runtime import Runtime
 from gateway.telemetry import Telemetry
 from lookup.corpus import Corpus
@@ -44,11 +51,19 @@ class _Gateway(Starlette):
     middleware stack cost tens of microseconds per request. Everything else, other
     methods on these paths included, goes through Starlette."""
 
-    def __init__(self, fast: dict[str, ASGIApp], **kwargs: Any) -> None:
+    def __init__(self, fast: dict[str, ASGIApp], *, loopback_only: bool, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._fast = {path: overhead_middleware(app, catch=True) for path, app in fast.items()}
+        self._loopback_only = loopback_only
+        self._refuse = overhead_middleware(_refuse)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            refusal = guard.check(scope, loopback_only=self._loopback_only)
+            if refusal is not None:
+                scope["draftgate.refusal"] = refusal
+                await self._refuse(scope, receive, send)
+                return
         if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
             app = self._fast.get(scope["path"])
             if app is not None:
@@ -58,35 +73,8 @@ class _Gateway(Starlette):
         await super().__call__(scope, receive, send)
 
 
-def _meta_routes(runtime: Runtime) -> list[Route]:
-    async def models(request: Request) -> Response:
-        runtime.auth.tenant(_authorization(request))
-        data = [
-            {"id": name, "object": "model", "created": 0, "owned_by": "draftgate"}
-            for name in runtime.model_names()
-        ]
-        return json_response({"object": "list", "data": data})
-
-    async def healthz(request: Request) -> Response:
-        local = {name: endpoint.state for name, endpoint in runtime.local.items()}
-        endpoints = [e.name for e in runtime.settings.endpoints]
-        return json_response({"status": "ok", "endpoints": endpoints, "local": local})
-
-    async def metrics(request: Request) -> Response:
-        return Response(
-            runtime.telemetry.metrics_text(), media_type="text/plain; version=0.0.4; charset=utf-8"
-        )
-
-    return [
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/healthz", healthz, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
-    ]
-
-
-def _authorization(request: Request) -> bytes | None:
-    value = request.headers.get("authorization")
-    return value.encode("latin-1") if value is not None else None
+async def _refuse(scope: Scope, receive: Receive, send: Send) -> None:
+    await send_error(send, scope["draftgate.refusal"])
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -105,6 +93,11 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 async def _gateway_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, GatewayError)
     return error_response(exc)
+
+
+async def _client_gone(request: Request, exc: Exception) -> Response:
+    """Nobody reads this answer: the client left while sending its body."""
+    return Response(status_code=499)
 
 
 async def _server_error(request: Request, exc: Exception) -> Response:
@@ -154,23 +147,31 @@ def create_app(
     }
     routes: list[Route] = [
         *(Route(path, app, methods=["POST"]) for path, app in completions.items()),
-        *_meta_routes(runtime),
+        *meta_routes(runtime),
         *document_routes(runtime),
-        *records_routes,
+        *records_routes(runtime),
+        *openapi_routes(),
     ]
     app = _Gateway(
         completions,
+        loopback_only=not runtime.auth.enabled and not runtime.settings.allow_public_bind,
         routes=routes,
-        middleware=[Middleware(overhead_middleware)],
+        middleware=[
+            Middleware(overhead_middleware),
+            Middleware(
+                tenant_limits,
+                auth=runtime.auth,
+                limiter=runtime.limiter,
+                exempt=frozenset({"/healthz", "/metrics", "/openapi.json"}),
+            ),
+        ],
         exception_handlers={
             HTTPException: _http_error,
             GatewayError: _gateway_error,
+            ClientDisconnected: _client_gone,
             Exception: _server_error,
         },
         lifespan=lifespan,
     )
     app.state.runtime = runtime
-    app.state.settings = runtime.settings
-    app.state.telemetry = runtime.telemetry
-    app.state.corpus = runtime.corpus
     return app

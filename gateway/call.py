@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gateway.asgi import Headers, UpstreamWait
+from gateway.http.asgi import Headers, UpstreamWait
 from gateway.telemetry import RequestTiming
 from sdk.wire import ChatCompletionRequest, CompletionRequest
 

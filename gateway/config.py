@@ -18,7 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from gateway.capabilities import DEFAULT_BASE_URLS
+from gateway.endpoints.capabilities import DEFAULT_BASE_URLS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -145,6 +145,33 @@ class RedisConfig(_Strict):
 class DocumentsConfig(_Strict):
     ttl_s: int = Field(default=86400, ge=1)
     recent: int = Field(default=2, ge=0, description="recent captured answers to draft from")
+    max_ids: int = Field(default=64, ge=1, description="document ids one request may name")
+
+
+class LimitsConfig(_Strict):
+    """Per-tenant limits (429 with ``Retry-After`` past them); in Redis when configured."""
+
+    concurrent: int = Field(default=32, ge=1, description="requests in flight")
+    requests_per_minute: int = Field(default=1200, ge=1)
+    tokens_per_minute: int = Field(
+        default=4_000_000, ge=1, description="prompt bytes / 4 + max_tokens, at admission"
+    )
+    uploads_per_minute: int = Field(default=3000, ge=1, description="POST /v1/documents")
+
+
+class ServerConfig(_Strict):
+    """How ``draftgate serve`` runs uvicorn."""
+
+    limit_concurrency: int = Field(
+        default=1024, ge=1, description="connections and requests at once; more get a 503"
+    )
+    keep_alive_s: int = Field(default=5, ge=1, description="an idle connection is closed after")
+    header_timeout_s: float = Field(
+        default=10.0, gt=0, description="a request's headers must arrive within this"
+    )
+    body_timeout_s: float = Field(
+        default=30.0, gt=0, description="a request's body must arrive within this (408)"
+    )
 
 
 def _default_endpoints() -> tuple[EndpointConfig, ...]:
@@ -172,8 +199,13 @@ class Settings(BaseSettings):
     keys: tuple[KeyConfig, ...] = ()
     redis: RedisConfig = RedisConfig()
     documents: DocumentsConfig = DocumentsConfig()
+    limits: LimitsConfig = LimitsConfig()
+    server: ServerConfig = ServerConfig()
     capture: bool = False
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    max_response_bytes: int = Field(
+        default=64 * 1024 * 1024, ge=1024, description="an upstream's non-streamed answer"
+    )
     allow_public_bind: bool = False
     auth: bool = Field(default=True, description="false: no keys checked (the verifier server)")
 

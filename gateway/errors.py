@@ -101,8 +101,17 @@ class PayloadTooLarge(GatewayError):
     code = "payload_too_large"
 
 
+class RequestTimeout(GatewayError):
+    """408: the request body did not arrive in time."""
+
+    status = 408
+    type = "invalid_request_error"
+    code = "request_timeout"
+
+
 class RateLimited(GatewayError):
-    """429: the upstream kept answering 429 after retries and fallbacks."""
+    """429: a tenant's limit is reached, or the upstream kept answering 429 after
+    retries and fallbacks."""
 
     status = 429
     type = "rate_limit_error"

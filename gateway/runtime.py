@@ -1,5 +1,5 @@
 """Everything a running gateway holds: settings, auth, routes, upstream clients, local
-engines, the document corpus and telemetry. Built by ``create_app``; started and closed
+engines, the document corpus, telemetry and the speculation records. Built by ``create_app``; started and closed
 by the app's lifespan."""
 
 from __future__ import annotations
@@ -14,10 +14,12 @@ import httpx
 from gateway.auth import Authenticator
 from gateway.call import Call
 from gateway.config import EndpointConfig, Settings
-from gateway.local_endpoint import LocalEndpoint
+from gateway.endpoints.local import LocalEndpoint
+from gateway.endpoints.upstream import Upstream
+from gateway.limits import open_limiter
+from gateway.records.service import Records
 from gateway.records.store import open_record_store
 from gateway.telemetry import Telemetry
-from gateway.upstream import Upstream
 from lookup.corpus import Corpus, CorpusError, open_store
 
 log = logging.getLogger(__name__)
@@ -49,10 +51,18 @@ class Runtime:
                 settings.redis.url, prefix=settings.redis.prefix, timeout_s=settings.redis.timeout_s
             ),
             ttl_s=settings.documents.ttl_s,
+            select_max_ids=settings.documents.max_ids,
         )
         self.telemetry = telemetry or Telemetry(
             open_record_store(settings.redis.url, prefix=settings.redis.prefix)
         )
+        self.limiter = open_limiter(
+            settings.limits,
+            settings.redis.url,
+            prefix=settings.redis.prefix,
+            timeout_s=settings.redis.timeout_s,
+        )
+        self.records = Records(settings.endpoints, self.telemetry.store)
         self.upstreams: dict[str, Upstream] = {}
         self.local: dict[str, LocalEndpoint] = {}
         for endpoint in settings.endpoints:
@@ -81,6 +91,7 @@ class Runtime:
         for local in self.local.values():
             local.close()
         await self.corpus.aclose()
+        await self.limiter.aclose()
 
     async def document_text(self, tenant: str, ids: list[str]) -> tuple[str | None, str]:
         """The named documents' text joined (for a synthesized prediction), or ``None``

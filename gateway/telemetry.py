@@ -1,11 +1,13 @@
-"""Passive timing of every request: what the gateway saw, recorded off the hot path.
+"""Passive timing of every request: what the gateway saw, measured off the hot path.
 
 The request path fills one :class:`RequestTiming` per request and hands it to
 ``Telemetry.record`` when the response is finished; recording never delays a response.
 Prometheus histograms are updated inline (cheap: each labelled child is looked up once and
-kept); store roll-ups (last hour's TTFT/TPOT samples and prediction-token counters per
-endpoint) go through a bounded queue drained in batches by a background task at most every
-``DRAIN_EVERY_S``, and are dropped and counted when the queue is full.
+kept); store roll-ups (TTFT/TPOT samples and prediction-token counters per endpoint) go
+through a bounded queue drained in batches by a background task at most every
+``DRAIN_EVERY_S``, and are dropped and counted when the queue is full. What the roll-ups
+mean (passive evidence, latency summaries) is the records package's business
+(:mod:`gateway.records.traffic`).
 """
 
 from __future__ import annotations
@@ -22,16 +24,14 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics import MetricWrapperBase
 
-from gateway.records.evidence import make
-from gateway.records.store import WINDOW_S, MemoryRecordStore, RecordStore, Sample
-from sdk.wire.endpoints import LatencySummary
+from gateway.records.store import MemoryRecordStore, RecordStore, Sample
+from gateway.records.traffic import TrafficRollup
 
 log = logging.getLogger(__name__)
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2.5, 5)
 _TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
-PASSIVE_EVIDENCE_EVERY_S = 60.0
 DRAIN_EVERY_S = 0.05  # roll-ups are written in batches, one wake-up per window
 
 
@@ -146,15 +146,6 @@ class _Metrics:
         )
 
 
-def _percentile(values: list[float], q: float) -> float | None:
-    """Nearest-rank percentile (q in 0..100) of the values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = max(1, -(-len(ordered) * q // 100))
-    return ordered[int(rank) - 1]
-
-
 class Telemetry:
     """Sink for request timings (Prometheus histograms + store roll-ups)."""
 
@@ -175,9 +166,7 @@ class Telemetry:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task[None] | None = None
         self._wake_pending = False
-        self.dropped = 0
-        self.store_errors = 0
-        self._passive_noted: dict[str, float] = {}
+        self._rollup = TrafficRollup(self.store)
 
     def record(self, timing: RequestTiming) -> None:
         """Record one finished request; must return at once and never raise."""
@@ -186,7 +175,6 @@ class Telemetry:
             try:
                 self._queue.put_nowait(timing)
             except queue.Full:
-                self.dropped += 1
                 self._m.dropped.inc()
                 return
             self._wake_drain()
@@ -213,23 +201,6 @@ class Telemetry:
                 break
         if batch:
             await self._write(batch)
-
-    async def latency(self, endpoint: str, window_s: float = WINDOW_S) -> LatencySummary:
-        """p50/p95 TTFT and TPOT over the window, and the endpoint's prediction-token totals."""
-        samples = await self.store.samples(endpoint, time.time() - window_s)
-        counts = await self.store.counts(endpoint)
-        ttfts = [s[1] for s in samples if s[1] is not None]
-        tpots = [s[2] for s in samples if s[2] is not None]
-        return LatencySummary(
-            window_s=window_s,
-            requests=len(samples),
-            ttft_p50=_percentile(ttfts, 50),
-            ttft_p95=_percentile(ttfts, 95),
-            tpot_p50=_percentile(tpots, 50),
-            tpot_p95=_percentile(tpots, 95),
-            accepted_prediction_tokens=counts.get("accepted_prediction_tokens", 0),
-            rejected_prediction_tokens=counts.get("rejected_prediction_tokens", 0),
-        )
 
     async def aclose(self) -> None:
         """Stop the drain task, write what is queued, close the store."""
@@ -314,34 +285,10 @@ class Telemetry:
                 c["requests_with_accepted_tokens"] += int(t.accepted_prediction_tokens > 0)
         try:
             for endpoint, rows in samples.items():
-                await self.store.add_samples(endpoint, rows)
-                await self.store.add_counts(endpoint, dict(counts[endpoint]))
-                await self._note_passive(endpoint, counts[endpoint], now)
+                await self._rollup.add(endpoint, rows, dict(counts[endpoint]), now)
         except Exception as exc:  # a dead store loses roll-ups, never requests
-            self.store_errors += 1
             self._m.store_errors.inc()
             log.warning("telemetry: store write failed: %s", type(exc).__name__)
-
-    async def _note_passive(self, endpoint: str, c: dict[str, int], now: float) -> None:
-        """Accepted prediction tokens in real traffic are evidence (at most once a minute)."""
-        if not c.get("requests_with_accepted_tokens"):
-            return
-        if now - self._passive_noted.get(endpoint, 0.0) < PASSIVE_EVIDENCE_EVERY_S:
-            return
-        self._passive_noted[endpoint] = now
-        accepted = c["accepted_prediction_tokens"]
-        await self.store.add_evidence(
-            endpoint,
-            make(
-                "passive",
-                "traffic usage fields",
-                "yes",
-                f"{accepted} accepted prediction tokens in {c['requests_with_accepted_tokens']} "
-                "recent requests",
-                {"accepted_prediction_tokens": float(accepted)},
-                observed_at=now,
-            ),
-        )
 
     def _observe_gaps(self, t: RequestTiming) -> None:
         itl = self._child(self._m.itl, t.endpoint, t.model)

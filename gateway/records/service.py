@@ -10,8 +10,9 @@ import httpx
 
 from gateway.records.evidence import verdict
 from gateway.records.probes import probe_engine, probe_usage
+from gateway.records.store import RecordStore
 from gateway.records.table import documented_for
-from gateway.telemetry import Telemetry
+from gateway.records.traffic import latency
 from sdk.wire.endpoints import EndpointRecord, Evidence
 
 ENGINE_KINDS = {"vllm", "sglang", "trtllm", "llamacpp"}
@@ -20,10 +21,14 @@ ENGINE_KINDS = {"vllm", "sglang", "trtllm", "llamacpp"}
 class EndpointLike(Protocol):
     """What records need of an endpoint's configuration (``gateway.config.EndpointConfig``)."""
 
-    name: str
-    kind: str
-    base_url: str | None
-    models: Any
+    @property
+    def name(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def base_url(self) -> str | None: ...
+    @property
+    def models(self) -> Any: ...
 
 
 def model_names(endpoint: EndpointLike) -> list[str]:
@@ -34,19 +39,18 @@ def model_names(endpoint: EndpointLike) -> list[str]:
 class Records:
     """Builds records from the table and the store; runs probes on demand."""
 
-    def __init__(self, endpoints: Sequence[EndpointLike], telemetry: Telemetry) -> None:
+    def __init__(self, endpoints: Sequence[EndpointLike], store: RecordStore) -> None:
         self.endpoints = {e.name: e for e in endpoints}
-        self.telemetry = telemetry
+        self.store = store
 
     async def add_evidence(self, endpoint: str, evidence: Evidence) -> None:
-        await self.telemetry.store.add_evidence(endpoint, evidence)
+        await self.store.add_evidence(endpoint, evidence)
 
     async def record(self, name: str) -> EndpointRecord:
         """The record of one configured endpoint (``KeyError`` for an unknown name)."""
         e = self.endpoints[name]
         models = model_names(e)
-        await self.telemetry.flush()
-        evidence = await self.telemetry.store.evidence(name)
+        evidence = await self.store.evidence(name)
         enabled, basis = verdict(evidence)
         return EndpointRecord(
             name=name,
@@ -56,7 +60,7 @@ class Records:
             enabled=enabled,
             enabled_evidence=basis,
             evidence=sorted(evidence, key=lambda ev: ev.observed_at, reverse=True),
-            latency=await self.telemetry.latency(name),
+            latency=await latency(self.store, name),
         )
 
     async def records(self) -> list[EndpointRecord]:
@@ -89,7 +93,7 @@ class Records:
             previous = next(
                 (
                     ev
-                    for ev in await self.telemetry.store.evidence(e.name)
+                    for ev in await self.store.evidence(e.name)
                     if ev.kind == "probe" and ev.values
                 ),
                 None,

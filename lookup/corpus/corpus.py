@@ -15,14 +15,15 @@ from lookup.corpus.capture import CaptureLimits, CaptureStats, capture_items
 from lookup.corpus.documents import (
     Document,
     DocumentMeta,
-    check_encodable,
     check_id,
+    check_language,
     check_namespace,
+    check_path,
     content_sha256,
     decode_text,
     guess_language,
 )
-from lookup.corpus.errors import StoreUnavailable
+from lookup.corpus.errors import InvalidDocument, StoreUnavailable
 from lookup.corpus.mentions import document_names, mention_candidates
 from lookup.corpus.store import DocumentStore, Limits, NewDocument
 
@@ -41,8 +42,10 @@ class Corpus:
     ``ttl_s``: a document unused for this long is gone. ``max_doc_bytes``: larger documents
     are refused. ``max_ns_bytes``/``max_ns_docs``: a namespace's caps; least recently used
     documents are evicted to fit. ``select_max_docs``/``select_max_bytes`` bound what one
-    request drafts from; ``retrieve_max_docs`` of those may be found by content (0: off),
-    anchored as ``anchor_config`` says. ``clock`` gives wall-clock seconds (injectable).
+    request drafts from; ``select_max_ids`` bounds the ids one request may name (more is
+    `InvalidDocument`, refused before the store is asked); ``retrieve_max_docs`` of the
+    documents may be found by content (0: off), anchored as ``anchor_config`` says.
+    ``clock`` gives wall-clock seconds (injectable for tests).
     """
 
     def __init__(
@@ -57,6 +60,7 @@ class Corpus:
         select_max_bytes: int = 4 << 20,
         retrieve_max_docs: int = 8,
         anchor_config: AnchorConfig | None = None,
+        select_max_ids: int = 64,
         capture_limits: CaptureLimits | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -73,6 +77,7 @@ class Corpus:
         self.select_max_bytes = select_max_bytes
         self.retrieve_max_docs = retrieve_max_docs
         self.anchor_config = anchor_config or AnchorConfig()
+        self.select_max_ids = select_max_ids
         self.capture_limits = capture_limits or CaptureLimits()
         self.capture_stats = CaptureStats()
         self._clock = clock
@@ -119,23 +124,25 @@ class Corpus:
     ) -> DocumentMeta:
         check_namespace(ns)
         check_id(doc_id)
-        for value, what in ((path, "path"), (language, "language")):
-            if value is not None:
-                check_encodable(value, what)
+        check_path(path)
+        check_language(language)
         decoded, size = decode_text(text, self.max_doc_bytes)
         if len(decoded) + len(keys) > INLINE_ANCHOR_CHARS:
             found = await asyncio.to_thread(self._document_anchors, decoded, keys)
         else:
             found = self._document_anchors(decoded, keys)
+        language = language or guess_language(path or doc_id)
+        names = document_names(doc_id, path)
         doc = NewDocument(
             id=doc_id,
             text=decoded,
             sha256=content_sha256(decoded),
             bytes=size,
             path=path,
-            language=language or guess_language(path or doc_id),
-            names=document_names(doc_id, path),
+            language=language,
+            names=names,
             anchors=found,
+            meta_bytes=sum(len(v.encode()) for v in (doc_id, path or "", language or "", *names)),
         )
         return await self.store.put(ns, doc, answer=answer, limits=self.limits, now=self._clock())
 
@@ -178,12 +185,19 @@ class Corpus:
         documents whose id or path the prompt mentions, then the ``recent`` latest captured
         answers, then up to ``retrieve_max_docs`` documents and answers whose content the
         prompt or prediction shares most (``Document.kind`` says which way each came);
-        deduplicated and bounded by ``select_max_docs``/``select_max_bytes``."""
+        deduplicated and bounded by ``select_max_docs``/``select_max_bytes``. The prompt is
+        scanned for mentions on a worker thread."""
+        if len(ids) > self.select_max_ids:
+            raise InvalidDocument(
+                f"{len(ids)} document ids named; at most {self.select_max_ids} per request"
+            )
+        checked = [check_id(i) for i in ids]
+        names = await asyncio.to_thread(mention_candidates, prompt_text) if prompt_text else []
         retrieve = self.retrieve_max_docs if prompt_text or prediction_text else 0
         return await self.store.select(
             check_namespace(ns),
-            ids=[check_id(i) for i in ids],
-            names=mention_candidates(prompt_text) if prompt_text else [],
+            ids=checked,
+            names=names,
             recent=min(max(0, recent), self.select_max_docs),
             query=self._query_anchors(prompt_text, prediction_text) if retrieve else _NO_ANCHORS,
             retrieve=retrieve,
@@ -198,7 +212,8 @@ class Corpus:
     ) -> builtins.list[tuple[str, np.ndarray]]:
         """(content sha256, uint32 token ids) per document, tokenized once per tokenizer.
 
-        Cached arrays come back in one round trip; new ones are encoded here and cached.
+        Cached arrays come back in one round trip; new ones are encoded on a worker thread
+        and cached.
         When the store is unavailable the documents are simply encoded.
         """
         shas = list(dict.fromkeys(d.sha256 for d in docs))
@@ -212,11 +227,13 @@ class Corpus:
             for sha, data in zip(shas, cached, strict=True)
             if data is not None
         }
-        fresh: dict[str, bytes] = {}
-        for doc in docs:
-            if doc.sha256 not in arrays:
-                arrays[doc.sha256] = np.asarray(encode(doc.text), dtype=np.uint32)
-                fresh[doc.sha256] = arrays[doc.sha256].astype("<u4").tobytes()
+        todo = list({d.sha256: d.text for d in docs if d.sha256 not in arrays}.items())
+        if todo:  # tokenizing megabytes takes a while: not on the event loop
+            encoded = await asyncio.to_thread(
+                lambda: [np.asarray(encode(text), dtype=np.uint32) for _, text in todo]
+            )
+            arrays.update((sha, array) for (sha, _), array in zip(todo, encoded, strict=True))
+        fresh = {sha: arrays[sha].astype("<u4").tobytes() for sha, _ in todo}
         if fresh:
             try:
                 await self.store.put_tokens(ns, fingerprint, fresh, limits=self.limits)

@@ -10,6 +10,8 @@ from lookup.corpus.errors import DocumentTooLarge, InvalidDocument
 
 MAX_ID_CHARS = 1024
 MAX_NAMESPACE_CHARS = 1024
+MAX_PATH_CHARS = 1024
+MAX_LANGUAGE_CHARS = 64
 
 _LANGUAGES = {
     ".py": "python",
@@ -109,6 +111,17 @@ def check_namespace(ns: str) -> str:
 def check_id(doc_id: str) -> str:
     """The document id, or `InvalidDocument` when it is empty, too long or not Unicode."""
     return _check_name(doc_id, "document id", MAX_ID_CHARS)
+
+
+def check_path(path: str | None) -> str | None:
+    """The path (or None), or `InvalidDocument` when it is empty, too long or not Unicode."""
+    return None if path is None else _check_name(path, "path", MAX_PATH_CHARS)
+
+
+def check_language(language: str | None) -> str | None:
+    """The language (or None), or `InvalidDocument` when it is empty, too long or not
+    Unicode."""
+    return None if language is None else _check_name(language, "language", MAX_LANGUAGE_CHARS)
 
 
 def decode_text(text: str | bytes, max_bytes: int) -> tuple[str, int]:

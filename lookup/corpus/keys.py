@@ -8,11 +8,13 @@ name character ever reaches a key name (no key injection).
 Keys under the namespace base ``B``:
   B + "lru"      ZSET   id-hash -> last used (LRU order, TTL purge)
   B + "ans"      ZSET   id-hash -> capture time of captured answers ("recent")
-  B + "docs"     HASH   id-hash -> JSON metadata (id, sha256, bytes, path, language, created, names)
+  B + "docs"     HASH   id-hash -> JSON metadata (id, sha256, bytes, meta_bytes, path, language,
+                        created, names)
   B + "names"    HASH   name-hash -> id-hash (ids, paths and basenames a prompt may mention)
   B + "refs"     HASH   sha256 -> number of documents holding that content (dedupe)
-  B + "stat"     HASH   "bytes" -> bytes of distinct content stored, "ixbytes" -> bytes the
-                        retrieval index is charged, "seq" -> last document number given
+  B + "stat"     HASH   "bytes" -> bytes stored: distinct content + every document's metadata,
+                        "ixbytes" -> bytes the retrieval index is charged, "seq" -> last
+                        document number given
   B + "fps"      SET    tokenizer-fingerprint hashes with cached token arrays
   B + "ix"       HASH   anchor bucket (2 bytes) -> postings (4-byte fingerprint + 4-byte
                         document number each; see lookup.corpus.anchors)

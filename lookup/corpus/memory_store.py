@@ -103,6 +103,7 @@ class _Namespace:
         if entry is None:
             return False
         self.answers.pop(doc_id, None)
+        self.stored_bytes -= entry.doc.meta_bytes
         self.drop_names(doc_id, entry)
         self.index_drop(entry)
         self.drop_ref(entry.doc)
@@ -150,6 +151,7 @@ class MemoryDocumentStore:
         created = now
         if old is not None:
             created = old.created
+            space.stored_bytes -= old.doc.meta_bytes
             space.drop_names(doc.id, old)
             space.index_drop(old)
             if old.doc.sha256 != doc.sha256:
@@ -161,6 +163,7 @@ class MemoryDocumentStore:
         space.index_add(doc.id, entry)
         space.entries[doc.id] = entry
         space.oldest = min(space.oldest, now)
+        space.stored_bytes += doc.meta_bytes
         for name in doc.names:
             space.names[name] = doc.id
         if answer:

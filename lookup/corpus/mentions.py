@@ -6,6 +6,7 @@ import posixpath
 import re
 
 MAX_CANDIDATES = 512
+MAX_SCAN_CHARS = 64 << 10  # the prompt's last characters scanned (where the request is)
 
 _TOKEN = re.compile(r"[^\s\"'`()<>\[\]{},;|]+")
 _TRAILING = ".:!?"
@@ -22,8 +23,11 @@ def document_names(doc_id: str, path: str | None) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
-def mention_candidates(prompt: str, limit: int = MAX_CANDIDATES) -> list[str]:
-    """Distinct words of the prompt that could be a document name, path-like ones first.
+def mention_candidates(
+    prompt: str, limit: int = MAX_CANDIDATES, max_chars: int = MAX_SCAN_CHARS
+) -> list[str]:
+    """Distinct words of the prompt's last ``max_chars`` characters that could be a
+    document name, path-like ones first.
 
     A "word" is delimited by whitespace, quotes, brackets and ``,;|``; trailing sentence
     punctuation is tried both kept and stripped, paths also contribute their file name, and
@@ -32,7 +36,7 @@ def mention_candidates(prompt: str, limit: int = MAX_CANDIDATES) -> list[str]:
     """
     pathlike: dict[str, None] = {}
     plain: dict[str, None] = {}
-    for match in _TOKEN.finditer(prompt):
+    for match in _TOKEN.finditer(prompt, max(0, len(prompt) - max_chars)):
         word = match.group(0)
         stripped = word.rstrip(_TRAILING)
         for w in (word, stripped, posixpath.basename(stripped)):

@@ -84,7 +84,7 @@ local function drop_ref(sha, size)
   if redis.call('HINCRBY', K_REFS, sha, -1) <= 0 then
     redis.call('HDEL', K_REFS, sha)
     redis.call('DEL', B .. 'b:' .. sha)
-    redis.call('HINCRBY', K_STAT, 'bytes', -size)
+    redis.call('HINCRBY', K_STAT, 'bytes', 0 - size)
     for _, fp in ipairs(redis.call('SMEMBERS', K_FPS)) do
       redis.call('DEL', B .. 't:' .. fp .. ':' .. sha)
     end
@@ -107,6 +107,7 @@ local function remove(idh)
   drop_names(idh, meta)
   index_drop(idh, meta)
   drop_ref(meta.sha256, meta.bytes)
+  redis.call('HINCRBY', K_STAT, 'bytes', 0 - (meta.meta_bytes or 0))
   return true
 end
 
@@ -139,6 +140,7 @@ local old_raw = redis.call('HGET', K_DOCS, idh)
 if old_raw then
   local old = cjson.decode(old_raw)
   meta.created = old.created
+  redis.call('HINCRBY', K_STAT, 'bytes', 0 - (old.meta_bytes or 0))
   drop_names(idh, old)
   index_drop(idh, old)
   if old.sha256 == meta.sha256 then add = false else drop_ref(old.sha256, old.bytes) end
@@ -149,6 +151,7 @@ if add and redis.call('HINCRBY', K_REFS, meta.sha256, 1) == 1 then
   redis.call('HINCRBY', K_STAT, 'bytes', meta.bytes)
 end
 redis.call('PEXPIRE', bkey, EXPIRE_MS)
+redis.call('HINCRBY', K_STAT, 'bytes', meta.meta_bytes)
 meta.num = redis.call('HINCRBY', K_STAT, 'seq', 1) % 4294967296
 index_add(idh, struct.pack('>I4', meta.num), ARGV[11])
 redis.call('HSET', K_DOCS, idh, cjson.encode(meta))

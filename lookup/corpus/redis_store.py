@@ -82,6 +82,7 @@ class RedisDocumentStore:
             "id": doc.id,
             "sha256": doc.sha256,
             "bytes": doc.bytes,
+            "meta_bytes": doc.meta_bytes,
             "path": doc.path,
             "language": doc.language,
             "names": [digest(n) for n in doc.names],

@@ -29,7 +29,12 @@ class Limits:
 @dataclass(frozen=True)
 class NewDocument:
     """A validated document to store: its text, hash, the names a prompt may mention and
-    the anchors (``lookup.corpus.anchors``) retrieval finds it by."""
+    the anchors (``lookup.corpus.anchors``) retrieval finds it by.
+
+    ``bytes`` is the text's UTF-8 size (counted once per distinct content);
+    ``meta_bytes`` the UTF-8 size of its id, path, language and names (counted per
+    document). Both count toward the namespace's byte cap, with the index's bytes.
+    """
 
     id: str
     text: str
@@ -39,6 +44,7 @@ class NewDocument:
     language: str | None
     names: tuple[str, ...]
     anchors: np.ndarray  # uint64, distinct
+    meta_bytes: int = 0
 
 
 class DocumentStore(Protocol):

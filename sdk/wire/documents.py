@@ -14,8 +14,8 @@ class DocumentIn(BaseModel):
 
     id: str = Field(min_length=1, max_length=1024)
     text: str
-    path: str | None = None
-    language: str | None = None
+    path: str | None = Field(default=None, min_length=1, max_length=1024)
+    language: str | None = Field(default=None, min_length=1, max_length=64)
 
 
 class DocumentInfo(BaseModel):

@@ -11,7 +11,7 @@ import pytest
 from gateway.app import create_app
 from gateway.config import Settings, build_settings
 from tests.gateway.servers import serve
-from tests.gateway.standin import StandIn
+from tests.openai_standin import StandIn
 
 UPSTREAM_KEY = "sk-upstream-secret-0123456789"
 KEYS = {"DRAFTGATE_KEY_ALICE": "alice-key", "DRAFTGATE_KEY_BOB": "bob-key"}
@@ -106,7 +106,7 @@ def gateway_url(standin_server: tuple[StandIn, str]) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def local_app(engine: Any) -> Any:
     """The verifier configuration (one local endpoint, no auth) on the shared engine."""
-    from gateway.cli_serve import verifier_settings
+    from gateway.cli.serve import verifier_settings
 
     return create_app(verifier_settings("smollm2-135m"), engines={"local": engine})
 

@@ -6,7 +6,7 @@ import httpx
 import openai
 import pytest
 
-from tests.gateway.standin import StandIn
+from tests.openai_standin import StandIn
 
 AUTH = {"authorization": "Bearer alice-key"}
 
@@ -104,7 +104,11 @@ def test_body_over_limit_without_content_length(gateway_url: str, standin: Stand
             yield b"x" * (1 << 20)
         yield b'"}]}'
 
-    r = httpx.post(f"{gateway_url}/v1/chat/completions", content=chunks(), headers=AUTH)
+    r = httpx.post(
+        f"{gateway_url}/v1/chat/completions",
+        content=chunks(),
+        headers={**AUTH, "content-type": "application/json"},
+    )
     assert r.status_code == 413
     assert standin.requests == []
 

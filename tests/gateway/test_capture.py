@@ -9,13 +9,17 @@ import pytest
 from gateway.app import create_app
 from lookup.corpus import Corpus, open_store
 from tests.gateway.conftest import ENVIRON, standin_settings
-from tests.gateway.standin import ANSWER, StandIn
+from tests.openai_standin import StandIn
 
+ANSWER = "The function is fine as it is: it returns one."
 PROMPT = "Fix this:\n```python\ndef f():\n    return 1\n```\n"
 
 
 @pytest.mark.parametrize("capture", [True, False])
-async def test_capture_after_response(standin_server: tuple[StandIn, str], capture: bool) -> None:
+async def test_capture_after_response(
+    standin_server: tuple[StandIn, str], standin: StandIn, capture: bool
+) -> None:
+    standin.script.reply = lambda body: ANSWER  # an answer apart from the prompt's code
     corpus = Corpus(open_store(None))
     app = create_app(
         standin_settings(standin_server[1], capture=capture), environ=ENVIRON, corpus=corpus

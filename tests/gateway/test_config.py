@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gateway.app import create_app
-from gateway.cli_serve import check_bind, is_loopback, verifier_settings
+from gateway.cli.serve import check_bind, is_loopback, verifier_settings
 from gateway.config import ConfigError, build_settings, load_settings
 
 ISSUE_SHAPE = """
@@ -139,6 +139,20 @@ def test_missing_credentials_stop_start_up() -> None:
     keyed = build_settings({"keys": [{"key_env": "NOPE_GATEWAY_KEY", "tenant": "t"}]})
     with pytest.raises(ConfigError, match="NOPE_GATEWAY_KEY"):
         create_app(keyed, environ={})
+
+
+def test_two_key_variables_with_one_value_stop_start_up() -> None:
+    keyed = build_settings(
+        {
+            "keys": [
+                {"key_env": "KEY_ALICE", "tenant": "alice"},
+                {"key_env": "KEY_BOB", "tenant": "bob"},
+            ]
+        }
+    )
+    with pytest.raises(ConfigError, match="KEY_ALICE and KEY_BOB hold the same key"):
+        create_app(keyed, environ={"KEY_ALICE": "same", "KEY_BOB": "same"})
+    create_app(keyed, environ={"KEY_ALICE": "one", "KEY_BOB": "two"})
 
 
 def test_public_bind_needs_keys_or_consent() -> None:

@@ -7,7 +7,7 @@ import threading
 
 import httpx
 
-from tests.gateway.standin import StandIn
+from tests.openai_standin import StandIn
 
 
 def test_client_disconnect_cancels_upstream(gateway_url: str, standin: StandIn) -> None:

@@ -59,5 +59,9 @@ def test_bad_documents(gateway_url: str, body: dict[str, str], status: int, para
 
 def test_documents_need_a_key(gateway_url: str) -> None:
     assert httpx.get(f"{gateway_url}/v1/documents").status_code == 401
-    r = httpx.post(f"{gateway_url}/v1/documents", content=b"{", headers=ALICE)
+    r = httpx.post(
+        f"{gateway_url}/v1/documents",
+        content=b"{",
+        headers={**ALICE, "content-type": "application/json"},
+    )
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"

@@ -136,3 +136,89 @@ def test_client_disconnect_stops_generation(local_url: str, local_app: Any) -> N
     # the worker thread must become free long before 4000 tokens could be generated
     local._executor.submit(lambda: None).result(timeout=10)
     assert local.stopped == stopped + 1
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("logit_bias", {"50": 100}),
+        ("min_p", 0.1),
+        ("repetition_penalty", 1.2),
+        ("response_format", {"type": "json_object"}),
+        ("top_logprobs", 2),
+    ],
+)
+def test_fields_the_engine_cannot_honour_are_400(local_url: str, field: str, value: Any) -> None:
+    with pytest.raises(openai.BadRequestError) as err:
+        client(local_url).chat.completions.create(
+            model=MODEL, messages=MESSAGES, max_tokens=2, extra_body={field: value}
+        )
+    assert (err.value.param, err.value.code) == (field, "unsupported_parameter")
+
+
+def test_harmless_fields_are_accepted(local_url: str) -> None:
+    answer = client(local_url).chat.completions.create(
+        model=MODEL, messages=MESSAGES, max_tokens=2, user="u1", extra_body={"store": False}
+    )
+    assert answer.choices[0].message.content is not None
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_engine_failures_reach_the_log_not_the_client(
+    local_url: str, local_app: Any, monkeypatch: pytest.MonkeyPatch, caplog: Any, stream: bool
+) -> None:
+    """A failure inside the engine (injected: the real one does not fail on demand)."""
+    engine = local_app.state.runtime.local["local"]._engine
+
+    def fail(request: Any) -> Any:
+        raise RuntimeError("CUDA error at /srv/models/secret-weights.bin")
+
+    monkeypatch.setattr(engine, "generate", fail)
+    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 2, "stream": stream}
+    with caplog.at_level("ERROR", logger="gateway.endpoints.local"):
+        r = httpx.post(f"{local_url}/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 502
+    assert "secret" not in r.text and "RuntimeError" not in r.text
+    assert r.json()["error"]["message"] == "local generation failed"
+    assert "secret-weights" in caplog.text
+
+
+def test_a_full_queue_refuses_before_any_document_work(engine: Any, local_app: Any) -> None:
+    """With the queue full, a request naming documents in a long prompt is a 503 at once:
+    neither the store nor the tokenizer is touched for it."""
+    from gateway.app import create_app
+    from gateway.config import build_settings
+    from tests.gateway.servers import serve
+
+    endpoint = {"name": "local", "kind": "local", "model": MODEL, "max_queue": 1}
+    app = create_app(build_settings({"endpoints": [endpoint]}), engines={"local": engine})
+    local = app.state.runtime.local["local"]
+    # the engine is shared: the session app's abandoned generations finish first
+    local_app.state.runtime.local["local"]._executor.submit(lambda: None).result(timeout=120)
+    story = [{"role": "user", "content": "Write a very long story about a dragon."}]
+    long = {
+        "model": MODEL,
+        "messages": story,
+        "temperature": 0,
+        "max_tokens": 4000,
+        "stream": True,
+        "draftgate": {"draft": False},
+    }
+    names = " ".join(f"src/m{i}.py" for i in range(20_000))
+    crowded = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": f"Use {names}"}],
+        "max_tokens": 4,
+        "draftgate": {"documents": ["a.py"]},
+    }
+    with serve(app) as url, httpx.Client(timeout=60) as c:
+        c.post(f"{url}/v1/documents", json={"id": "a.py", "text": CODE}).raise_for_status()
+        with c.stream("POST", f"{url}/v1/chat/completions", json=long) as r:
+            lines = r.iter_lines()  # kept: dropping the iterator would close the stream
+            next(lines)  # generating: the one queue slot is taken
+            trips = app.state.runtime.corpus.store.round_trips
+            refused = c.post(f"{url}/v1/chat/completions", json=crowded)
+            assert refused.status_code == 503, refused.text
+            assert refused.json()["error"]["code"] == "service_unavailable"
+            assert app.state.runtime.corpus.store.round_trips == trips
+        local._executor.submit(lambda: None).result(timeout=120)  # stopped before the next test

@@ -8,7 +8,7 @@ import openai
 from gateway.app import create_app
 from tests.gateway.conftest import standin_settings
 from tests.gateway.servers import serve
-from tests.gateway.standin import StandIn
+from tests.openai_standin import StandIn
 
 
 def test_models_lists_names_and_aliases(gateway_url: str) -> None:

@@ -9,7 +9,7 @@ import openai
 import pytest
 
 from tests.gateway.conftest import UPSTREAM_KEY
-from tests.gateway.standin import ANSWER, StandIn
+from tests.openai_standin import ANSWER, StandIn, tokens
 
 MESSAGES = [{"role": "user", "content": "Say hello."}]
 PREDICTED = "def add(a, b):\n    return a + b"
@@ -51,7 +51,7 @@ async def test_async_chat_stream(gateway_url: str, standin: StandIn) -> None:
             if chunk.usage is not None:
                 usage = chunk.usage
     assert text == ANSWER
-    assert usage is not None and usage.completion_tokens == len(ANSWER.split(" "))
+    assert usage is not None and usage.completion_tokens == len(tokens(ANSWER))
 
 
 def test_sync_stream_headers(gateway_url: str, standin: StandIn) -> None:
@@ -79,16 +79,18 @@ def test_completions_stream(gateway_url: str, standin: StandIn) -> None:
 
 
 def test_prediction_passed_with_usage(gateway_url: str, standin: StandIn) -> None:
+    code = f"```python\n{PREDICTED}\n```"  # the stand-in answers with the prompt's code
     raw = client(gateway_url).chat.completions.with_raw_response.create(
         model="gpt-4o-mini",
-        messages=MESSAGES,
-        prediction={"type": "content", "content": PREDICTED},
+        messages=[{"role": "user", "content": f"Repeat this code:\n{code}"}],
+        prediction={"type": "content", "content": code},
     )
     answer = raw.parse()
     assert raw.headers["x-draftgate-prediction"] == "passed"
-    assert standin.requests[-1].body["prediction"]["content"] == PREDICTED
+    assert standin.requests[-1].body["prediction"]["content"] == code
+    assert answer.choices[0].message.content == code
     details = answer.usage.completion_tokens_details
-    assert details.accepted_prediction_tokens == len(PREDICTED.split(" "))
+    assert details.accepted_prediction_tokens == len(tokens(code))
     assert details.rejected_prediction_tokens == 0
 
 
@@ -289,5 +291,5 @@ def test_stream_cut_midway_ends_with_error_event(gateway_url: str, standin: Stan
         for chunk in stream:
             if chunk.choices:
                 text += chunk.choices[0].delta.content or ""
-    assert text == "Hello from"  # what arrived before the cut was forwarded
+    assert text == "".join(tokens(ANSWER)[:2])  # what arrived before the cut was forwarded
     assert "interrupted" in str(err.value)

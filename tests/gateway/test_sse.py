@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gateway.sse import StreamRelay
+import pytest
+
+from gateway.http.sse import MAX_EVENT_BYTES, MAX_KEPT_CHARS, EventTooLarge, StreamRelay
 from gateway.telemetry import RequestTiming
 
 
@@ -58,3 +60,30 @@ def test_completions_text_counts_and_empty_events_do_not() -> None:
     assert len(relay.timing.chunk_times) == 1 and not relay.done
     empty = _observe(_event({"choices": [{"index": 0, "delta": {"role": "assistant"}}]}), False)
     assert empty.timing.t_first_content is None and empty.usage is None
+
+
+def test_events_split_anywhere_come_out_whole() -> None:
+    stream = STREAM + b"data: {}\r\n\r\ndata: [DONE]\r\n\r\n"
+    for size in (1, 2, 3, 5, 7):
+        relay = StreamRelay(RequestTiming("e", "m", True, t_start=0.0), keep_text=False)
+        out = [relay.feed(stream[i : i + size]) for i in range(0, len(stream), size)]
+        assert b"".join(out) == stream
+        for ready in filter(None, out):  # only whole events are ever released
+            assert ready.endswith((b"\n\n", b"\r\n\r\n"))
+
+
+def test_an_event_that_never_ends_is_bounded() -> None:
+    relay = StreamRelay(RequestTiming("e", "m", True, t_start=0.0), keep_text=False)
+    assert relay.feed(b'data: {"choices": [{"delta": {"content": "') == b""
+    chunk = b"x" * (1 << 16)
+    with pytest.raises(EventTooLarge):
+        for _ in range(MAX_EVENT_BYTES // len(chunk) + 1):
+            assert relay.feed(chunk) == b""
+
+
+def test_kept_text_stops_past_its_bound() -> None:
+    relay = StreamRelay(RequestTiming("e", "m", True, t_start=0.0), keep_text=True)
+    relay.observe(relay.feed(_chunk("x" * MAX_KEPT_CHARS)))
+    assert relay.text == ["x" * MAX_KEPT_CHARS]
+    relay.observe(relay.feed(_chunk("y")))
+    assert relay.text is None

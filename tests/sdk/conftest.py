@@ -1,36 +1,35 @@
-"""SDK test fixtures: the stand-in app on a real uvicorn server, and its script."""
+"""SDK test fixtures: the stand-in OpenAI server on a real uvicorn server."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
-from sdk_standin import Script, create_standin
 
 from tests.gateway.servers import serve
+from tests.openai_standin import StandIn
 
 
 @pytest.fixture(scope="session")
-def standin_app() -> Any:
-    return create_standin()
+def standin_server() -> Iterator[tuple[StandIn, str]]:
+    standin = StandIn()
+    with serve(standin) as url:
+        yield standin, url
 
 
 @pytest.fixture(scope="session")
-def standin_root(standin_app: Any) -> Iterator[str]:
-    with serve(standin_app) as url:
-        yield url
+def standin_root(standin_server: tuple[StandIn, str]) -> str:
+    return standin_server[1]
 
 
 @pytest.fixture
-def script(standin_app: Any) -> Script:
-    """A fresh script (and an empty document store) for this test."""
-    standin_app.state.script = Script()
-    standin_app.state.documents = {}
-    return standin_app.state.script
+def standin(standin_server: tuple[StandIn, str]) -> StandIn:
+    """The stand-in with a fresh script, nothing seen and no documents, for this test."""
+    standin_server[0].reset()
+    return standin_server[0]
 
 
 @pytest.fixture
-def base_url(standin_root: str, script: Script) -> str:
+def base_url(standin_root: str, standin: StandIn) -> str:
     """The stand-in's API root, reset for this test."""
     return standin_root + "/v1"

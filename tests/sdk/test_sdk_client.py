@@ -6,16 +6,18 @@ from pathlib import Path
 
 import pydantic
 import pytest
-from sdk_standin import Script
 
 from sdk import AsyncClient, Client
 from sdk.errors import BadRequestError, NotFoundError
 from sdk.wire import ChatCompletion, ChatCompletionChunk, Completion, DocumentInfo
+from tests.openai_standin import StandIn
 
 MESSAGES = [{"role": "user", "content": "Say hello."}]
 
 
-def test_chat_sends_only_what_was_set_and_parses_the_answer(base_url: str, script: Script) -> None:
+def test_chat_sends_only_what_was_set_and_parses_the_answer(
+    base_url: str, standin: StandIn
+) -> None:
     with Client(base_url, "sk-1") as client:
         answer = client.chat(
             model="standin", messages=MESSAGES, prediction="Hello", documents=["a.py"], seed=3
@@ -25,7 +27,7 @@ def test_chat_sends_only_what_was_set_and_parses_the_answer(base_url: str, scrip
     assert answer.usage is not None and answer.usage.completion_tokens == 4
     details = answer.usage.completion_tokens_details
     assert details is not None and details.accepted_prediction_tokens == 1
-    assert script.requests == [
+    assert standin.bodies() == [
         {
             "model": "standin",
             "messages": MESSAGES,
@@ -34,18 +36,18 @@ def test_chat_sends_only_what_was_set_and_parses_the_answer(base_url: str, scrip
             "draftgate": {"documents": ["a.py"]},
         }
     ]
-    assert script.headers[0]["authorization"] == "Bearer sk-1"
+    assert standin.requests[0].headers["authorization"] == "Bearer sk-1"
 
 
-def test_documents_join_other_draftgate_options(base_url: str, script: Script) -> None:
+def test_documents_join_other_draftgate_options(base_url: str, standin: StandIn) -> None:
     with Client(base_url) as client:
         client.chat(
             model="standin", messages=MESSAGES, documents=["a", "b"], draftgate={"draft": False}
         )
-    assert script.requests[0]["draftgate"] == {"draft": False, "documents": ["a", "b"]}
+    assert standin.bodies()[0]["draftgate"] == {"draft": False, "documents": ["a", "b"]}
 
 
-def test_chat_stream_yields_typed_chunks(base_url: str, script: Script) -> None:
+def test_chat_stream_yields_typed_chunks(base_url: str, standin: StandIn) -> None:
     with (
         Client(base_url) as client,
         client.chat(
@@ -58,10 +60,10 @@ def test_chat_stream_yields_typed_chunks(base_url: str, script: Script) -> None:
     assert text == "Hello there."
     assert chunks[-2].choices[0].finish_reason == "stop"
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 4
-    assert script.requests[0]["stream"] is True
+    assert standin.bodies()[0]["stream"] is True
 
 
-async def test_async_chat_and_stream(base_url: str, script: Script) -> None:
+async def test_async_chat_and_stream(base_url: str, standin: StandIn) -> None:
     async with AsyncClient(base_url) as client:
         answer = await client.chat(model="standin", messages=MESSAGES)
         stream = await client.chat(model="standin", messages=MESSAGES, stream=True)
@@ -70,8 +72,8 @@ async def test_async_chat_and_stream(base_url: str, script: Script) -> None:
     assert "".join(pieces) == "Hello there."
 
 
-def test_stream_closed_early_releases_the_connection(base_url: str, script: Script) -> None:
-    script.reply = lambda body: "word " * 200
+def test_stream_closed_early_releases_the_connection(base_url: str, standin: StandIn) -> None:
+    standin.script.reply = lambda body: "word " * 200
     with Client(base_url) as client:
         with client.chat(model="standin", messages=MESSAGES, stream=True) as stream:
             first = next(stream)
@@ -80,8 +82,8 @@ def test_stream_closed_early_releases_the_connection(base_url: str, script: Scri
         assert client.models().data[0].id == "standin"
 
 
-def test_completions_plain_and_streamed(base_url: str, script: Script) -> None:
-    script.reply = lambda body: f"echo: {body['prompt']}"
+def test_completions_plain_and_streamed(base_url: str, standin: StandIn) -> None:
+    standin.script.reply = lambda body: f"echo: {body['prompt']}"
     with Client(base_url) as client:
         done = client.complete(model="standin", prompt="abc", max_tokens=10)
         with client.complete(model="standin", prompt="xyz", stream=True) as stream:
@@ -91,19 +93,19 @@ def test_completions_plain_and_streamed(base_url: str, script: Script) -> None:
     assert chunks[-1].choices[0].finish_reason == "stop"
 
 
-def test_invalid_parameters_fail_before_sending(base_url: str, script: Script) -> None:
+def test_invalid_parameters_fail_before_sending(base_url: str, standin: StandIn) -> None:
     with Client(base_url) as client, pytest.raises(pydantic.ValidationError, match="temperature"):
         client.chat(model="standin", messages=MESSAGES, temperature=5)
-    assert script.requests == []
+    assert standin.bodies() == []
 
 
-def test_server_side_400_is_typed(base_url: str, script: Script) -> None:
+def test_server_side_400_is_typed(base_url: str, standin: StandIn) -> None:
     with Client(base_url) as client, pytest.raises(BadRequestError) as caught:
         client._send("POST", "chat/completions", json={"model": "standin", "messages": []})
     assert caught.value.error.type == "invalid_request_error"
 
 
-def test_documents_round_trip(base_url: str, script: Script) -> None:
+def test_documents_round_trip(base_url: str, standin: StandIn) -> None:
     with Client(base_url) as client:
         info = client.documents.put(
             "src/app.py", "print(1)\n", path="src/app.py", language="python"
@@ -120,7 +122,7 @@ def test_documents_round_trip(base_url: str, script: Script) -> None:
 
 
 async def test_put_dir_respects_gitignore_and_skips_binary_and_large(
-    base_url: str, script: Script, tmp_path: Path
+    base_url: str, standin: StandIn, tmp_path: Path
 ) -> None:
     (tmp_path / ".gitignore").write_text("build/\n*.log\n")
     (tmp_path / "src").mkdir()
@@ -139,7 +141,7 @@ async def test_put_dir_respects_gitignore_and_skips_binary_and_large(
     assert app.language == "python" and app.path == "src/app.py"
 
 
-def test_endpoints_and_audit(base_url: str, script: Script) -> None:
+def test_endpoints_and_audit(base_url: str, standin: StandIn) -> None:
     with Client(base_url) as client:
         records = client.endpoints()
         result = client.audit("standin", concurrency=[1, 4], requests=2)

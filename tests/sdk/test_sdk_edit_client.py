@@ -6,7 +6,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sdk_standin import Script
 
 from sdk import AsyncClient, Client, EditDelta, EditResult
 from sdk.edits import fenced
@@ -17,6 +16,7 @@ from sdk.errors import (
     FileTooLargeError,
     IncompleteEditError,
 )
+from tests.openai_standin import StandIn
 
 ORIGINAL = "def greet(name):\n    return 'hi ' + name\n\n\ndef main():\n    print(greet('bob'))\n"
 EDITED = ORIGINAL.replace("greet", "welcome")
@@ -29,13 +29,13 @@ def renaming_reply(body: dict[str, Any]) -> str:
 
 
 @pytest.fixture
-def renaming(script: Script) -> Script:
-    script.reply = renaming_reply
-    return script
+def renaming(standin: StandIn) -> StandIn:
+    standin.script.reply = renaming_reply
+    return standin
 
 
 def test_edit_sends_the_code_as_prediction_and_returns_the_result(
-    base_url: str, renaming: Script
+    base_url: str, renaming: StandIn
 ) -> None:
     with Client(base_url) as client:
         result = client.edit(
@@ -53,7 +53,7 @@ def test_edit_sends_the_code_as_prediction_and_returns_the_result(
     assert result.usage.accepted_prediction_tokens and result.usage.accepted_prediction_tokens > 20
     assert result.usage.rejected_prediction_tokens == 2  # the two "greet" tokens
     assert result.timings.ttft_s is not None and result.timings.tokens_per_s is not None
-    sent = renaming.requests[0]
+    sent = renaming.bodies()[0]
     assert sent["prediction"] == {"type": "content", "content": fenced(ORIGINAL, "python")}
     assert sent["draftgate"] == {"documents": ["lib.py"]}
     assert sent["stream"] is True and sent["stream_options"] == {"include_usage": True}
@@ -61,14 +61,14 @@ def test_edit_sends_the_code_as_prediction_and_returns_the_result(
     assert "rename greet to welcome" in sent["messages"][-1]["content"]
 
 
-def test_edit_passes_sampling_options(base_url: str, renaming: Script) -> None:
+def test_edit_passes_sampling_options(base_url: str, renaming: StandIn) -> None:
     with Client(base_url) as client:
         client.edit(ORIGINAL, "x", model="standin", temperature=0.7, seed=1, max_tokens=500)
-    sent = renaming.requests[0]
+    sent = renaming.bodies()[0]
     assert (sent["temperature"], sent["seed"], sent["max_tokens"]) == (0.7, 1, 500)
 
 
-def test_edit_stream_yields_deltas_then_the_result(base_url: str, renaming: Script) -> None:
+def test_edit_stream_yields_deltas_then_the_result(base_url: str, renaming: StandIn) -> None:
     with Client(base_url) as client:
         items = list(client.edit(ORIGINAL, "rename", model="standin", stream=True))
     *deltas, result = items
@@ -78,7 +78,7 @@ def test_edit_stream_yields_deltas_then_the_result(base_url: str, renaming: Scri
     assert [d.elapsed_s for d in deltas] == sorted(d.elapsed_s for d in deltas)
 
 
-async def test_async_edit_and_stream(base_url: str, renaming: Script) -> None:
+async def test_async_edit_and_stream(base_url: str, renaming: StandIn) -> None:
     async with AsyncClient(base_url) as client:
         result = await client.edit(ORIGINAL, "rename", model="standin")
         items = [
@@ -98,7 +98,7 @@ def source(tmp_path: Path) -> Path:
 
 
 def test_edit_file_writes_atomically_with_backup(
-    base_url: str, renaming: Script, source: Path
+    base_url: str, renaming: StandIn, source: Path
 ) -> None:
     with Client(base_url) as client:
         result = client.edit_file(source, "rename", model="standin")
@@ -109,10 +109,10 @@ def test_edit_file_writes_atomically_with_backup(
     )
     assert result.diff.startswith("--- a/greet.py\n+++ b/greet.py\n")
     assert sorted(p.name for p in source.parent.iterdir()) == ["greet.py", "greet.py.bak"]
-    assert renaming.requests[0]["prediction"]["content"].startswith("```python\n")
+    assert renaming.bodies()[0]["prediction"]["content"].startswith("```python\n")
 
 
-def test_edit_file_dry_run_and_no_backup(base_url: str, renaming: Script, source: Path) -> None:
+def test_edit_file_dry_run_and_no_backup(base_url: str, renaming: StandIn, source: Path) -> None:
     with Client(base_url) as client:
         dry = client.edit_file(source, "rename", model="standin", dry_run=True)
         assert source.read_text() == ORIGINAL and not dry.written and dry.changed
@@ -123,9 +123,9 @@ def test_edit_file_dry_run_and_no_backup(base_url: str, renaming: Script, source
 
 
 def test_edit_file_unchanged_answer_writes_nothing(
-    base_url: str, script: Script, source: Path
+    base_url: str, standin: StandIn, source: Path
 ) -> None:
-    script.reply = lambda body: body["prediction"]["content"]
+    standin.script.reply = lambda body: body["prediction"]["content"]
     before = source.stat().st_mtime_ns
     with Client(base_url) as client:
         result = client.edit_file(source, "nothing to do", model="standin")
@@ -140,9 +140,9 @@ def assert_intact(source: Path) -> None:
 
 
 def test_stream_broken_mid_way_leaves_the_file_intact(
-    base_url: str, renaming: Script, source: Path
+    base_url: str, renaming: StandIn, source: Path
 ) -> None:
-    renaming.break_after = 12
+    renaming.script.break_after = 12
     seen: list[str] = []
     with Client(base_url, max_retries=2) as client, pytest.raises(APIConnectionError):
         for item in client.edit_file(source, "rename", model="standin", stream=True):
@@ -154,9 +154,9 @@ def test_stream_broken_mid_way_leaves_the_file_intact(
 
 
 async def test_async_stream_broken_mid_way_leaves_the_file_intact(
-    base_url: str, renaming: Script, source: Path
+    base_url: str, renaming: StandIn, source: Path
 ) -> None:
-    renaming.break_after = 5
+    renaming.script.break_after = 5
     async with AsyncClient(base_url, max_retries=0) as client:
         with pytest.raises(APIConnectionError):
             await client.edit_file(source, "rename", model="standin")
@@ -164,9 +164,9 @@ async def test_async_stream_broken_mid_way_leaves_the_file_intact(
 
 
 def test_error_event_mid_stream_leaves_the_file_intact(
-    base_url: str, renaming: Script, source: Path
+    base_url: str, renaming: StandIn, source: Path
 ) -> None:
-    renaming.error_after = 7
+    renaming.script.error_after = 7
     with Client(base_url) as client, pytest.raises(APIStreamError) as caught:
         client.edit_file(source, "rename", model="standin")
     assert (
@@ -175,14 +175,14 @@ def test_error_event_mid_stream_leaves_the_file_intact(
     assert_intact(source)
 
 
-def test_truncated_answer_is_refused(base_url: str, renaming: Script, source: Path) -> None:
+def test_truncated_answer_is_refused(base_url: str, renaming: StandIn, source: Path) -> None:
     with Client(base_url) as client, pytest.raises(IncompleteEditError, match="length"):
         client.edit_file(source, "rename", model="standin", max_tokens=10)
     assert_intact(source)
 
 
 def test_binary_and_oversized_files_are_refused_before_sending(
-    base_url: str, script: Script, tmp_path: Path
+    base_url: str, standin: StandIn, tmp_path: Path
 ) -> None:
     binary = tmp_path / "image.png"
     binary.write_bytes(b"\x89PNG\r\n\x1a\n\0\0\0")
@@ -193,4 +193,4 @@ def test_binary_and_oversized_files_are_refused_before_sending(
             client.edit_file(binary, "x", model="standin")
         with pytest.raises(FileTooLargeError, match="6000 bytes"):
             client.edit_file(large, "x", model="standin", max_bytes=4096)
-    assert script.requests == []
+    assert standin.bodies() == []

@@ -13,7 +13,6 @@ from typing import Any
 
 import httpx
 import pytest
-from sdk_standin import Script
 
 from gateway.app import create_app
 from gateway.config import EndpointConfig, KeyConfig, Settings
@@ -26,6 +25,7 @@ from sdk.errors import (
     PayloadTooLargeError,
 )
 from tests.gateway.servers import serve
+from tests.openai_standin import StandIn
 
 KEY = "sdk-test-key"
 MAX_BODY = 64 * 1024
@@ -53,7 +53,7 @@ def new_gateway(upstream: str) -> Any:
 
 
 @pytest.fixture
-async def gateway(standin_root: str, script: Script) -> AsyncIterator[Any]:
+async def gateway(standin_root: str, standin: StandIn) -> AsyncIterator[Any]:
     """A fresh gateway app in process, its lifespan running."""
     app = new_gateway(standin_root)
     async with app.router.lifespan_context(app):
@@ -75,7 +75,9 @@ def renaming_reply(body: dict[str, Any]) -> str:
     return "Done:\n" + body["prediction"]["content"].replace("greet", "welcome") + "\n"
 
 
-async def test_chat_through_the_gateway_passes_the_prediction(gateway: Any, script: Script) -> None:
+async def test_chat_through_the_gateway_passes_the_prediction(
+    gateway: Any, standin: StandIn
+) -> None:
     async with in_process(gateway) as client:
         answer = await client.chat(
             model="standin", messages=[{"role": "user", "content": "hi"}], prediction="Hello"
@@ -83,7 +85,7 @@ async def test_chat_through_the_gateway_passes_the_prediction(gateway: Any, scri
     assert answer.choices[0].message.content == "Hello there."
     details = answer.usage.completion_tokens_details if answer.usage else None
     assert details is not None and details.accepted_prediction_tokens == 1
-    assert script.requests[0]["prediction"] == {"type": "content", "content": "Hello"}
+    assert standin.bodies()[0]["prediction"] == {"type": "content", "content": "Hello"}
 
 
 async def test_documents_on_the_gateway(gateway: Any, tmp_path: Path) -> None:
@@ -106,7 +108,7 @@ async def test_documents_on_the_gateway(gateway: Any, tmp_path: Path) -> None:
             await client.documents.delete("notes/today.md")
 
 
-async def test_gateway_errors_are_typed(gateway: Any, script: Script) -> None:
+async def test_gateway_errors_are_typed(gateway: Any, standin: StandIn) -> None:
     messages = [{"role": "user", "content": "hi"}]
     async with in_process(gateway, key="wrong-key") as client:
         with pytest.raises(AuthenticationError) as auth:
@@ -126,10 +128,10 @@ async def test_gateway_errors_are_typed(gateway: Any, script: Script) -> None:
                 "POST", "chat/completions", json={"model": "standin", "messages": []}
             )
         assert bad.value.error.param is not None and "messages" in bad.value.error.param
-    assert script.requests == []
+    assert standin.bodies() == []
 
 
-def test_stream_through_a_real_gateway_server(gateway_root: str, script: Script) -> None:
+def test_stream_through_a_real_gateway_server(gateway_root: str, standin: StandIn) -> None:
     with (
         Client(gateway_root + "/v1", KEY) as client,
         client.chat(
@@ -140,8 +142,8 @@ def test_stream_through_a_real_gateway_server(gateway_root: str, script: Script)
     assert text == "Hello there."
 
 
-def test_edit_file_through_the_gateway(gateway_root: str, script: Script, tmp_path: Path) -> None:
-    script.reply = renaming_reply
+def test_edit_file_through_the_gateway(gateway_root: str, standin: StandIn, tmp_path: Path) -> None:
+    standin.script.reply = renaming_reply
     path = tmp_path / "greet.py"
     path.write_text(CODE)
     with Client(gateway_root + "/v1", KEY) as client:
@@ -153,14 +155,14 @@ def test_edit_file_through_the_gateway(gateway_root: str, script: Script, tmp_pa
     assert result.prediction == "passed"  # the gateway's X-Draftgate-Prediction
     assert path.read_text() == CODE.replace("greet", "welcome")
     assert result.usage is not None and (result.usage.accepted_prediction_tokens or 0) > 10
-    assert script.requests[0]["prediction"]["content"] == "```python\n" + CODE + "```"
+    assert standin.bodies()[0]["prediction"]["content"] == "```python\n" + CODE + "```"
 
 
 def test_upstream_break_mid_edit_leaves_the_file_intact(
-    gateway_root: str, script: Script, tmp_path: Path
+    gateway_root: str, standin: StandIn, tmp_path: Path
 ) -> None:
-    script.reply = renaming_reply
-    script.break_after = 8
+    standin.script.reply = renaming_reply
+    standin.script.break_after = 8
     path = tmp_path / "greet.py"
     path.write_text(CODE)
     with Client(gateway_root + "/v1", KEY, max_retries=0) as client, pytest.raises(APIStreamError):
@@ -170,7 +172,7 @@ def test_upstream_break_mid_edit_leaves_the_file_intact(
 
 
 def test_endpoint_records_and_an_audit_through_the_gateway(
-    gateway_root: str, script: Script
+    gateway_root: str, standin: StandIn
 ) -> None:
     item = {
         "id": "edit-1",
@@ -188,7 +190,7 @@ def test_endpoint_records_and_an_audit_through_the_gateway(
     assert records[0].documented is not None and records[0].documented.source_url
     assert result.endpoint == "standin" and result.finished_at >= result.started_at
     assert result.summary["levels"][0]["concurrency"] == 1
-    assert script.requests  # the audit's requests went through the gateway to the upstream
+    assert standin.requests  # the audit's requests went through the gateway to the upstream
 
 
 # ---------------------------------------------------------------- the local SmolLM2 endpoint

@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-from openai_standin import Behaviour, create_standin
 
 from gateway.audit.metrics import FORMULAS, percentile
 from gateway.audit.report import write_outputs
@@ -14,6 +13,7 @@ from gateway.audit.runner import AuditPlan, run_audit
 from gateway.audit.serve import serve_in_thread
 from gateway.audit.workload import load_workload, parse_item
 from sdk.wire.endpoints import AuditResult
+from tests.openai_standin import Script, StandIn
 
 CODE = "```python\ndef rect_area(width, height):\n    return width * height\n```"
 ITEMS = [
@@ -71,8 +71,8 @@ def _plan(url: str, **kw: object) -> AuditPlan:
 
 
 async def test_audit_writes_consistent_figures(tmp_path: Path) -> None:
-    behaviour = Behaviour()
-    with serve_in_thread(create_standin(behaviour)) as url:
+    standin = StandIn(Script(step_s=0.002, draft_per_step=4))
+    with serve_in_thread(standin) as url:
         result = await run_audit(_plan(url))
     paths = write_outputs(result, tmp_path)
 
@@ -126,15 +126,15 @@ async def test_audit_writes_consistent_figures(tmp_path: Path) -> None:
     assert {r["language"] for r in loaded.summary["languages"]} == {"ko"}
 
     # series: each drafted answer became a document the next request of the series names
-    assert any(k.startswith("audit-s-rep0-drafts") for k in behaviour.documents)
+    assert any(k.startswith("audit-s-rep0-drafts") for k in standin.documents)
     rep1 = [
         b
-        for b in behaviour.requests
+        for b in standin.bodies()
         if "JSON please 1" in b["messages"][0]["content"]
         and (b.get("draftgate") or {}).get("draft", True)
     ]
     assert rep1 and all(any("rep0" in d for d in b["draftgate"]["documents"]) for b in rep1)
-    baseline = [b for b in behaviour.requests if (b.get("draftgate") or {}).get("draft") is False]
+    baseline = [b for b in standin.bodies() if (b.get("draftgate") or {}).get("draft") is False]
     assert baseline and all("prediction" not in b for b in baseline)
 
     report = (tmp_path / "report.md").read_text()
@@ -146,12 +146,14 @@ async def test_audit_writes_consistent_figures(tmp_path: Path) -> None:
 
 
 async def test_errors_mid_audit_are_counted_and_the_report_is_still_written(tmp_path: Path) -> None:
-    behaviour = Behaviour(http_error_every=3, stream_error_every=5)
-    with serve_in_thread(create_standin(behaviour)) as url:
+    standin = StandIn(
+        Script(step_s=0.002, draft_per_step=4, http_error_every=3, stream_error_every=5)
+    )
+    with serve_in_thread(standin) as url:
         result = await run_audit(_plan(url, concurrency=(1,), warmup=False))
     write_outputs(result, tmp_path)
     errors = result.summary["errors"]
-    assert errors["http_503"] == len(behaviour.requests) // 3
+    assert errors["http_503"] == len(standin.bodies()) // 3
     assert errors.get("stream_error:server_error", 0) >= 1
     assert sum(errors.values()) == sum(1 for r in result.records if r["error"])
     report = (tmp_path / "report.md").read_text()
@@ -159,9 +161,9 @@ async def test_errors_mid_audit_are_counted_and_the_report_is_still_written(tmp_
 
 
 async def test_an_endpoint_that_ignores_prediction_gets_no_measured_yes() -> None:
-    behaviour = Behaviour(speculative=False, step_s=0.01)
+    standin = StandIn(Script(speculative=False, step_s=0.01, draft_per_step=4))
     items = [ITEMS[0]] * 4
-    with serve_in_thread(create_standin(behaviour)) as url:
+    with serve_in_thread(standin) as url:
         result = await run_audit(
             _plan(url, items=items, concurrency=(1,), kind="openai_compatible")
         )
@@ -171,8 +173,8 @@ async def test_an_endpoint_that_ignores_prediction_gets_no_measured_yes() -> Non
 
 
 async def test_a_drafting_endpoint_gets_measured_yes() -> None:
-    behaviour = Behaviour(speculative=True, step_s=0.02, draft_per_step=8)
-    with serve_in_thread(create_standin(behaviour)) as url:
+    standin = StandIn(Script(step_s=0.02, draft_per_step=8))
+    with serve_in_thread(standin) as url:
         result = await run_audit(_plan(url, items=ITEMS[:1], requests=6, concurrency=(1,)))
     evidence = result.summary["measured_evidence"]
     assert evidence["verdict"] == "yes", evidence
@@ -180,8 +182,8 @@ async def test_a_drafting_endpoint_gets_measured_yes() -> None:
 
 
 async def test_sweep_and_poisson_arrivals_record_settings_and_client_queueing() -> None:
-    behaviour = Behaviour()
-    with serve_in_thread(create_standin(behaviour)) as url:
+    standin = StandIn(Script(step_s=0.002, draft_per_step=4))
+    with serve_in_thread(standin) as url:
         result = await run_audit(
             _plan(
                 url,
@@ -194,7 +196,7 @@ async def test_sweep_and_poisson_arrivals_record_settings_and_client_queueing() 
         )
     settings = {r["setting"] for r in result.records}
     assert settings == {"temperature=0", "temperature=0.5"}
-    temps = {b.get("temperature") for b in behaviour.requests if b.get("max_tokens") != 4}
+    temps = {b.get("temperature") for b in standin.bodies() if b.get("max_tokens") != 4}
     assert temps == {0.0, 0.5}
     assert all(r["queued_s"] >= 0 for r in result.records)
     # per setting: edit (3 configs), json (2 configs), edit again (3 configs)

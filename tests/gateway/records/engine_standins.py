@@ -1,18 +1,18 @@
 """Stand-in engines for probes: real vLLM metric text (rendered by prometheus_client with
-vLLM's metric names, as vLLM itself renders it), SGLang ``/server_info``, and an
-OpenAI-compatible chat route that silently ignores ``prediction``."""
+vLLM's metric names, as vLLM itself renders it), SGLang ``/server_info``, and the tests' OpenAI stand-in, silently
+ignoring ``prediction`` as vLLM does."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Mount, Route
+
+from tests.openai_standin import Script, StandIn
 
 
 @dataclass
@@ -21,7 +21,8 @@ class VllmStandin:
 
     speculative: bool
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
-    requests: list[dict[str, Any]] = field(default_factory=list)
+    # the OpenAI-compatible routes: like vLLM, it accepts `prediction`, ignores it, answers 200
+    openai: StandIn = field(default_factory=lambda: StandIn(Script(speculative=False)))
 
     def __post_init__(self) -> None:
         labels = ("model_name", "engine")
@@ -75,37 +76,10 @@ class VllmStandin:
         async def metrics(request: Request) -> Response:
             return Response(generate_latest(self.registry), media_type="text/plain; version=0.0.4")
 
-        async def chat(request: Request) -> Response:
-            body = await request.json()
-            self.requests.append(body)
-            # vLLM ignores unknown fields such as `prediction` and answers 200
-            return JSONResponse(
-                {
-                    "id": "chatcmpl-1",
-                    "object": "chat.completion",
-                    "created": int(time.time()),
-                    "model": body["model"],
-                    "choices": [
-                        {
-                            "index": 0,
-                            "message": {"role": "assistant", "content": "The quick brown fox."},
-                            "finish_reason": "stop",
-                            "logprobs": None,
-                        }
-                    ],
-                    "usage": {
-                        "prompt_tokens": 20,
-                        "completion_tokens": 5,
-                        "total_tokens": 25,
-                        "prompt_tokens_details": None,
-                    },
-                }
-            )
-
         return Starlette(
             routes=[
                 Route("/metrics", metrics),
-                Route("/v1/chat/completions", chat, methods=["POST"]),
+                Mount("/", app=self.openai),
             ]
         )
 

@@ -17,7 +17,7 @@ from gateway.records.probes import (
     usage_evidence,
 )
 from gateway.records.service import Records
-from gateway.telemetry import Telemetry
+from gateway.records.store import MemoryRecordStore
 
 
 async def test_vllm_with_spec_decode_counters_is_yes_and_rising_counters_are_passive_yes() -> None:
@@ -52,9 +52,9 @@ async def test_an_engine_that_ignores_prediction_never_comes_out_yes(kind: str) 
             usage = await probe_usage(client, f"{url}/v1/chat/completions", "m", {})
         assert usage.verdict == "unknown"
         assert "no evidence" in usage.detail
-        assert engine.requests[-1]["prediction"]["content"]  # it was sent, and answered 200
+        assert engine.openai.bodies()[-1]["prediction"]["content"]  # it was sent, and answered 200
         endpoint = EndpointConfig(name="e", kind=kind, base_url=f"{url}/v1", models=["m"])
-        records = Records([endpoint], Telemetry())
+        records = Records([endpoint], MemoryRecordStore())
         await records.probe(url, {})
         record = await records.record("e")
     assert record.enabled == ("no" if kind == "vllm" else "unknown")

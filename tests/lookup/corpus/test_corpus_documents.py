@@ -166,3 +166,31 @@ async def test_ids_and_namespaces_with_any_characters_round_trip(corpus: Corpus)
         for doc_id in ODD_IDS:
             doc = await corpus.get(ns, doc_id)
             assert doc is not None and doc.text == f"{ns!r} {doc_id!r}"
+
+
+@pytest.mark.parametrize(
+    ("path", "language"),
+    [("p" * 1025, None), ("", None), (None, "l" * 65), (None, "")],
+    ids=["long-path", "empty-path", "long-language", "empty-language"],
+)
+async def test_path_and_language_are_bounded(corpus: Corpus, path, language) -> None:
+    with pytest.raises(InvalidDocument):
+        await corpus.put("t", "a", "text", path=path, language=language)
+    assert await corpus.list("t") == []
+
+
+async def test_metadata_counts_toward_the_byte_cap(store: DocumentStore, clock) -> None:
+    """Empty documents with long paths fill the namespace's byte cap like text does: each
+    costs its id, path, language and names, even when their (empty) content is shared."""
+    corpus = Corpus(store, clock=clock, max_doc_bytes=100, max_ns_bytes=10_000)
+    for i in range(20):
+        await corpus.put("t", f"d{i:02}", "", path="p/" * 500 + f"{i:02}.py")
+        clock.advance(1)
+    kept = sorted(m.id for m in await corpus.list("t"))
+    # one document's metadata: id (3) + path (1003) + language (6) + names (3 + 1003 + 6)
+    assert len(kept) == 10_000 // 2024
+    assert kept == [f"d{i:02}" for i in range(20 - len(kept), 20)]
+    for doc_id in kept:  # deleting gives the bytes back
+        await corpus.delete("t", doc_id)
+    await corpus.put("t", "big", "x" * 100, path="q/" * 500 + "big.py")
+    assert [m.id for m in await corpus.list("t")] == ["big"]

@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 from redis.asyncio.connection import AbstractConnection
 
-from lookup.corpus import CaptureLimits, Corpus, DocumentStore, RedisDocumentStore
+from lookup.corpus import (
+    CaptureLimits,
+    Corpus,
+    DocumentStore,
+    InvalidDocument,
+    RedisDocumentStore,
+)
+from lookup.corpus.mentions import MAX_SCAN_CHARS
 
 
 async def _ids(corpus: Corpus, ns: str, **kwargs) -> list[str]:
@@ -231,3 +238,23 @@ async def test_select_is_one_round_trip(corpus: Corpus, socket_writes: list[int]
     await corpus.tokens("t", docs, "fp", lambda s: [1, 2, 3])  # cached: one MGET
     if isinstance(corpus.store, RedisDocumentStore):
         assert len(socket_writes) - before_writes == 3
+
+
+async def test_too_many_ids_are_refused_before_the_store(store: DocumentStore, clock) -> None:
+    """An oversized request costs the store nothing (and cannot open its circuit)."""
+    corpus = Corpus(store, clock=clock, select_max_ids=64)
+    await corpus.put("t", "a.py", "x = 1\n")
+    trips = store.round_trips
+    with pytest.raises(InvalidDocument, match="at most 64"):
+        await corpus.select("t", ids=[f"d{i}.py" for i in range(100_000)])
+    assert store.round_trips == trips
+    breaker = getattr(store, "breaker", None)
+    assert breaker is None or breaker.state == "closed"
+    assert [d.id for d in await corpus.select("t", ids=["a.py"])] == ["a.py"]
+
+
+async def test_mentions_are_looked_for_in_the_prompt_tail(corpus: Corpus) -> None:
+    await corpus.put("t", "early.py", "e = 1\n")
+    await corpus.put("t", "late.py", "l = 2\n")
+    prompt = "see early.py\n" + "filler " * (MAX_SCAN_CHARS // 7 + 1) + "and late.py"
+    assert [d.id for d in await corpus.select("t", prompt_text=prompt)] == ["late.py"]

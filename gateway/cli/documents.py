@@ -107,8 +107,8 @@ async def _index(
     if path.is_dir():
         found = list(iter_files(path, max_bytes=max_bytes))
     else:
-        text, skipped = read_text_file(path, max_bytes)
-        found = [FoundFile(path.name, path, text, skipped)]
+        text, why = read_text_file(path, max_bytes)
+        found = [FoundFile(path.name, path, text, why)]
     skipped = Counter(f.skipped for f in found if f.skipped)
     uploads = [(f.rel, f.text) for f in found if f.text is not None]
     uploaded = uploaded_bytes = 0

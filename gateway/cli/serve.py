@@ -10,7 +10,7 @@ from typing import Any
 
 import typer
 
-from gateway.config import ConfigError, Settings, build_settings, load_settings
+from gateway.config import ConfigError, ServerConfig, Settings, build_settings, load_settings
 
 
 def is_loopback(host: str) -> bool:
@@ -52,17 +52,31 @@ def verifier_settings(model: str, device: str | None = None, dtype: str | None =
 
 
 def run_server(
-    app: Any, host: str, port: int, *, access_log: bool = False, log_level: str = "info"
+    app: Any,
+    host: str,
+    port: int,
+    *,
+    server: ServerConfig | None = None,
+    access_log: bool = False,
+    log_level: str = "info",
 ) -> None:
     """Serve ``app`` with uvicorn as ``draftgate serve`` does (httptools and uvloop when
-    installed). The access log is off by default: ``/metrics`` and the records already
-    count every request, and a log line per request costs more than the gateway's own work."""
+    installed), bounded by ``server``: connections at once, keep-alive, and a deadline on
+    each request's headers. The access log is off by default: ``/metrics`` and the records
+    already count every request, and a log line per request costs more than the gateway's
+    own work."""
     import uvicorn
 
+    from gateway.http.protocol import header_deadline_protocol
+
+    server = server or ServerConfig()
     uvicorn.run(
         app,
         host=host,
         port=port,
+        http=header_deadline_protocol(server.header_timeout_s),
+        limit_concurrency=server.limit_concurrency,
+        timeout_keep_alive=server.keep_alive_s,
         log_level=log_level,
         access_log=access_log,
         timeout_graceful_shutdown=5,
@@ -74,11 +88,13 @@ def _run(settings: Settings, host: str, port: int, allow_public: bool, access_lo
 
     try:
         check_bind(settings, host, allow_public)
+        if allow_public:  # also serves Host names other than loopback ones without keys
+            settings = settings.model_copy(update={"allow_public_bind": True})
         app = create_app(settings)
     except ConfigError as err:
         typer.echo(str(err), err=True)
         raise typer.Exit(2) from None
-    run_server(app, host, port, access_log=access_log)
+    run_server(app, host, port, server=settings.server, access_log=access_log)
 
 
 ACCESS_LOG = typer.Option(False, "--access-log", help="Log one line per request.")

@@ -13,30 +13,29 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import httpx
-from pydantic import ValidationError
+from starlette.types import Receive, Scope, Send
 
-from gateway import drafts
-from gateway.asgi import (
+from gateway import prediction_policy
+from gateway.call import API_PATHS, Api, Call, apply_usage
+from gateway.config import EndpointConfig
+from gateway.endpoints.capabilities import CAPABILITIES
+from gateway.endpoints.upstream import UpstreamFailure
+from gateway.errors import GatewayError, InvalidJSON, ModelNotFound, UpstreamError
+from gateway.http.asgi import (
     ENDPOINT_HEADER,
     PREDICTION_HEADER,
     ClientDisconnected,
     Headers,
-    Receive,
-    Scope,
-    Send,
     header,
     read_body,
     run_until_disconnect,
     send_body,
     send_error,
 )
-from gateway.call import API_PATHS, Api, Call, apply_usage
-from gateway.capabilities import CAPABILITIES
-from gateway.config import EndpointConfig
-from gateway.errors import GatewayError, InvalidJSON, InvalidRequest, ModelNotFound, UpstreamError
-from gateway.sse import SSE_HEADERS, StreamRelay, error_event
+from gateway.http.sse import SSE_HEADERS, EventTooLarge, StreamRelay, error_event
+from gateway.http.validation import read_json, validate
+from gateway.limits import Lease, prompt_tokens
 from gateway.telemetry import RequestTiming
-from gateway.upstream import UpstreamFailure
 from sdk.wire import ChatCompletionRequest, CompletionRequest
 
 if TYPE_CHECKING:
@@ -50,27 +49,22 @@ FORWARDED_HEADERS = frozenset(
 CLIENT_CLOSED = 499
 
 
-def _field_error(err: ValidationError) -> InvalidRequest:
-    first = err.errors()[0]
-    loc = ".".join(str(p) for p in first["loc"]) or "body"
-    return InvalidRequest(f"{loc}: {first['msg']}", param=loc, code="invalid_field")
-
-
-def parse_request(
+async def parse_request(
     api: Api, raw: bytes
 ) -> tuple[dict[str, Any], ChatCompletionRequest | CompletionRequest]:
     """The body as a dict and as the validated wire type (400 naming the field if not)."""
-    try:
-        data = json.loads(raw)
-    except ValueError as exc:
-        raise InvalidJSON(f"request body is not valid JSON: {exc}") from None
+    data = await read_json(raw)
     if not isinstance(data, dict):
         raise InvalidJSON("request body must be a JSON object")
-    model_type = ChatCompletionRequest if api == "chat" else CompletionRequest
-    try:
-        return data, model_type.model_validate(data)
-    except ValidationError as err:
-        raise _field_error(err) from None
+    if api == "chat":
+        return data, validate(ChatCompletionRequest, data)
+    return data, validate(CompletionRequest, data)
+
+
+def _token_limit(request: ChatCompletionRequest | CompletionRequest) -> int | None:
+    if isinstance(request, ChatCompletionRequest):
+        return request.token_limit()
+    return request.max_tokens
 
 
 class CompletionsEndpoint:
@@ -84,33 +78,44 @@ class CompletionsEndpoint:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         runtime = self.runtime
         wait = scope["draftgate.wait"]
+        lease: Lease | None = None
         try:
-            tenant = runtime.auth.tenant(header(scope, b"authorization"))
+            tenant = runtime.auth.tenant(scope)
             raw = await read_body(
-                receive, runtime.settings.max_body_bytes, header(scope, b"content-length")
+                receive,
+                runtime.settings.max_body_bytes,
+                header(scope, b"content-length"),
+                runtime.settings.server.body_timeout_s,
             )
-            data, request = parse_request(self.api, raw)
+            # counted before parsing: a tenant's big bodies spend its own budget
+            lease = await runtime.limiter.admit(tenant, prompt_tokens(len(raw)))
+            data, request = await parse_request(self.api, raw)
+            await runtime.limiter.charge(tenant, _token_limit(request) or 0)
             endpoints = runtime.routes.get(request.model)
             if not endpoints:
                 raise ModelNotFound(
                     f"model {request.model!r} is not served here (see GET /v1/models)",
                     param="model",
                 )
-        except ClientDisconnected:
+            docs_header = header(scope, DOCUMENTS_HEADER)
+            doc_ids = prediction_policy.document_ids(
+                request,
+                docs_header.decode("latin-1") if docs_header else None,
+                runtime.corpus.select_max_ids,
+            )
+        except (ClientDisconnected, GatewayError) as error:
+            if lease is not None:
+                await runtime.limiter.release(lease)
+            if isinstance(error, GatewayError):
+                await send_error(send, error)
             return
-        except GatewayError as error:
-            await send_error(send, error)
-            return
-        docs_header = header(scope, DOCUMENTS_HEADER)
         call = Call(
             api=self.api,
             tenant=tenant,
             raw=raw,
             data=data,
             request=request,
-            doc_ids=drafts.document_ids(
-                request, docs_header.decode("latin-1") if docs_header else None
-            ),
+            doc_ids=doc_ids,
             forward_headers=[(k, v) for k, v in scope["headers"] if k in FORWARDED_HEADERS],
             wait=wait,
             timing=RequestTiming(
@@ -125,6 +130,7 @@ class CompletionsEndpoint:
                 call.timing.status = CLIENT_CLOSED
                 call.timing.error = "client disconnected"
         finally:
+            await runtime.limiter.release(lease)
             if call.timing.t_end is None:
                 call.timing.t_end = time.perf_counter()
             runtime.telemetry.record(call.timing)
@@ -174,9 +180,11 @@ class CompletionsEndpoint:
             call, send, failure.to_error(failed_endpoint), call.timing.prediction_status
         )
 
-    async def _prepare(self, call: Call, endpoint: EndpointConfig) -> tuple[drafts.Decision, bytes]:
+    async def _prepare(
+        self, call: Call, endpoint: EndpointConfig
+    ) -> tuple[prediction_policy.Decision, bytes]:
         upstream_model = endpoint.upstream_model(call.request.model)
-        decision = drafts.decide(
+        decision = prediction_policy.decide(
             call.request,
             CAPABILITIES[endpoint.kind],
             upstream_model=upstream_model,
@@ -188,8 +196,8 @@ class CompletionsEndpoint:
         if decision.synthesize:
             prediction_text, missing = await self.runtime.document_text(call.tenant, call.doc_ids)
             if prediction_text is None:
-                decision = drafts.Decision(drafts.dropped(missing))
-        body = drafts.upstream_body(
+                decision = prediction_policy.Decision(prediction_policy.dropped(missing))
+        body = prediction_policy.upstream_body(
             call.raw,
             call.data,
             upstream_model=upstream_model,
@@ -207,8 +215,17 @@ class CompletionsEndpoint:
         self, call: Call, response: httpx.Response, send: Send, headers: Headers
     ) -> None:
         t0 = time.perf_counter()
+        limit = self.runtime.settings.max_response_bytes
         try:
-            body = await response.aread()
+            body = await _read_capped(response, limit)
+        except ResponseTooLarge:
+            await self._fail(
+                call,
+                send,
+                UpstreamError(f"upstream answer is over {limit} bytes", code="response_too_large"),
+                call.timing.prediction_status,
+            )
+            return
         except httpx.TimeoutException:
             await self._fail(
                 call,
@@ -263,6 +280,8 @@ class CompletionsEndpoint:
                     relay.observe(ready)
             if not relay.done:
                 problem = "upstream stream ended before [DONE]"
+        except EventTooLarge as exc:
+            problem = str(exc)
         except httpx.TimeoutException:
             problem = "upstream timed out mid-stream"
         except httpx.HTTPError as exc:
@@ -280,6 +299,25 @@ class CompletionsEndpoint:
         elif relay.text is not None:
             call.response_text = ["".join(relay.text)]
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+class ResponseTooLarge(Exception):
+    """An upstream answer is longer than the gateway will hold."""
+
+
+async def _read_capped(response: httpx.Response, limit: int) -> bytes:
+    """The whole body of ``response``; :class:`ResponseTooLarge` past ``limit`` bytes."""
+    declared = response.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise ResponseTooLarge
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_bytes():
+        size += len(chunk)
+        if size > limit:
+            raise ResponseTooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _texts(payload: dict[str, Any]) -> list[str]:

@@ -10,9 +10,9 @@ from importlib.metadata import version
 
 import typer
 
-from gateway.cli_documents import documents_app, index_command
-from gateway.cli_records import audit_command, endpoints_command
-from gateway.cli_serve import serve_command, verifier_command
+from gateway.cli.documents import documents_app, index_command
+from gateway.cli.records import audit_command, endpoints_command
+from gateway.cli.serve import serve_command, verifier_command
 
 app = typer.Typer(
     name="draftgate",

@@ -1,4 +1,4 @@
-"""Draft policy: what happens to a request's prediction at a given endpoint.
+"""Prediction policy: what happens to a request's prediction at a given endpoint.
 
 ``decide`` reads the validated request and the endpoint's :class:`Capability` and
 returns the outcome reported in ``X-Draftgate-Prediction``: ``passed``,
@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
-from gateway.capabilities import Capability
+from gateway.endpoints.capabilities import Capability
+from gateway.errors import InvalidRequest
 from sdk.wire import ChatCompletionRequest, CompletionRequest
 
 PASSED = "passed"
@@ -45,14 +46,19 @@ def header_document_ids(value: str | None) -> list[str]:
 
 
 def document_ids(
-    request: ChatCompletionRequest | CompletionRequest, header: str | None
+    request: ChatCompletionRequest | CompletionRequest, header: str | None, limit: int
 ) -> list[str]:
-    """Document ids named by the ``draftgate`` extension object and the header, in order."""
-    ids = list(request.draftgate.documents) if request.draftgate else []
-    for doc_id in header_document_ids(header):
-        if doc_id not in ids:
-            ids.append(doc_id)
-    return ids
+    """Document ids named by the ``draftgate`` extension object and the header, in order,
+    without repeats; :class:`InvalidRequest` when they are more than ``limit``."""
+    ids = dict.fromkeys(request.draftgate.documents if request.draftgate else ())
+    ids.update(dict.fromkeys(header_document_ids(header)))
+    if len(ids) > limit:
+        raise InvalidRequest(
+            f"{len(ids)} documents named; at most {limit} per request",
+            param="draftgate.documents",
+            code="too_many_documents",
+        )
+    return list(ids)
 
 
 def conflicting_feature(request: ChatCompletionRequest) -> str | None:

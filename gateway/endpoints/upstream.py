@@ -1,6 +1,6 @@
 """HTTP upstreams: one pooled httpx transport per endpoint, retries before headers.
 
-The pool is an httpx transport (:class:`gateway.transport.AiohttpTransport`, aiohttp's
+The pool is an httpx transport (:class:`gateway.endpoints.transport.AiohttpTransport`, aiohttp's
 pool behind httpx's API), used directly rather than through an ``AsyncClient``: the
 client layer would persist cookies across requests (one tenant's upstream cookies must
 never reach another's request) and re-merge URLs and check redirects on every call,
@@ -25,6 +25,8 @@ import httpx
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 
 from gateway.config import EndpointConfig
+from gateway.endpoints.providers import adapter_for
+from gateway.endpoints.transport import AiohttpTransport
 from gateway.errors import (
     GatewayError,
     RateLimited,
@@ -33,8 +35,6 @@ from gateway.errors import (
     UpstreamTimeout,
     redact,
 )
-from gateway.providers import adapter_for
-from gateway.transport import AiohttpTransport
 
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 # 4xx answers caused by the client's request: passed back, never retried or failed over.

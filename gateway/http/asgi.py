@@ -7,16 +7,12 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from collections.abc import Awaitable, Callable
 
-from gateway.errors import GatewayError, InvalidRequest, PayloadTooLarge
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+from gateway.errors import GatewayError, InvalidRequest, PayloadTooLarge, RequestTimeout
+
 Headers = list[tuple[bytes, bytes]]
 
 OVERHEAD_HEADER = b"x-draftgate-overhead-ms"
@@ -45,14 +41,18 @@ class UpstreamWait:
 
 def header(scope: Scope, name: bytes) -> bytes | None:
     """The first value of header ``name`` (lower-case) or ``None``."""
-    for key, value in scope["headers"]:
+    headers: Headers = scope["headers"]
+    for key, value in headers:
         if key == name:
-            return value  # type: ignore[no-any-return]
+            return value
     return None
 
 
-async def read_body(receive: Receive, limit: int, content_length: bytes | None) -> bytes:
-    """The whole request body; :class:`PayloadTooLarge` past ``limit`` bytes."""
+async def read_body(
+    receive: Receive, limit: int, content_length: bytes | None, timeout_s: float | None = None
+) -> bytes:
+    """The whole request body; :class:`PayloadTooLarge` past ``limit`` bytes,
+    :class:`RequestTimeout` when it has not all arrived within ``timeout_s``."""
     if content_length is not None:
         try:
             declared = int(content_length)
@@ -62,18 +62,22 @@ async def read_body(receive: Receive, limit: int, content_length: bytes | None) 
             raise PayloadTooLarge(f"request body is {declared} bytes; the limit is {limit}")
     chunks: list[bytes] = []
     size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            raise ClientDisconnected
-        chunk = message.get("body", b"")
-        if chunk:
-            size += len(chunk)
-            if size > limit:
-                raise PayloadTooLarge(f"request body is over the limit of {limit} bytes")
-            chunks.append(chunk)
-        if not message.get("more_body", False):
-            break
+    try:
+        async with asyncio.timeout(timeout_s):
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise ClientDisconnected
+                chunk = message.get("body", b"")
+                if chunk:
+                    size += len(chunk)
+                    if size > limit:
+                        raise PayloadTooLarge(f"request body is over the limit of {limit} bytes")
+                    chunks.append(chunk)
+                if not message.get("more_body", False):
+                    break
+    except TimeoutError:
+        raise RequestTimeout(f"the request body did not arrive within {timeout_s:g} s") from None
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 

@@ -21,6 +21,8 @@ DONE = b"[DONE]"
 _CONTENT = re.compile(rb'"(?:content|text)"\s*:\s*"(?!")')
 _USAGE = b'"usage"'
 DONE_EVENT = b"data: [DONE]\n\n"
+MAX_EVENT_BYTES = 4 << 20
+MAX_KEPT_CHARS = 1 << 20
 SSE_HEADERS: list[tuple[bytes, bytes]] = [
     (b"content-type", b"text/event-stream; charset=utf-8"),
     (b"cache-control", b"no-cache"),
@@ -49,11 +51,25 @@ def _content(choice: dict[str, Any]) -> str | None:
     return text if isinstance(text, str) else None
 
 
+class EventTooLarge(Exception):
+    """An upstream event grew past ``MAX_EVENT_BYTES`` without ending."""
+
+
+def _last_boundary(data: bytes) -> int:
+    """The index just past the last event boundary (blank line) in ``data``, or -1."""
+    cut_lf = data.rfind(b"\n\n")
+    cut_crlf = data.rfind(b"\r\n\r\n")
+    return max(cut_lf + 2 if cut_lf >= 0 else -1, cut_crlf + 4 if cut_crlf >= 0 else -1)
+
+
 class StreamRelay:
     """Splits upstream bytes into whole events to forward, and notes what they carry.
 
     ``feed`` returns the bytes ready to send (complete events only, so an interrupted
-    stream never leaves half an event before the error event).
+    stream never leaves half an event before the error event). An unfinished event is
+    held as a list of chunks, each searched once, so a long event costs linear time; past
+    ``MAX_EVENT_BYTES`` it raises :class:`EventTooLarge`. Kept text (for capture) stops
+    at ``MAX_KEPT_CHARS``.
     """
 
     def __init__(self, timing: RequestTiming, keep_text: bool) -> None:
@@ -61,18 +77,38 @@ class StreamRelay:
         self.done = False
         self.usage: dict[str, Any] | None = None
         self.text: list[str] | None = [] if keep_text else None
-        self._pending = b""
+        self._kept = 0
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
+        self._tail = b""  # the last 3 pending bytes (a boundary may span chunks)
 
     def feed(self, chunk: bytes) -> bytes:
-        buffer = self._pending + chunk if self._pending else chunk
-        cut_lf = buffer.rfind(b"\n\n")
-        cut_crlf = buffer.rfind(b"\r\n\r\n")
-        cut = max(cut_lf + 2 if cut_lf >= 0 else -1, cut_crlf + 4 if cut_crlf >= 0 else -1)
-        if cut < 0:
-            self._pending = buffer
+        if not self._pending:
+            cut = _last_boundary(chunk)
+            if cut < 0:
+                self._hold(chunk)
+                return b""
+            if cut < len(chunk):
+                self._hold(chunk[cut:])
+            return chunk[:cut]
+        # the pending bytes hold no boundary: one can only end in the new chunk
+        tail = self._tail
+        cut = _last_boundary(tail + chunk) - len(tail)
+        if cut <= 0:
+            self._hold(chunk)
             return b""
-        ready, self._pending = buffer[:cut], buffer[cut:]
+        ready = b"".join([*self._pending, chunk[:cut]])
+        self._pending, self._pending_bytes, self._tail = [], 0, b""
+        if cut < len(chunk):
+            self._hold(chunk[cut:])
         return ready
+
+    def _hold(self, data: bytes) -> None:
+        self._pending.append(data)
+        self._pending_bytes += len(data)
+        self._tail = (self._tail + data[-3:])[-3:]
+        if self._pending_bytes > MAX_EVENT_BYTES:
+            raise EventTooLarge(f"upstream event over {MAX_EVENT_BYTES} bytes")
 
     def observe(self, ready: bytes) -> None:
         """Record what the forwarded events carried (after they were sent)."""
@@ -114,4 +150,12 @@ class StreamRelay:
                     timing.t_first_content = now
                 timing.chunk_times.append(now)
                 if self.text is not None:
-                    self.text.append(content)
+                    self._keep(content)
+
+    def _keep(self, content: str) -> None:
+        assert self.text is not None
+        self._kept += len(content)
+        if self._kept > MAX_KEPT_CHARS:  # too long to capture: keep nothing
+            self.text = None
+        else:
+            self.text.append(content)

@@ -1,4 +1,4 @@
-"""The draft policy as a table: request x endpoint capability -> outcome."""
+"""The prediction policy as a table: request x endpoint capability -> outcome."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from gateway.capabilities import CAPABILITIES
-from gateway.drafts import decide, document_ids, header_document_ids, upstream_body
+from gateway.endpoints.capabilities import CAPABILITIES
+from gateway.prediction_policy import decide, document_ids, header_document_ids, upstream_body
 from sdk.wire import ChatCompletionRequest, CompletionRequest
 
 BASE: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -83,7 +83,7 @@ def test_completions_api_cannot_carry_predictions() -> None:
 def test_document_ids_from_extension_and_header() -> None:
     request = chat(draftgate={"documents": ["a.py", "b.py"]})
     assert header_document_ids(" c.py , a%2Cb.txt,,") == ["c.py", "a,b.txt"]
-    assert document_ids(request, "b.py, c.py") == ["a.py", "b.py", "c.py"]
+    assert document_ids(request, "b.py, c.py", 3) == ["a.py", "b.py", "c.py"]
 
 
 def test_upstream_body_rewrites_only_when_needed() -> None:

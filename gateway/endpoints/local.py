@@ -16,14 +16,22 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from gateway import drafts
-from gateway.asgi import ENDPOINT_HEADER, PREDICTION_HEADER, Headers, Send, send_body, send_error
+from starlette.types import Send
+
+from gateway import prediction_policy
 from gateway.call import Call
-from gateway.capabilities import CAPABILITIES
 from gateway.config import EndpointConfig
+from gateway.endpoints.capabilities import CAPABILITIES
+from gateway.endpoints.openai_objects import ResponseBuilder, draft_stats
 from gateway.errors import GatewayError, InvalidRequest, ServiceUnavailable, UpstreamError
-from gateway.openai_objects import ResponseBuilder, draft_stats
-from gateway.sse import DONE_EVENT, SSE_HEADERS, data_event, error_event
+from gateway.http.asgi import (
+    ENDPOINT_HEADER,
+    PREDICTION_HEADER,
+    Headers,
+    send_body,
+    send_error,
+)
+from gateway.http.sse import DONE_EVENT, SSE_HEADERS, data_event, error_event
 from lookup.corpus import Corpus, CorpusError
 from lookup.draft import Source
 from sdk.wire import ChatCompletionRequest, CompletionRequest
@@ -35,6 +43,19 @@ log = logging.getLogger(__name__)
 
 _END = object()
 _SOURCES = {"named": Source.DOCUMENT, "retrieved": Source.RETRIEVED, "answer": Source.ANSWER}
+
+
+# fields the engine honours, or that do not change its output (the rest get a 400)
+_HONOURED = frozenset(
+    {
+        "model", "max_tokens", "temperature", "top_p", "top_k", "n", "stream",
+        "stream_options", "stop", "seed", "logprobs", "presence_penalty",
+        "frequency_penalty", "draftgate", "messages", "max_completion_tokens", "prediction",
+        "tools", "tool_choice", "audio", "modalities", "prompt", "echo", "suffix",
+        "user", "metadata", "store", "service_tier", "parallel_tool_calls",
+        "prompt_cache_key", "safety_identifier",
+    }
+)  # fmt: skip
 
 
 def _unsupported(request: ChatCompletionRequest | CompletionRequest) -> str | None:
@@ -50,6 +71,8 @@ def _unsupported(request: ChatCompletionRequest | CompletionRequest) -> str | No
             return "tools"
         if request.audio is not None:
             return "audio"
+        if request.modalities and any(m != "text" for m in request.modalities):
+            return "modalities"
     else:
         if request.echo:
             return "echo"
@@ -58,6 +81,9 @@ def _unsupported(request: ChatCompletionRequest | CompletionRequest) -> str | No
         prompt = request.prompt
         if isinstance(prompt, list) and len(prompt) > 1 and isinstance(prompt[0], str):
             return "prompt"
+    for name, value in (request.model_extra or {}).items():
+        if value is not None and name not in _HONOURED:
+            return name  # logit_bias, min_p, repetition_penalty, response_format, ...
     return None
 
 
@@ -133,9 +159,9 @@ class LocalEndpoint:
             self.start()
             assert self._loading is not None
             await asyncio.wrap_future(self._loading)
-        if self._engine is None:
+        if self._engine is None:  # the reason is in the log
             raise ServiceUnavailable(
-                f"local endpoint {self.config.name!r} could not load its model: {self._load_error}"
+                f"local endpoint {self.config.name!r} could not load its model"
             )
         return self._engine
 
@@ -203,7 +229,9 @@ class LocalEndpoint:
         return gen
 
     async def _documents(self, call: Call, engine: Engine, gen: GenerationRequest) -> None:
-        """Named, recent and retrieved documents' tokens and sources into ``gen``."""
+        """Named, recent and retrieved documents' tokens and sources into ``gen`` (the corpus
+        scans the prompt for mentions and tokenizes on worker threads, not on the event
+        loop)."""
         try:
             docs = await self.corpus.select(
                 call.tenant,
@@ -225,7 +253,7 @@ class LocalEndpoint:
     async def serve(self, call: Call, send: Send) -> None:
         """Answer ``call`` (streamed or not) from the local engine."""
         field = _unsupported(call.request)
-        decision = drafts.decide(
+        decision = prediction_policy.decide(
             call.request, CAPABILITIES["local"], upstream_model="", doc_ids=call.doc_ids, local=True
         )
         call.timing.prediction_status = decision.status
@@ -234,6 +262,7 @@ class LocalEndpoint:
             (ENDPOINT_HEADER, self.config.name.encode()),
         ]
         job: _Job | None = None
+        queued = False
         try:
             if field is not None:
                 raise InvalidRequest(
@@ -241,20 +270,22 @@ class LocalEndpoint:
                     param=field,
                     code="unsupported_parameter",
                 )
-            t0 = time.perf_counter()
-            engine = await self.engine()
-            call.wait.seconds += time.perf_counter() - t0
-            gen = await self._generation_request(call, engine)
+            # the queue first: a request that would be refused costs no document work
             if self._waiting >= self.config.max_queue:
                 raise ServiceUnavailable(
                     f"local endpoint {self.config.name!r} has {self._waiting} requests waiting; try again"
                 )
-            job = _Job(gen, asyncio.get_running_loop())
             self._waiting += 1
+            queued = True
+            t0 = time.perf_counter()
+            engine = await self.engine()
+            call.wait.seconds += time.perf_counter() - t0
+            gen = await self._generation_request(call, engine)
+            job = _Job(gen, asyncio.get_running_loop())
             self._executor.submit(self._run, job)
             first = await self._next(job, call)
             if isinstance(first, Exception):
-                raise _client_error(first)
+                raise _client_error(first, self.config.name)
             if call.request.stream:
                 await self._stream(call, job, first, send, headers)
             else:
@@ -266,6 +297,7 @@ class LocalEndpoint:
         finally:
             if job is not None:
                 job.cancelled.set()
+            if queued:
                 self._waiting -= 1
 
     async def _next(self, job: _Job, call: Call) -> Any:
@@ -300,7 +332,7 @@ class LocalEndpoint:
         text: list[str] = []
         while item is not _END:
             if isinstance(item, Exception):
-                raise UpstreamError(f"local generation failed: {type(item).__name__}: {item}")
+                raise _failed(item, self.config.name)
             if isinstance(item, GenerationStats):
                 self._note_stats(call, item)
                 body = ResponseBuilder(call.api, call.request.model).complete("".join(text), item)
@@ -336,15 +368,10 @@ class LocalEndpoint:
         text: list[str] = []
         while item is not _END:
             if isinstance(item, Exception):
+                error = _failed(item, self.config.name)
                 call.timing.status = 500
-                call.timing.error = f"{type(item).__name__}: {item}"
-                await emit(
-                    error_event(
-                        f"local generation failed: {type(item).__name__}",
-                        "server_error",
-                        "generation_failed",
-                    )
-                )
+                call.timing.error = error.message
+                await emit(error_event(error.message, "server_error", "generation_failed"))
                 break
             if isinstance(item, GenerationStats):
                 self._note_stats(call, item)
@@ -364,12 +391,19 @@ class LocalEndpoint:
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-def _client_error(exc: Exception) -> GatewayError:
+def _failed(exc: Exception, endpoint: str) -> UpstreamError:
+    """A generation failure: its detail goes to the log, a generic message to the client."""
+    log.error("local endpoint %s: generation failed", endpoint, exc_info=exc)
+    return UpstreamError("local generation failed", code="generation_failed")
+
+
+def _client_error(exc: Exception, endpoint: str) -> GatewayError:
     """The error for a failure raised before any output (bad input is the client's)."""
     from local_verifier.errors import PromptTooLong
 
     if isinstance(exc, PromptTooLong):
         return InvalidRequest(str(exc), param="messages", code="context_length_exceeded")
     if isinstance(exc, ValueError):
-        return InvalidRequest(str(exc))
-    return UpstreamError(f"local generation failed: {type(exc).__name__}: {exc}")
+        log.info("local endpoint %s: request refused: %s", endpoint, exc)
+        return InvalidRequest("the local engine refused the request's input")
+    return _failed(exc, endpoint)

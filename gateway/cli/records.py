@@ -79,13 +79,12 @@ def _get_records(url: str, headers: dict[str, str], probe: bool) -> list[dict[st
 async def _stored_records(settings: Any) -> list[dict[str, Any]]:
     from gateway.records.service import Records
     from gateway.records.store import open_record_store
-    from gateway.telemetry import Telemetry
 
-    telemetry = Telemetry(open_record_store(settings.redis.url, prefix=settings.redis.prefix))
+    store = open_record_store(settings.redis.url, prefix=settings.redis.prefix)
     try:
-        records = await Records(settings.endpoints, telemetry).records()
+        records = await Records(settings.endpoints, store).records()
     finally:
-        await telemetry.aclose()
+        await store.aclose()
     return [r.model_dump(mode="json") for r in records]
 
 

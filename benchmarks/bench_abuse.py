@@ -1,0 +1,454 @@
+"""One abusive tenant against honest ones: does the gateway keep serving the honest clients?
+
+    python benchmarks/bench_abuse.py --json OUT [--seconds 20] [--rounds 2] [--redis-url URL]
+
+Four honest clients stream chat completions in a loop while ``/healthz`` is polled every
+50 ms; in the abuse phases one more tenant sends the worst inputs it can, all at once and
+in a loop: 1 MB prompts of fenced lines with capture on, 100k document ids, oversized
+audits, documents with 1 MB paths, and slow uploads (a declared 1 MB body trickled at
+100 bytes a second). Phases without and with the abuser alternate (``--rounds`` of each,
+ABAB) so drift hits both alike. Reported: the honest clients' TTFT and ``/healthz``
+latency percentiles per condition, their errors, what the abuser got back, and whether
+the honest tenant's documents in Redis all survived.
+
+The upstream is a stand-in that streams 16 chunks 10 ms apart (the embedded SmolLM2 on a
+shared 2-core machine would make TTFT mostly engine queueing, hiding the gateway); the
+gateway runs as ``draftgate serve`` runs it (uvicorn, httptools, uvloop) with Redis.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import multiprocessing
+import os
+import socket
+import statistics
+import sys
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+if sys.platform != "win32":
+    from uvloop import run as _run
+else:  # pragma: no cover - no uvloop on Windows
+    _run = asyncio.run
+
+ROOT = Path(__file__).resolve().parents[1]
+HONEST_KEY = "honest-key-0123456789"
+ABUSER_KEY = "abuser-key-0123456789"
+CHUNKS = 16
+CHUNK_GAP_S = 0.010
+HONEST_CLIENTS = 4
+REQUEST = {
+    "model": "bench",
+    "messages": [{"role": "user", "content": "Say hello, briefly."}],
+    "max_tokens": 32,
+    "stream": True,
+}
+
+
+def _event(content: str) -> bytes:
+    chunk = {
+        "id": "chatcmpl-bench",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": "bench",
+        "choices": [{"index": 0, "delta": {"content": content}, "finish_reason": None}],
+    }
+    return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+
+async def upstream_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """An OpenAI-style upstream streaming ``CHUNKS`` chunks ``CHUNK_GAP_S`` apart."""
+    if scope["type"] != "http":
+        return
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    if b'"stream":true' not in body.replace(b" ", b""):
+        answer = json.dumps(
+            {
+                "id": "chatcmpl-bench",
+                "object": "chat.completion",
+                "created": 0,
+                "model": "bench",
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": "ok"},
+                        "finish_reason": "stop",
+                    }
+                ],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+            }
+        ).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"application/json")],
+            }
+        )
+        await send({"type": "http.response.body", "body": answer})
+        return
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-type", b"text/event-stream")],
+        }
+    )
+    for i in range(CHUNKS):
+        await asyncio.sleep(CHUNK_GAP_S)
+        await send({"type": "http.response.body", "body": _event(f" w{i}"), "more_body": True})
+    await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _run_upstream(port: int) -> None:
+    import uvicorn
+
+    uvicorn.run(upstream_app, host="127.0.0.1", port=port, log_level="error", access_log=False)
+
+
+def _run_gateway(port: int, upstream_port: int, redis_url: str, prefix: str) -> None:
+    """The gateway as ``draftgate serve`` runs it, with capture on and Redis."""
+    sys.path.insert(0, str(ROOT))
+    from gateway.app import create_app
+    from gateway.cli.serve import run_server
+    from gateway.config import build_settings
+
+    settings = build_settings(
+        {
+            "endpoints": [
+                {
+                    "name": "up",
+                    "kind": "openai_compatible",
+                    "base_url": f"http://127.0.0.1:{upstream_port}/v1",
+                    "models": ["bench"],
+                }
+            ],
+            "keys": [
+                {"key_env": "BENCH_HONEST_KEY", "tenant": "honest"},
+                {"key_env": "BENCH_ABUSER_KEY", "tenant": "abuser"},
+            ],
+            "redis": {"url": redis_url, "prefix": prefix},
+            "capture": True,
+        },
+        "benchmark",
+    )
+    environ = {"BENCH_HONEST_KEY": HONEST_KEY, "BENCH_ABUSER_KEY": ABUSER_KEY}
+    app = create_app(settings, environ=environ)
+    run_server(app, "127.0.0.1", port, server=settings.server, log_level="error")
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class Run:
+    """What one phase measured."""
+
+    def __init__(self) -> None:
+        self.ttft: list[float] = []
+        self.health: list[float] = []
+        self.errors: Counter[str] = Counter()
+        self.abuser: Counter[str] = Counter()
+
+
+async def _honest(session: aiohttp.ClientSession, url: str, run: Run, stop: float) -> None:
+    headers = {"authorization": f"Bearer {HONEST_KEY}"}
+    while time.perf_counter() < stop:
+        t0 = time.perf_counter()
+        try:
+            async with session.post(
+                f"{url}/v1/chat/completions", json=REQUEST, headers=headers
+            ) as r:
+                if r.status != 200:
+                    run.errors[f"status {r.status}"] += 1
+                    await r.read()
+                    continue
+                first = None
+                body = b""
+                async for chunk in r.content.iter_any():
+                    if first is None and b'"content"' in chunk:
+                        first = time.perf_counter() - t0
+                    body += chunk
+                if first is None or b"[DONE]" not in body or b'"error"' in body:
+                    run.errors["broken stream"] += 1
+                else:
+                    run.ttft.append(first)
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            run.errors[type(exc).__name__] += 1
+
+
+async def _health(session: aiohttp.ClientSession, url: str, run: Run, stop: float) -> None:
+    while time.perf_counter() < stop:
+        t0 = time.perf_counter()
+        try:
+            async with session.get(f"{url}/healthz") as r:
+                await r.read()
+                if r.status != 200:
+                    run.errors[f"healthz {r.status}"] += 1
+            run.health.append(time.perf_counter() - t0)
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            run.errors[f"healthz {type(exc).__name__}"] += 1
+        await asyncio.sleep(0.05)
+
+
+def _abuses() -> dict[str, tuple[str, bytes]]:
+    """Path and body of each abusive request."""
+    fenced = "```a\n" * (200_000)  # 1 MB of fence lines
+    chat = {"model": "bench", "max_tokens": 16}
+    return {
+        "fenced-1MB": (
+            "/v1/chat/completions",
+            json.dumps({**chat, "messages": [{"role": "user", "content": fenced}]}).encode(),
+        ),
+        "100k-ids": (
+            "/v1/chat/completions",
+            json.dumps(
+                {
+                    **chat,
+                    "messages": [{"role": "user", "content": "hi"}],
+                    "draftgate": {"documents": [f"doc{i}.py" for i in range(100_000)]},
+                }
+            ).encode(),
+        ),
+        "audit": (
+            "/v1/audits",
+            json.dumps(
+                {"endpoint": "up", "requests": 10**9, "concurrency": [10**7], "max_tokens": 10**6}
+            ).encode(),
+        ),
+        "1MB-path": (
+            "/v1/documents",
+            json.dumps({"id": "p", "text": "", "path": "p/" * 500_000}).encode(),
+        ),
+    }
+
+
+async def _abuse(
+    session: aiohttp.ClientSession,
+    url: str,
+    name: str,
+    path: str,
+    body: bytes,
+    run: Run,
+    stop: float,
+) -> None:
+    headers = {"authorization": f"Bearer {ABUSER_KEY}", "content-type": "application/json"}
+    while time.perf_counter() < stop:
+        try:
+            async with session.post(f"{url}{path}", data=body, headers=headers) as r:
+                await r.read()
+                run.abuser[f"{name} {r.status}"] += 1
+                if r.status == 429:  # what a real abuser would not do: wait as told
+                    await asyncio.sleep(min(float(r.headers.get("retry-after", "1")), 1.0))
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            run.abuser[f"{name} {type(exc).__name__}"] += 1
+
+
+async def _slow_upload(port: int, run: Run, stop: float) -> None:
+    """A declared 1 MB document body trickled at 100 bytes a second."""
+    while time.perf_counter() < stop:
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            run.abuser["slow-upload connect failed"] += 1
+            await asyncio.sleep(0.1)
+            continue
+        writer.write(
+            b"POST /v1/documents HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Authorization: Bearer " + ABUSER_KEY.encode() + b"\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 1048576\r\n\r\n"
+        )
+        status = "closed"
+        try:
+            while time.perf_counter() < stop:
+                writer.write(b" " * 100)
+                await writer.drain()
+                try:
+                    line = await asyncio.wait_for(reader.readline(), 1.0)
+                except asyncio.TimeoutError:
+                    continue
+                status = line.decode(errors="replace").split(" ")[1] if line else "closed"
+                break
+        except OSError:
+            status = "reset"
+        run.abuser[f"slow-upload {status}"] += 1
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        if status == "429":  # waits as the other abusers do
+            await asyncio.sleep(1.0)
+
+
+ABUSES = ("fenced-1MB", "100k-ids", "audit", "1MB-path", "slow-upload")
+
+
+async def _phase(
+    url: str, port: int, seconds: float, abuser: bool, abuses: tuple[str, ...] = ABUSES
+) -> Run:
+    run = Run()
+    stop = time.perf_counter() + seconds
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with (
+        aiohttp.ClientSession(timeout=timeout) as honest,
+        aiohttp.ClientSession(timeout=timeout) as health,
+        aiohttp.ClientSession(timeout=timeout) as bad,
+    ):
+        tasks = [_honest(honest, url, run, stop) for _ in range(HONEST_CLIENTS)]
+        tasks.append(_health(health, url, run, stop))
+        if abuser:
+            for name, (path, body) in _abuses().items():
+                if name in abuses:
+                    tasks.append(_abuse(bad, url, name, path, body, run, stop))
+            if "slow-upload" in abuses:
+                tasks += [_slow_upload(port, run, stop) for _ in range(4)]
+        await asyncio.gather(*tasks)
+    return run
+
+
+async def _put_honest_documents(url: str, count: int) -> dict[str, str]:
+    headers = {"authorization": f"Bearer {HONEST_KEY}"}
+    shas = {}
+    async with aiohttp.ClientSession() as session:
+        for i in range(count):
+            doc = {"id": f"src/m{i}.py", "text": f"def f{i}(x):\n    return x + {i}\n" * 20}
+            async with session.post(f"{url}/v1/documents", json=doc, headers=headers) as r:
+                shas[doc["id"]] = (await r.json())["sha256"]
+    return shas
+
+
+async def _honest_documents(url: str) -> dict[str, str]:
+    """The honest tenant's documents once the store answers (a circuit opened by the
+    abuse phase closes within seconds)."""
+    headers = {"authorization": f"Bearer {HONEST_KEY}"}
+    async with aiohttp.ClientSession() as session:
+        for _ in range(30):
+            async with session.get(f"{url}/v1/documents", headers=headers) as r:
+                answer = await r.json()
+                if r.status == 200:
+                    return {d["id"]: d["sha256"] for d in answer["data"]}
+            await asyncio.sleep(1.0)
+    raise RuntimeError(f"listing the honest documents: {r.status} {answer}")
+
+
+async def _wait_ready(url: str) -> None:
+    async with aiohttp.ClientSession() as session:
+        for _ in range(600):
+            try:
+                async with session.get(f"{url}/healthz") as r:
+                    await r.read()
+                return
+            except aiohttp.ClientError:
+                await asyncio.sleep(0.1)
+    raise RuntimeError("the gateway did not start")
+
+
+def _summary(runs: list[Run]) -> dict[str, Any]:
+    ttft = [t for r in runs for t in r.ttft]
+    health = [t for r in runs for t in r.health]
+    errors: Counter[str] = sum((r.errors for r in runs), Counter())
+    abuser: Counter[str] = sum((r.abuser for r in runs), Counter())
+    return {
+        "honest_requests": len(ttft),
+        "honest_errors": dict(errors),
+        "ttft_ms": {
+            "p50": 1000 * statistics.median(ttft) if ttft else None,
+            "p99": 1000 * (_pct(ttft, 0.99) or 0.0),
+        },
+        "healthz_ms": {
+            "p50": 1000 * statistics.median(health) if health else None,
+            "p99": 1000 * (_pct(health, 0.99) or 0.0),
+        },
+        "abuser": dict(sorted(abuser.items())),
+    }
+
+
+async def _main(args: argparse.Namespace) -> dict[str, Any]:
+    upstream_port, port = _free_port(), _free_port()
+    prefix = f"dgbench:{uuid.uuid4().hex[:8]}:"
+    ctx = multiprocessing.get_context("spawn")
+    procs = [
+        ctx.Process(target=_run_upstream, args=(upstream_port,), daemon=True),
+        ctx.Process(
+            target=_run_gateway, args=(port, upstream_port, args.redis_url, prefix), daemon=True
+        ),
+    ]
+    for proc in procs:
+        proc.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        await _wait_ready(url)
+        stored = await _put_honest_documents(url, 50)
+        await _phase(url, port, 3, abuser=False)  # warm-up
+        runs: dict[str, list[Run]] = {"without": [], "with": []}
+        for _ in range(args.rounds):
+            runs["without"].append(await _phase(url, port, args.seconds, abuser=False))
+            runs["with"].append(await _phase(url, port, args.seconds, True, args.abuses))
+        kept = await _honest_documents(url)
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.join(10)
+    without, with_ = _summary(runs["without"]), _summary(runs["with"])
+    return {
+        "seconds_per_phase": args.seconds,
+        "rounds": args.rounds,
+        "honest_clients": HONEST_CLIENTS,
+        "abuses": list(args.abuses),
+        "upstream": f"stand-in, {CHUNKS} chunks {CHUNK_GAP_S * 1000:.0f} ms apart",
+        "without_abuser": without,
+        "with_abuser": with_,
+        "ttft_p99_ratio": with_["ttft_ms"]["p99"] / without["ttft_ms"]["p99"],
+        "healthz_p99_ratio": with_["healthz_ms"]["p99"] / without["healthz_ms"]["p99"],
+        "honest_documents": {
+            "stored": len(stored),
+            "kept_unchanged": sum(kept.get(k) == v for k, v in stored.items()),
+        },
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", type=Path, required=True, help="write the results here")
+    parser.add_argument("--seconds", type=float, default=20.0, help="length of each phase")
+    parser.add_argument("--rounds", type=int, default=2, help="phases of each condition")
+    parser.add_argument(
+        "--abuses",
+        type=lambda v: tuple(v.split(",")),
+        default=ABUSES,
+        help=f"comma-separated subset of {','.join(ABUSES)}",
+    )
+    parser.add_argument(
+        "--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+    )
+    args = parser.parse_args()
+    result = _run(_main(args))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""HTTP plumbing: pure-ASGI helpers for the hot path and server-sent events."""

@@ -1,0 +1,107 @@
+"""Request bodies into wire types: the one place a bad body becomes a 400.
+
+Bad JSON is :class:`InvalidJSON` (``invalid_json``); a body that fails a wire type's
+validation is :class:`InvalidRequest` (``invalid_field``) naming the first bad field.
+
+JSON is read strictly, so that what the gateway validates is what it forwards: an
+object with a key twice (providers disagree on which one wins: the gateway could validate
+one model and forward another), nesting deeper than ``MAX_DEPTH``, and strings with a
+lone surrogate (``"\\ud800"``: valid JSON, but not UTF-8, so a body rewritten for the
+upstream could not be encoded) are :class:`InvalidJSON` too. Bodies over
+``OFF_LOOP_BYTES`` are parsed on a worker thread so the event loop keeps serving others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from gateway.errors import InvalidJSON, InvalidRequest
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+MAX_DEPTH = 64
+_CONTAINERS = (dict, list)
+OFF_LOOP_BYTES = 256 << 10
+# a \uD800-\uDFFF escape (one literal prefix: the search skips ahead quickly)
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise InvalidJSON(f"request body has the key {key!r} twice", param=key)
+            seen.add(key)
+    return obj
+
+
+def _check_depth(data: Any) -> None:
+    """:class:`InvalidJSON` when containers nest deeper than ``MAX_DEPTH`` (iteratively;
+    only containers are visited, so long lists of scalars cost one pass in C)."""
+    level = [data] if isinstance(data, _CONTAINERS) else []
+    depth = 0
+    while level:
+        if depth >= MAX_DEPTH:
+            raise InvalidJSON(f"request body nests deeper than {MAX_DEPTH} levels")
+        nested: list[Any] = []
+        for value in level:
+            children = value.values() if isinstance(value, dict) else value
+            nested += [c for c in children if isinstance(c, _CONTAINERS)]
+        level, depth = nested, depth + 1
+
+
+def _lone_surrogate(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(item, dict):
+            stack += item
+            stack += item.values()
+        elif isinstance(item, list):
+            stack += item
+    return False
+
+
+def parse_json(raw: bytes) -> Any:
+    """The decoded body; :class:`InvalidJSON` if it is not strict JSON (see above)."""
+    try:
+        text = raw.decode("utf-8")  # strict: surrogates encoded as bytes are refused here
+        data = json.loads(text, object_pairs_hook=_no_duplicates)
+    except RecursionError:
+        raise InvalidJSON(f"request body nests deeper than {MAX_DEPTH} levels") from None
+    except ValueError as exc:  # UnicodeDecodeError included
+        raise InvalidJSON(f"request body is not valid JSON: {exc}") from None
+    if text.count("[") + text.count("{") > MAX_DEPTH:  # else it cannot nest deeper
+        _check_depth(data)
+    if "\\u" in text and _SURROGATE_ESCAPE.search(text) and _lone_surrogate(data):
+        raise InvalidJSON("request body has a string with a lone surrogate (not valid Unicode)")
+    return data
+
+
+async def read_json(raw: bytes) -> Any:
+    """:func:`parse_json`, on a worker thread for bodies over ``OFF_LOOP_BYTES``."""
+    if len(raw) > OFF_LOOP_BYTES:
+        return await asyncio.to_thread(parse_json, raw)
+    return parse_json(raw)
+
+
+def validate(model: type[ModelT], data: Any) -> ModelT:
+    """``data`` as ``model``; :class:`InvalidRequest` naming the first bad field if not."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"]) or "body"
+        raise InvalidRequest(f"{loc}: {first['msg']}", param=loc, code="invalid_field") from None

@@ -1,0 +1,365 @@
+"""Per-tenant limits: requests in flight, requests, tokens and uploads per minute.
+
+A refused request is a 429 with ``Retry-After`` and OpenAI's ``x-ratelimit-*`` headers.
+Minute windows are fixed and start at a tenant's first request (``INCR`` + ``PEXPIRE``),
+so replicas need no shared clock. With Redis configured the counters live there, one Lua
+script per admission (every key of a tenant shares one Redis Cluster hash tag), so the
+limits hold across gateway replicas; without Redis (the embedded default) they live in
+this process. When Redis does not answer, this process's counters stand in: a limiter
+must not turn a Redis outage into an outage of the gateway.
+
+Tokens are counted at admission as OpenAI does: the prompt estimated from the body's
+bytes (4 per token), counted before the body is parsed so that big bodies spend their
+sender's budget, then the most the answer may use (``max_tokens``) once it is known.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import RedisError
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from gateway.auth import Authenticator
+from gateway.config import LimitsConfig
+from gateway.errors import GatewayError, RateLimited
+from gateway.http.asgi import send_error
+from lookup.corpus.keys import digest
+
+log = logging.getLogger(__name__)
+
+WINDOW_S = 60.0
+IN_FLIGHT_TTL_S = 900.0  # a crashed replica's in-flight count fades after this
+BYTES_PER_TOKEN = 4
+
+# KEYS: in-flight, requests, tokens. ARGV: in-flight limit, request limit, token limit,
+# tokens, window ms, in-flight ttl ms. Returns {refused kind (0 = admitted), requests,
+# tokens, requests window ms left, tokens window ms left}.
+_ADMIT = """
+local inflight = tonumber(redis.call('GET', KEYS[1]) or '0')
+local requests = tonumber(redis.call('GET', KEYS[2]) or '0')
+local tokens = tonumber(redis.call('GET', KEYS[3]) or '0')
+local want = tonumber(ARGV[4])
+local ttl_r, ttl_t = redis.call('PTTL', KEYS[2]), redis.call('PTTL', KEYS[3])
+local refused = 0
+if inflight >= tonumber(ARGV[1]) then refused = 1
+elseif requests + 1 > tonumber(ARGV[2]) then refused = 2
+elseif tokens + want > tonumber(ARGV[3]) then refused = 3 end
+if refused == 0 then
+  redis.call('INCR', KEYS[1])
+  redis.call('PEXPIRE', KEYS[1], ARGV[6])
+  requests = redis.call('INCR', KEYS[2])
+  if requests == 1 then redis.call('PEXPIRE', KEYS[2], ARGV[5]); ttl_r = tonumber(ARGV[5]) end
+  tokens = redis.call('INCRBY', KEYS[3], want)
+  if tokens == want then redis.call('PEXPIRE', KEYS[3], ARGV[5]); ttl_t = tonumber(ARGV[5]) end
+end
+return {refused, requests, tokens, ttl_r, ttl_t}
+"""
+# KEYS: tokens. ARGV: token limit, tokens, window ms. Returns {refused (0/1), tokens, ms left}.
+_CHARGE = """
+local tokens = tonumber(redis.call('GET', KEYS[1]) or '0')
+local ttl = redis.call('PTTL', KEYS[1])
+if tokens + tonumber(ARGV[2]) > tonumber(ARGV[1]) then return {1, tokens, ttl} end
+tokens = redis.call('INCRBY', KEYS[1], ARGV[2])
+if ttl < 0 then redis.call('PEXPIRE', KEYS[1], ARGV[3]); ttl = tonumber(ARGV[3]) end
+return {0, tokens, ttl}
+"""
+_RELEASE = """
+if tonumber(redis.call('GET', KEYS[1]) or '0') > 0 then redis.call('DECR', KEYS[1]) end
+return 0
+"""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One admission's outcome and the counts after it."""
+
+    refused: str | None  # None, "concurrent", "requests", "tokens"
+    requests: int
+    tokens: int
+    requests_reset_s: float
+    tokens_reset_s: float
+
+
+def _duration(seconds: float) -> str:
+    """OpenAI's reset format: ``1s``, ``6m0s``, ``20ms``."""
+    if seconds < 1:
+        return f"{max(0, round(seconds * 1000))}ms"
+    whole = math.ceil(seconds)
+    minutes, rest = divmod(whole, 60)
+    return f"{minutes}m{rest}s" if minutes else f"{rest}s"
+
+
+class _Windows:
+    """This process's counters (the embedded default, and the stand-in while Redis is down)."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._inflight: dict[str, int] = {}
+        self._windows: dict[tuple[str, str], tuple[float, int]] = {}  # -> (end, count)
+
+    def _window(self, key: tuple[str, str], now: float) -> tuple[float, int]:
+        end, count = self._windows.get(key, (0.0, 0))
+        return (end, count) if end > now else (now + WINDOW_S, 0)
+
+    def admit(self, tenant: str, limits: LimitsConfig, tokens: int) -> Verdict:
+        now = self._clock()
+        if len(self._windows) > 4096:  # forget ended windows now and then
+            self._windows = {k: v for k, v in self._windows.items() if v[0] > now}
+        r_end, requests = self._window((tenant, "requests"), now)
+        t_end, used = self._window((tenant, "tokens"), now)
+        refused = None
+        if self._inflight.get(tenant, 0) >= limits.concurrent:
+            refused = "concurrent"
+        elif requests + 1 > limits.requests_per_minute:
+            refused = "requests"
+        elif used + tokens > limits.tokens_per_minute:
+            refused = "tokens"
+        else:
+            self._inflight[tenant] = self._inflight.get(tenant, 0) + 1
+            requests, used = requests + 1, used + tokens
+            self._windows[(tenant, "requests")] = (r_end, requests)
+            self._windows[(tenant, "tokens")] = (t_end, used)
+        return Verdict(refused, requests, used, r_end - now, t_end - now)
+
+    def charge(self, tenant: str, limit: int, tokens: int) -> Verdict:
+        now = self._clock()
+        end, used = self._window((tenant, "tokens"), now)
+        if used + tokens > limit:
+            return Verdict("tokens", 0, used, 0.0, end - now)
+        self._windows[(tenant, "tokens")] = (end, used + tokens)
+        return Verdict(None, 0, used + tokens, 0.0, end - now)
+
+    def release(self, tenant: str) -> None:
+        left = self._inflight.get(tenant, 0) - 1
+        if left > 0:
+            self._inflight[tenant] = left
+        else:
+            self._inflight.pop(tenant, None)
+
+    def count_upload(self, tenant: str, limit: int) -> tuple[bool, int, float]:
+        now = self._clock()
+        end, count = self._window((tenant, "uploads"), now)
+        if count + 1 > limit:
+            return False, count, end - now
+        self._windows[(tenant, "uploads")] = (end, count + 1)
+        return True, count + 1, end - now
+
+
+class RateLimiter:
+    """The gateway's per-tenant limits (one per app); ``redis``: a client, or None."""
+
+    def __init__(
+        self,
+        limits: LimitsConfig,
+        redis: Redis | RedisCluster | None = None,
+        *,
+        prefix: str = "dg:",
+        timeout_s: float = 0.05,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.limits = limits
+        self._redis = redis
+        self._prefix = prefix
+        self._timeout_s = timeout_s
+        self._local = _Windows(clock)
+        self._warned_at = -WINDOW_S
+        self._admit: Any = redis.register_script(_ADMIT) if redis is not None else None
+        self._release: Any = redis.register_script(_RELEASE) if redis is not None else None
+        self._charge: Any = redis.register_script(_CHARGE) if redis is not None else None
+
+    def _keys(self, tenant: str, *kinds: str) -> list[str]:
+        base = f"{self._prefix}{{rl:{digest(tenant)}}}:"
+        return [base + kind for kind in kinds]
+
+    async def _call(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+        try:
+            return await asyncio.wait_for(script(keys=keys, args=args), self._timeout_s)
+        except (RedisError, OSError, TimeoutError) as exc:
+            self._unavailable(exc)
+            return None
+
+    def _unavailable(self, exc: Exception) -> None:
+        """Log that Redis did not answer, at most once a minute."""
+        now = time.monotonic()
+        if now - self._warned_at >= WINDOW_S:
+            self._warned_at = now
+            log.warning("rate limits: Redis unavailable (%r), counting in this process", exc)
+
+    async def admit(self, tenant: str, tokens: int) -> Lease:
+        """Count one request of ``tokens``; :class:`RateLimited` when over a limit."""
+        limits = self.limits
+        verdict: Verdict | None = None
+        if self._admit is not None:
+            args = [
+                limits.concurrent,
+                limits.requests_per_minute,
+                limits.tokens_per_minute,
+                tokens,
+                int(WINDOW_S * 1000),
+                int(IN_FLIGHT_TTL_S * 1000),
+            ]
+            keys = self._keys(tenant, "inflight", "requests", "tokens")
+            result = await self._call(self._admit, keys, args)
+            if result is not None:
+                kind, requests, used, ttl_r, ttl_t = (int(v) for v in result)
+                refused = (None, "concurrent", "requests", "tokens")[kind]
+                verdict = Verdict(
+                    refused, requests, used, max(ttl_r, 0) / 1000, max(ttl_t, 0) / 1000
+                )
+                if refused is None:
+                    return Lease(tenant, in_redis=True)
+        if verdict is None:
+            verdict = self._local.admit(tenant, limits, tokens)
+            if verdict.refused is None:
+                return Lease(tenant, in_redis=False)
+        raise self._refusal(verdict)
+
+    async def charge(self, tenant: str, tokens: int) -> None:
+        """Count ``tokens`` more for a request already admitted (its ``max_tokens`` once
+        known, an upload's body); :class:`RateLimited` when they would pass the limit."""
+        if tokens <= 0:
+            return
+        limit = self.limits.tokens_per_minute
+        result = None
+        if self._charge is not None:
+            (key,) = self._keys(tenant, "tokens")
+            result = await self._call(self._charge, [key], [limit, tokens, int(WINDOW_S * 1000)])
+        if result is not None:
+            refused, used, ttl = (int(v) for v in result)
+            verdict = Verdict("tokens" if refused else None, 0, used, 0.0, max(ttl, 0) / 1000)
+        else:
+            verdict = self._local.charge(tenant, limit, tokens)
+        if verdict.refused is not None:
+            raise self._refusal(verdict)
+
+    def _refusal(self, verdict: Verdict) -> RateLimited:
+        limits = self.limits
+        headers = {
+            "x-ratelimit-limit-requests": str(limits.requests_per_minute),
+            "x-ratelimit-remaining-requests": str(
+                max(0, limits.requests_per_minute - verdict.requests)
+            ),
+            "x-ratelimit-reset-requests": _duration(verdict.requests_reset_s),
+            "x-ratelimit-limit-tokens": str(limits.tokens_per_minute),
+            "x-ratelimit-remaining-tokens": str(max(0, limits.tokens_per_minute - verdict.tokens)),
+            "x-ratelimit-reset-tokens": _duration(verdict.tokens_reset_s),
+        }
+        if verdict.refused == "concurrent":
+            wait, what = 1.0, f"{limits.concurrent} requests in flight"
+        elif verdict.refused == "requests":
+            wait, what = verdict.requests_reset_s, f"{limits.requests_per_minute} requests a minute"
+        else:
+            wait, what = verdict.tokens_reset_s, f"{limits.tokens_per_minute} tokens a minute"
+        headers["retry-after"] = str(max(1, math.ceil(wait)))
+        return RateLimited(
+            f"rate limit reached for this key: {what}; retry after {headers['retry-after']} s",
+            headers=headers,
+        )
+
+    async def release(self, lease: Lease) -> None:
+        """The request is over: it no longer counts as in flight."""
+        if lease.in_redis:
+            await self._call(self._release, self._keys(lease.tenant, "inflight"), [])
+        else:
+            self._local.release(lease.tenant)
+
+    async def admit_upload(self, tenant: str) -> None:
+        """Count one document upload; :class:`RateLimited` past ``uploads_per_minute``."""
+        limit = self.limits.uploads_per_minute
+        if self._redis is not None:
+            (key,) = self._keys(tenant, "uploads")
+            try:
+                async with asyncio.timeout(self._timeout_s):
+                    pipe = self._redis.pipeline(transaction=False)
+                    pipe.incr(key)
+                    pipe.pexpire(key, int(WINDOW_S * 1000), nx=True)
+                    pipe.pttl(key)
+                    count, _, ttl_ms = await pipe.execute()
+                ok, reset_s = count <= limit, max(int(ttl_ms), 0) / 1000
+            except (RedisError, OSError, TimeoutError) as exc:
+                self._unavailable(exc)
+                ok, count, reset_s = self._local.count_upload(tenant, limit)
+        else:
+            ok, count, reset_s = self._local.count_upload(tenant, limit)
+        if not ok:
+            retry = str(max(1, math.ceil(reset_s)))
+            raise RateLimited(
+                f"rate limit reached for this key: {limit} uploads a minute; retry after {retry} s",
+                headers={
+                    "retry-after": retry,
+                    "x-ratelimit-limit-requests": str(limit),
+                    "x-ratelimit-remaining-requests": "0",
+                    "x-ratelimit-reset-requests": _duration(reset_s),
+                },
+            )
+
+    async def aclose(self) -> None:
+        if self._redis is not None:
+            await self._redis.aclose()
+
+
+@dataclass(frozen=True)
+class Lease:
+    """One admitted request, to hand back to :meth:`RateLimiter.release` when it is over."""
+
+    tenant: str
+    in_redis: bool
+
+
+def tenant_limits(
+    app: ASGIApp, *, auth: Authenticator, limiter: RateLimiter, exempt: frozenset[str]
+) -> ASGIApp:
+    """ASGI middleware: every request to a path not in ``exempt`` counts toward its
+    tenant's requests in flight and per minute (the completion routes count their own,
+    with tokens). A request without a valid key goes on to its route, which answers 401."""
+
+    async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in exempt:
+            await app(scope, receive, send)
+            return
+        try:
+            tenant = auth.tenant(scope)
+        except GatewayError:
+            await app(scope, receive, send)
+            return
+        try:
+            lease = await limiter.admit(tenant, 0)
+        except RateLimited as error:
+            await send_error(send, error)
+            return
+        try:
+            await app(scope, receive, send)
+        finally:
+            await limiter.release(lease)
+
+    return middleware
+
+
+def prompt_tokens(body_bytes: int) -> int:
+    """Tokens a request body is counted for at admission (before it is parsed)."""
+    return body_bytes // BYTES_PER_TOKEN
+
+
+def open_limiter(
+    limits: LimitsConfig, url: str | None, *, prefix: str, timeout_s: float
+) -> RateLimiter:
+    """The limiter for a Redis URL (``None``: this process's counters only)."""
+    if not url or url == "memory://":
+        return RateLimiter(limits)
+    options: dict[str, Any] = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
+    scheme, _, rest = url.partition("://")
+    client: Redis | RedisCluster
+    if scheme.endswith("+cluster"):
+        client = RedisCluster.from_url(f"{scheme.removesuffix('+cluster')}://{rest}", **options)
+    else:
+        client = Redis.from_url(url, **options)
+    return RateLimiter(limits, client, prefix=prefix, timeout_s=timeout_s)

@@ -1,0 +1,142 @@
+"""Per-tenant limits over HTTP: 429 with Retry-After and OpenAI's x-ratelimit-* headers,
+in this process (embedded default) and in Redis, shared by gateway replicas."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import ExitStack
+from typing import Any
+
+import httpx
+import pytest
+
+from gateway.app import create_app
+from tests.gateway.conftest import ENVIRON, standin_settings
+from tests.gateway.servers import serve
+from tests.openai_standin import StandIn
+
+CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
+ALICE = {"authorization": "Bearer alice-key"}
+BOB = {"authorization": "Bearer bob-key"}
+
+
+def chat(url: str, headers: dict[str, str], **extra: Any) -> httpx.Response:
+    return httpx.post(f"{url}/v1/chat/completions", json={**CHAT, **extra}, headers=headers)
+
+
+def assert_limited(r: httpx.Response) -> dict[str, Any]:
+    assert r.status_code == 429, r.text
+    assert int(r.headers["retry-after"]) >= 1
+    for kind in ("requests", "tokens"):
+        for what in ("limit", "remaining", "reset"):
+            assert f"x-ratelimit-{what}-{kind}" in r.headers
+    error = r.json()["error"]
+    assert (error["type"], error["code"]) == ("rate_limit_error", "rate_limit_exceeded")
+    return error  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def gateways(standin_server: tuple[StandIn, str]) -> Iterator[Any]:
+    """``start(n, limits, redis=None)`` -> n gateway URLs with those limits."""
+    with ExitStack() as stack:
+
+        def start(n: int, limits: dict[str, int], redis: dict[str, str] | None = None) -> list[str]:
+            extra: dict[str, Any] = {"limits": limits}
+            if redis is not None:
+                extra["redis"] = redis
+            settings = standin_settings(standin_server[1], **extra)
+            return [
+                stack.enter_context(serve(create_app(settings, environ=ENVIRON))) for _ in range(n)
+            ]
+
+        yield start
+
+
+def test_requests_per_minute_per_tenant(gateways: Any, standin: StandIn) -> None:
+    (url,) = gateways(1, {"requests_per_minute": 3})
+    for _ in range(3):
+        assert chat(url, ALICE).status_code == 200
+    r = chat(url, ALICE)
+    assert_limited(r)
+    assert r.headers["x-ratelimit-limit-requests"] == "3"
+    assert r.headers["x-ratelimit-remaining-requests"] == "0"
+    assert 50 <= int(r.headers["retry-after"]) <= 60
+    assert len(standin.requests) == 3
+    assert chat(url, BOB).status_code == 200  # another tenant is not affected
+
+
+def test_tokens_per_minute(gateways: Any) -> None:
+    (url,) = gateways(1, {"tokens_per_minute": 1000})
+    assert chat(url, ALICE, max_tokens=900).status_code == 200
+    r = chat(url, ALICE, max_tokens=900)
+    assert "tokens a minute" in assert_limited(r)["message"]
+    assert int(r.headers["x-ratelimit-remaining-tokens"]) < 900
+    assert chat(url, BOB, max_tokens=900).status_code == 200
+
+
+def test_requests_in_flight(gateways: Any, standin: StandIn) -> None:
+    (url,) = gateways(1, {"concurrent": 1})
+    for _ in range(3):  # one at a time is always fine: each request gives its slot back
+        assert chat(url, ALICE).status_code == 200
+    with httpx.stream(
+        "POST",
+        f"{url}/v1/chat/completions",
+        json={**CHAT, "model": "slow-stream", "stream": True},
+        headers=ALICE,
+    ) as slow:
+        assert slow.status_code == 200
+        assert standin.slow_started.wait(10)
+        assert "in flight" in assert_limited(chat(url, ALICE))["message"]
+        assert chat(url, BOB).status_code == 200
+
+
+def test_uploads_per_minute(gateways: Any) -> None:
+    (url,) = gateways(1, {"uploads_per_minute": 2})
+    for i in range(2):
+        doc = {"id": f"d{i}.py", "text": "x = 1\n"}
+        assert httpx.post(f"{url}/v1/documents", json=doc, headers=ALICE).status_code == 201
+    r = httpx.post(f"{url}/v1/documents", json={"id": "d3.py", "text": "y"}, headers=ALICE)
+    assert r.status_code == 429 and int(r.headers["retry-after"]) >= 1
+    assert r.headers["x-ratelimit-limit-requests"] == "2"
+    assert httpx.post(f"{url}/v1/documents", json={"id": "b", "text": "y"}, headers=BOB).is_success
+
+
+@pytest.mark.redis
+def test_limits_hold_across_replicas_in_redis(
+    gateways: Any, standin: StandIn, redis_url: str, redis_prefix: str, redis_client: Any
+) -> None:
+    a, b = gateways(
+        2, {"requests_per_minute": 4}, {"url": redis_url, "prefix": redis_prefix, "timeout_s": 1.0}
+    )
+    for url in (a, b, a, b):
+        assert chat(url, ALICE).status_code == 200
+    assert_limited(chat(a, ALICE))
+    assert_limited(chat(b, ALICE))
+    assert len(standin.requests) == 4
+    # one hash tag per tenant: the script's keys share a Redis Cluster slot
+    keys = [k.decode() for k in redis_client.scan_iter(match=f"{redis_prefix}{{rl:*")]
+    assert len(keys) == 3
+    counts = {k.rsplit(":", 1)[1]: int(redis_client.get(k)) for k in keys}
+    assert counts["requests"] == 4 and counts["inflight"] == 0
+    assert 0 < redis_client.pttl(next(k for k in keys if k.endswith("requests"))) <= 60_000
+
+
+def test_every_route_counts_toward_requests_per_minute(gateways: Any) -> None:
+    (url,) = gateways(1, {"requests_per_minute": 2})
+    assert httpx.get(f"{url}/v1/models", headers=ALICE).status_code == 200
+    assert httpx.get(f"{url}/v1/documents", headers=ALICE).status_code == 200
+    for path in ("/v1/models", "/v1/endpoints"):
+        assert_limited(httpx.get(f"{url}{path}", headers=ALICE))
+    assert_limited(chat(url, ALICE))
+    assert httpx.get(f"{url}/healthz").status_code == 200  # not a tenant's request
+    assert httpx.get(f"{url}/v1/models", headers=BOB).status_code == 200
+
+
+def test_upload_bytes_count_as_tokens(gateways: Any) -> None:
+    (url,) = gateways(1, {"tokens_per_minute": 1000})
+    small = {"id": "a.py", "text": "x" * 1000}
+    assert httpx.post(f"{url}/v1/documents", json=small, headers=ALICE).status_code == 201
+    big = {"id": "b.py", "text": "x" * 5000}
+    r = httpx.post(f"{url}/v1/documents", json=big, headers=ALICE)
+    assert "tokens a minute" in assert_limited(r)["message"]
+    assert httpx.get(f"{url}/v1/documents/b.py", headers=ALICE).status_code == 404
