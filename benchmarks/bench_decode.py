@@ -1,7 +1,7 @@
 """Plain greedy decoding: our engine vs transformers ``generate`` on the same model and prompts.
 
-    python benchmarks/bench_decode.py --workload ../shared/bench/workload.jsonl \
-        --max-tokens 64 --json /tmp/bench_decode.json [--limit 4] [--model smollm2-135m]
+    python benchmarks/bench_decode.py --max-tokens 64 --json /tmp/bench_decode.json \
+        [--workload PATH] [--limit 4] [--model smollm2-135m]
 
 Both run interleaved per prompt (order alternating) in one process after a warm-up, greedy,
 stopping on EOS or after N tokens. Per prompt: prefill seconds and decode tokens/s of each
@@ -24,6 +24,9 @@ from local_verifier.generate import PlainResult, generate_plain
 from local_verifier.loader import LoadedModel, load_model
 from local_verifier.reference import load_reference
 from local_verifier.sampling import SamplingParams
+
+WORKLOAD = Path(__file__).resolve().parent / "workloads" / "default.jsonl"
+"""The workload this project ships (``benchmarks/workloads/build.py`` makes it)."""
 
 
 def run_ours(lm: LoadedModel, prompt: list[int], n: int) -> tuple[list[int], float, float]:
@@ -50,7 +53,7 @@ def run_hf(model: Any, prompt: list[int], n: int, eos: list[int]) -> tuple[list[
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--workload", type=Path, required=True)
+    parser.add_argument("--workload", type=Path, default=WORKLOAD, help="JSONL workload file")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--json", type=Path, required=True)
     parser.add_argument("--model", default="smollm2-135m")

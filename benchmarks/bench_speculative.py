@@ -1,7 +1,6 @@
 """Speculative decoding vs plain decoding, ours and transformers', on a workload file.
 
-    python benchmarks/bench_speculative.py --workload ../shared/bench/workload.jsonl \
-        --max-tokens 256 --json spec.json
+    python benchmarks/bench_speculative.py --max-tokens 256 --json spec.json [--workload PATH]
 
 Per prompt, interleaved after a warm-up: our plain greedy decoding, our speculative
 decoding (with the record's prediction and documents; in a series each answer becomes a
@@ -41,6 +40,9 @@ from local_verifier.reference import load_reference
 from local_verifier.sampling import SamplingParams
 from lookup.corpus import Corpus, open_store
 from lookup.draft import Source
+
+WORKLOAD = Path(__file__).resolve().parent / "workloads" / "default.jsonl"
+"""The workload this project ships (``benchmarks/workloads/build.py`` makes it)."""
 
 CONFIGS = ("plain", "speculative", "hf_plain", "hf_pld")
 
@@ -250,7 +252,7 @@ def run_recall(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--workload", type=Path, required=True)
+    parser.add_argument("--workload", type=Path, default=WORKLOAD, help="JSONL workload file")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--model", default="smollm2-135m")

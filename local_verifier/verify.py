@@ -7,7 +7,7 @@ given as ``tokens`` and ``parents`` (``-1`` = child of the root, parents precede
 children), so a chain is the case ``parents == [-1, 0, 1, ...]``.
 
 Greedy: follow the children whose token equals the target's argmax. Sampling
-(REFERENCE.md section 2): at each node, try its children in order, accepting child ``c``
+(docs/lossless.md): at each node, try its children in order, accepting child ``c``
 with probability ``p'(c)``; on rejection set ``p'(c) = 0`` and renormalise; when no child
 is accepted, emit a sample from what is left of ``p'``. The token after a fully accepted
 path is a bonus sample from the target. Either way the output distribution is the

@@ -1,4 +1,4 @@
-"""How much to draft: the cost model of REFERENCE.md section 6.
+"""How much to draft: the cost model of docs/cost-model.md.
 
 With ``c(k)`` the measured time of a verify forward carrying k draft tokens and ``a_i``
 the probability that draft token i is accepted given the ones before it were, a step

@@ -53,7 +53,10 @@ class _Level:
 
     def positions(self, lo: int, hi: int) -> list[int]:
         """Continuation starts of the windows in ``packed[lo:hi]``, ascending."""
-        return ((self.packed[lo:hi] & np.uint64(self.mask)) + np.uint64(self.n)).tolist()  # type: ignore[no-any-return]
+        starts: list[int] = (
+            (self.packed[lo:hi] & np.uint64(self.mask)) + np.uint64(self.n)
+        ).tolist()
+        return starts
 
 
 class TokenIndex:
@@ -115,7 +118,8 @@ class TokenIndex:
         """Tokens [start, stop) as a list (clipped to the array)."""
         n = self._n_static
         if stop <= n:
-            return self._static[max(start, 0) : stop].tolist()  # type: ignore[no-any-return]
+            tokens: list[int] = self._static[max(start, 0) : stop].tolist()
+            return tokens
         head = self._static[max(start, 0) : n].tolist() if start < n else []
         return head + self._tail[max(start - n, 0) : stop - n]
 

@@ -6,6 +6,7 @@ edit code (``edit``, ``edit_file``). Errors are in ``sdk.errors``.
 """
 
 __version__ = "0.1.0"
+"""The package version: pyproject.toml reads it from here, the CLI and user agent too."""
 
 from sdk.async_client import AsyncClient  # noqa: E402
 from sdk.client import Client  # noqa: E402

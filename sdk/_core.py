@@ -6,9 +6,7 @@ to retry and how to read an answer is made here, once.
 
 from __future__ import annotations
 
-import email.utils
 import json
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -27,6 +25,7 @@ from sdk.errors import (
     RateLimitError,
     status_error,
 )
+from sdk.retry_after import retry_after_s
 from sdk.wire import ChatCompletionRequest, CompletionRequest, ErrorResponse
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
@@ -157,31 +156,13 @@ def is_retryable(exc: BaseException) -> bool:
     return isinstance(exc, APIConnectionError | RateLimitError | InternalServerError)
 
 
-def retry_after_s(headers: httpx.Headers) -> float | None:
-    """Seconds a ``Retry-After`` (or ``retry-after-ms``) header asks for, capped; None if absent."""
-    if (ms := headers.get("retry-after-ms")) is not None:
-        try:
-            return min(max(float(ms) / 1000, 0.0), MAX_RETRY_AFTER_S)
-        except ValueError:
-            pass
-    value = headers.get("retry-after")
-    if value is None:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError):
-            return None
-        seconds = when.timestamp() - time.time()
-    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
-
-
 def retry_wait(state: tenacity.RetryCallState) -> float:
     """The server's ``Retry-After`` when it sent one, else exponential backoff with jitter."""
     exc = state.outcome.exception() if state.outcome else None
-    if isinstance(exc, APIStatusError) and (wait := retry_after_s(exc.headers)) is not None:
+    if (
+        isinstance(exc, APIStatusError)
+        and (wait := retry_after_s(exc.headers, MAX_RETRY_AFTER_S)) is not None
+    ):
         return wait
     return float(_BACKOFF(state))
 

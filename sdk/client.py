@@ -1,4 +1,5 @@
-"""The synchronous client."""
+# Generated from sdk/async_client.py by tools/unasync.py; edit that file, not this one.
+"""The synchronous client: every method of the asynchronous one, blocking."""
 
 from __future__ import annotations
 
@@ -208,7 +209,8 @@ class Client:
         ``probe=True`` has the gateway probe every endpoint first (metrics, server info).
         """
         return parse_body(
-            self._send("GET", "endpoints", params={"probe": "1"} if probe else None), EndpointList
+            self._send("GET", "endpoints", params={"probe": "1"} if probe else None),
+            EndpointList,
         ).data
 
     def audit(self, endpoint: str, **options: Any) -> AuditResult:

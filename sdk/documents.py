@@ -17,8 +17,8 @@ from urllib.parse import quote
 import httpx
 
 from sdk._core import parse_body
-from sdk.edits import language_for
-from sdk.gitignore import walk_files
+from sdk.files import iter_files
+from sdk.languages import language_for
 from sdk.wire import DocumentIn, DocumentInfo, DocumentList
 
 DEFAULT_MAX_DOC_BYTES = 1 << 20
@@ -38,25 +38,22 @@ def _body(doc_id: str, text: str, path: str | None, language: str | None) -> dic
     )
 
 
-def dir_documents(root: str | os.PathLike[str], max_bytes: int) -> Iterator[DocumentIn]:
+def dir_documents(
+    root: str | os.PathLike[str], max_bytes: int, *, include_secrets: bool = False
+) -> Iterator[DocumentIn]:
     """The text files under ``root`` that ``.gitignore`` does not exclude, as documents.
 
-    The id and path are the file's posix path relative to ``root``; binary files (a NUL
-    byte, or not UTF-8) and files over ``max_bytes`` are passed over.
+    The id and path are the file's posix path relative to ``root``; binary files, files
+    over ``max_bytes`` and, unless ``include_secrets``, files that usually hold
+    credentials (``.env``, ``*.pem``, ``id_rsa*``, ...) are passed over (see ``sdk.files``).
     """
     if not Path(root).is_dir():
         raise NotADirectoryError(f"{root} is not a directory")
-    for rel, path in walk_files(root):
-        if path.stat().st_size > max_bytes:
-            continue
-        data = path.read_bytes()
-        if b"\0" in data[:8192]:
-            continue
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError:
-            continue
-        yield DocumentIn(id=rel, text=text, path=rel, language=language_for(rel))
+    for found in iter_files(root, max_bytes=max_bytes, include_secrets=include_secrets):
+        if found.text is not None:
+            yield DocumentIn(
+                id=found.rel, text=found.text, path=found.rel, language=language_for(found.rel)
+            )
 
 
 class Documents:
@@ -73,12 +70,16 @@ class Documents:
         return parse_body(response, DocumentInfo)
 
     def put_dir(
-        self, path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_DOC_BYTES
+        self,
+        path: str | os.PathLike[str],
+        *,
+        max_bytes: int = DEFAULT_MAX_DOC_BYTES,
+        include_secrets: bool = False,
     ) -> builtins.list[DocumentInfo]:
         """Store every text file under ``path`` that ``.gitignore`` keeps (see ``dir_documents``)."""
         return [
             self.put(d.id, d.text, path=d.path, language=d.language)
-            for d in dir_documents(path, max_bytes)
+            for d in dir_documents(path, max_bytes, include_secrets=include_secrets)
         ]
 
     def get(self, id: str) -> DocumentInfo:
@@ -108,12 +109,16 @@ class AsyncDocuments:
         return parse_body(response, DocumentInfo)
 
     async def put_dir(
-        self, path: str | os.PathLike[str], *, max_bytes: int = DEFAULT_MAX_DOC_BYTES
+        self,
+        path: str | os.PathLike[str],
+        *,
+        max_bytes: int = DEFAULT_MAX_DOC_BYTES,
+        include_secrets: bool = False,
     ) -> builtins.list[DocumentInfo]:
         """Store every text file under ``path`` that ``.gitignore`` keeps (see ``dir_documents``)."""
         return [
             await self.put(d.id, d.text, path=d.path, language=d.language)
-            for d in dir_documents(path, max_bytes)
+            for d in dir_documents(path, max_bytes, include_secrets=include_secrets)
         ]
 
     async def get(self, id: str) -> DocumentInfo:

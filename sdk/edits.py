@@ -10,9 +10,9 @@ clients' ``edit``/``edit_file`` drive an :class:`EditSession` with the chunks.
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import re
-import shutil
 import stat
 import tempfile
 import time
@@ -23,31 +23,24 @@ from pathlib import Path
 from typing import Any
 
 from sdk.errors import BinaryFileError, EditError, FileTooLargeError, IncompleteEditError
+from sdk.files import read_regular_file, text_of
+from sdk.languages import language_for
 from sdk.wire import ChatCompletionChunk, Usage
 
 DEFAULT_MAX_FILE_BYTES = 1 << 20
 """``edit_file`` refuses files larger than this (1 MiB) unless told otherwise."""
+BYTES_PER_TOKEN_ESTIMATE = 3
+"""A generous estimate: BPE tokenizers give about 3.5-4 bytes of source code per token."""
+HEADROOM_TOKENS = 256
+"""Room for a longer edit and for text around the code block."""
 
 SYSTEM_PROMPT = (
     "You edit code. Apply the user's instruction to the code and answer with the complete "
     "modified code in a single fenced code block, with no explanation."
 )
 
-_LANGUAGES = {
-    ".py": "python", ".pyi": "python", ".js": "javascript", ".mjs": "javascript",
-    ".cjs": "javascript", ".ts": "typescript", ".tsx": "tsx", ".jsx": "jsx", ".go": "go",
-    ".rs": "rust", ".java": "java", ".kt": "kotlin", ".c": "c", ".h": "c", ".cc": "cpp",
-    ".cpp": "cpp", ".hpp": "cpp", ".cs": "csharp", ".rb": "ruby", ".php": "php",
-    ".swift": "swift", ".sh": "bash", ".sql": "sql", ".html": "html", ".css": "css",
-    ".json": "json", ".yaml": "yaml", ".yml": "yaml", ".toml": "toml", ".md": "markdown",
-}  # fmt: skip
 PREDICTION_HEADER = "x-draftgate-prediction"
 _FENCE_RE = re.compile(r"^ {0,3}(`{3,}|~{3,})\s*([^\s`]*)[^`]*$")
-
-
-def language_for(path: str | os.PathLike[str]) -> str | None:
-    """The fence language tag for a file name's extension, if known."""
-    return _LANGUAGES.get(Path(path).suffix.lower())
 
 
 # ---------------------------------------------------------------- prompt
@@ -70,6 +63,16 @@ def edit_messages(code: str, instruction: str, language: str | None) -> list[dic
             "content": f"Instruction: {instruction}\n\nCode:\n{fenced(code, language)}",
         },
     ]
+
+
+def default_max_tokens(prediction: str) -> int:
+    """The answer cap of an edit whose caller set none: twice the code's tokens plus headroom.
+
+    A faithful answer repeats the code once with some changes; one that runs past twice
+    its size is looping, and without a cap it would run until the context is full.
+    """
+    estimate = math.ceil(len(prediction.encode("utf-8")) / BYTES_PER_TOKEN_ESTIMATE)
+    return 2 * estimate + HEADROOM_TOKENS
 
 
 # ---------------------------------------------------------------- reading the answer
@@ -235,6 +238,8 @@ class EditSession:
         self.messages = edit_messages(code, instruction, language)
         self.prediction = fenced(code, language)
         self.sampling = {"temperature": 0.0, **(sampling or {})}
+        if "max_tokens" not in self.sampling and "max_completion_tokens" not in self.sampling:
+            self.sampling["max_tokens"] = default_max_tokens(self.prediction)
         self.sampling["stream_options"] = {"include_usage": True}
         self._parts: list[str] = []
         self._usage: Usage | None = None
@@ -274,9 +279,13 @@ class EditSession:
         total = time.perf_counter() - self._started
         raw = "".join(self._parts)
         if self._finish_reason != "stop":
+            limit = self.sampling.get("max_tokens") or self.sampling.get("max_completion_tokens")
             raise IncompleteEditError(
                 f"the answer ended with finish_reason={self._finish_reason!r} after "
-                f"{len(raw)} characters; raise max_tokens or shorten the code"
+                f"{len(raw)} characters (max_tokens={limit}); raise max_tokens or shorten "
+                "the code",
+                raw=raw,
+                completion_tokens=self._usage.completion_tokens if self._usage else None,
             )
         code = extract_code(raw, self.code, self.language)
         usage = EditUsage.from_wire(self._usage) if self._usage else None
@@ -299,19 +308,13 @@ class EditSession:
 
 
 def read_source(path: Path, max_bytes: int) -> str:
-    """A text file's contents, refusing binary files and files over ``max_bytes``."""
-    size = path.stat().st_size
-    if size > max_bytes:
-        raise FileTooLargeError(
-            f"{path}: {size} bytes is over the {max_bytes}-byte cap (max_bytes)"
+    """A regular text file's contents, refusing links, FIFOs, binaries and files over ``max_bytes``."""
+    text = text_of(read_regular_file(path, max_bytes))
+    if text is None:
+        raise BinaryFileError(
+            f"{path}: looks binary (a NUL byte or not UTF-8); only text is edited"
         )
-    data = path.read_bytes()
-    if b"\0" in data[:8192]:
-        raise BinaryFileError(f"{path}: looks binary (NUL byte); only text files are edited")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise BinaryFileError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+    return text
 
 
 def write_atomic(path: Path, text: str, *, expected: str, backup: bool) -> Path | None:
@@ -319,29 +322,42 @@ def write_atomic(path: Path, text: str, *, expected: str, backup: bool) -> Path 
 
     The new content goes to a temporary file in the same directory, is fsynced, gets the
     old file's permissions and is renamed over the old file, so a reader sees the old or
-    the new file, never a mix. Refuses when the file no longer holds ``expected`` (it
-    changed while the edit ran). Returns the backup's path.
+    the new file, never a mix. The backup is written the same way (a rename replaces a
+    ``.bak`` symlink instead of writing through it). Refuses when the file is no longer a
+    regular file holding ``expected`` (it changed while the edit ran). Returns the
+    backup's path.
     """
-    if path.read_bytes() != expected.encode("utf-8"):
+    old = expected.encode("utf-8")
+    try:
+        unchanged = read_regular_file(path, len(old)) == old
+    except FileTooLargeError:
+        unchanged = False
+    if not unchanged:
         raise EditError(f"{path} changed on disk while the edit ran; nothing written")
+    new = text.encode("utf-8")
     mode = stat.S_IMODE(path.stat().st_mode)
+    backup_path = path.with_name(path.name + ".bak") if backup else None
+    if backup_path is not None:
+        _replace_with(backup_path, old, mode)
+    _replace_with(path, new, mode)
+    _fsync_dir(path.parent)
+    return backup_path
+
+
+def _replace_with(path: Path, data: bytes, mode: int) -> None:
+    """Put ``data`` at ``path`` by writing a fresh temporary file and renaming it over ``path``."""
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as tmp:
-            tmp.write(text.encode("utf-8"))
+            tmp.write(data)
             tmp.flush()
             os.fsync(tmp.fileno())
         os.chmod(tmp_name, mode)
-        backup_path = path.with_name(path.name + ".bak") if backup else None
-        if backup_path is not None:
-            shutil.copy2(path, backup_path)
         os.replace(tmp_name, path)
     except BaseException:
         with suppress(FileNotFoundError):
             os.unlink(tmp_name)
         raise
-    _fsync_dir(path.parent)
-    return backup_path
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -19,7 +19,8 @@ Everything the SDK raises on purpose derives from :class:`DraftgateError`::
     └── EditError                 a code edit could not be made or written
         ├── IncompleteEditError       the answer stopped before it was complete
         ├── BinaryFileError           ``edit_file`` refused a binary file
-        └── FileTooLargeError         ``edit_file`` refused a file over the size cap
+        ├── FileTooLargeError         ``edit_file`` refused a file over the size cap
+        └── NotRegularFileError       ``edit_file`` refused a symlink, FIFO or device
 
 Status errors carry the parsed OpenAI-style body (:class:`sdk.wire.ErrorResponse`), the
 status code and the response headers.
@@ -112,7 +113,16 @@ class EditError(DraftgateError):
 
 
 class IncompleteEditError(EditError):
-    """The model stopped before the edit was complete (e.g. ``finish_reason == "length"``)."""
+    """The model stopped before the edit was complete (e.g. ``finish_reason == "length"``).
+
+    ``raw`` is the answer received so far; ``completion_tokens`` its size as the endpoint
+    reported it (None without usage).
+    """
+
+    def __init__(self, message: str, *, raw: str = "", completion_tokens: int | None = None):
+        super().__init__(message)
+        self.raw = raw
+        self.completion_tokens = completion_tokens
 
 
 class BinaryFileError(EditError):
@@ -121,6 +131,10 @@ class BinaryFileError(EditError):
 
 class FileTooLargeError(EditError):
     """The file is larger than the size cap."""
+
+
+class NotRegularFileError(EditError):
+    """The path is not a regular file (a symbolic link, FIFO, device or directory)."""
 
 
 _STATUS_ERRORS: dict[int, type[APIStatusError]] = {

@@ -127,12 +127,10 @@ def engine(smollm2: Any) -> Any:
     return Engine(smollm2, max_draft=16)
 
 
-WORKLOAD = Path(__file__).resolve().parents[1].parent / "shared" / "bench" / "workload.jsonl"
+WORKLOAD = Path(__file__).resolve().parents[1] / "benchmarks" / "workloads" / "default.jsonl"
 
 
 @pytest.fixture(scope="session")
 def workload_path() -> Path:
-    """The shared benchmark workload (``../shared/bench/workload.jsonl``)."""
-    if not WORKLOAD.exists():
-        pytest.fail(f"shared workload not found at {WORKLOAD}")
+    """The project's benchmark workload (``benchmarks/workloads/default.jsonl``)."""
     return WORKLOAD

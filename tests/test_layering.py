@@ -1,4 +1,4 @@
-"""Dependencies between the four packages point one way only (ARCHITECTURE.md)."""
+"""Dependencies between the four packages point one way only (README.md, Architecture)."""
 
 from __future__ import annotations
 

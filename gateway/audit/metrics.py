@@ -1,4 +1,4 @@
-"""Latency metrics of ../shared/REFERENCE.md section 4, each with the formula it is computed by."""
+"""Latency metrics (docs/metrics.md), each with the formula it is computed by."""
 
 from __future__ import annotations
 

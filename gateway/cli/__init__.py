@@ -6,13 +6,12 @@ the command functions so ``draftgate --help`` is fast and needs no torch.
 
 from __future__ import annotations
 
-from importlib.metadata import version
-
 import typer
 
 from gateway.cli.documents import documents_app, index_command
 from gateway.cli.records import audit_command, endpoints_command
 from gateway.cli.serve import serve_command, verifier_command
+from sdk import __version__
 
 app = typer.Typer(
     name="draftgate",
@@ -24,7 +23,7 @@ app = typer.Typer(
 
 def _version(value: bool) -> None:
     if value:
-        typer.echo(f"draftgate {version('draftgate')}")
+        typer.echo(f"draftgate {__version__}")
         raise typer.Exit()
 
 

@@ -90,22 +90,35 @@ def index_command(
         1 << 20, "--max-file-bytes", min=1, help="Skip files larger than this."
     ),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+    include_secrets: bool = typer.Option(
+        False, "--include-secrets", help="Also upload .env, *.pem, id_rsa* and the like."
+    ),
 ) -> None:
-    """Upload a directory's text files as documents (honours .gitignore, skips binaries)."""
-    asyncio.run(_index(path, namespace, redis_url, prefix, max_file_bytes, progress))
+    """Upload a directory's text files as documents (honours .gitignore, skips binaries
+    and files that usually hold credentials)."""
+    asyncio.run(
+        _index(path, namespace, redis_url, prefix, max_file_bytes, progress, include_secrets)
+    )
 
 
 async def _index(
-    path: Path, ns: str, redis_url: str | None, prefix: str, max_bytes: int, progress: bool
+    path: Path,
+    ns: str,
+    redis_url: str | None,
+    prefix: str,
+    max_bytes: int,
+    progress: bool,
+    include_secrets: bool,
 ) -> None:
     from tqdm import tqdm
 
     from lookup.corpus import CorpusError, DocumentTooLarge, StoreUnavailable
-    from lookup.corpus.files import FoundFile, iter_files, read_text_file
+    from sdk.files import FoundFile, iter_files, read_text_file
+    from sdk.languages import language_for
 
     corpus = _open_corpus(redis_url, prefix)
     if path.is_dir():
-        found = list(iter_files(path, max_bytes=max_bytes))
+        found = list(iter_files(path, max_bytes=max_bytes, include_secrets=include_secrets))
     else:
         text, why = read_text_file(path, max_bytes)
         found = [FoundFile(path.name, path, text, why)]
@@ -115,7 +128,7 @@ async def _index(
     try:
         for rel, text in tqdm(uploads, unit="file", disable=not progress, desc=f"indexing {ns}"):
             try:
-                meta = await corpus.put(ns, rel, text, path=rel)
+                meta = await corpus.put(ns, rel, text, path=rel, language=language_for(rel))
             except DocumentTooLarge:
                 skipped["too_large"] += 1
                 continue

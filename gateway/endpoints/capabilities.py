@@ -1,6 +1,6 @@
 """What each endpoint kind accepts, as data: the request policy reads it.
 
-Facts from ../shared/REFERENCE.md section 1 (the documented-speculation table of the
+Facts from docs/providers.md (the documented-speculation table of the
 records is separate, in ``gateway/records``). ``prediction_models`` lists the model name
 prefixes that accept ``prediction``; ``None`` means every model the endpoint serves.
 """

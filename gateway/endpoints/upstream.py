@@ -35,8 +35,11 @@ from gateway.errors import (
     UpstreamTimeout,
     redact,
 )
+from sdk.retry_after import retry_after_s
 
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
+RETRY_AFTER_LIMIT_S = 86400.0
+"""The longest upstream ``Retry-After`` kept (and passed on to clients): one day."""
 # 4xx answers caused by the client's request: passed back, never retried or failed over.
 CLIENT_FAULT_STATUSES = frozenset({400, 413, 422})
 
@@ -82,18 +85,6 @@ class UpstreamFailure(Exception):
                 f"endpoint {endpoint!r} is rate limited: {self.message}", headers=headers
             )
         return UpstreamError(f"endpoint {endpoint!r} failed: {self.message}")
-
-
-def retry_after_seconds(headers: httpx.Headers) -> float | None:
-    """``retry-after-ms`` or ``Retry-After`` (seconds) from a response, if numeric."""
-    for name, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
-        value = headers.get(name)
-        if value is not None:
-            try:
-                return max(0.0, float(value) * scale)
-            except ValueError:
-                continue
-    return None
 
 
 def _error_message(body: bytes, status: int) -> tuple[str, str | None]:
@@ -203,7 +194,7 @@ class Upstream:
         raise UpstreamFailure(
             self.safe(message),
             status=response.status_code,
-            retry_after=retry_after_seconds(response.headers),
+            retry_after=retry_after_s(response.headers, RETRY_AFTER_LIMIT_S),
             param=param,
         )
 

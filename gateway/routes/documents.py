@@ -21,6 +21,7 @@ from gateway.http.validation import read_json, validate
 from gateway.limits import prompt_tokens
 from gateway.runtime import Runtime
 from lookup.corpus import CorpusError, DocumentTooLarge, InvalidDocument, StoreUnavailable
+from sdk.languages import language_for
 from sdk.wire import DocumentIn, DocumentInfo, DocumentList
 
 
@@ -64,7 +65,11 @@ def document_routes(runtime: Runtime) -> list[Route]:
         doc = validate(DocumentIn, await read_json(raw))
         try:
             meta = await runtime.corpus.put(
-                tenant, doc.id, doc.text, path=doc.path, language=doc.language
+                tenant,
+                doc.id,
+                doc.text,
+                path=doc.path,
+                language=doc.language or language_for(doc.path or doc.id),
             )
         except CorpusError as exc:
             raise _corpus_error(exc) from None

@@ -71,7 +71,7 @@ def word_hashes(text: str) -> np.ndarray:
         inverse = np.concatenate((one, np.cumprod(np.full(len(data), _BASE_INV, np.uint64))))
         terms = (data.astype(np.uint64) + np.uint64(1)) * powers[:-1]
         prefix = np.concatenate((np.zeros(1, np.uint64), np.cumsum(terms, dtype=np.uint64)))
-        return (prefix[ends] - prefix[starts]) * inverse[starts]  # type: ignore[no-any-return]
+        return (prefix[ends] - prefix[starts]) * inverse[starts]
 
 
 def shingle_hashes(text: str) -> np.ndarray:

@@ -21,7 +21,6 @@ from lookup.corpus.documents import (
     check_path,
     content_sha256,
     decode_text,
-    guess_language,
 )
 from lookup.corpus.errors import InvalidDocument, StoreUnavailable
 from lookup.corpus.mentions import document_names, mention_candidates
@@ -131,7 +130,6 @@ class Corpus:
             found = await asyncio.to_thread(self._document_anchors, decoded, keys)
         else:
             found = self._document_anchors(decoded, keys)
-        language = language or guess_language(path or doc_id)
         names = document_names(doc_id, path)
         doc = NewDocument(
             id=doc_id,

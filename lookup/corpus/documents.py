@@ -1,9 +1,8 @@
-"""Documents and their metadata; validation, content hashing and language guessing."""
+"""Documents and their metadata; validation and content hashing."""
 
 from __future__ import annotations
 
 import hashlib
-import posixpath
 from dataclasses import dataclass
 
 from lookup.corpus.errors import DocumentTooLarge, InvalidDocument
@@ -12,44 +11,6 @@ MAX_ID_CHARS = 1024
 MAX_NAMESPACE_CHARS = 1024
 MAX_PATH_CHARS = 1024
 MAX_LANGUAGE_CHARS = 64
-
-_LANGUAGES = {
-    ".py": "python",
-    ".pyi": "python",
-    ".js": "javascript",
-    ".mjs": "javascript",
-    ".jsx": "javascript",
-    ".ts": "typescript",
-    ".tsx": "typescript",
-    ".java": "java",
-    ".kt": "kotlin",
-    ".scala": "scala",
-    ".go": "go",
-    ".rs": "rust",
-    ".c": "c",
-    ".h": "c",
-    ".cc": "cpp",
-    ".cpp": "cpp",
-    ".cxx": "cpp",
-    ".hpp": "cpp",
-    ".cs": "csharp",
-    ".rb": "ruby",
-    ".php": "php",
-    ".swift": "swift",
-    ".sh": "bash",
-    ".bash": "bash",
-    ".sql": "sql",
-    ".html": "html",
-    ".css": "css",
-    ".md": "markdown",
-    ".rst": "rst",
-    ".json": "json",
-    ".yaml": "yaml",
-    ".yml": "yaml",
-    ".toml": "toml",
-    ".xml": "xml",
-    ".txt": "text",
-}
 
 
 @dataclass(frozen=True)
@@ -73,13 +34,6 @@ class Document(DocumentMeta):
 
     text: str
     kind: str = "named"
-
-
-def guess_language(name: str | None) -> str | None:
-    """The language of a file name from its extension, or None."""
-    if not name:
-        return None
-    return _LANGUAGES.get(posixpath.splitext(name)[1].lower())
 
 
 def content_sha256(text: str) -> str:

@@ -20,6 +20,7 @@ def _tree(root: Path) -> None:
         "a.py": "print('a')\n",
         "sub/.gitignore": "secret.txt\n!keep.log\n",
         "sub/b.md": "# B\n",
+        "sub/.env": "API_KEY=not-for-the-corpus\n",
         "sub/keep.log": "kept by the nested .gitignore\n",
         "sub/secret.txt": "ignored by the nested .gitignore\n",
         "build/out.py": "ignored directory\n",
@@ -56,7 +57,7 @@ def test_index_uploads_text_files_and_summarises(
     result = _run("index", str(tmp_path), "-n", "team", *opts, "--max-file-bytes", "1000")
     assert result.exit_code == 0, result.output
     assert "Indexed 5 files" in result.output
-    assert "skipped: 2 binary, 3 ignored, 1 too large" in result.output
+    assert "skipped: 2 binary, 3 ignored, 1 secret, 1 too large" in result.output
     assert "holds 5 documents" in result.output
     assert _ids(redis_url, redis_prefix, "team") == {
         ".gitignore": None,

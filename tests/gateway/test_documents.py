@@ -26,6 +26,12 @@ def test_create_get_list_delete(gateway_url: str) -> None:
         assert c.delete("/v1/documents/pkg/mod.py").json()["deleted"] is True
         assert c.get("/v1/documents/pkg/mod.py").status_code == 404
         assert c.delete("/v1/documents/pkg/mod.py").status_code == 404
+        # without a language the gateway names it from the extension (sdk.languages)
+        assert (
+            c.post("/v1/documents", json={"id": "a/b.rs", "text": "fn main() {}\n"}).status_code
+            == 201
+        )
+        assert c.get("/v1/documents/a/b.rs").json()["language"] == "rust"
 
 
 def test_another_tenants_document_is_404(gateway_url: str) -> None:

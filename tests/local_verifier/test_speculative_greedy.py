@@ -18,8 +18,7 @@ from local_verifier.engine import Engine, GenerationRequest, GenerationStats, Te
 from local_verifier.generate import PlainResult, generate_plain
 from local_verifier.loader import LoadedModel
 from local_verifier.sampling import SamplingParams
-
-WORKLOAD = Path(__file__).resolve().parents[3] / "shared" / "bench" / "workload.jsonl"
+from tests.conftest import WORKLOAD
 
 MAX_TOKENS = 32
 INJECTED = ["right", "partly", "random", "shifted", "tree", "eos"]
@@ -51,7 +50,7 @@ def _records(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-RECORD_IDS = [r["id"] for r in _records(WORKLOAD)] if WORKLOAD.exists() else []
+RECORD_IDS = [r["id"] for r in _records(WORKLOAD)]
 _plain: dict[str, tuple[list[int], list[int], str]] = {}
 
 

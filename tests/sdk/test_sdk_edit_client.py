@@ -8,13 +8,14 @@ from typing import Any
 import pytest
 
 from sdk import AsyncClient, Client, EditDelta, EditResult
-from sdk.edits import fenced
+from sdk.edits import default_max_tokens, fenced
 from sdk.errors import (
     APIConnectionError,
     APIStreamError,
     BinaryFileError,
     FileTooLargeError,
     IncompleteEditError,
+    NotRegularFileError,
 )
 from tests.openai_standin import StandIn
 
@@ -194,3 +195,48 @@ def test_binary_and_oversized_files_are_refused_before_sending(
         with pytest.raises(FileTooLargeError, match="6000 bytes"):
             client.edit_file(large, "x", model="standin", max_bytes=4096)
     assert standin.bodies() == []
+
+
+def test_edit_caps_the_answer_at_twice_the_code_by_default(base_url: str, standin: StandIn) -> None:
+    """A runaway answer (the code over and over) stops at the default cap with a clear error."""
+    standin.script.reply = lambda body: body["prediction"]["content"] * 200
+    with Client(base_url) as client, pytest.raises(IncompleteEditError, match="max_tokens=") as err:
+        client.edit(ORIGINAL, "rename greet to welcome", model="standin", language="python")
+    cap = default_max_tokens(fenced(ORIGINAL, "python"))
+    assert standin.bodies()[0]["max_tokens"] == cap
+    assert err.value.completion_tokens == cap
+    assert len(err.value.raw) < len(fenced(ORIGINAL, "python")) * 200
+
+
+def test_an_explicit_limit_replaces_the_default_cap(base_url: str, renaming: StandIn) -> None:
+    with Client(base_url) as client:
+        client.edit(ORIGINAL, "x", model="standin", max_completion_tokens=900)
+    sent = renaming.bodies()[0]
+    assert sent["max_completion_tokens"] == 900 and "max_tokens" not in sent
+
+
+def test_edit_file_refuses_a_symlink_and_leaves_it(
+    base_url: str, renaming: StandIn, tmp_path: Path
+) -> None:
+    real = tmp_path / "real.py"
+    real.write_text(ORIGINAL)
+    link = tmp_path / "link.py"
+    link.symlink_to(real)
+    with Client(base_url) as client, pytest.raises(NotRegularFileError, match="symbolic link"):
+        client.edit_file(link, "rename greet to welcome", model="standin")
+    assert link.is_symlink() and real.read_text() == ORIGINAL
+    assert renaming.bodies() == []  # refused before anything was sent
+
+
+def test_put_dir_skips_secrets_unless_asked_and_survives_a_bad_gitignore(
+    base_url: str, standin: StandIn, tmp_path: Path
+) -> None:
+    (tmp_path / ".gitignore").write_text("[z-a]\n*.log\n")
+    (tmp_path / ".env").write_text("API_KEY=secret\n")
+    (tmp_path / "app.py").write_text("x = 1\n")
+    (tmp_path / "debug.log").write_text("noise\n")
+    with Client(base_url) as client:
+        ids = {d.id for d in client.documents.put_dir(tmp_path)}
+        assert ids == {".gitignore", "app.py"}
+        ids = {d.id for d in client.documents.put_dir(tmp_path, include_secrets=True)}
+        assert ids == {".gitignore", ".env", "app.py"}

@@ -11,6 +11,7 @@ import pytest
 
 from sdk.edits import (
     EditSession,
+    default_max_tokens,
     edit_messages,
     extract_code,
     fenced,
@@ -18,7 +19,13 @@ from sdk.edits import (
     unified_diff,
     write_atomic,
 )
-from sdk.errors import BinaryFileError, EditError, FileTooLargeError, IncompleteEditError
+from sdk.errors import (
+    BinaryFileError,
+    EditError,
+    FileTooLargeError,
+    IncompleteEditError,
+    NotRegularFileError,
+)
 from sdk.wire import ChatCompletionChunk
 
 ORIGINAL = "def add(a, b):\n    return a + b\n"
@@ -191,3 +198,34 @@ def test_write_atomic_failure_leaves_no_temp_file(tmp_path: Path) -> None:
         write_atomic(path, "bad \udcff surrogate\n", expected="old\n", backup=False)
     assert path.read_text() == "old\n"
     assert [p.name for p in tmp_path.iterdir()] == ["a.py"]
+
+
+def test_default_max_tokens_is_about_twice_the_code_plus_headroom() -> None:
+    code = "x = 1\n" * 100  # 600 bytes: ~150-200 tokens with a BPE tokenizer
+    assert default_max_tokens(code) == 2 * 200 + 256
+    assert default_max_tokens("") == 256
+    assert default_max_tokens("é" * 3) == 2 * 2 + 256  # bytes, not characters
+
+
+def test_read_source_refuses_symlinks_and_fifos(tmp_path: Path) -> None:
+    real = tmp_path / "real.py"
+    real.write_text("x = 1\n")
+    (tmp_path / "link.py").symlink_to(real)
+    with pytest.raises(NotRegularFileError, match="symbolic link"):
+        read_source(tmp_path / "link.py", 1 << 20)
+    os.mkfifo(tmp_path / "pipe.py")
+    with pytest.raises(NotRegularFileError, match="FIFO"):
+        read_source(tmp_path / "pipe.py", 1 << 20)  # no writer: returns at once
+
+
+def test_backup_replaces_a_bak_symlink_instead_of_writing_through_it(tmp_path: Path) -> None:
+    path = tmp_path / "a.py"
+    path.write_text("old\n")
+    elsewhere = tmp_path / "elsewhere.txt"
+    elsewhere.write_text("must stay\n")
+    (tmp_path / "a.py.bak").symlink_to(elsewhere)
+    backup = write_atomic(path, "new\n", expected="old\n", backup=True)
+    assert backup is not None and not backup.is_symlink() and backup.read_text() == "old\n"
+    assert elsewhere.read_text() == "must stay\n"
+    assert path.read_text() == "new\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.py", "a.py.bak", "elsewhere.txt"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import json
+import math
 import socket
 import time
 from collections.abc import Callable
@@ -15,7 +16,7 @@ import pytest
 import tenacity
 
 from sdk import AsyncClient, Client
-from sdk._core import MAX_RETRY_AFTER_S, retry_after_s, retry_wait
+from sdk._core import MAX_RETRY_AFTER_S, retry_wait
 from sdk.errors import (
     APIConnectionError,
     APIResponseValidationError,
@@ -31,6 +32,7 @@ from sdk.errors import (
     RateLimitError,
     UnprocessableEntityError,
 )
+from sdk.retry_after import retry_after_s
 from sdk.wire import ErrorResponse
 
 BASE = "http://gateway.test/v1"
@@ -246,16 +248,42 @@ def _headers(**values: str) -> httpx.Headers:
 
 
 def test_retry_after_seconds_date_ms_and_cap() -> None:
-    assert retry_after_s(_headers(retry_after="7")) == 7.0
-    assert retry_after_s(_headers(retry_after="1.5")) == 1.5
-    assert retry_after_s(_headers(retry_after_ms="250")) == 0.25
-    assert retry_after_s(_headers(retry_after="100000")) == MAX_RETRY_AFTER_S
-    assert retry_after_s(_headers(retry_after="-3")) == 0.0
-    assert retry_after_s(_headers(retry_after="soon")) is None
-    assert retry_after_s(_headers()) is None
+    cap = MAX_RETRY_AFTER_S
+    assert retry_after_s(_headers(retry_after="7"), cap) == 7.0
+    assert retry_after_s(_headers(retry_after="1.5"), cap) == 1.5
+    assert retry_after_s(_headers(retry_after_ms="250"), cap) == 0.25
+    assert retry_after_s(_headers(retry_after="100000"), cap) == cap
+    assert retry_after_s(_headers(retry_after="-3"), cap) == 0.0
+    assert retry_after_s(_headers(retry_after="soon"), cap) is None
+    assert retry_after_s(_headers(), cap) is None
     in_ten = email.utils.formatdate(time.time() + 10, usegmt=True)
-    waited = retry_after_s(_headers(retry_after=in_ten))
+    waited = retry_after_s(_headers(retry_after=in_ten), cap)
     assert waited is not None and 8.0 <= waited <= 10.0
+
+
+@pytest.mark.parametrize(
+    ("headers", "expected"),
+    [
+        ({"retry_after": "inf"}, 30.0),
+        ({"retry_after": "Infinity"}, 30.0),
+        ({"retry_after": "-inf"}, 0.0),
+        ({"retry_after": "1e308"}, 30.0),
+        ({"retry_after": "1" + "0" * 400}, 30.0),  # float() gives inf
+        ({"retry_after": "nan"}, None),
+        ({"retry_after_ms": "nan", "retry_after": "2"}, 2.0),  # a bad ms falls back
+        ({"retry_after_ms": "inf"}, 30.0),
+        ({"retry_after_ms": "-5"}, 0.0),
+        ({"retry_after": "Fri, 31 Dec 9999 23:59:59 GMT"}, 30.0),
+        ({"retry_after": "Mon, 01 Jan 1990 00:00:00 GMT"}, 0.0),
+        ({"retry_after": "Mon, 99 Foo 0 99:99:99 GMT"}, None),
+    ],
+)
+def test_retry_after_is_always_finite_and_capped(
+    headers: dict[str, str], expected: float | None
+) -> None:
+    got = retry_after_s(_headers(**headers), 30.0)
+    assert got == expected
+    assert got is None or math.isfinite(got)
 
 
 def _state_after(exc: BaseException, attempt: int = 1) -> tenacity.RetryCallState:

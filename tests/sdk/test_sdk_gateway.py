@@ -17,10 +17,12 @@ import pytest
 from gateway.app import create_app
 from gateway.config import EndpointConfig, KeyConfig, Settings
 from sdk import AsyncClient, Client, EditResult
+from sdk.edits import default_max_tokens, fenced
 from sdk.errors import (
     APIStreamError,
     AuthenticationError,
     BadRequestError,
+    IncompleteEditError,
     NotFoundError,
     PayloadTooLargeError,
 )
@@ -232,3 +234,31 @@ def test_edit_end_to_end_on_the_local_model(local_gateway: str, tmp_path: Path) 
     assert usage.accepted_prediction_tokens is not None
     assert usage.rejected_prediction_tokens is not None
     assert result.timings.ttft_s is not None and result.timings.ttft_s <= result.timings.total_s
+
+
+SIXTY_LINES = (
+    '"""HTTP status codes by name."""\n\n'
+    + "STATUS = {\n"
+    + "".join(f'    "code_{n}": {200 + n},\n' for n in range(56))
+    + "}\n"
+)
+
+
+@pytest.mark.slow
+def test_readme_edit_of_a_60_line_file_stops_at_the_default_cap(
+    local_gateway: str, tmp_path: Path
+) -> None:
+    """The README's example as written: it finishes, or stops at ~2x the code, never at the context."""
+    path = tmp_path / "util.py"
+    path.write_text(SIXTY_LINES)
+    assert len(SIXTY_LINES.splitlines()) == 60
+    cap = default_max_tokens(fenced(SIXTY_LINES, "python"))
+    with Client(local_gateway + "/v1", timeout=600, max_retries=0) as client:
+        try:
+            result = client.edit_file(path, "Add type hints to every function.", model="smollm2")
+        except IncompleteEditError as exc:
+            assert "max_tokens=" in str(exc)
+            assert exc.completion_tokens is not None and exc.completion_tokens <= cap
+            assert path.read_text() == SIXTY_LINES  # nothing written
+        else:
+            assert result.usage is not None and result.usage.completion_tokens <= cap

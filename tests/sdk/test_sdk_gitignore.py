@@ -1,4 +1,4 @@
-"""The SDK's own .gitignore matcher, checked against git itself and against pathspec."""
+"""The SDK's .gitignore walk (``sdk.files.iter_files``), checked against git itself and pathspec."""
 
 from __future__ import annotations
 
@@ -6,9 +6,8 @@ import subprocess
 from pathlib import Path
 
 import pathspec
-import pytest
 
-from sdk.gitignore import parse_rule, walk_files
+from sdk.files import iter_files
 
 FILES = [
     "README.md",
@@ -51,6 +50,10 @@ vendor/*
 """
 
 
+def kept(root: Path) -> list[str]:
+    return [f.rel for f in iter_files(root, max_bytes=1 << 20) if f.skipped != "ignored"]
+
+
 def make_tree(root: Path, files: list[str], ignore: str) -> None:
     for rel in files:
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -73,7 +76,7 @@ def test_walk_agrees_with_pathspec(tmp_path: Path) -> None:
     make_tree(tmp_path, FILES, ROOT_IGNORE)
     spec = pathspec.GitIgnoreSpec.from_lines(ROOT_IGNORE.splitlines())
     expected = {f for f in [*FILES, ".gitignore"] if not spec.match_file(f)}
-    assert {rel for rel, _ in walk_files(tmp_path)} == expected
+    assert set(kept(tmp_path)) == expected
     assert "logs/keep.log" in expected and "src/app.py" in expected
     assert "src/build/gen.py" in expected  # /build/ is anchored to the root
 
@@ -82,10 +85,10 @@ def test_walk_agrees_with_git_including_nested_ignore_files(tmp_path: Path) -> N
     make_tree(tmp_path, FILES, ROOT_IGNORE)
     (tmp_path / "src" / ".gitignore").write_text("*_test.py\n/util/helpers.py\n")
     (tmp_path / "logs" / ".gitignore").write_text("!today.log\n")
-    kept = {rel for rel, _ in walk_files(tmp_path)}
-    assert kept == git_kept(tmp_path)
-    assert "logs/today.log" in kept  # re-included by the deeper file
-    assert "src/app_test.py" not in kept and "src/util/helpers.py" not in kept
+    walked = set(kept(tmp_path))
+    assert walked == git_kept(tmp_path)
+    assert "logs/today.log" in walked  # re-included by the deeper file
+    assert "src/app_test.py" not in walked and "src/util/helpers.py" not in walked
 
 
 def test_walk_skips_dot_git_and_symlinks(tmp_path: Path) -> None:
@@ -93,35 +96,4 @@ def test_walk_skips_dot_git_and_symlinks(tmp_path: Path) -> None:
     (tmp_path / ".git").mkdir()
     (tmp_path / ".git" / "config").write_text("x")
     (tmp_path / "link.py").symlink_to(tmp_path / "a.py")
-    assert [rel for rel, _ in walk_files(tmp_path)] == [".gitignore", "a.py"]
-
-
-@pytest.mark.parametrize(
-    ("pattern", "path", "is_dir", "matches"),
-    [
-        ("*.py", "a/b/c.py", False, True),
-        ("/*.py", "a/c.py", False, False),
-        ("a/*.py", "a/b/c.py", False, False),
-        ("**/x", "x", False, True),
-        ("**/x", "p/q/x", False, True),
-        ("a/**", "a/b/c", False, True),
-        ("a/**", "a", True, False),
-        ("a/**/b", "a/b", False, True),
-        ("a/**/b", "a/x/y/b", False, True),
-        ("dir/", "dir", False, False),
-        ("dir/", "dir", True, True),
-        ("[!a]x", "bx", False, True),
-        ("[!a]x", "ax", False, False),
-        ("?.txt", "ab.txt", False, False),
-        ("trailing   ", "trailing", False, True),
-    ],
-)
-def test_rule_semantics(pattern: str, path: str, is_dir: bool, matches: bool) -> None:
-    rule = parse_rule(pattern)
-    assert rule is not None
-    assert rule.matches(path, is_dir) is matches
-
-
-@pytest.mark.parametrize("line", ["", "   ", "# comment", "/"])
-def test_lines_without_a_rule(line: str) -> None:
-    assert parse_rule(line) is None
+    assert kept(tmp_path) == [".gitignore", "a.py"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 
 from lookup.corpus.capture import CaptureLimits, capture_items, code_blocks
-from lookup.corpus.documents import guess_language
 from lookup.corpus.mentions import document_names, mention_candidates
 
 
@@ -53,13 +52,6 @@ def test_capture_items_take_answers_then_code_within_limits() -> None:
         ("code", "ab\n", None, False),
     ]
     assert capture_items(["answer one"], [], limits)[0].id == items[0].id  # content-derived
-
-
-def test_guess_language() -> None:
-    assert guess_language("a/b/C.PY") == "python"
-    assert guess_language("x.tsx") == "typescript"
-    assert guess_language("Makefile") is None
-    assert guess_language(None) is None
 
 
 def _scan_cpu_s(text: str) -> float:
