@@ -1,18 +1,25 @@
-"""Plain greedy decoding: our engine vs transformers ``generate`` on the same model and prompts.
+"""The cost of one forward step, and plain greedy decoding against transformers.
 
-    python benchmarks/bench_decode.py --max-tokens 64 --json /tmp/bench_decode.json \
-        [--workload PATH] [--limit 4] [--model smollm2-135m]
+    python benchmarks/bench_decode.py [--workload WORKLOAD.jsonl] --max-tokens 64 \
+        --json /tmp/bench_decode.json [--limit 4] [--rows 1,4,16,64] \
+        [--prefill 1024,4096,8192] [--model smollm2-135m] [--dtype float32]
 
-Both run interleaved per prompt (order alternating) in one process after a warm-up, greedy,
-stopping on EOS or after N tokens. Per prompt: prefill seconds and decode tokens/s of each
-(decode = tokens after the first / time after the first token), and whether the token ids
-are identical. The summary gives ours/transformers ratios.
+Reports, in one process:
+- the machine's sustained read bandwidth (a 1 GiB sum, best of 5) and the physical floor
+  of a decode step: the bytes of every weight matrix a token reads (all but the embedding
+  table) over that bandwidth; the 1-row step as a fraction of it (floor / step);
+- ms per step of R rows (a chain verify of R rows after a 128-token context) for each R;
+- prompt processing at each length (tokens/s, in chunks of ``--chunk`` rows, the growth of
+  the process's peak RSS: flat memory means no n x n attention matrix);
+- per prompt: prefill seconds and decode tokens/s of ours and of transformers, interleaved
+  (order alternating), and whether the greedy token ids are identical.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import time
 from pathlib import Path
@@ -21,12 +28,80 @@ from typing import Any
 import torch
 
 from local_verifier.generate import PlainResult, generate_plain
+from local_verifier.kv_storage import KVStorage
 from local_verifier.loader import LoadedModel, load_model
+from local_verifier.model import SeqStep
 from local_verifier.reference import load_reference
 from local_verifier.sampling import SamplingParams
 
 WORKLOAD = Path(__file__).resolve().parent / "workloads" / "default.jsonl"
 """The workload this project ships (``benchmarks/workloads/build.py`` makes it)."""
+CONTEXT = 128  # committed tokens before each timed step
+
+
+def read_bandwidth(gib: float = 1.0, repeats: int = 5) -> float:
+    """Bytes per second of a sum over a ``gib`` GiB float32 tensor (best of ``repeats``)."""
+    x = torch.ones(int(gib * 2**30) // 4)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - start)
+    return x.numel() * 4 / best
+
+
+def weight_bytes_per_token(lm: LoadedModel) -> int:
+    """Bytes of the weights a decode step reads (the embedding table is only gathered)."""
+    return sum(
+        p.numel() * p.element_size()
+        for name, p in lm.model.named_parameters()
+        if name != "embed.weight"
+    )
+
+
+def step_ms(lm: LoadedModel, rows: list[int], repeats: int) -> dict[int, float]:
+    """Median ms of one step of R new rows after a ``CONTEXT``-token context, per R."""
+    model, cfg = lm.model, lm.config
+    kv = KVStorage(cfg, CONTEXT + max(rows), lm.device, lm.dtype)
+    tokens = torch.arange(CONTEXT + max(rows)) % cfg.vocab_size
+    context = torch.arange(CONTEXT)
+    model.step([SeqStep(tokens[:CONTEXT], context, context, context[:0], logits="none")], kv)
+
+    def run(r: int) -> None:
+        new = torch.arange(CONTEXT, CONTEXT + r)
+        model.step([SeqStep(tokens[CONTEXT : CONTEXT + r], new, new, context)], kv)
+
+    times: dict[int, list[float]] = {r: [] for r in rows}
+    for r in rows:
+        run(r)  # warm-up
+    for _ in range(repeats):  # round robin: load changes hit every R alike
+        for r in rows:
+            start = time.perf_counter()
+            run(r)
+            times[r].append(time.perf_counter() - start)
+    return {r: round(statistics.median(t) * 1e3, 2) for r, t in times.items()}
+
+
+def prefill(lm: LoadedModel, length: int, chunk: int) -> dict[str, float]:
+    """Tokens/s of processing a ``length``-token prompt in ``chunk``-row steps, and the
+    growth of the peak RSS (MiB) it caused."""
+    cfg = lm.config
+    kv = KVStorage(cfg, length, lm.device, lm.dtype)
+    tokens = torch.arange(length) % cfg.vocab_size
+    peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = time.perf_counter()
+    for begin in range(0, length, chunk):
+        new = torch.arange(begin, min(begin + chunk, length))
+        step = SeqStep(tokens[new], new, new, torch.arange(begin), logits="last")
+        lm.model.step([step], kv)
+    seconds = time.perf_counter() - start
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak_before
+    return {
+        "tokens": length,
+        "seconds": round(seconds, 2),
+        "tok_s": round(length / seconds, 1),
+        "peak_rss_growth_mib": round(grown / 1024, 1),
+    }
 
 
 def run_ours(lm: LoadedModel, prompt: list[int], n: int) -> tuple[list[int], float, float]:
@@ -43,49 +118,31 @@ def run_hf(model: Any, prompt: list[int], n: int, eos: list[int]) -> tuple[list[
     with torch.inference_mode():
         start = time.perf_counter()
         model.generate(ids, max_new_tokens=1, **kwargs)
-        prefill = time.perf_counter() - start
+        prefill_s = time.perf_counter() - start
         start = time.perf_counter()
         out = model.generate(ids, max_new_tokens=n, **kwargs)
         total = time.perf_counter() - start
     tokens = [t for t in out[0, len(prompt) :].tolist() if t not in eos]
-    return tokens, prefill, max(total - prefill, 1e-9)
+    return tokens, prefill_s, max(total - prefill_s, 1e-9)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--workload", type=Path, default=WORKLOAD, help="JSONL workload file")
-    parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--json", type=Path, required=True)
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--dtype", default=None)
-    parser.add_argument("--limit", type=int, default=0, help="first N prompts only (0 = all)")
-    parser.add_argument("--category", action="append", default=[], help="only these categories")
-    args = parser.parse_args()
-
-    rows = [json.loads(x) for x in args.workload.read_text().splitlines() if x.strip()]
-    if args.category:
-        rows = [r for r in rows if r["category"] in args.category]
-    if args.limit:
-        rows = rows[: args.limit]
-    lm = load_model(args.model, dtype=args.dtype)
-    hf = load_reference(args.model)
+def compare_with_transformers(
+    lm: LoadedModel, rows: list[dict[str, Any]], max_tokens: int
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Per-prompt entries and the summary of ours vs transformers, greedy."""
+    hf = load_reference(lm.name)
     eos = sorted(lm.tokenizer.eos_ids)
     tok = lm.tokenizer
     prompts = [tok.encode(tok.apply_chat_template(r["messages"])) for r in rows]
-
     warm = prompts[0][:32]
     run_ours(lm, warm, 4)
     run_hf(hf, warm, 4, eos)
-
     results = []
     for i, (row, prompt) in enumerate(zip(rows, prompts, strict=True)):
-        n = min(args.max_tokens, row.get("max_tokens") or args.max_tokens)
+        n = min(max_tokens, row.get("max_tokens") or max_tokens)
         runs = {}
         for side in ("ours", "hf") if i % 2 == 0 else ("hf", "ours"):
-            if side == "ours":
-                runs[side] = run_ours(lm, prompt, n)
-            else:
-                runs[side] = run_hf(hf, prompt, n, eos)
+            runs[side] = run_ours(lm, prompt, n) if side == "ours" else run_hf(hf, prompt, n, eos)
         entry = {
             "id": row["id"],
             "category": row["category"],
@@ -99,8 +156,7 @@ def main() -> None:
         results.append(entry)
         print(
             f"{entry['id']:>10} {entry['category']:>12} prompt={len(prompt):5d} "
-            f"prefill ours={entry['prefill_s']['ours']:.3f}s hf={entry['prefill_s']['hf']:.3f}s  "
-            f"tok/s ours={entry['tps']['ours']:.1f} hf={entry['tps']['hf']:.1f}  "
+            f"tok/s ours={entry['tps']['ours']:.1f} hf={entry['tps']['hf']:.1f} "
             f"identical={entry['identical']}",
             flush=True,
         )
@@ -110,11 +166,6 @@ def main() -> None:
         return tokens / sum(r["decode_s"][side] for r in results)
 
     summary = {
-        "model": lm.name,
-        "device": str(lm.device),
-        "dtype": str(lm.dtype).removeprefix("torch."),
-        "threads": torch.get_num_threads(),
-        "max_tokens": args.max_tokens,
         "decode_tps": {"ours": round(rate("ours"), 2), "hf": round(rate("hf"), 2)},
         "decode_ratio": round(rate("ours") / rate("hf"), 3),
         "prefill_ratio_median": round(
@@ -123,12 +174,58 @@ def main() -> None:
         "identical": sum(r["identical"] for r in results),
         "prompts_run": len(results),
     }
-    args.json.write_text(json.dumps({"summary": summary, "prompts": results}, indent=2))
-    print(
-        f"decode tok/s ours={summary['decode_tps']['ours']} hf={summary['decode_tps']['hf']} "
-        f"ratio ours/hf={summary['decode_ratio']}x; prefill speed ratio (hf_s/ours_s, median)="
-        f"{summary['prefill_ratio_median']}x; identical {summary['identical']}/{len(results)}"
-    )
+    return results, summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--workload", type=Path, default=WORKLOAD, help="JSONL workload file")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--json", type=Path, required=True)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--dtype", default=None)
+    parser.add_argument("--limit", type=int, default=0, help="first N prompts only (0 = all)")
+    parser.add_argument("--category", action="append", default=[], help="only these categories")
+    parser.add_argument("--rows", default="1,4,16,64", help="rows per timed step")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--prefill", default="1024,4096,8192", help="prompt lengths ('' = none)")
+    parser.add_argument("--chunk", type=int, default=512, help="rows per prompt-processing step")
+    args = parser.parse_args()
+
+    lm = load_model(args.model, device=args.device, dtype=args.dtype)
+    report: dict[str, Any] = {
+        "model": lm.name,
+        "device": str(lm.device),
+        "dtype": str(lm.dtype).removeprefix("torch."),
+        "threads": torch.get_num_threads(),
+    }
+    rows_per_step = [int(r) for r in args.rows.split(",") if r]
+    steps = step_ms(lm, rows_per_step, args.repeats)
+    report["step_ms"] = steps
+    print(f"ms per step by rows: {steps}", flush=True)
+    if lm.device.type == "cpu":
+        bandwidth = read_bandwidth()
+        floor_ms = weight_bytes_per_token(lm) / bandwidth * 1e3
+        report["bandwidth_gb_s"] = round(bandwidth / 1e9, 2)
+        report["floor_ms"] = round(floor_ms, 2)
+        if 1 in steps:
+            report["floor_fraction"] = round(floor_ms / steps[1], 3)
+        print(f"bandwidth {bandwidth / 1e9:.1f} GB/s, floor {floor_ms:.2f} ms", flush=True)
+    lengths = [int(n) for n in args.prefill.split(",") if n]
+    report["prefill"] = [prefill(lm, n, args.chunk) for n in lengths if n <= lm.context_length]
+    for entry in report["prefill"]:
+        print(f"prefill {entry}", flush=True)
+
+    rows = [json.loads(x) for x in args.workload.read_text().splitlines() if x.strip()]
+    if args.category:
+        rows = [r for r in rows if r["category"] in args.category]
+    if args.limit:
+        rows = rows[: args.limit]
+    prompts, summary = compare_with_transformers(lm, rows, args.max_tokens)
+    report["summary"] = summary
+    args.json.write_text(json.dumps({**report, "prompts": prompts}, indent=2))
+    print(json.dumps({k: v for k, v in report.items() if k != "prefill"}))
 
 
 if __name__ == "__main__":

@@ -88,6 +88,14 @@ class EndpointConfig(_Strict):
     retry_after_cap_s: float = Field(default=10.0, ge=0)
     max_connections: int = Field(default=256, ge=1)
     max_queue: int = Field(default=64, ge=1, description="local kind: waiting requests")
+    share_prefix_cache: bool = Field(
+        default=False, description="local kind: reuse computed prefixes across tenants"
+    )
+    kv_cache_mb: float | None = Field(
+        default=None,
+        gt=0,
+        description="local kind: KV pool size in MiB (None: the engine's default)",
+    )
 
     @field_validator("models", mode="before")
     @classmethod

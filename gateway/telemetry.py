@@ -52,6 +52,7 @@ class RequestTiming:
     output_tokens: int | None = None
     output_tokens_estimated: bool = False
     prompt_tokens: int | None = None
+    cached_tokens: int | None = None  # prompt tokens a local endpoint's prefix cache held
     accepted_prediction_tokens: int | None = None
     rejected_prediction_tokens: int | None = None
     prediction_status: str = "none"
@@ -136,6 +137,18 @@ class _Metrics:
         self.store_errors = Counter(
             "draftgate_telemetry_store_errors",
             "roll-up batches the store failed to take",
+            registry=registry,
+        )
+        self.prefix_hit = Counter(
+            "draftgate_prefix_cache_hit_tokens",
+            "prompt tokens a local endpoint found in its prefix cache",
+            ("endpoint",),
+            registry=registry,
+        )
+        self.prefix_miss = Counter(
+            "draftgate_prefix_cache_miss_tokens",
+            "prompt tokens a local endpoint computed",
+            ("endpoint",),
             registry=registry,
         )
         self.memory = Gauge(
@@ -241,6 +254,9 @@ class Telemetry:
             child(m.accepted, ep, model).inc(t.accepted_prediction_tokens)
         if t.rejected_prediction_tokens:
             child(m.rejected, ep, model).inc(t.rejected_prediction_tokens)
+        if t.cached_tokens is not None and t.prompt_tokens is not None:
+            child(m.prefix_hit, ep).inc(t.cached_tokens)
+            child(m.prefix_miss, ep).inc(t.prompt_tokens - t.cached_tokens)
 
     def _wake_drain(self) -> None:
         """Have the drain task write the queue within ``DRAIN_EVERY_S`` (one timer per batch)."""

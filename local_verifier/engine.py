@@ -1,31 +1,57 @@
-"""The generation engine the gateway runs: one loaded model, speculative decoding per request."""
+"""The generation engine the gateway runs: one loaded model serving many requests at once.
+
+One engine thread runs the :class:`~local_verifier.scheduler.Scheduler` (continuous
+batching over a paged KV pool, speculative decoding per request with drafts sized for the
+batch). ``submit`` is thread-safe and hands each request's items to a callback on the
+engine thread; ``generate`` is a blocking iterator over the same path.
+"""
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import torch
 
-from local_verifier.costs import measure_step_costs
-from local_verifier.errors import PromptTooLong
-from local_verifier.kv_cache import KVCache
+from local_verifier.errors import EngineBusy, PromptTooLong
+from local_verifier.kv_pool import DEFAULT_BLOCK_SIZE, KVPool
+from local_verifier.kv_storage import KVStorage
 from local_verifier.loader import LoadedModel, load_model
 from local_verifier.output import OutputAssembler, TextDelta
-from local_verifier.sampling import SamplingParams, make_generator, sample, target_probs
-from local_verifier.speculate import DraftPolicy, DraftSource, LoopStats, speculative_decode
+from local_verifier.sampling import SamplingParams, make_generator
+from local_verifier.scheduler import DraftPolicy, DraftSource, Request, Scheduler
+from local_verifier.step_costs import measure_row_costs
 from lookup.controller import DraftController
 from lookup.draft import Source
 from lookup.drafter import Drafter
 from lookup.index import IndexCache
 
-__all__ = ["DocumentTokens", "Engine", "GenerationRequest", "GenerationStats", "TextDelta"]
+__all__ = [
+    "END",
+    "DocumentTokens",
+    "Engine",
+    "GenerationRequest",
+    "GenerationStats",
+    "TextDelta",
+]
 
 DocumentTokens = tuple[str, np.ndarray]  # (content sha256, uint32 token ids)
-MAX_DRAFT = 64  # largest draft whose verify cost is measured (and so may be chosen)
+MAX_DRAFT = 64  # largest draft per request per step
+DEFAULT_KV_CACHE_MB = 512
+TOKEN_BUDGET = 128  # prompt rows per step (decode rows always run)
+MAX_BATCH = 16  # requests running at once
+MAX_QUEUE = 64  # requests waiting beyond those running
+
+
+class _End:
+    """The last item a submitted request's callback receives."""
+
+
+END = _End()
 
 
 @dataclass
@@ -43,6 +69,7 @@ class GenerationRequest:
     document_sources: list[Source] = field(default_factory=list)  # default: Source.DOCUMENT
     draft: bool = True
     max_draft: int | None = None  # cap on draft tokens per verify step (None = measured range)
+    tenant: str = ""  # prefixes are reused only between requests of the same tenant
 
 
 @dataclass(frozen=True)
@@ -63,10 +90,24 @@ class GenerationStats:
     draft_s: float
     verify_s: float
     total_s: float
+    queued_s: float = 0.0
+    cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache
+
+
+class Handle:
+    """A submitted request: ``cancel()`` frees its slot at the engine's next step."""
+
+    def __init__(self, engine: Engine, request: Request) -> None:
+        self._engine = engine
+        self._request = request
+
+    def cancel(self) -> None:
+        self._request.cancelled = True
+        self._engine._wake()
 
 
 class Engine:
-    """Loads a model once and runs requests one at a time (not thread-safe)."""
+    """Loads a model once and serves submitted requests from one engine thread."""
 
     def __init__(
         self,
@@ -74,29 +115,64 @@ class Engine:
         device: str | None = None,
         dtype: str | None = None,
         max_draft: int = MAX_DRAFT,
+        *,
+        kv_cache_mb: float | None = None,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        token_budget: int = TOKEN_BUDGET,
+        max_batch: int = MAX_BATCH,
+        max_queue: int = MAX_QUEUE,
+        row_costs: Sequence[float] | None = None,
+        prefix_cache: bool = True,
     ) -> None:
+        """``row_costs[r]``: seconds of a step with r rows, r = 0..token_budget + max_draft
+        (measured at start-up when None). ``prefix_cache``: reuse the K/V of full blocks of
+        earlier requests' committed tokens (per ``GenerationRequest.tenant``)."""
         self.lm = model if isinstance(model, LoadedModel) else load_model(model, device, dtype)
         self.tokenizer = self.lm.tokenizer
         self.name = self.lm.name
-        self.context_length = self.lm.config.max_seq_len
-        self.step_costs = measure_step_costs(self.lm, min(max_draft, self.context_length - 1))
-        self.index_cache = IndexCache()
+        cfg = self.lm.config
         model_ = self.lm.model
-        self._cache = KVCache(
-            self.lm.config, self.context_length, device=model_.device, dtype=model_.dtype
+        per_block = KVStorage.bytes_per_slot(cfg, model_.dtype) * block_size
+        mb = DEFAULT_KV_CACHE_MB if kv_cache_mb is None else kv_cache_mb
+        n_blocks = max(int(mb * 2**20) // per_block, 1)
+        storage = KVStorage(cfg, n_blocks * block_size, device=model_.device, dtype=model_.dtype)
+        self.pool = KVPool(storage, block_size)
+        self.context_length = min(cfg.max_seq_len, n_blocks * block_size)
+        self.max_draft = max(min(max_draft, self.context_length - 1), 0)
+        max_rows = token_budget + self.max_draft
+        if row_costs is None:
+            row_costs = measure_row_costs(self.lm, max_rows)
+        if len(row_costs) != max_rows + 1:
+            raise ValueError(f"row_costs must give {max_rows + 1} step costs")
+        self.row_costs = list(row_costs)
+        # one request's step with k draft tokens, for its controller: c(1 + k)
+        self.step_costs = self.row_costs[1 : self.max_draft + 2]
+        self.index_cache = IndexCache()
+        self.max_queue = max_queue
+        self._scheduler = Scheduler(
+            model_, self.pool, self.tokenizer, self.row_costs, token_budget, max_batch, prefix_cache
         )
+        self._max_outstanding = max_batch + max_queue
+        self._cond = threading.Condition()
+        self._inbox: list[tuple[Request, GenerationRequest]] = []
+        self._outstanding = 0
+        self._thread: threading.Thread | None = None
 
-    def generate(
+    # -- submitting ------------------------------------------------------------------------
+
+    def submit(
         self,
         req: GenerationRequest,
+        on_item: Callable[[Any], None],
         *,
         drafter: DraftSource | None = None,
         controller: DraftPolicy | None = None,
-    ) -> Iterator[TextDelta | GenerationStats]:
-        """Stream ``TextDelta``s, then one ``GenerationStats``.
+    ) -> Handle:
+        """Queue ``req``; ``on_item`` gets (on the engine thread) each ``TextDelta``, then a
+        ``GenerationStats`` or an ``Exception``, then ``END`` (after a cancel: just ``END``).
 
-        Raises ``PromptTooLong`` or ``ValueError`` here, before anything is yielded.
-        ``drafter``/``controller`` replace the request's own lookup drafter and cost-based
+        Raises ``PromptTooLong``/``ValueError`` (bad request) or ``EngineBusy`` (queue full)
+        here. ``drafter``/``controller`` replace the request's own lookup drafter and
         controller (tests inject fixed drafts this way).
         """
         prompt_ids = self._prompt_ids(req)
@@ -106,27 +182,150 @@ class Engine:
         if req.max_tokens is not None and req.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {req.max_tokens}")
         max_new = room if req.max_tokens is None else min(req.max_tokens, room)
-        if req.draft and drafter is None:
-            drafter = self._drafter(req, prompt_ids)
-        if req.draft and controller is None:
-            costs = self.step_costs
-            if req.max_draft is not None:
-                costs = costs[: req.max_draft + 1]
-            controller = DraftController(costs)
-        if not req.draft:
-            drafter = controller = None
-        return self._run(req, prompt_ids, max_new, drafter, controller)
+        params = req.params
+        device = self.lm.model.device
+        request = Request(
+            prompt_ids=prompt_ids,
+            max_new=max_new,
+            params=params,
+            generator=None if params.greedy else make_generator(params.seed, device),
+            drafter=drafter if req.draft else None,
+            controller=controller if req.draft else None,
+            max_draft=self.max_draft
+            if req.max_draft is None
+            else min(req.max_draft, self.max_draft),
+            output=OutputAssembler(self.tokenizer, req.stop, max_new),
+            on_delta=on_item,
+            on_finish=lambda r, error: self._finished(r, error, req, on_item),
+            tenant=req.tenant,
+        )
+        with self._cond:
+            if self._outstanding >= self._max_outstanding:
+                raise EngineBusy(self._outstanding - self._scheduler.max_batch)
+            self._outstanding += 1
+            self._inbox.append((request, req))
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._loop, name=f"dg-engine-{self.name}", daemon=True
+                )
+                self._thread.start()
+            self._cond.notify()
+        return Handle(self, request)
+
+    @property
+    def full(self) -> bool:
+        """Whether ``submit`` would refuse a request now (every batch and queue place taken)."""
+        return self._outstanding >= self._max_outstanding
+
+    def generate(
+        self,
+        req: GenerationRequest,
+        *,
+        drafter: DraftSource | None = None,
+        controller: DraftPolicy | None = None,
+    ) -> Iterator[TextDelta | GenerationStats]:
+        """Stream ``TextDelta``s, then one ``GenerationStats`` (blocking; built on ``submit``).
+
+        Raises ``PromptTooLong`` or ``ValueError`` here, before anything is yielded;
+        closing the iterator early cancels the request.
+        """
+        items: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        handle = self.submit(req, items.put, drafter=drafter, controller=controller)
+        return _drain(items, handle)
+
+    def prefix_cache_tokens(self) -> tuple[int, int]:
+        """(hit, miss): prompt tokens found in the prefix cache and computed, so far."""
+        return self._scheduler.hit_tokens, self._scheduler.miss_tokens
 
     def memory(self) -> dict[str, int]:
-        """Bytes: model weights, KV cache reserved and in use, document indexes."""
+        """Bytes: model weights, KV pool reserved and in use, document indexes."""
         weights = sum(p.numel() * p.element_size() for p in self.lm.model.parameters())
-        reserved = self._cache.nbytes()
+        pool = self.pool
         return {
             "weights_bytes": int(weights),
-            "kv_reserved_bytes": int(reserved),
-            "kv_in_use_bytes": int(reserved * self._cache.length // self._cache.max_len),
+            "kv_reserved_bytes": int(pool.storage.nbytes()),
+            "kv_in_use_bytes": int(pool.used() * pool.block_bytes()),
+            "kv_peak_bytes": int(pool.peak_used * pool.block_bytes()),
+            "kv_cached_bytes": int(pool.cached() * pool.block_bytes()),
             "index_bytes": int(self.index_cache.nbytes()),
         }
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Block until every submitted request has ended (False if ``timeout`` s pass first)."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._outstanding == 0, timeout)
+
+    # -- the engine thread -------------------------------------------------------------------
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify()
+
+    def _loop(self) -> None:
+        scheduler = self._scheduler
+        while True:
+            with self._cond:
+                while not self._inbox and not scheduler.has_work():
+                    self._cond.wait()
+                arrived, self._inbox = self._inbox, []
+            for request, req in arrived:
+                self._prepare(request, req)
+                scheduler.waiting.append(request)
+            try:
+                scheduler.step()
+            except Exception as exc:  # a failed forward ends every request in it
+                scheduler.fail_all(exc)
+
+    def _prepare(self, request: Request, req: GenerationRequest) -> None:
+        """Build the request's own drafter and controller (on the engine thread)."""
+        if not req.draft:
+            return
+        if request.drafter is None:
+            request.drafter = self._drafter(req, request.prompt_ids)
+        if request.controller is None:
+            request.controller = DraftController(self.step_costs[: request.max_draft + 1])
+
+    def _finished(
+        self,
+        request: Request,
+        error: Exception | None,
+        req: GenerationRequest,
+        on_item: Callable[[Any], None],
+    ) -> None:
+        with self._cond:
+            self._outstanding -= 1
+            self._cond.notify_all()
+        if error is not None:
+            on_item(error)
+        elif not request.cancelled:
+            on_item(self._stats(request, req))
+        on_item(END)
+
+    def _stats(self, request: Request, req: GenerationRequest) -> GenerationStats:
+        stats = request.stats
+        usage = getattr(request.drafter, "prediction_usage", None)
+        accepted_pred, rejected_pred = (
+            usage() if usage is not None and req.prediction else (None, None)
+        )
+        total = time.perf_counter() - request.submitted
+        return GenerationStats(
+            prompt_tokens=len(request.prompt_ids),
+            completion_tokens=len(request.output.token_ids),
+            finish_reason=request.output.finish_reason or "length",
+            verify_steps=stats.verify_steps,
+            drafted_tokens=stats.drafted_tokens,
+            accepted_tokens=stats.accepted_tokens,
+            accepted_by_position=stats.accepted_by_position,
+            accepted_by_source=stats.accepted_by_source,
+            accepted_prediction_tokens=accepted_pred,
+            rejected_prediction_tokens=rejected_pred,
+            prefill_s=stats.prefill_s,
+            draft_s=stats.draft_s,
+            verify_s=max(total - stats.queued_s - stats.prefill_s - stats.draft_s, 0.0),
+            total_s=total,
+            queued_s=stats.queued_s,
+            cached_tokens=request.cached_tokens,
+        )
 
     def _prompt_ids(self, req: GenerationRequest) -> list[int]:
         given = [x is not None for x in (req.messages, req.prompt, req.prompt_ids)]
@@ -160,59 +359,12 @@ class Engine:
             document_sources=req.document_sources,
         )
 
-    def _run(
-        self,
-        req: GenerationRequest,
-        prompt_ids: list[int],
-        max_new: int,
-        drafter: DraftSource | None,
-        controller: DraftPolicy | None,
-    ) -> Iterator[TextDelta | GenerationStats]:
-        began = time.perf_counter()
-        model = self.lm.model
-        params = req.params
-        generator = None if params.greedy else make_generator(params.seed, model.device)
-        cache = self._cache
-        cache.reset()
-        tokens = torch.tensor(prompt_ids, dtype=torch.long, device=model.device)
-        logits = model(tokens, cache, last_only=True)[-1]
-        if params.greedy:
-            first = int(logits.argmax())
-        else:
-            first = sample(target_probs(logits, params), generator)  # type: ignore[arg-type]
-        prefill_s = time.perf_counter() - began
-        loop = LoopStats()
-        out = OutputAssembler(self.tokenizer, req.stop, max_new)
-        steps = speculative_decode(
-            model, cache, first, max_new, params, generator, drafter, controller, loop
-        )
-        for new in steps:
-            delta = out.push(new)
-            if delta.token_ids or delta.text:
-                yield delta
-            if out.finish_reason is not None:
-                break
-        steps.close()
-        tail = out.finish()
-        if tail.text:
-            yield tail
-        usage = getattr(drafter, "prediction_usage", None)
-        accepted_pred, rejected_pred = (
-            usage() if usage is not None and req.prediction else (None, None)
-        )
-        yield GenerationStats(
-            prompt_tokens=len(prompt_ids),
-            completion_tokens=len(out.token_ids),
-            finish_reason=out.finish_reason or "length",
-            verify_steps=loop.verify_steps,
-            drafted_tokens=loop.drafted_tokens,
-            accepted_tokens=loop.accepted_tokens,
-            accepted_by_position=loop.accepted_by_position,
-            accepted_by_source=loop.accepted_by_source,
-            accepted_prediction_tokens=accepted_pred,
-            rejected_prediction_tokens=rejected_pred,
-            prefill_s=prefill_s,
-            draft_s=loop.draft_s,
-            verify_s=loop.verify_s,
-            total_s=time.perf_counter() - began,
-        )
+
+def _drain(items: queue.SimpleQueue[Any], handle: Handle) -> Iterator[TextDelta | GenerationStats]:
+    try:
+        while (item := items.get()) is not END:
+            if isinstance(item, Exception):
+                raise item
+            yield item
+    finally:
+        handle.cancel()

@@ -17,3 +17,11 @@ class PromptTooLong(ValueError):
         )
         self.prompt_tokens = prompt_tokens
         self.context_length = context_length
+
+
+class EngineBusy(RuntimeError):
+    """The engine's queue is full; the request may be retried later."""
+
+    def __init__(self, waiting: int) -> None:
+        super().__init__(f"{waiting} requests are waiting for the local engine; try again")
+        self.waiting = waiting

@@ -1,14 +1,13 @@
-"""Static, preallocated key/value cache for one sequence."""
+"""One sequence's K/V in slots [0, max_len) of its own ``KVStorage`` (batch-1 decoding)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
-    from local_verifier.model import ModelConfig
+from local_verifier.config import ModelConfig
+from local_verifier.kv_storage import KVStorage
 
 
 class KVCache:
@@ -24,23 +23,9 @@ class KVCache:
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
     ) -> None:
-        shape = (cfg.n_layers, cfg.n_kv_heads, max_len, cfg.head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
-        self._k_layers = self.k.unbind(0)  # per-layer views, indexed once per write
-        self._v_layers = self.v.unbind(0)
+        self.storage = KVStorage(cfg, max_len, device, dtype)
         self.max_len = max_len
         self.length = 0
-
-    def write(
-        self, layer: int, k: torch.Tensor, v: torch.Tensor, t: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store k/v [kv_heads, t, head_dim] at [length, length + t); return keys/values so far."""
-        end = self.length + t
-        keys, values = self._k_layers[layer], self._v_layers[layer]
-        keys[:, self.length : end] = k
-        values[:, self.length : end] = v
-        return keys[:, :end], values[:, :end]
 
     def truncate(self, n: int) -> None:
         """Keep the first ``n`` slots."""
@@ -52,11 +37,12 @@ class KVCache:
         """Copy the K/V at absolute ``slots`` to start, start + 1, ... in every layer."""
         if not slots:
             return
-        src = torch.as_tensor(list(slots), device=self.k.device, dtype=torch.long)
+        storage = self.storage
+        src = torch.as_tensor(list(slots), device=storage.k.device, dtype=torch.long)
         if start + len(slots) > self.max_len:
             raise ValueError("compacted slots exceed the cache")
-        self.k[:, :, start : start + len(slots)] = self.k[:, :, src]
-        self.v[:, :, start : start + len(slots)] = self.v[:, :, src]
+        storage.k[:, start : start + len(slots)] = storage.k[:, src]
+        storage.v[:, start : start + len(slots)] = storage.v[:, src]
 
     def reset(self) -> None:
         """Forget every slot."""
@@ -64,4 +50,4 @@ class KVCache:
 
     def nbytes(self) -> int:
         """Bytes reserved by the cache."""
-        return self.k.numel() * self.k.element_size() * 2
+        return self.storage.nbytes()

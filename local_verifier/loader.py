@@ -14,7 +14,6 @@ from local_verifier.errors import ModelLoadError
 from local_verifier.gguf_loader import read_gguf
 from local_verifier.hf_loader import read_hf_dir
 from local_verifier.kv_cache import KVCache
-from local_verifier.linear import select_linear_paths
 from local_verifier.model import ModelConfig, Transformer
 from local_verifier.tokenizer import Tokenizer
 
@@ -77,12 +76,12 @@ def load_model(
     device: str | None = None,
     dtype: str | None = None,
     max_seq_len: int | None = None,
-    tune_linear: bool = True,
+    tune_threads: bool = True,
 ) -> LoadedModel:
     """Load ``spec`` (HF dir, .gguf file or ``smollm2-135m``) onto ``device`` in ``dtype``.
 
-    On CPU the thread count (all CPUs or 1) and the matrix-product path of each layer per
-    row count are measured and chosen now, unless ``tune_linear`` is False.
+    On CPU the thread count (all CPUs or 1) is measured and chosen now, unless
+    ``tune_threads`` is False.
     """
     path, name = resolve_spec(spec)
     if path.is_dir():
@@ -104,10 +103,8 @@ def load_model(
     del tensors
     model = model.to(device=dev, dtype=torch_dtype).eval()
     lm = LoadedModel(model, cfg, tokenizer, dev, torch_dtype, name)
-    if dev.type == "cpu" and tune_linear:
+    if dev.type == "cpu" and tune_threads:
         configure_threads(partial(_probe_steps, lm))
-    if tune_linear:
-        select_linear_paths(model)
     return lm
 
 

@@ -1,40 +1,42 @@
-"""A Llama-family decoder (Llama 2/3, Qwen2, Mistral, SmolLM) for batch-1 decoding.
+"""A Llama-family decoder (Llama 2/3, Qwen2, Mistral, SmolLM) stepping many sequences at once.
 
-One forward runs T new tokens against a static KV cache: plain decoding (T = 1), prefill,
-and verification of a draft chain or tree (T = k, with an explicit ``tree_mask``).
+``Transformer.step`` runs one forward over the new rows of several sequences (prompt chunks,
+decode rows, draft chains and trees) against a shared ``KVStorage``; it is the only forward.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from local_verifier.config import ModelConfig
+from local_verifier.kernels import AttentionPlan, StepOps, step_ops
 from local_verifier.kv_cache import KVCache
+from local_verifier.kv_storage import KVStorage
 from local_verifier.linear import Linear
+
+__all__ = ["ModelConfig", "SeqStep", "Transformer"]
 
 
 @dataclass
-class ModelConfig:
-    """Shape and numerics of a Llama-family decoder."""
+class SeqStep:
+    """One sequence's new rows in a forward step.
 
-    vocab_size: int
-    dim: int
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    hidden_dim: int
-    rope_theta: float = 10000.0
-    rope_scaling: dict[str, Any] | None = None
-    norm_eps: float = 1e-5
-    tie_embeddings: bool = False
-    qkv_bias: bool = False
-    max_seq_len: int = 2048
+    Row i attends to all of ``context_slots`` (in order), then to the new rows j with
+    ``mask[i, j]`` (in row order; ``mask[i, i]`` must be True). ``mask=None`` is causal.
+    """
+
+    tokens: torch.Tensor  # long [T]
+    positions: torch.Tensor  # long [T]: rope position (prefix length + depth for trees)
+    new_slots: torch.Tensor  # long [T]: slots the rows' K/V are written to
+    context_slots: torch.Tensor  # long [C]: committed slots the rows attend to, in order
+    mask: torch.Tensor | None = None  # bool [T, T]: new row i may attend new row j
+    logits: str = "all"  # which rows need logits
 
 
 SUPPORTED_ROPE_SCALING = ("default", "linear", "llama3", "yarn", "freq_factors")
@@ -89,7 +91,8 @@ def rope_inv_freq(cfg: ModelConfig) -> tuple[torch.Tensor, float]:
 
 def rope_tables(cfg: ModelConfig, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin tables [max_seq_len, head_dim] in float32 (HF "rotate_half" layout, with
-    rotate_half's sign folded into the first half of sin)."""
+    rotate_half's sign folded into the first half of sin: the rotation of x is
+    ``x * cos + roll(x, head_dim / 2) * sin``)."""
     inv_freq, mscale = rope_inv_freq(cfg)
     t = torch.arange(cfg.max_seq_len, dtype=torch.float64)
     freqs = torch.outer(t, inv_freq)
@@ -98,30 +101,24 @@ def rope_tables(cfg: ModelConfig, device: torch.device) -> tuple[torch.Tensor, t
     return cos, sin
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [T, H, D] by cos/sin [T, 1, D] (computed in float32).
-
-    ``sin`` carries the sign of HF's ``rotate_half`` in its first half, so the rotation is
-    ``x * cos + roll(x, D/2) * sin``.
-    """
-    xf = x.float()
-    return torch.addcmul(xf * cos, xf.roll(x.shape[-1] // 2, -1), sin).to(x.dtype)
-
-
 class RMSNorm(nn.Module):
-    """Root-mean-square norm, computed in float32 like the reference."""
+    """Root-mean-square norm's weight and epsilon (applied by the step kernels in float32)."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32:  # one fused kernel, same formula
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+
+@dataclass
+class _StepInputs:
+    """What every layer of one step shares."""
+
+    ops: StepOps
+    cos: torch.Tensor  # [N, head_dim]
+    sin: torch.Tensor
+    new_slots: torch.Tensor  # long [N]
+    plan: AttentionPlan
 
 
 class Attention(nn.Module):
@@ -135,34 +132,15 @@ class Attention(nn.Module):
         self.wqkv = Linear(cfg.dim, q + 2 * kv, bias=cfg.qkv_bias)
         self.wo = Linear(q, cfg.dim)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        cache: KVCache,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        mask: torch.Tensor | None,
-    ) -> torch.Tensor:
-        cfg = self.cfg
-        t = x.shape[0]
-        q_size, kv_size = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
-        qk, v = self.wqkv(x).split([q_size + kv_size, kv_size], dim=-1)
-        # q and k heads rotated in one pass: [T, n_heads + n_kv_heads, head_dim]
-        qk = apply_rope(qk.view(t, cfg.n_heads + cfg.n_kv_heads, cfg.head_dim), cos, sin)
-        q = qk[:, : cfg.n_heads].transpose(0, 1)
-        k = qk[:, cfg.n_heads :].transpose(0, 1)
-        v = v.view(t, cfg.n_kv_heads, cfg.head_dim).transpose(0, 1)
-        keys, values = cache.write(self.layer, k, v, t)
-        causal = mask is None and t > 1  # a plain prefill from slot 0
-        out = F.scaled_dot_product_attention(
-            q.unsqueeze(0),
-            keys.unsqueeze(0),
-            values.unsqueeze(0),
-            attn_mask=mask,
-            is_causal=causal,
-            enable_gqa=True,
+    def forward(self, x: torch.Tensor, kv: KVStorage, step: _StepInputs) -> torch.Tensor:
+        cfg, ops = self.cfg, step.ops
+        keys, values = kv.k[self.layer], kv.v[self.layer]
+        qkv = ops.linear(x, self.wqkv.weight, self.wqkv.bias)
+        q = ops.rope_store(
+            qkv, step.cos, step.sin, keys, values, step.new_slots, cfg.n_heads, cfg.n_kv_heads
         )
-        return self.wo(out.squeeze(0).transpose(0, 1).reshape(t, q_size))
+        out = ops.attention(q, keys, values, step.plan)
+        return ops.linear(out.view(x.shape[0], -1), self.wo.weight, None)
 
 
 class FeedForward(nn.Module):
@@ -170,13 +148,12 @@ class FeedForward(nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.hidden = cfg.hidden_dim
         self.w13 = Linear(cfg.dim, 2 * cfg.hidden_dim)
         self.w2 = Linear(cfg.hidden_dim, cfg.dim)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.w13(x).split([self.hidden, self.hidden], dim=-1)
-        return self.w2(F.silu(gate) * up)
+    def forward(self, x: torch.Tensor, ops: StepOps) -> torch.Tensor:
+        gate_up = ops.linear(x, self.w13.weight, None)
+        return ops.linear(ops.silu_mul(gate_up), self.w2.weight, None)
 
 
 class Block(nn.Module):
@@ -189,20 +166,14 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.ffn = FeedForward(cfg)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        cache: KVCache,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        mask: torch.Tensor | None,
-    ) -> torch.Tensor:
-        x = x + self.attn(self.attn_norm(x), cache, cos, sin, mask)
-        return x + self.ffn(self.ffn_norm(x))
+    def forward(self, x: torch.Tensor, kv: KVStorage, step: _StepInputs) -> torch.Tensor:
+        ops = step.ops
+        x = x + self.attn(ops.rms_norm(x, self.attn_norm.weight, self.attn_norm.eps), kv, step)
+        return x + self.ffn(ops.rms_norm(x, self.ffn_norm.weight, self.ffn_norm.eps), ops)
 
 
 class Transformer(nn.Module):
-    """Batch-1 decoder: ``forward(tokens, cache, positions, tree_mask) -> logits [T, vocab]``."""
+    """Llama-family decoder: ``step(seqs, kv)`` over many sequences' rows at once."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -250,6 +221,43 @@ class Transformer(nn.Module):
         return self
 
     @torch.inference_mode()
+    def step(self, seqs: Sequence[SeqStep], kv: KVStorage) -> list[torch.Tensor]:
+        """One forward over every sequence's rows; returns per sequence float32 logits
+        [T, V] ("all"), [1, V] ("last") or [0, V] ("none").
+
+        Writes every row's K/V to its ``new_slots`` (rejected draft rows are simply
+        overwritten later). See ``SeqStep`` for what a row attends to.
+        """
+        device = self.device
+        ops = step_ops(device, self.dtype)
+        tokens = torch.cat([s.tokens for s in seqs]).to(device)
+        positions = torch.cat([s.positions for s in seqs]).to(device)
+        new_slots = torch.cat([s.new_slots for s in seqs]).to(device)
+        plan = AttentionPlan.build(
+            [s.context_slots for s in seqs], [s.new_slots for s in seqs], [s.mask for s in seqs]
+        )
+        if plan.keys.numel() and not 0 <= int(plan.keys.min()) <= int(plan.keys.max()) < kv.n_slots:
+            raise IndexError(f"a slot outside the storage's {kv.n_slots} slots")
+        inputs = _StepInputs(
+            ops, self.rope_cos[positions], self.rope_sin[positions], new_slots, plan
+        )
+        logit_rows: list[int] = []
+        counts: list[int] = []
+        start = 0
+        for s in seqs:
+            t = s.tokens.shape[0]
+            rows = {"all": range(start, start + t), "last": range(start + t - 1, start + t)}
+            picked = rows.get(s.logits, range(0))
+            logit_rows.extend(picked)
+            counts.append(len(picked))
+            start += t
+        x = self.embed(tokens)
+        for layer in self.layers:
+            x = layer(x, kv, inputs)
+        x = x[torch.tensor(logit_rows, dtype=torch.long, device=device)]
+        x = ops.rms_norm(x, self.norm.weight, self.norm.eps)
+        return list(ops.linear(x, self.head.weight, None).float().split(counts))
+
     def forward(
         self,
         tokens: torch.Tensor,
@@ -259,7 +267,8 @@ class Transformer(nn.Module):
         *,
         last_only: bool = False,
     ) -> torch.Tensor:
-        """Run T new tokens; returns float32 logits [T, vocab] ([1, vocab] with ``last_only``).
+        """Batch-1 ``step``: T new tokens; float32 logits [T, vocab] ([1, vocab] with
+        ``last_only``).
 
         The tokens' K/V go to cache slots [cache.length, cache.length + T) and cache.length
         advances by T. ``tree_mask[i, j]``: new token i may attend to new token j (None =
@@ -269,34 +278,18 @@ class Transformer(nn.Module):
         start = cache.length
         if start + t > cache.max_len:
             raise ValueError(f"{start + t} tokens exceed the cache's {cache.max_len} slots")
-        if positions is None:
-            cos = self.rope_cos[start : start + t].unsqueeze(1)
-            sin = self.rope_sin[start : start + t].unsqueeze(1)
-        else:
-            cos = self.rope_cos[positions].unsqueeze(1)
-            sin = self.rope_sin[positions].unsqueeze(1)
-        mask = self._mask(t, start, tree_mask)
-        x = self.embed(tokens)
-        for layer in self.layers:
-            x = layer(x, cache, cos, sin, mask)
-        cache.length = start + t
-        if last_only:
-            x = x[-1:]
-        return self.head(self.norm(x)).float()
-
-    def _mask(self, t: int, start: int, tree_mask: torch.Tensor | None) -> torch.Tensor | None:
-        """Boolean attention mask [T, start + T] (True = may attend); None when T == 1 or for a
-        causal run from slot 0 (then attention is told ``is_causal``)."""
-        if tree_mask is None and (t == 1 or start == 0):
-            return None
-        device = self.rope_cos.device
-        new = (
-            tree_mask.to(device=device, dtype=torch.bool)
-            if tree_mask is not None
-            else torch.ones(t, t, dtype=torch.bool, device=device).tril()
+        new_slots = torch.arange(start, start + t)
+        seq = SeqStep(
+            tokens=tokens,
+            positions=new_slots if positions is None else positions,
+            new_slots=new_slots,
+            context_slots=torch.arange(start),
+            mask=tree_mask,
+            logits="last" if last_only else "all",
         )
-        prefix = torch.ones(t, start, dtype=torch.bool, device=device)
-        return torch.cat([prefix, new], dim=1)
+        (logits,) = self.step([seq], cache.storage)
+        cache.length = start + t
+        return logits
 
     def load_hf_weights(self, tensors: dict[str, torch.Tensor]) -> None:
         """Copy weights named as in a Hugging Face Llama/Qwen2 checkpoint (``model.layers...``)."""

@@ -12,13 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-
-def depths(parents: Sequence[int] | np.ndarray) -> np.ndarray:
-    """Depth of each draft node: 1 for children of the root (parents precede children)."""
-    out = np.zeros(len(parents), dtype=np.int64)
-    for node, parent in enumerate(parents):
-        out[node] = 1 if parent < 0 else out[parent] + 1
-    return out
+from lookup.draft import depths
 
 
 def tree_positions(

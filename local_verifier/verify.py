@@ -6,18 +6,19 @@ distribution after the root, row ``i + 1`` the one after draft node ``i``. A dra
 given as ``tokens`` and ``parents`` (``-1`` = child of the root, parents precede
 children), so a chain is the case ``parents == [-1, 0, 1, ...]``.
 
-Greedy: follow the children whose token equals the target's argmax. Sampling
-(docs/lossless.md): at each node, try its children in order, accepting child ``c``
-with probability ``p'(c)``; on rejection set ``p'(c) = 0`` and renormalise; when no child
-is accepted, emit a sample from what is left of ``p'``. The token after a fully accepted
-path is a bonus sample from the target. Either way the output distribution is the
-target's.
+Greedy: follow the children whose token equals the target's argmax. Sampling (docs/lossless.md):
+at each node draw one token ``y`` from the target's distribution there; accept the child whose
+token is ``y`` and go on from it, else emit ``y`` and stop (also after a leaf: the bonus).
+For deterministic (point-mass) drafts this is exact: every emitted token is a draw from
+the target. It uses exactly one draw per emitted token from the request's generator, so
+with the same seed the output is the same with drafts, without drafts, alone or batched.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -59,8 +60,14 @@ def verify_greedy(
 Sampler = Callable[[torch.Tensor, torch.Generator | None], int]
 
 
+class RowProbs(Protocol):
+    """Row ``i`` of the target's distributions (a ``[k+1, V]`` tensor, or rows on demand)."""
+
+    def __getitem__(self, row: int) -> torch.Tensor: ...
+
+
 def verify_sampled(
-    probs: torch.Tensor,
+    probs: RowProbs,
     tokens: Sequence[int] | np.ndarray,
     parents: Sequence[int] | np.ndarray,
     generator: torch.Generator | None,
@@ -75,28 +82,9 @@ def verify_sampled(
     accepted: list[int] = []
     node = -1
     while True:
-        row = probs[node + 1]
-        candidates = kids.get(node, [])
-        if not candidates:
-            return Verdict(accepted, sample(row, generator))
-        residual = row.double()
-        chosen = None
-        for child in candidates:
-            token = int(tokens[child])
-            total = float(residual.sum())
-            p_token = float(residual[token]) / total if total > 0 else 0.0
-            if _uniform(generator, row.device) < p_token:
-                chosen = child
-                break
-            residual = residual.clone()
-            residual[token] = 0.0
-        if chosen is None:
-            return Verdict(accepted, sample((residual / residual.sum()).to(row.dtype), generator))
-        accepted.append(chosen)
-        node = chosen
-
-
-def _uniform(generator: torch.Generator | None, device: torch.device) -> float:
-    """One draw from U[0, 1) on the generator's stream."""
-    gen_device = generator.device if generator is not None else device
-    return float(torch.rand((), generator=generator, device=gen_device))
+        drawn = sample(probs[node + 1], generator)
+        match = next((c for c in kids.get(node, ()) if int(tokens[c]) == drawn), None)
+        if match is None:
+            return Verdict(accepted, drawn)
+        accepted.append(match)
+        node = match

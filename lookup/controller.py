@@ -70,3 +70,37 @@ class DraftController:
         if drafted > 0:
             rate = accepted / drafted
             self.acceptance = self.decay * self.acceptance + (1.0 - self.decay) * rate
+
+
+def plan_batch(drafts: Sequence[Draft], base_rows: int, row_costs: Sequence[float]) -> list[Draft]:
+    """The draft nodes worth verifying in one step shared by ``len(drafts)`` decoding requests.
+
+    ``base_rows`` rows run anyway (each request's pending token, prompt chunks);
+    ``row_costs[r]`` is the measured time of a step with r rows. Nodes are taken best score
+    first over the whole batch (every prefix of that order is closed under parents) and the
+    prefix that maximises expected tokens per second, ``(len(drafts) + sum of scores) /
+    c(base_rows + nodes)``, is kept; nothing when no prefix beats the step without drafts,
+    so a batch with drafts is never expected to be slower than without. As the batch
+    grows, each extra row costs more of everyone's step and drafts shrink.
+    """
+    empty = [Draft.empty() for _ in drafts]
+    room = len(row_costs) - 1 - base_rows
+    if not drafts or room <= 0:
+        return empty
+    scores = np.concatenate([d.scores.astype(np.float64) for d in drafts])
+    if len(scores) == 0:
+        return empty
+    owner = np.concatenate([np.full(len(d), i) for i, d in enumerate(drafts)])
+    node = np.concatenate([np.arange(len(d)) for d in drafts])
+    order = np.lexsort((node, owner, -scores))[:room]
+    costs = np.asarray(row_costs, dtype=np.float64)
+    expected = len(drafts) + np.cumsum(scores[order])
+    rate = expected / costs[base_rows + 1 : base_rows + 1 + len(order)]
+    best = int(np.argmax(rate))
+    if rate[best] <= len(drafts) / costs[base_rows] * (1.0 + 1e-9):
+        return empty
+    chosen = order[: best + 1]
+    return [
+        d.subset(sorted(node[chosen[owner[chosen] == i]].tolist())) if len(d) else d
+        for i, d in enumerate(drafts)
+    ]

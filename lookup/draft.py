@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -17,6 +18,14 @@ class Source(IntEnum):
     DOCUMENT = 3  # a document the request named
     RETRIEVED = 4  # a document the corpus found by content
     ANSWER = 5  # an earlier captured answer
+
+
+def depths(parents: Sequence[int] | np.ndarray) -> np.ndarray:
+    """Depth of each node (int64): 1 for children of the root (parents precede children)."""
+    out = np.zeros(len(parents), dtype=np.int64)
+    for node, parent in enumerate(np.asarray(parents).tolist()):
+        out[node] = 1 if parent < 0 else out[parent] + 1
+    return out
 
 
 @dataclass(frozen=True)
@@ -66,10 +75,18 @@ class Draft:
 
     def depths(self) -> np.ndarray:
         """Depth of each node (int64): 1 for children of the last committed token."""
-        out = np.zeros(len(self), dtype=np.int64)
-        for node, parent in enumerate(self.parents.tolist()):
-            out[node] = 1 if parent < 0 else out[parent] + 1
-        return out
+        return depths(self.parents)
+
+    def check(self, vocab_size: int) -> None:
+        """Raise ``ValueError`` unless parents precede children and ids are in the vocabulary."""
+        n = len(self)
+        if not (len(self.parents) == len(self.scores) == len(self.source) == n):
+            raise ValueError("draft arrays differ in length")
+        parents = self.parents.astype(np.int64)
+        if n and not np.all((parents >= -1) & (parents < np.arange(n))):
+            raise ValueError("a draft node's parent does not precede it")
+        if n and not np.all((self.tokens >= 0) & (self.tokens < vocab_size)):
+            raise ValueError(f"a draft token is outside the vocabulary [0, {vocab_size})")
 
     def subset(self, nodes: list[int]) -> Draft:
         """The draft restricted to ``nodes`` (sorted, closed under parents), re-indexed."""

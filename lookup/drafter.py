@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from operator import mul
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -38,11 +38,16 @@ class DrafterConfig:
     tree_candidates: int = 4  # distinct continuations merged into a tree
 
 
-# an occurrence to copy from: (-rate of its first token, source, position, track)
-_Candidate = tuple[float, Source, int, Track]
+class Candidate(NamedTuple):
+    """An occurrence to copy from: a position in a track's source with tokens after it."""
+
+    neg_rate: float  # minus the estimated acceptance rate of its first token
+    source: Source
+    position: int  # continuation start in ``track.index`` (always < its length)
+    track: Track
 
 
-def _rank(item: tuple[float, Source, object] | _Candidate) -> tuple[float, int]:
+def _rank(item: tuple[float, Source, Any, Any]) -> tuple[float, int]:
     return item[0], item[1]
 
 
@@ -186,25 +191,29 @@ class Drafter:
             np.asarray(nodes.sources, np.int8),
         )
 
-    def _candidates(self, at_least: int) -> list[_Candidate]:
+    def _candidates(self, at_least: int) -> list[Candidate]:
         """Occurrences of the best sources (rate, then source priority), whole sources at a
-        time until there are ``at_least``; best first."""
+        time until there are ``at_least``; best first. An occurrence at the very end of its
+        source has nothing to copy and is skipped, so the next source drafts instead."""
         rate = self.acceptance.rate
-        ranked: list[tuple[float, Source, Track]] = []
+        ranked: list[tuple[float, Source, Track, list[int]]] = []
         for track in self._tracks:
-            if track.positions:
-                source = self._source_at(track, track.positions[0])
-                ranked.append((-rate(source, track.match), source, track))
+            size = len(track.index)
+            usable = [p for p in track.positions if p < size]
+            if usable:
+                source = self._source_at(track, usable[0])
+                ranked.append((-rate(source, track.match), source, track, usable))
         if len(ranked) > 1:
             ranked.sort(key=_rank)
-        out: list[_Candidate] = []
-        for r, source, track in ranked:
+        out: list[Candidate] = []
+        for r, source, track, usable in ranked:
             if track.index is self._context:
-                for pos in track.positions:
+                for pos in usable:
                     src = self._source_at(track, pos)
-                    out.append((r if src is source else -rate(src, track.match), src, pos, track))
+                    neg = r if src is source else -rate(src, track.match)
+                    out.append(Candidate(neg, src, pos, track))
             else:
-                out.extend((r, source, pos, track) for pos in track.positions)
+                out.extend(Candidate(r, source, pos, track) for pos in usable)
             if len(out) >= at_least:
                 break
         if len(out) > 1:
@@ -216,39 +225,39 @@ class Drafter:
             return Source.OUTPUT
         return track.source
 
-    def _continuation(self, cand: _Candidate, k: int) -> list[int]:
+    def _continuation(self, cand: Candidate, k: int) -> list[int]:
         """Up to k tokens after the occurrence; copies from the context repeat periodically."""
-        _, _, pos, track = cand
+        pos, track = cand.position, cand.track
         tokens = track.index.slice(pos, pos + k)
         if track.index is self._context and 0 < len(tokens) < k:
             tokens = (tokens * (k // len(tokens) + 1))[:k]
         return tokens
 
-    def _chain(self, candidates: list[_Candidate], k: int) -> _Nodes:
+    def _chain(self, candidates: list[Candidate], k: int) -> _Nodes:
         best = candidates[0]
-        same = [c for c in candidates if c[3] is best[3] and c[0] == best[0]]
+        same = [c for c in candidates if c.track is best.track and c.neg_rate == best.neg_rate]
         if len(same) > 1:  # equally good occurrences disagree: follow the majority
-            votes: dict[int, list[_Candidate]] = {}
+            votes: dict[int, list[Candidate]] = {}
             for c in same:
-                votes.setdefault(c[3].index.token(c[2]), []).append(c)
+                votes.setdefault(c.track.index.token(c.position), []).append(c)
             best = max(votes.values(), key=len)[0]
         tokens = self._continuation(best, k)
-        source = int(best[1])
-        m0 = best[3].match
+        source = int(best.source)
+        m0 = best.track.match
         match = list(range(m0, m0 + len(tokens)))
         scores = list(accumulate(self.acceptance.rates(source, m0, len(tokens)), mul))
         return _Nodes(
             tokens, list(range(-1, len(tokens) - 1)), scores, [source] * len(tokens), match
         )
 
-    def _tree(self, candidates: list[_Candidate], max_nodes: int, max_width: int) -> _Nodes:
+    def _tree(self, candidates: list[Candidate], max_nodes: int, max_width: int) -> _Nodes:
         """Merge the best few continuations into a trie scored by path probability."""
         rate = self.acceptance.rate
         # trie nodes: token, parent, weight (sum of candidate rates through it), owner, depth
         tok: list[int] = []
         par: list[int] = []
         weight: list[float] = []
-        owner: list[_Candidate] = []
+        owner: list[Candidate] = []
         depth: list[int] = []
         kids: dict[int, dict[int, int]] = {-1: {}}
         for rank, cand in enumerate(candidates[: self.config.tree_candidates]):
@@ -266,7 +275,7 @@ class Drafter:
                     depth.append(d)
                     kids[node][token] = child
                     kids[child] = {}
-                weight[child] -= cand[0]
+                weight[child] -= cand.neg_rate
                 node = child
         score = [0.0] * len(tok)
         totals: dict[int, float] = {}  # summed weight of each node's children
@@ -276,7 +285,7 @@ class Drafter:
                 total = totals[parent] = sum(weight[c] for c in kids[parent].values())
             share = weight[i] / total
             base = 1.0 if parent < 0 else score[parent]
-            score[i] = base * rate(owner[i][1], owner[i][3].match + depth[i]) * share
+            score[i] = base * rate(owner[i].source, owner[i].track.match + depth[i]) * share
         # best-first expansion: the max_nodes best nodes, at most max_width children each
         order: list[int] = []
         heap = sorted((-score[c], c) for c in kids[-1].values())[:max_width]
@@ -300,6 +309,6 @@ class Drafter:
             [tok[i] for i in order],
             [new_index[par[i]] for i in order],
             [score[i] for i in order],
-            [int(owner[i][1]) for i in order],
-            [owner[i][3].match + depth[i] for i in order],
+            [int(owner[i].source) for i in order],
+            [owner[i].track.match + depth[i] for i in order],
         )

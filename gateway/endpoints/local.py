@@ -1,9 +1,10 @@
-"""The in-process local endpoint: ``local_verifier``'s Engine on one worker thread.
+"""The in-process local endpoint: requests submitted to ``local_verifier``'s Engine.
 
-Requests wait in a FIFO queue (a one-thread executor) and are served one at a time, so
-the engine (not thread-safe) is never entered twice. Deltas cross to the event loop via
+The engine batches every submitted request on its own thread (continuous batching over a
+KV pool); the model loads on a one-thread executor. Deltas cross to the event loop via
 ``loop.call_soon_threadsafe`` into an ``asyncio.Queue``; when the client goes away the
-generation stops at its next step. local_verifier is imported lazily, inside functions.
+request is cancelled and its KV blocks are freed at the engine's next step. A full queue
+is a 503 with ``Retry-After``. local_verifier is imported lazily, inside functions.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -37,11 +37,11 @@ from lookup.draft import Source
 from sdk.wire import ChatCompletionRequest, CompletionRequest
 
 if TYPE_CHECKING:
-    from local_verifier.engine import Engine, GenerationRequest
+    from local_verifier.engine import Engine, GenerationRequest, Handle
 
 log = logging.getLogger(__name__)
 
-_END = object()
+RETRY_AFTER_S = 1
 _SOURCES = {"named": Source.DOCUMENT, "retrieved": Source.RETRIEVED, "answer": Source.ANSWER}
 
 
@@ -88,19 +88,20 @@ def _unsupported(request: ChatCompletionRequest | CompletionRequest) -> str | No
 
 
 class _Job:
-    """One generation handed to the worker thread."""
+    """One generation's items, pushed from the engine thread to the event loop."""
 
-    def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop) -> None:
-        self.request = request
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.items: asyncio.Queue[Any] = asyncio.Queue()
-        self.cancelled = threading.Event()
+        self.handle: Handle | None = None
+        self.done = False  # the engine delivered its last item
 
     def push(self, item: Any) -> None:
         try:
             self.loop.call_soon_threadsafe(self.items.put_nowait, item)
         except RuntimeError:  # the loop is closed: nobody is listening any more
-            self.cancelled.set()
+            if self.handle is not None:
+                self.handle.cancel()
 
 
 class LocalEndpoint:
@@ -122,7 +123,6 @@ class LocalEndpoint:
         self._engine: Engine | None = engine
         self._load_error: str | None = None
         self._loading: Future[None] | None = None
-        self._waiting = 0
         self.stopped = 0  # generations stopped early because their client went away
 
     # -- engine lifecycle (worker thread) -------------------------------------------
@@ -138,7 +138,14 @@ class LocalEndpoint:
         from local_verifier.engine import Engine
 
         try:
-            self._engine = Engine(self.config.model or "", self.config.device, self.config.dtype)
+            config = self.config
+            self._engine = Engine(
+                config.model or "",
+                config.device,
+                config.dtype,
+                kv_cache_mb=config.kv_cache_mb,
+                max_queue=config.max_queue,
+            )
             log.info("local endpoint %s: %s loaded", self.config.name, self._engine.name)
         except Exception as exc:  # a load failure is reported to every request
             self._load_error = f"{type(exc).__name__}: {exc}"
@@ -152,6 +159,10 @@ class LocalEndpoint:
         if self._load_error is not None:
             return "failed"
         return "idle" if self._loading is None else "loading"
+
+    def memory(self) -> dict[str, int] | None:
+        """The loaded engine's memory by part (KV pool reserved and in use...), else None."""
+        return None if self._engine is None else self._engine.memory()
 
     async def engine(self) -> Engine:
         """The loaded engine (loads it on the worker thread if needed)."""
@@ -167,27 +178,6 @@ class LocalEndpoint:
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
-
-    def _run(self, job: _Job) -> None:
-        if job.cancelled.is_set():
-            job.push(_END)
-            return
-        engine = self._engine
-        assert engine is not None
-        try:
-            items = engine.generate(job.request)
-            try:
-                for item in items:
-                    job.push(item)
-                    if job.cancelled.is_set():
-                        self.stopped += 1
-                        break
-            finally:
-                items.close()  # type: ignore[attr-defined]
-        except Exception as exc:
-            job.push(exc)
-        finally:
-            job.push(_END)
 
     # -- request path (event loop) ---------------------------------------------------
 
@@ -214,6 +204,7 @@ class LocalEndpoint:
             stop=request.stop_list(),
             draft=draft,
             max_draft=request.draftgate.max_draft_tokens if request.draftgate else None,
+            tenant="" if self.config.share_prefix_cache else call.tenant,
         )
         if isinstance(request, ChatCompletionRequest):
             gen.messages = [{"role": m.role, "content": m.text()} for m in request.messages]
@@ -262,7 +253,6 @@ class LocalEndpoint:
             (ENDPOINT_HEADER, self.config.name.encode()),
         ]
         job: _Job | None = None
-        queued = False
         try:
             if field is not None:
                 raise InvalidRequest(
@@ -270,22 +260,18 @@ class LocalEndpoint:
                     param=field,
                     code="unsupported_parameter",
                 )
-            # the queue first: a request that would be refused costs no document work
-            if self._waiting >= self.config.max_queue:
-                raise ServiceUnavailable(
-                    f"local endpoint {self.config.name!r} has {self._waiting} requests waiting; try again"
-                )
-            self._waiting += 1
-            queued = True
             t0 = time.perf_counter()
             engine = await self.engine()
             call.wait.seconds += time.perf_counter() - t0
+            # the queue first: a request that would be refused costs no document work
+            if engine.full:
+                raise self._busy()
             gen = await self._generation_request(call, engine)
-            job = _Job(gen, asyncio.get_running_loop())
-            self._executor.submit(self._run, job)
+            job = _Job(asyncio.get_running_loop())
+            job.handle = self._submit(engine, gen, job)
             first = await self._next(job, call)
             if isinstance(first, Exception):
-                raise _client_error(first, self.config.name)
+                raise _failed(first, self.config.name)
             if call.request.stream:
                 await self._stream(call, job, first, send, headers)
             else:
@@ -295,15 +281,39 @@ class LocalEndpoint:
             call.timing.error = error.message
             await send_error(send, error, headers)
         finally:
-            if job is not None:
-                job.cancelled.set()
-            if queued:
-                self._waiting -= 1
+            if job is not None and not job.done and job.handle is not None:
+                job.handle.cancel()  # the client went away (or the answer failed to send)
+                self.stopped += 1
+
+    def _submit(self, engine: Engine, gen: GenerationRequest, job: _Job) -> Handle:
+        from local_verifier.errors import EngineBusy, PromptTooLong
+
+        try:
+            return engine.submit(gen, job.push)
+        except PromptTooLong as exc:
+            raise InvalidRequest(
+                str(exc), param="messages", code="context_length_exceeded"
+            ) from None
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
+        except EngineBusy:
+            raise self._busy() from None
+
+    def _busy(self) -> ServiceUnavailable:
+        return ServiceUnavailable(
+            f"local endpoint {self.config.name!r} is full (its queue holds "
+            f"{self.config.max_queue} requests); try again",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
 
     async def _next(self, job: _Job, call: Call) -> Any:
+        from local_verifier.engine import END, GenerationStats
+
         t0 = time.perf_counter()
         item = await job.items.get()
         call.wait.seconds += time.perf_counter() - t0
+        if item is END or isinstance(item, GenerationStats | Exception):
+            job.done = True  # nothing but END follows
         return item
 
     def _note_delta(self, call: Call, delta: Any) -> None:
@@ -321,16 +331,17 @@ class LocalEndpoint:
         timing.t_end = time.perf_counter()
         timing.output_tokens = stats.completion_tokens
         timing.prompt_tokens = stats.prompt_tokens
+        timing.cached_tokens = stats.cached_tokens
         timing.accepted_prediction_tokens = stats.accepted_prediction_tokens
         timing.rejected_prediction_tokens = stats.rejected_prediction_tokens
 
     async def _complete(
         self, call: Call, job: _Job, item: Any, send: Send, headers: Headers
     ) -> None:
-        from local_verifier.engine import GenerationStats
+        from local_verifier.engine import END, GenerationStats
 
         text: list[str] = []
-        while item is not _END:
+        while item is not END:
             if isinstance(item, Exception):
                 raise _failed(item, self.config.name)
             if isinstance(item, GenerationStats):
@@ -350,7 +361,7 @@ class LocalEndpoint:
         raise UpstreamError("local generation ended without statistics")
 
     async def _stream(self, call: Call, job: _Job, item: Any, send: Send, headers: Headers) -> None:
-        from local_verifier.engine import GenerationStats
+        from local_verifier.engine import END, GenerationStats
 
         builder = ResponseBuilder(call.api, call.request.model)
         include_usage = bool(
@@ -366,7 +377,7 @@ class LocalEndpoint:
         if call.api == "chat":
             await emit(data_event(builder.chunk(role=True)))
         text: list[str] = []
-        while item is not _END:
+        while item is not END:
             if isinstance(item, Exception):
                 error = _failed(item, self.config.name)
                 call.timing.status = 500
@@ -395,15 +406,3 @@ def _failed(exc: Exception, endpoint: str) -> UpstreamError:
     """A generation failure: its detail goes to the log, a generic message to the client."""
     log.error("local endpoint %s: generation failed", endpoint, exc_info=exc)
     return UpstreamError("local generation failed", code="generation_failed")
-
-
-def _client_error(exc: Exception, endpoint: str) -> GatewayError:
-    """The error for a failure raised before any output (bad input is the client's)."""
-    from local_verifier.errors import PromptTooLong
-
-    if isinstance(exc, PromptTooLong):
-        return InvalidRequest(str(exc), param="messages", code="context_length_exceeded")
-    if isinstance(exc, ValueError):
-        log.info("local endpoint %s: request refused: %s", endpoint, exc)
-        return InvalidRequest("the local engine refused the request's input")
-    return _failed(exc, endpoint)

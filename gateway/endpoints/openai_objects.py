@@ -20,6 +20,7 @@ def usage(stats: Any) -> dict[str, Any]:
         "prompt_tokens": stats.prompt_tokens,
         "completion_tokens": stats.completion_tokens,
         "total_tokens": stats.prompt_tokens + stats.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": getattr(stats, "cached_tokens", 0)},
         "completion_tokens_details": {
             "accepted_prediction_tokens": stats.accepted_prediction_tokens or 0,
             "rejected_prediction_tokens": stats.rejected_prediction_tokens or 0,

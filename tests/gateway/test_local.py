@@ -63,18 +63,39 @@ async def test_stream_matches_non_stream_and_plain_decoding(local_url: str) -> N
     assert usage is not None and usage.completion_tokens == whole.usage.completion_tokens
 
 
-async def test_concurrent_requests_queue_and_all_succeed(local_url: str) -> None:
+QUESTIONS = [
+    f"Repeat this code exactly:\n{CODE}",
+    "Write a Python function that reverses a string.",
+    "What is the capital of France?",
+    "def fib(n):",
+]
+
+
+async def _stream_text(c: openai.AsyncOpenAI, content: str, **extra: Any) -> str:
+    stream = await c.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": content}],
+        max_tokens=24,
+        stream=True,
+        **extra,
+    )
+    return "".join([ch.choices[0].delta.content or "" async for ch in stream if ch.choices])
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": 0}, {"temperature": 0.9, "seed": 7}])
+async def test_four_concurrent_streams_equal_sequential_answers(
+    local_url: str, sampling: dict[str, Any]
+) -> None:
+    """Batched answers (4 streams at once, drafts on) equal one-at-a-time answers without
+    drafts, greedy and seeded sampling alike."""
     async with openai.AsyncOpenAI(base_url=f"{local_url}/v1", api_key="x", max_retries=0) as c:
-        answers = await asyncio.gather(
-            *(
-                c.chat.completions.create(
-                    model=MODEL, messages=MESSAGES, temperature=0, max_tokens=6, stream=i % 2 == 1
-                )
-                for i in range(4)
-            ),
-            return_exceptions=True,
-        )
-    assert not [a for a in answers if isinstance(a, BaseException)]
+        alone = [
+            await _stream_text(c, q, **sampling, extra_body={"draftgate": {"draft": False}})
+            for q in QUESTIONS
+        ]
+        together = await asyncio.gather(*(_stream_text(c, q, **sampling) for q in QUESTIONS))
+    assert list(together) == alone
+    assert all(alone)
 
 
 def test_completions_api(local_url: str) -> None:
@@ -114,8 +135,8 @@ def test_documents_feed_local_drafting(local_url: str) -> None:
 
 def test_client_disconnect_stops_generation(local_url: str, local_app: Any) -> None:
     local = local_app.state.runtime.local["local"]
-    # earlier tests' abandoned generations finish first (the worker runs jobs in order)
-    local._executor.submit(lambda: None).result(timeout=60)
+    engine = local._engine
+    assert engine.wait_idle(60)  # earlier tests' generations have ended
     stopped = local.stopped
     story = [{"role": "user", "content": "Write a very long story about a dragon."}]
     body = {
@@ -133,8 +154,8 @@ def test_client_disconnect_stops_generation(local_url: str, local_app: Any) -> N
         for line in r.iter_lines():
             if '"content"' in line and '"content":""' not in line:
                 break
-    # the worker thread must become free long before 4000 tokens could be generated
-    local._executor.submit(lambda: None).result(timeout=10)
+    # the request must end long before 4000 tokens could be generated, its blocks freed
+    assert engine.wait_idle(10)
     assert local.stopped == stopped + 1
 
 
@@ -170,10 +191,18 @@ def test_engine_failures_reach_the_log_not_the_client(
     """A failure inside the engine (injected: the real one does not fail on demand)."""
     engine = local_app.state.runtime.local["local"]._engine
 
-    def fail(request: Any) -> Any:
-        raise RuntimeError("CUDA error at /srv/models/secret-weights.bin")
+    from local_verifier.engine import END
 
-    monkeypatch.setattr(engine, "generate", fail)
+    class Finished:
+        def cancel(self) -> None:
+            pass
+
+    def fail(request: Any, on_item: Any) -> Finished:
+        on_item(RuntimeError("CUDA error at /srv/models/secret-weights.bin"))
+        on_item(END)
+        return Finished()
+
+    monkeypatch.setattr(engine, "submit", fail)
     body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 2, "stream": stream}
     with caplog.at_level("ERROR", logger="gateway.endpoints.local"):
         r = httpx.post(f"{local_url}/v1/chat/completions", json=body, timeout=60)
@@ -183,27 +212,14 @@ def test_engine_failures_reach_the_log_not_the_client(
     assert "secret-weights" in caplog.text
 
 
-def test_a_full_queue_refuses_before_any_document_work(engine: Any, local_app: Any) -> None:
-    """With the queue full, a request naming documents in a long prompt is a 503 at once:
-    neither the store nor the tokenizer is touched for it."""
-    from gateway.app import create_app
-    from gateway.config import build_settings
-    from tests.gateway.servers import serve
-
-    endpoint = {"name": "local", "kind": "local", "model": MODEL, "max_queue": 1}
-    app = create_app(build_settings({"endpoints": [endpoint]}), engines={"local": engine})
-    local = app.state.runtime.local["local"]
-    # the engine is shared: the session app's abandoned generations finish first
-    local_app.state.runtime.local["local"]._executor.submit(lambda: None).result(timeout=120)
-    story = [{"role": "user", "content": "Write a very long story about a dragon."}]
-    long = {
-        "model": MODEL,
-        "messages": story,
-        "temperature": 0,
-        "max_tokens": 4000,
-        "stream": True,
-        "draftgate": {"draft": False},
-    }
+def test_a_full_engine_refuses_before_any_document_work(
+    local_url: str, local_app: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With every place of the engine taken, a request naming documents in a long prompt is
+    a 503 with Retry-After at once: the store is not touched for it."""
+    runtime = local_app.state.runtime
+    engine = runtime.local["local"]._engine
+    monkeypatch.setattr(type(engine), "full", property(lambda self: True))
     names = " ".join(f"src/m{i}.py" for i in range(20_000))
     crowded = {
         "model": MODEL,
@@ -211,14 +227,27 @@ def test_a_full_queue_refuses_before_any_document_work(engine: Any, local_app: A
         "max_tokens": 4,
         "draftgate": {"documents": ["a.py"]},
     }
-    with serve(app) as url, httpx.Client(timeout=60) as c:
-        c.post(f"{url}/v1/documents", json={"id": "a.py", "text": CODE}).raise_for_status()
-        with c.stream("POST", f"{url}/v1/chat/completions", json=long) as r:
-            lines = r.iter_lines()  # kept: dropping the iterator would close the stream
-            next(lines)  # generating: the one queue slot is taken
-            trips = app.state.runtime.corpus.store.round_trips
-            refused = c.post(f"{url}/v1/chat/completions", json=crowded)
-            assert refused.status_code == 503, refused.text
-            assert refused.json()["error"]["code"] == "service_unavailable"
-            assert app.state.runtime.corpus.store.round_trips == trips
-        local._executor.submit(lambda: None).result(timeout=120)  # stopped before the next test
+    trips = runtime.corpus.store.round_trips
+    refused = httpx.post(f"{local_url}/v1/chat/completions", json=crowded, timeout=60)
+    assert refused.status_code == 503, refused.text
+    assert refused.json()["error"]["code"] == "service_unavailable"
+    assert refused.headers["retry-after"] == "1"
+    assert runtime.corpus.store.round_trips == trips
+
+    assert engine.pool.used() == 0
+
+
+def test_a_repeated_prompt_reports_cached_tokens_and_metrics(local_url: str) -> None:
+    long_messages = [{"role": "user", "content": f"Repeat this code exactly:\n{CODE * 6}"}]
+    answers = [
+        client(local_url).chat.completions.create(
+            model=MODEL, messages=long_messages, temperature=0, max_tokens=4
+        )
+        for _ in range(2)
+    ]
+    assert answers[1].choices[0].message.content == answers[0].choices[0].message.content
+    assert answers[1].usage.prompt_tokens_details.cached_tokens >= 64
+    metrics = httpx.get(f"{local_url}/metrics").text
+    assert 'draftgate_prefix_cache_hit_tokens_total{endpoint="local"}' in metrics
+    assert 'draftgate_local_memory_bytes{endpoint="local",part="kv_reserved_bytes"}' in metrics
+    assert 'part="kv_in_use_bytes"' in metrics

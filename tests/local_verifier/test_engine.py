@@ -13,12 +13,15 @@ from local_verifier.generate import PlainResult, generate_plain
 from local_verifier.loader import LoadedModel
 from local_verifier.sampling import SamplingParams
 
+# a step costs 1 ms plus 0.01 ms a row: drafts of likely tokens always pay (the measured
+# costs of a tiny model on a shared machine are mostly noise)
+LINEAR_COSTS = [1e-3 + 1e-5 * r for r in range(128 + 16 + 1)]
 PROMPT = "def add(a, b):\n    return a + b\n\nThe quick brown fox"
 
 
 @pytest.fixture(scope="module")
 def engine(tiny_lm: LoadedModel) -> Engine:
-    return Engine(tiny_lm, max_draft=16)
+    return Engine(tiny_lm, max_draft=16, row_costs=LINEAR_COSTS, kv_cache_mb=4)
 
 
 def plain(lm: LoadedModel, ids: list[int], max_tokens: int | None, stop: list[str] = ()):

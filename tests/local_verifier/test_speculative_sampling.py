@@ -22,11 +22,13 @@ import numpy as np
 import pytest
 import torch
 
-from local_verifier import speculate
+from local_verifier import scheduler
+from local_verifier.engine import Engine, GenerationRequest, TextDelta
 from local_verifier.kv_cache import KVCache
+from local_verifier.loader import LoadedModel
 from local_verifier.model import ModelConfig, Transformer
-from local_verifier.sampling import SamplingParams, make_generator, sample, target_probs
-from local_verifier.speculate import LoopStats, speculative_decode
+from local_verifier.sampling import SamplingParams, target_probs
+from local_verifier.tokenizer import Tokenizer
 from local_verifier.verify import Verdict, children_of, verify_sampled
 from lookup.draft import Draft
 
@@ -278,23 +280,27 @@ def _exact_tiny(table: dict[tuple[int, ...], torch.Tensor]) -> dict[tuple[int, .
     }
 
 
+def _tiny_engine(model: Transformer) -> Engine:
+    """The serving engine on the tiny model (a one-character-per-id tokenizer, no EOS)."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import models
+
+    vocab = {chr(ord("a") + i): i for i in range(TINY_V)}
+    tokenizer = Tokenizer(Backend(models.WordLevel(vocab, unk_token="a")), eos_ids=set())
+    lm = LoadedModel(model, model.config, tokenizer, model.device, model.dtype, "tiny")
+    return Engine(lm, max_draft=8, token_budget=8, row_costs=[1.0] * 17, kv_cache_mb=0.25)
+
+
 def _sampled_tiny(
     model: Transformer, table: dict[tuple[int, ...], torch.Tensor], n: int
 ) -> Counter[tuple[int, ...]]:
-    cache = KVCache(model.config, 16)
-    gen = make_generator(123)
-    prompt = torch.tensor(PROMPT)
+    engine = _tiny_engine(model)
     out: Counter[tuple[int, ...]] = Counter()
-    first_probs = target_probs(model(prompt, cache, last_only=True)[-1], PARAMS)
-    for _ in range(n):
-        cache.truncate(len(PROMPT))
-        first = sample(first_probs, gen)
-        tokens: list[int] = []
-        loop = speculative_decode(
-            model, cache, first, LENGTH, PARAMS, gen, TreeDrafter(table), PassThrough(), LoopStats()
-        )
-        for step in loop:
-            tokens.extend(step)
+    for seed in range(n):
+        params = SamplingParams(temperature=PARAMS.temperature, top_k=PARAMS.top_k, seed=seed)
+        req = GenerationRequest(prompt_ids=PROMPT, params=params, max_tokens=LENGTH)
+        items = engine.generate(req, drafter=TreeDrafter(table), controller=PassThrough())
+        tokens = [t for i in items if isinstance(i, TextDelta) for t in i.token_ids]
         out[tuple(tokens)] += 1
     return out
 
@@ -315,7 +321,7 @@ def test_decoding_loop_samples_the_target_distribution(tiny_model: Transformer) 
 def test_decoding_loop_check_detects_a_wrong_rule(
     tiny_model: Transformer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(speculate, "verify_sampled", no_renormalise)
+    monkeypatch.setattr(scheduler, "verify_sampled", no_renormalise)
     table = _target_table(tiny_model)
     samples = _sampled_tiny(tiny_model, table, N_TINY)
     ok, worst, threshold = distribution_matches(samples, _exact_tiny(table))

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from local_verifier.tree import depths, path_slots, tree_mask, tree_positions
+from local_verifier.tree import path_slots, tree_mask, tree_positions
+from lookup.draft import depths
 
 
 def test_depths() -> None:

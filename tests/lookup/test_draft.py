@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from lookup.draft import Draft
 
@@ -43,3 +44,13 @@ def test_subset_reindexes_parents() -> None:
     assert sub.parents.tolist() == [-1, 0, 1]
     assert sub.is_chain
     assert sub.source.tolist() == [0, 0, 0]
+
+
+def test_check_rejects_children_before_parents_and_ids_outside_the_vocabulary() -> None:
+    good = Draft.chain([1, 2, 3], [0.5, 0.4, 0.3], [0, 0, 0])
+    good.check(vocab_size=4)
+    with pytest.raises(ValueError, match="vocabulary"):
+        good.check(vocab_size=3)
+    bad = Draft(good.tokens, np.array([-1, 2, 0], np.int32), good.scores, good.source)
+    with pytest.raises(ValueError, match="precede"):
+        bad.check(vocab_size=4)

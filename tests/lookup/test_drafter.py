@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lookup.draft import Draft, Source
 from lookup.drafter import Drafter
@@ -170,3 +172,42 @@ def test_empty_prompt_and_sources() -> None:
     assert len(drafter.propose(4)) == 0
     drafter.extend([1, 2, 1, 2])
     assert drafter.propose(2).tokens.tolist() == [1, 2]
+
+
+def test_a_match_at_the_end_of_the_prediction_does_not_crash_a_chain() -> None:
+    drafter = Drafter([7], prediction=[1, 2, 3, 4, 9, 1, 2, 3])
+    drafter.extend([1, 2, 8, 1, 2, 3])
+    drafter.propose(8, 3)
+    chain = drafter.propose(8, 1)
+    assert chain.tokens.tolist() == [4, 9, 1, 2, 3]  # the earlier occurrence still drafts
+
+
+def test_the_next_source_drafts_when_the_best_is_used_up() -> None:
+    doc = build_index(np.array([5, 6, 7, 8, 40, 41], dtype=np.int64))
+    drafter = Drafter([5, 6, 7, 8, 30], prediction=[5, 6, 7, 8], documents=[doc])
+    drafter.extend([5, 6, 7, 8])  # the prediction is used up: nothing follows its match
+    draft = drafter.propose(4, 1)
+    assert len(draft) > 0
+    assert draft.tokens[0] in (30, 40)  # the prompt's or the document's continuation
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    source=st.lists(st.integers(0, 4), min_size=1, max_size=12),
+    output=st.lists(st.integers(0, 4), max_size=16),
+    widths=st.lists(st.integers(1, 4), min_size=1, max_size=4),
+)
+def test_fuzz_drafter_at_every_source_ending(
+    source: list[int], output: list[int], widths: list[int]
+) -> None:
+    """Small alphabets make matches run to the end of the prediction, the prompt, the
+    document and the output; every proposal is a valid tree over known tokens."""
+    doc = build_index(np.array(source, dtype=np.int64))
+    drafter = Drafter(source[: len(source) // 2 + 1], prediction=source, documents=[doc])
+    for step, token in enumerate([*output, *source]):
+        drafter.extend([token])
+        for width in widths:
+            draft = drafter.propose(1 + step % 8, width)
+            assert len(draft) <= 1 + step % 8
+            _check_tree(draft)
+            assert all(0 <= t <= 4 for t in draft.tokens.tolist())

@@ -1,0 +1,176 @@
+"""Serving throughput and latency of the embedded default under concurrent clients.
+
+    python benchmarks/bench_serving.py --workload PATH --concurrency 1,4,8 --max-tokens N --json OUT
+
+Starts ``draftgate serve``'s app (the embedded default, SmolLM2-135M) in a child process
+and drives it over HTTP with the real ``openai`` async client, streaming, closed loop:
+``c`` workers each send the next workload item as soon as their last answer ended, every
+item once per level. Each level runs with drafts off and on, greedy and seeded sampling.
+``identical`` is the share of answers equal to the same item's answer at concurrency 1
+without drafts (same sampling). JSON: ``{"levels": [{"sampling", "concurrency", "drafts",
+"output_tok_s", "req_s", "ttft_ms": {p50, p99}, "tpot_ms": {p50, p99}, "e2e_ms": {p50, p99},
+"identical"}]}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import openai
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = "smollm2-135m"
+SAMPLINGS: dict[str, dict[str, Any]] = {
+    "greedy": {"temperature": 0},
+    "seeded": {"temperature": 0.8, "seed": 1234},
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _run_gateway(port: int) -> None:
+    """The gateway as ``draftgate serve`` runs it with the embedded default."""
+    sys.path.insert(0, str(ROOT))
+    from gateway.app import create_app
+    from gateway.cli.serve import run_server, verifier_settings
+
+    run_server(create_app(verifier_settings(MODEL), environ={}), "127.0.0.1", port)
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
+
+
+async def _one(
+    client: openai.AsyncOpenAI, item: dict[str, Any], extra: dict[str, Any]
+) -> dict[str, Any]:
+    began = time.perf_counter()
+    first: float | None = None
+    pieces: list[str] = []
+    tokens = 0
+    stream = await client.chat.completions.create(
+        model=MODEL,
+        messages=item["messages"],
+        stream=True,
+        stream_options={"include_usage": True},
+        **extra,
+    )
+    async for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            first = first or time.perf_counter()
+            pieces.append(chunk.choices[0].delta.content)
+        if chunk.usage is not None:
+            tokens = chunk.usage.completion_tokens
+    end = time.perf_counter()
+    first = first or end
+    return {
+        "id": item["id"],
+        "text": "".join(pieces),
+        "tokens": tokens,
+        "ttft": first - began,
+        "tpot": (end - first) / max(tokens - 1, 1),
+        "e2e": end - began,
+    }
+
+
+async def _level(
+    client: openai.AsyncOpenAI, items: list[dict[str, Any]], concurrency: int, extra: dict[str, Any]
+) -> tuple[list[dict[str, Any]], float]:
+    todo = list(items)
+    done: list[dict[str, Any]] = []
+
+    async def worker() -> None:
+        while todo:
+            done.append(await _one(client, todo.pop(0), extra))
+
+    began = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return done, time.perf_counter() - began
+
+
+def _summary(results: list[dict[str, Any]], wall: float) -> dict[str, Any]:
+    def stat(key: str) -> dict[str, float]:
+        values = [r[key] * 1000 for r in results]
+        return {"p50": round(_pct(values, 50), 1), "p99": round(_pct(values, 99), 1)}
+
+    return {
+        "output_tok_s": round(sum(r["tokens"] for r in results) / wall, 2),
+        "req_s": round(len(results) / wall, 3),
+        "ttft_ms": stat("ttft"),
+        "tpot_ms": stat("tpot"),
+        "e2e_ms": stat("e2e"),
+    }
+
+
+async def _bench(url: str, items: list[dict[str, Any]], levels: list[int], max_tokens: int) -> Any:
+    out = []
+    async with openai.AsyncOpenAI(
+        base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=600
+    ) as client:
+        for _ in range(120):  # the model loads and measures its step costs first
+            try:
+                await client.models.list()
+                break
+            except openai.APIConnectionError:
+                await asyncio.sleep(1)
+        await _one(client, items[0], {"max_tokens": 4})  # load the engine
+        for name, sampling in SAMPLINGS.items():
+            reference: dict[str, str] = {}
+            for concurrency in levels:
+                for drafts in (False, True):
+                    extra = {
+                        **sampling,
+                        "max_tokens": max_tokens,
+                        "extra_body": {"draftgate": {"draft": drafts}},
+                    }
+                    results, wall = await _level(client, items, concurrency, extra)
+                    if not reference:
+                        reference = {r["id"]: r["text"] for r in results}
+                    same = sum(r["text"] == reference[r["id"]] for r in results)
+                    row = {"sampling": name, "concurrency": concurrency, "drafts": drafts}
+                    row |= _summary(results, wall)
+                    row["identical"] = round(same / len(results), 3)
+                    print(json.dumps(row), flush=True)
+                    out.append(row)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workload", required=True, help="JSONL of items with messages")
+    parser.add_argument("--concurrency", default="1,4,8")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--json", required=True)
+    args = parser.parse_args()
+    items = [json.loads(line) for line in Path(args.workload).read_text().splitlines() if line]
+    levels = sorted({int(c) for c in args.concurrency.split(",")})
+    if levels[0] != 1:
+        levels = [1, *levels]  # the reference answers come from concurrency 1
+    port = _free_port()
+    server = multiprocessing.get_context("spawn").Process(
+        target=_run_gateway, args=(port,), daemon=True
+    )
+    server.start()
+    try:
+        rows = asyncio.run(_bench(f"http://127.0.0.1:{port}", items, levels, args.max_tokens))
+    finally:
+        server.terminate()
+        server.join(10)
+    Path(args.json).write_text(json.dumps({"levels": rows}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,96 @@
+"""Batch-invariant kernels of one forward step, and the choice between them.
+
+Both implementations compute every row's output by a fixed sequence of operations that
+does not depend on the other rows of the call (their number, values or order), so a row's
+logits and K/V are bitwise the same alone, batched, in a draft tree or in a prompt chunk:
+
+- ``cpp``: C++ kernels compiled at first use (x86-64 with AVX-512, float32): fixed-order
+  reductions, attention over each row's own key list with an online softmax in key order.
+- ``torch``: stock torch ops on fixed-size row tiles (a row count the matrix product is
+  row-independent at) and attention one row at a time over its own keys; used on CUDA/MPS,
+  for bfloat16, and where the C++ build is unavailable. Invariant, slower.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from typing import Protocol
+
+import torch
+
+from local_verifier.kernels.plan import AttentionPlan
+from local_verifier.kernels.torch_ops import TorchOps
+
+__all__ = ["AttentionPlan", "StepOps", "step_ops"]
+
+log = logging.getLogger(__name__)
+
+BACKEND_ENV = "DRAFTGATE_KERNELS"  # "cpp" | "torch": force one (default: cpp where it builds)
+
+
+class StepOps(Protocol):
+    """The row-wise operations of a step; every output row depends on its own inputs only."""
+
+    name: str
+
+    def linear(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor: ...
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor: ...
+
+    def rope_store(
+        self,
+        qkv: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        new_slots: torch.Tensor,
+        n_heads: int,
+        n_kv_heads: int,
+    ) -> torch.Tensor: ...
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor: ...
+
+    def attention(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        plan: AttentionPlan,
+    ) -> torch.Tensor: ...
+
+
+def step_ops(device: torch.device, dtype: torch.dtype) -> StepOps:
+    """The kernels for ``device``/``dtype``: chosen once per process (and per value of
+    ``DRAFTGATE_KERNELS``) and logged."""
+    return _ops_for(device.type, dtype, os.environ.get(BACKEND_ENV, ""))
+
+
+@functools.cache
+def _ops_for(device_type: str, dtype: torch.dtype, wanted: str) -> StepOps:
+    ops = _choose(device_type, dtype, wanted)
+    log.info("forward step kernels on %s/%s: %s", device_type, dtype, ops.name)
+    return ops
+
+
+def _choose(device_type: str, dtype: torch.dtype, wanted: str) -> StepOps:
+    if wanted not in ("", "cpp", "torch"):
+        raise ValueError(f"{BACKEND_ENV} must be 'cpp' or 'torch', got {wanted!r}")
+    if wanted != "torch" and device_type == "cpu" and dtype == torch.float32:
+        from local_verifier.kernels.cpp import CppOps, load_library
+
+        library, reason = load_library()
+        if library is not None:
+            return CppOps(library)
+        if wanted == "cpp":
+            raise RuntimeError(f"C++ step kernels unavailable: {reason}")
+        log.warning("C++ step kernels unavailable (%s); using the slower torch kernels", reason)
+    elif wanted == "cpp":
+        raise RuntimeError(
+            f"C++ step kernels run on float32 CPU tensors, not {device_type}/{dtype}"
+        )
+    return TorchOps()

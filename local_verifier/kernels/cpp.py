@@ -1,0 +1,170 @@
+"""The C++ step kernels (``step_cpu.cpp``): compiled at first use, cached per machine kind,
+called through ctypes on raw pointers of contiguous tensors."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from local_verifier.kernels.plan import AttentionPlan
+
+SOURCE = Path(__file__).with_name("step_cpu.cpp")
+CACHE_ENV = "DRAFTGATE_KERNEL_CACHE"  # build directory root (default ~/.cache/draftgate)
+CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-std=c++17", "-fPIC"]
+REQUIRED_CPU_FLAGS = ("avx512f", "avx512dq")
+MAX_HEAD_DIM = 256
+MAX_GROUP = 16  # query heads per kv head
+
+_i64, _f32, _int, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_int, ctypes.c_void_p
+SIGNATURES = {
+    "dg_linear": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int],
+    "dg_rms_norm": [_ptr, _ptr, _ptr, _i64, _i64, _f32],
+    "dg_rope_store": [_ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64],
+    "dg_silu_mul": [_ptr, _ptr, _i64, _i64],
+    "dg_attention": [_ptr] * 10 + [_i64] * 5 + [_int],
+}
+
+_loaded: tuple[ctypes.CDLL | None, str] | None = None
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def _library_path(compiler: str, flags: set[str]) -> Path:
+    """One file per source, compiler, flags and CPU feature set (built with -march=native)."""
+    digest = hashlib.sha256(SOURCE.read_bytes())
+    digest.update(" ".join([compiler, *CFLAGS, *sorted(flags)]).encode())
+    root = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "draftgate")
+    return root / "kernels" / f"step_cpu-{digest.hexdigest()[:16]}.so"
+
+
+def load_library() -> tuple[ctypes.CDLL | None, str]:
+    """(the compiled library, "") or (None, why it is unavailable). Loaded once per process."""
+    global _loaded
+    if _loaded is None:
+        _loaded = _load()
+    return _loaded
+
+
+def _load() -> tuple[ctypes.CDLL | None, str]:
+    if platform.system() != "Linux" or platform.machine() != "x86_64":
+        return None, f"needs Linux on x86-64, this is {platform.system()} {platform.machine()}"
+    flags = _cpu_flags()
+    missing = [f for f in REQUIRED_CPU_FLAGS if f not in flags]
+    if missing:
+        return None, f"the CPU lacks {', '.join(missing)}"
+    compiler = os.environ.get("CXX") or shutil.which("g++") or ""
+    if not compiler:
+        return None, "no C++ compiler (g++ or $CXX)"
+    target = _library_path(compiler, flags)
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            built = Path(tmp) / target.name
+            run = subprocess.run(
+                [compiler, *CFLAGS, "-shared", str(SOURCE), "-o", str(built)],
+                capture_output=True,
+                text=True,
+            )
+            if run.returncode != 0:
+                return None, f"build failed: {run.stderr.strip().splitlines()[-1:]}"
+            built.replace(target)  # atomic: concurrent builders never load a partial file
+    library = ctypes.CDLL(str(target))
+    for name, argtypes in SIGNATURES.items():
+        function = getattr(library, name)
+        function.argtypes = argtypes
+        function.restype = None
+    return library, ""
+
+
+def _p(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+class CppOps:
+    """The C++ kernels on float32 CPU tensors."""
+
+    name = "cpp"
+
+    def __init__(self, library: ctypes.CDLL) -> None:
+        self._lib = library
+
+    def linear(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        x = x.contiguous()
+        (n, k), m = x.shape, weight.shape[0]
+        y = torch.empty(n, m)
+        threads = torch.get_num_threads()
+        self._lib.dg_linear(_p(x), _p(weight), _p(bias), _p(y), n, k, m, threads)
+        return y
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        self._lib.dg_rms_norm(_p(x), _p(weight), _p(y), x.shape[0], x.shape[1], eps)
+        return y
+
+    def rope_store(
+        self,
+        qkv: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        new_slots: torch.Tensor,
+        n_heads: int,
+        n_kv_heads: int,
+    ) -> torch.Tensor:
+        n, dim = qkv.shape[0], cos.shape[1]
+        q = torch.empty(n, n_heads, dim)
+        slots = new_slots.contiguous()
+        self._lib.dg_rope_store(
+            _p(qkv), _p(cos.contiguous()), _p(sin.contiguous()), _p(k_cache), _p(v_cache),
+            _p(slots), _p(q), n, n_heads, n_kv_heads, dim,
+        )  # fmt: skip
+        return q
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        n, hidden = gate_up.shape[0], gate_up.shape[1] // 2
+        y = torch.empty(n, hidden)
+        self._lib.dg_silu_mul(_p(gate_up), _p(y), n, hidden)
+        return y
+
+    def attention(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        plan: AttentionPlan,
+    ) -> torch.Tensor:
+        n, heads, dim = q.shape
+        kv_heads = k_cache.shape[1]
+        if dim > MAX_HEAD_DIM or heads // kv_heads > MAX_GROUP:
+            raise ValueError(
+                f"C++ attention needs head_dim <= {MAX_HEAD_DIM} and <= {MAX_GROUP} "
+                "query heads per kv head"
+            )
+        out = torch.empty_like(q)
+        self._lib.dg_attention(
+            _p(q), _p(k_cache), _p(v_cache), _p(plan.keys), _p(plan.key_start),
+            _p(plan.row_start), _p(plan.ctx_len), _p(plan.masks), _p(plan.mask_start), _p(out),
+            n, len(plan.ctx_len), heads, kv_heads, dim, torch.get_num_threads(),
+        )  # fmt: skip
+        return out

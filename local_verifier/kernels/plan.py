@@ -1,0 +1,69 @@
+"""What every row of a step attends to, packed for the attention kernels."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class AttentionPlan:
+    """Per sequence s: rows ``[row_start[s], row_start[s+1])`` and the key list
+    ``keys[key_start[s]:key_start[s+1]]`` = its ``ctx_len[s]`` context slots, then its new
+    rows' slots. Row i attends to every context key, then to new row j when
+    ``masks[mask_start[s] + i * T + j]`` (T = the sequence's rows) or, with
+    ``mask_start[s] == -1``, when j <= i. Index tensors are int64 on the CPU."""
+
+    keys: torch.Tensor
+    key_start: torch.Tensor
+    row_start: torch.Tensor
+    ctx_len: torch.Tensor
+    masks: torch.Tensor
+    mask_start: torch.Tensor
+
+    @classmethod
+    def build(
+        cls,
+        context_slots: list[torch.Tensor],
+        new_slots: list[torch.Tensor],
+        masks: list[torch.Tensor | None],
+    ) -> AttentionPlan:
+        """The plan for sequences given by their context slots, new slots and masks."""
+        rows = [len(s) for s in new_slots]
+        keys = [t for c, n in zip(context_slots, new_slots, strict=True) for t in (c, n)]
+        starts, flat, offset = [], [], 0
+        for mask in masks:
+            if mask is None:
+                starts.append(-1)
+                continue
+            starts.append(offset)
+            flat.append(mask.to(device="cpu", dtype=torch.bool).reshape(-1))
+            offset += flat[-1].numel()
+        return cls(
+            keys=torch.cat([k.to("cpu", torch.long) for k in keys]),
+            key_start=_offsets([len(c) + n for c, n in zip(context_slots, rows, strict=True)]),
+            row_start=_offsets(rows),
+            ctx_len=torch.tensor([len(c) for c in context_slots], dtype=torch.long),
+            masks=torch.cat(flat) if flat else torch.zeros(0, dtype=torch.bool),
+            mask_start=torch.tensor(starts, dtype=torch.long),
+        )
+
+    def row_keys(self, row: int) -> torch.Tensor:
+        """The slots ``row`` attends to, in attention order."""
+        s = int(torch.searchsorted(self.row_start, row, right=True)) - 1
+        i = row - int(self.row_start[s])
+        t = int(self.row_start[s + 1] - self.row_start[s])
+        c = int(self.ctx_len[s])
+        keys = self.keys[int(self.key_start[s]) : int(self.key_start[s + 1])]
+        start = int(self.mask_start[s])
+        if start < 0:
+            return keys[: c + i + 1]
+        allowed = self.masks[start + i * t : start + (i + 1) * t]
+        return torch.cat([keys[:c], keys[c:][allowed]])
+
+
+def _offsets(counts: list[int]) -> torch.Tensor:
+    out = torch.zeros(len(counts) + 1, dtype=torch.long)
+    out[1:] = torch.tensor(counts, dtype=torch.long).cumsum(0)
+    return out

@@ -1,0 +1,302 @@
+// Batch-invariant CPU kernels for one forward step (float32, AVX-512).
+//
+// Every output element is computed by one fixed sequence of IEEE operations that depends
+// only on that element's own inputs: never on the number of rows in the call, on a row's
+// position, on the other rows, or on the thread count. Reductions run 16-lane partial sums
+// in index order, then one fixed lane tree (lane_sum). Built with -ffp-contract=off, so the
+// only fused multiply-adds are the explicit ones, used identically on every path.
+//
+// A plain C ABI over raw float32/int64 pointers (loaded with ctypes): no torch headers, so
+// the build takes seconds. Callers pass contiguous tensors and allocate the outputs.
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+namespace {
+
+constexpr int kLanes = 16;
+constexpr int kRowTile = 4;    // rows sharing one pass over a weight tile
+constexpr int kColTile = 4;    // output columns per register tile
+constexpr int kRowBlock = 64;  // rows whose inputs stay in cache while W streams
+constexpr int kKeyBlock = 32;  // keys per online-softmax block (in a row's key order)
+
+inline __m512 load(const float* p) { return _mm512_loadu_ps(p); }
+
+inline __m512 load_tail(const float* p, int64_t n) {
+  return _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << n) - 1u), p);
+}
+
+// Sum of the 16 lanes in one fixed order: halves, quarters, pairs, then the last pair.
+inline float lane_sum(__m512 v) {
+  const __m256 upper = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+  __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), upper);
+  __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+  __m128 d = _mm_add_ss(c, _mm_movehdup_ps(c));
+  return _mm_cvtss_f32(d);
+}
+
+// exp(x) for float lanes: x = n ln2 + r, degree-6 polynomial for exp(r), scaled by 2^n.
+// Explicit operations only, so the result is a fixed function of x (underflows to 0 for
+// x below about -87, so exp(-inf) = 0).
+inline __m512 vexp(__m512 x) {
+  const __m512 lo = _mm512_set1_ps(-87.0f), hi = _mm512_set1_ps(88.0f);
+  x = _mm512_max_ps(_mm512_min_ps(x, hi), lo);
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, n);
+}
+
+// y[r][c] = sum_k x[r][k] * w[c][k] (+ bias[c]) for an R x C register tile.
+template <int R, int C>
+inline void linear_tile(const float* x, int64_t ldx, const float* w, int64_t K, const float* bias,
+                        float* y, int64_t ldy) {
+  __m512 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k + kLanes <= K; k += kLanes) {
+    __m512 xv[R];
+    for (int r = 0; r < R; ++r) xv[r] = load(x + r * ldx + k);
+    for (int c = 0; c < C; ++c) {
+      const __m512 wv = load(w + c * K + k);
+      for (int r = 0; r < R; ++r) acc[r][c] = _mm512_fmadd_ps(xv[r], wv, acc[r][c]);
+    }
+  }
+  if (k < K) {
+    __m512 xv[R];
+    for (int r = 0; r < R; ++r) xv[r] = load_tail(x + r * ldx + k, K - k);
+    for (int c = 0; c < C; ++c) {
+      const __m512 wv = load_tail(w + c * K + k, K - k);
+      for (int r = 0; r < R; ++r) acc[r][c] = _mm512_fmadd_ps(xv[r], wv, acc[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) {
+      const float s = lane_sum(acc[r][c]);
+      y[r * ldy + c] = bias != nullptr ? s + bias[c] : s;
+    }
+}
+
+template <int C>
+inline void linear_cols(const float* x, int64_t ldx, int64_t rows, const float* w, int64_t K,
+                        const float* bias, float* y, int64_t ldy) {
+  int64_t r = 0;
+  for (; r + kRowTile <= rows; r += kRowTile)
+    linear_tile<kRowTile, C>(x + r * ldx, ldx, w, K, bias, y + r * ldy, ldy);
+  switch (rows - r) {
+    case 3: linear_tile<3, C>(x + r * ldx, ldx, w, K, bias, y + r * ldy, ldy); break;
+    case 2: linear_tile<2, C>(x + r * ldx, ldx, w, K, bias, y + r * ldy, ldy); break;
+    case 1: linear_tile<1, C>(x + r * ldx, ldx, w, K, bias, y + r * ldy, ldy); break;
+    default: break;
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+// y [N, M] = x [N, K] @ w[M, K].T (+ bias [M] unless null).
+void dg_linear(const float* xp, const float* wp, const float* bp, float* yp, int64_t N, int64_t K,
+               int64_t M, int threads) {
+  const int64_t tiles = (M + kColTile - 1) / kColTile;
+  for (int64_t r0 = 0; r0 < N; r0 += kRowBlock) {
+    const int64_t rows = std::min<int64_t>(kRowBlock, N - r0);
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int64_t m0 = t * kColTile;
+      const float* b = bp != nullptr ? bp + m0 : nullptr;
+      const float* xr = xp + r0 * K;
+      float* yr = yp + r0 * M + m0;
+      if (m0 + kColTile <= M) {
+        linear_cols<kColTile>(xr, K, rows, wp + m0 * K, K, b, yr, M);
+      } else {
+        for (int64_t m = m0; m < M; ++m)
+          linear_cols<1>(xr, K, rows, wp + m * K, K, b != nullptr ? bp + m : nullptr,
+                         yr + (m - m0), M);
+      }
+    }
+  }
+}
+
+// Root-mean-square norm of each row of x [N, D]: w * (x / sqrt(mean(x^2) + eps)).
+void dg_rms_norm(const float* xp, const float* wp, float* yp, int64_t N, int64_t D, float eps) {
+  for (int64_t n = 0; n < N; ++n) {
+    const float* xr = xp + n * D;
+    __m512 acc = _mm512_setzero_ps();
+    int64_t d = 0;
+    for (; d + kLanes <= D; d += kLanes) {
+      const __m512 v = load(xr + d);
+      acc = _mm512_fmadd_ps(v, v, acc);
+    }
+    if (d < D) {
+      const __m512 v = load_tail(xr + d, D - d);
+      acc = _mm512_fmadd_ps(v, v, acc);
+    }
+    const float scale =
+        1.0f / std::sqrt(lane_sum(acc) / static_cast<float>(D) + eps);
+    for (d = 0; d < D; ++d) yp[n * D + d] = wp[d] * (xr[d] * scale);
+  }
+}
+
+// Rotates the q and k heads of qkv [N, (H + 2 KVH) * Dh] by cos/sin [N, Dh] (the sign of
+// rotate_half folded into sin), writes k and v to slots new_slots of kc/vc [S, KVH, Dh] and
+// the rotated q to qp [N, H, Dh].
+void dg_rope_store(const float* src, const float* cp, const float* sp, float* kc, float* vc,
+                   const int64_t* slots, float* qp, int64_t N, int64_t n_heads,
+                   int64_t n_kv_heads, int64_t Dh) {
+  const int64_t half = Dh / 2, width = (n_heads + 2 * n_kv_heads) * Dh;
+  const int64_t kv_width = n_kv_heads * Dh;
+  for (int64_t n = 0; n < N; ++n) {
+    const float* row = src + n * width;
+    const float* c = cp + n * Dh;
+    const float* s = sp + n * Dh;
+    float* k_out = kc + slots[n] * kv_width;
+    for (int64_t h = 0; h < n_heads + n_kv_heads; ++h) {
+      const float* head = row + h * Dh;
+      float* out = h < n_heads ? qp + (n * n_heads + h) * Dh : k_out + (h - n_heads) * Dh;
+      for (int64_t d = 0; d < Dh; ++d) {
+        const float rolled = head[d < half ? d + half : d - half];
+        const float a = head[d] * c[d];
+        const float b = rolled * s[d];
+        out[d] = a + b;
+      }
+    }
+    const float* v = row + (n_heads + n_kv_heads) * Dh;
+    float* v_out = vc + slots[n] * kv_width;
+    for (int64_t i = 0; i < kv_width; ++i) v_out[i] = v[i];
+  }
+}
+
+// yp [N, F] = silu(gate) * up for gp = gate_up [N, 2 * F] (gate first).
+void dg_silu_mul(const float* gp, float* yp, int64_t N, int64_t F) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  for (int64_t n = 0; n < N; ++n) {
+    const float* g = gp + n * 2 * F;
+    const float* u = g + F;
+    float* out = yp + n * F;
+    for (int64_t f = 0; f < F; f += kLanes) {
+      const int64_t m = std::min<int64_t>(kLanes, F - f);
+      const __mmask16 mask = static_cast<__mmask16>((1u << m) - 1u);
+      const __m512 gv = _mm512_maskz_loadu_ps(mask, g + f);
+      const __m512 uv = _mm512_maskz_loadu_ps(mask, u + f);
+      const __m512 e = vexp(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+      const __m512 silu = _mm512_div_ps(gv, _mm512_add_ps(one, e));
+      _mm512_mask_storeu_ps(out + f, mask, _mm512_mul_ps(silu, uv));
+    }
+  }
+}
+
+// Grouped-query attention of each row over its own key list, in that list's order.
+//
+// q [N, H, Dh] -> out [N, H, Dh]; kc/vc [S, KVH, Dh]. Sequence s (of n_seqs) owns rows
+// [row_start[s], row_start[s+1]) and keys[key_start[s] : key_start[s+1]] = its context
+// slots (ctx_len[s] of them) then its new rows' slots. Row i of s attends to every context
+// key, then to new row j when mask[i, j] (masks[mask_start[s] + i * T + j]) or, with
+// mask_start[s] < 0, when j <= i. Online softmax over blocks of kKeyBlock keys of that list.
+// Needs head_dim <= 256 and at most 16 query heads per kv head (checked by the caller).
+void dg_attention(const float* qp, const float* kc, const float* vc, const int64_t* kp,
+                  const int64_t* ks, const int64_t* rs, const int64_t* cl, const bool* mp,
+                  const int64_t* ms, float* op, int64_t N, int64_t n_seqs, int64_t H,
+                  int64_t KVH, int64_t Dh, int threads) {
+  const int64_t G = H / KVH;
+  std::vector<int64_t> row_seq(N);
+  for (int64_t s = 0; s < n_seqs; ++s)
+    for (int64_t r = rs[s]; r < rs[s + 1]; ++r) row_seq[r] = s;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(Dh));
+  const int64_t chunks = (Dh + kLanes - 1) / kLanes;
+  __mmask16 lanes[16];  // the lanes of each chunk of head_dim (the last may be partial)
+  for (int64_t c = 0; c < chunks; ++c)
+    lanes[c] = static_cast<__mmask16>((1u << std::min<int64_t>(kLanes, Dh - c * kLanes)) - 1u);
+
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+  for (int64_t item = 0; item < N * KVH; ++item) {
+    const int64_t r = item / KVH, g = item % KVH, s = row_seq[r];
+    const int64_t i = r - rs[s], T = rs[s + 1] - rs[s], C = cl[s];
+    const int64_t* list = kp + ks[s];
+    const bool* mask = ms[s] >= 0 ? mp + ms[s] + i * T : nullptr;
+    __m512 qv[16][16];  // [head in group][chunk]
+    for (int64_t h = 0; h < G; ++h)
+      for (int64_t c = 0; c < chunks; ++c)
+        qv[h][c] = _mm512_maskz_loadu_ps(lanes[c], qp + (r * H + g * G + h) * Dh + c * kLanes);
+    __m512 acc[16][16];
+    float m_run[16], l_run[16];
+    for (int64_t h = 0; h < G; ++h) {
+      m_run[h] = -std::numeric_limits<float>::infinity();
+      l_run[h] = 0.0f;
+      for (int64_t c = 0; c < chunks; ++c) acc[h][c] = _mm512_setzero_ps();
+    }
+    alignas(64) float score[16][kKeyBlock];
+    alignas(64) float prob[kKeyBlock];
+    int64_t block[kKeyBlock];
+    int64_t next = 0;  // next index of the key list to consider
+    const int64_t end = C + T;
+    while (next < end) {
+      int64_t nb = 0;
+      while (nb < kKeyBlock && next < end) {
+        const int64_t j = next - C;
+        const bool allowed = j < 0 || (mask != nullptr ? mask[j] : j <= i);
+        if (allowed) block[nb++] = list[next];
+        ++next;
+      }
+      if (nb == 0) continue;
+      for (int64_t b = 0; b < nb; ++b) {
+        const float* kr = kc + (block[b] * KVH + g) * Dh;
+        for (int64_t h = 0; h < G; ++h) {
+          __m512 dot = _mm512_setzero_ps();
+          for (int64_t c = 0; c < chunks; ++c)
+            dot = _mm512_fmadd_ps(qv[h][c], _mm512_maskz_loadu_ps(lanes[c], kr + c * kLanes), dot);
+          score[h][b] = lane_sum(dot) * scale;
+        }
+      }
+      for (int64_t h = 0; h < G; ++h) {
+        float m_new = m_run[h];
+        for (int64_t b = 0; b < nb; ++b) m_new = std::max(m_new, score[h][b]);
+        const __m512 mv = _mm512_set1_ps(m_new);
+        for (int64_t b = 0; b < nb; b += kLanes) {
+          const int64_t m = std::min<int64_t>(kLanes, nb - b);
+          const __mmask16 mask16 = static_cast<__mmask16>((1u << m) - 1u);
+          const __m512 sv = _mm512_maskz_loadu_ps(mask16, score[h] + b);
+          _mm512_mask_storeu_ps(prob + b, mask16, vexp(_mm512_sub_ps(sv, mv)));
+        }
+        const float corr =
+            _mm_cvtss_f32(_mm512_castps512_ps128(vexp(_mm512_set1_ps(m_run[h] - m_new))));
+        float l_new = l_run[h] * corr;
+        for (int64_t b = 0; b < nb; ++b) l_new += prob[b];
+        const __m512 cv = _mm512_set1_ps(corr);
+        for (int64_t c = 0; c < chunks; ++c) acc[h][c] = _mm512_mul_ps(acc[h][c], cv);
+        for (int64_t b = 0; b < nb; ++b) {
+          const float* vr = vc + (block[b] * KVH + g) * Dh;
+          const __m512 pv = _mm512_set1_ps(prob[b]);
+          for (int64_t c = 0; c < chunks; ++c)
+            acc[h][c] =
+                _mm512_fmadd_ps(pv, _mm512_maskz_loadu_ps(lanes[c], vr + c * kLanes), acc[h][c]);
+        }
+        m_run[h] = m_new;
+        l_run[h] = l_new;
+      }
+    }
+    for (int64_t h = 0; h < G; ++h) {
+      const __m512 inv = _mm512_set1_ps(1.0f / l_run[h]);
+      for (int64_t c = 0; c < chunks; ++c)
+        _mm512_mask_storeu_ps(op + (r * H + g * G + h) * Dh + c * kLanes, lanes[c],
+                              _mm512_mul_ps(acc[h][c], inv));
+    }
+  }
+}
+
+}  // extern "C"

@@ -1,0 +1,93 @@
+"""Batch-invariant step kernels from stock torch ops (any device, any dtype).
+
+Row-wise ops run on tiles of exactly ``TILE_ROWS`` rows (the last one padded with zeros):
+at a fixed row count a row's result does not depend on its neighbours or its position, so
+it is the same whatever the step's row count. Attention runs one row at a time over that
+row's own key list, so its shapes depend on nothing but the row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from local_verifier.kernels.plan import AttentionPlan
+
+TILE_ROWS = 16
+
+
+def _tiled(fn: Callable[..., torch.Tensor], *xs: torch.Tensor) -> torch.Tensor:
+    """``fn`` over row tiles of exactly ``TILE_ROWS`` rows of every x, rows concatenated."""
+    n = xs[0].shape[0]
+    pad = -n % TILE_ROWS
+    if pad:
+        xs = tuple(torch.cat([x, x.new_zeros(pad, *x.shape[1:])]) for x in xs)
+    tiles = zip(*(x.split(TILE_ROWS) for x in xs), strict=True)
+    return torch.cat([fn(*tile) for tile in tiles])[:n]
+
+
+class TorchOps:
+    """Invariant step kernels from stock torch ops."""
+
+    name = "torch"
+
+    def linear(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        return _tiled(lambda t: F.linear(t, weight, bias), x)
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        def norm(t: torch.Tensor) -> torch.Tensor:
+            tf = t.float()
+            tf = tf * torch.rsqrt(tf.pow(2).mean(-1, keepdim=True) + eps)
+            return weight * tf.to(t.dtype)
+
+        return _tiled(norm, x)
+
+    def rope_store(
+        self,
+        qkv: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        new_slots: torch.Tensor,
+        n_heads: int,
+        n_kv_heads: int,
+    ) -> torch.Tensor:
+        n, dim = qkv.shape[0], cos.shape[-1]
+        heads = n_heads + n_kv_heads
+
+        def rotate(x: torch.Tensor, c: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+            xf = x[:, : heads * dim].view(-1, heads, dim).float()
+            rolled = xf.roll(dim // 2, -1)
+            return (xf * c.unsqueeze(1) + rolled * s.unsqueeze(1)).to(x.dtype)
+
+        qk = _tiled(rotate, qkv, cos, sin)
+        k_cache[new_slots] = qk[:, n_heads:]
+        v_cache[new_slots] = qkv[:, heads * dim :].reshape(n, n_kv_heads, dim)
+        return qk[:, :n_heads].contiguous()
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        hidden = gate_up.shape[1] // 2
+        return _tiled(lambda t: F.silu(t[:, :hidden]) * t[:, hidden:], gate_up)
+
+    def attention(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        plan: AttentionPlan,
+    ) -> torch.Tensor:
+        out = torch.empty_like(q)
+        for row in range(q.shape[0]):
+            slots = plan.row_keys(row).to(q.device)
+            out[row] = F.scaled_dot_product_attention(
+                q[row].unsqueeze(1).unsqueeze(0),
+                k_cache[slots].transpose(0, 1).unsqueeze(0),
+                v_cache[slots].transpose(0, 1).unsqueeze(0),
+                enable_gqa=True,
+            )[0, :, 0]
+        return out

@@ -1,0 +1,357 @@
+"""Continuous batching: every step runs one ``Transformer.step`` over all active requests.
+
+Each step carries, for every decoding request, its pending token plus the draft chosen for
+it (chain or tree), and prompt chunks of requests still in prefill, up to a token budget
+per step. Requests join (when the pool has blocks for their whole generation) and leave
+between steps; a cancelled request's blocks go back to the pool at the next step.
+
+Only the scheduler's thread touches the pool, the model and the requests' state.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from local_verifier.kv_pool import BlockTable, KVPool, block_keys, chain_key, root_key
+from local_verifier.model import SeqStep, Transformer
+from local_verifier.output import OutputAssembler, TextDelta
+from local_verifier.sampling import SamplingParams, sample, target_probs
+from local_verifier.tokenizer import Tokenizer
+from local_verifier.tree import tree_mask
+from local_verifier.verify import Verdict, verify_greedy, verify_sampled
+from lookup.controller import plan_batch
+from lookup.draft import Draft, Source
+
+log = logging.getLogger(__name__)
+
+
+class DraftSource(Protocol):
+    """What a request needs from a drafter (``lookup.drafter.Drafter`` or a test's own)."""
+
+    def extend(self, tokens: Sequence[int]) -> None: ...
+
+    def propose(self, max_tokens: int, max_width: int = 1) -> Draft: ...
+
+
+class DraftPolicy(Protocol):
+    """What a request needs from a controller (``lookup.controller.DraftController``)."""
+
+    def budget(self) -> tuple[int, int]: ...
+
+    def observe(self, drafted: int, accepted: int) -> None: ...
+
+
+@dataclass
+class Stats:
+    """Counters of one request, filled in as it runs."""
+
+    verify_steps: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_by_position: list[int] = field(default_factory=list)
+    accepted_by_source: dict[str, int] = field(default_factory=dict)  # Source names, lower case
+    queued_s: float = 0.0
+    prefill_s: float = 0.0
+    draft_s: float = 0.0
+
+    def count(self, drafted: int, accepted: int) -> None:
+        self.verify_steps += 1
+        self.drafted_tokens += drafted
+        self.accepted_tokens += accepted
+        if accepted > len(self.accepted_by_position):
+            self.accepted_by_position += [0] * (accepted - len(self.accepted_by_position))
+        for i in range(accepted):
+            self.accepted_by_position[i] += 1
+
+    def count_sources(self, sources: Sequence[int]) -> None:
+        """Count accepted draft tokens by the ``lookup.draft.Source`` they were copied from."""
+        for source in sources:
+            name = Source(source).name.lower()
+            self.accepted_by_source[name] = self.accepted_by_source.get(name, 0) + 1
+
+
+@dataclass(eq=False)
+class Request:
+    """One admitted or waiting generation and its state between steps."""
+
+    prompt_ids: list[int]
+    max_new: int
+    params: SamplingParams
+    generator: torch.Generator | None
+    drafter: DraftSource | None
+    controller: DraftPolicy | None
+    max_draft: int
+    output: OutputAssembler
+    on_delta: Callable[[TextDelta], None]
+    on_finish: Callable[[Request, Exception | None], None]  # error None: done or cancelled
+    tenant: str = ""  # whose prefix cache the request reads and fills
+    submitted: float = field(default_factory=time.perf_counter)
+    started: float = 0.0
+    table: BlockTable | None = None
+    computed: int = 0  # positions whose K/V is in the pool (committed)
+    cached_tokens: int = 0  # prompt positions found in the prefix cache
+    tokens: list[int] = field(default_factory=list)  # prompt and output so far
+    keys: list[bytes] = field(default_factory=list)  # prefix keys of the table's full blocks
+    pending: int | None = None  # the last emitted token, not yet in the pool
+    produced: int = 0
+    cancelled: bool = False
+    stats: Stats = field(default_factory=Stats)
+
+    @property
+    def positions(self) -> int:
+        """Positions the request may write: its prompt and every output token."""
+        return len(self.prompt_ids) + self.max_new
+
+
+@dataclass
+class _Row:
+    """What one sequence contributed to a step."""
+
+    request: Request
+    draft: Draft | None  # None: a prompt chunk
+
+
+class Scheduler:
+    """Admits, batches and advances requests, one ``Transformer.step`` per call of ``step``."""
+
+    def __init__(
+        self,
+        model: Transformer,
+        pool: KVPool,
+        tokenizer: Tokenizer,
+        row_costs: Sequence[float],
+        token_budget: int = 256,
+        max_batch: int = 16,
+        prefix_cache: bool = True,
+    ) -> None:
+        self.model = model
+        self.pool = pool
+        self.tokenizer = tokenizer
+        self.row_costs = list(row_costs)
+        self.token_budget = token_budget
+        self.max_batch = max_batch
+        self.prefix_cache = prefix_cache
+        self.hit_tokens = 0  # prompt tokens found in the prefix cache
+        self.miss_tokens = 0  # prompt tokens computed
+        self.vocab_size = model.config.vocab_size
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # -- between steps ----------------------------------------------------------------------
+
+    def _drop_cancelled(self) -> None:
+        for req in [r for r in self.running if r.cancelled]:
+            self._finish(req)
+        if any(r.cancelled for r in self.waiting):
+            for req in [r for r in self.waiting if r.cancelled]:
+                self.waiting.remove(req)
+                self._finish(req)
+
+    def _admit(self) -> None:
+        while self.waiting and len(self.running) < self.max_batch:
+            head = self.waiting[0]
+            bs = self.pool.block_size
+            keys: list[bytes] = []
+            hits: list[int] = []
+            if self.prefix_cache:  # the last prompt token is always computed (its logits)
+                keys = block_keys(head.tenant, head.prompt_ids[:-1], bs)
+                hits = self.pool.lookup(keys)
+            if -(-head.positions // bs) - len(hits) > self.pool.available():
+                self.pool.release(hits)
+                return
+            self.waiting.popleft()
+            head.table = BlockTable(self.pool)
+            head.table.blocks = list(hits)
+            head.table.reserve(head.positions)
+            head.keys = keys[: len(hits)]
+            head.computed = head.cached_tokens = len(hits) * bs
+            head.tokens = list(head.prompt_ids)
+            self.hit_tokens += head.cached_tokens
+            self.miss_tokens += len(head.prompt_ids) - head.cached_tokens
+            head.started = time.perf_counter()
+            head.stats.queued_s = head.started - head.submitted
+            self.running.append(head)
+
+    def _finish(self, req: Request, error: Exception | None = None) -> None:
+        """Release the request's blocks and tell its owner it is over."""
+        if req in self.running:
+            self.running.remove(req)
+        if req.table is not None:
+            req.table.release()
+            req.table = None
+        req.on_finish(req, error)
+
+    def fail_all(self, error: Exception) -> None:
+        """End every request (a forward failed): each owner gets ``error``."""
+        for req in [*self.running, *self.waiting]:
+            self._finish(req, error)
+        self.waiting.clear()
+
+    # -- one step -------------------------------------------------------------------------
+
+    def step(self) -> None:
+        """Admit what fits, run one forward over every active request, deliver the output."""
+        self._drop_cancelled()
+        self._admit()
+        if not self.running:
+            return
+        decoding = [r for r in self.running if r.pending is not None]
+        prefilling = [r for r in self.running if r.pending is None]
+        budget = max(self.token_budget - len(decoding), 1)
+        rows: list[_Row] = []
+        seqs: list[SeqStep] = []
+        for req in prefilling:
+            if budget <= 0:
+                break
+            end = min(len(req.prompt_ids), req.computed + budget)
+            seqs.append(self._chunk(req, end))
+            rows.append(_Row(req, None))
+            budget -= end - req.computed
+        began = time.perf_counter()
+        base_rows = len(decoding) + sum(len(s.tokens) for s in seqs)
+        drafts = plan_batch([self._propose(r) for r in decoding], base_rows, self.row_costs)
+        drafted = time.perf_counter()
+        for req, draft in zip(decoding, drafts, strict=True):
+            req.stats.draft_s += drafted - began
+            seqs.append(self._verify_rows(req, draft))
+            rows.append(_Row(req, draft))
+        logits = self.model.step(seqs, self.pool.storage)
+        for row, seq, out in zip(rows, seqs, logits, strict=True):
+            try:
+                if row.draft is None:
+                    self._after_chunk(row.request, len(seq.tokens), out)
+                else:
+                    self._after_verify(row.request, row.draft, out)
+            except Exception as exc:  # one request's failure ends only that request
+                self._finish(row.request, exc)
+
+    def _chunk(self, req: Request, end: int) -> SeqStep:
+        assert req.table is not None
+        start = req.computed
+        last = end == len(req.prompt_ids)
+        return SeqStep(
+            tokens=torch.tensor(req.prompt_ids[start:end], dtype=torch.long),
+            positions=torch.arange(start, end),
+            new_slots=req.table.slots(start, end),
+            context_slots=req.table.slots(0, start),
+            logits="last" if last else "none",
+        )
+
+    def _propose(self, req: Request) -> Draft:
+        if req.drafter is None or req.controller is None:
+            return Draft.empty()
+        limit, width = req.controller.budget()
+        limit = min(limit, req.max_draft, req.max_new - req.produced - 1)
+        if limit <= 0:
+            return Draft.empty()
+        draft = req.drafter.propose(limit, width)
+        try:
+            draft.check(self.vocab_size)
+        except ValueError as exc:  # a drafter bug costs the speed-up, never the answer
+            log.warning("draft dropped: %s", exc)
+            return Draft.empty()
+        # the first nodes are closed under parents (parents precede children)
+        return draft if len(draft) <= limit else draft.subset(list(range(limit)))
+
+    def _verify_rows(self, req: Request, draft: Draft) -> SeqStep:
+        assert req.table is not None and req.pending is not None
+        start = req.computed
+        k = len(draft)
+        depths = torch.as_tensor(draft.depths(), dtype=torch.long)
+        return SeqStep(
+            tokens=torch.tensor([req.pending, *draft.tokens.tolist()], dtype=torch.long),
+            positions=start + torch.cat([torch.zeros(1, dtype=torch.long), depths]),
+            new_slots=req.table.slots(start, start + 1 + k),
+            context_slots=req.table.slots(0, start),
+            mask=None if draft.is_chain else tree_mask(draft.parents),
+        )
+
+    def _publish(self, req: Request) -> None:
+        """Index the request's newly committed full blocks (draft rows never are)."""
+        if not self.prefix_cache or req.table is None:
+            return
+        bs = self.pool.block_size
+        while (len(req.keys) + 1) * bs <= req.computed:
+            i = len(req.keys)
+            parent = req.keys[-1] if req.keys else root_key(req.tenant)
+            req.keys.append(chain_key(parent, req.tokens[i * bs : (i + 1) * bs]))
+            self.pool.publish(req.table.blocks[i], req.keys[-1])
+
+    def _after_chunk(self, req: Request, n: int, logits: torch.Tensor) -> None:
+        req.computed += n
+        self._publish(req)
+        if req.computed < len(req.prompt_ids):
+            return
+        req.stats.prefill_s = time.perf_counter() - req.started
+        verdict = self._verdict(req, logits, Draft.empty())
+        self._emit(req, [verdict.next_token])
+
+    def _after_verify(self, req: Request, draft: Draft, logits: torch.Tensor) -> None:
+        assert req.table is not None
+        verdict = self._verdict(req, logits, draft)
+        accepted = len(verdict.accepted)
+        if not draft.is_chain and accepted:
+            self._compact(req.table, req.computed, draft, verdict.accepted)
+        req.computed += 1 + accepted
+        req.stats.count(len(draft), accepted)
+        req.stats.count_sources(draft.source[verdict.accepted].tolist())
+        if req.controller is not None:
+            req.controller.observe(len(draft), accepted)
+        new = [int(draft.tokens[n]) for n in verdict.accepted] + [verdict.next_token]
+        self._emit(req, new)
+
+    def _verdict(self, req: Request, logits: torch.Tensor, draft: Draft) -> Verdict:
+        if req.params.greedy:
+            return verify_greedy(logits, draft.tokens, draft.parents)
+        probs = _LazyProbs(logits, req.params)
+        return verify_sampled(probs, draft.tokens, draft.parents, req.generator, sample)  # type: ignore[arg-type]
+
+    def _compact(self, table: BlockTable, start: int, draft: Draft, path: list[int]) -> None:
+        """Move the accepted tree nodes' K/V to the positions right after the root."""
+        src = table.slots(start, start + 1 + len(draft))[torch.tensor(path) + 1]
+        dst = table.slots(start + 1, start + 1 + len(path))
+        storage = self.pool.storage
+        device = storage.k.device
+        src, dst = src.to(device), dst.to(device)
+        storage.k[:, dst] = storage.k[:, src]
+        storage.v[:, dst] = storage.v[:, src]
+
+    def _emit(self, req: Request, new: list[int]) -> None:
+        req.tokens += new
+        self._publish(req)
+        req.produced += len(new)
+        req.pending = new[-1]
+        delta = req.output.push(new)
+        if delta.token_ids or delta.text:
+            req.on_delta(delta)
+        if req.output.finish_reason is None and req.produced < req.max_new:
+            if req.drafter is not None:
+                began = time.perf_counter()
+                req.drafter.extend(new)
+                req.stats.draft_s += time.perf_counter() - began
+            return
+        tail = req.output.finish()
+        if tail.text:
+            req.on_delta(tail)
+        self._finish(req)
+
+
+class _LazyProbs:
+    """Row i of the target's distributions, computed (one row at a time) when asked for."""
+
+    def __init__(self, logits: torch.Tensor, params: SamplingParams) -> None:
+        self.logits = logits
+        self.params = params
+
+    def __getitem__(self, row: int) -> torch.Tensor:
+        return target_probs(self.logits[row], self.params)
