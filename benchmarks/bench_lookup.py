@@ -13,8 +13,17 @@ metadata) up to ``--corpus-tokens`` tokens.
 - Redis: 20 documents put through ``lookup.corpus.Corpus`` on a real Redis, then the
   time of ``Corpus.select`` fetching all 20 by id; round trips are counted client-side
   (every command or pipeline written to a connection is one round trip).
+- Corpus-size scaling (``--scaling 1000,10000,100000``): one tenant grows to each size
+  with consecutive ``--doc-chars`` slices of the stdlib as documents, on the in-memory
+  store and on Redis. Per size: selection by content (``Corpus.select`` with a prompt that
+  quotes 200 characters of a random stored document, anchors computed included) p50/p99
+  and round trips, how often that document was selected, the retrieval index's bytes per
+  corpus token (Redis ``MEMORY USAGE`` of the index keys, and the bytes charged to the
+  tenant's cap), and the proposal p50/p99 of a drafter over the selected documents
+  generating the rest of the quoted document (token arrays fetched in one more round trip).
 
-Usage: ``python benchmarks/bench_lookup.py --json OUT [--redis-url redis://127.0.0.1:6379]``
+Usage: ``python benchmarks/bench_lookup.py --json OUT [--redis-url redis://127.0.0.1:6379]
+[--scaling 1000,10000,100000]``
 """
 
 from __future__ import annotations
@@ -176,6 +185,162 @@ async def bench_redis(url: str, corpus_texts: list[str], repeats: int) -> dict[s
     }
 
 
+def stdlib_slices(chars: int, count: int) -> list[str]:
+    """``count`` consecutive ``chars``-character slices of the stdlib ``*.py`` text."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    paths = sorted(p for p in root.rglob("*.py") if "site-packages" not in p.parts)
+    out: list[str] = []
+    for path in paths:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        out += [text[i : i + chars] for i in range(0, len(text) - chars // 2, chars)]
+        if len(out) >= count:
+            return out[:count]
+    raise RuntimeError(f"the stdlib holds only {len(out)} slices of {chars} characters")
+
+
+async def index_memory_bytes(url: str, prefix: str) -> int:
+    """Redis ``MEMORY USAGE`` of every retrieval index key under ``prefix`` (sampling 1000
+    fields of each hash: exact counting takes seconds on a 100k-field hash)."""
+    from redis.asyncio import Redis
+
+    client = Redis.from_url(url)
+    try:
+        total = 0
+        async for key in client.scan_iter(match=f"{prefix}*"):
+            if key.decode().endswith((":ix", ":anc", ":nums")):
+                total += await client.memory_usage(key, samples=1000) or 0
+        return total
+    finally:
+        await client.aclose()
+
+
+async def lua_usec(url: str | None) -> float:
+    """Microseconds Redis has spent running scripts so far (0 without Redis)."""
+    if not url:
+        return 0.0
+    from redis.asyncio import Redis
+
+    client = Redis.from_url(url)
+    try:
+        stats = await client.info("commandstats")
+        return float(stats.get("cmdstat_evalsha", {}).get("usec", 0))
+    finally:
+        await client.aclose()
+
+
+async def bench_scaling(  # type: ignore[no-untyped-def]
+    url: str | None, tokenizer, sizes: list[int], doc_chars: int, queries: int
+) -> list[dict[str, object]]:
+    """Selection and proposal cost as one tenant's corpus grows (see the module docstring)."""
+    from lookup.corpus import Corpus, open_store
+    from lookup.corpus.keys import index_key, namespace_base
+    from lookup.draft import Source
+    from lookup.index import IndexCache
+
+    texts = stdlib_slices(doc_chars, max(sizes))
+    counter = count_round_trips()
+    prefix = f"dg-bench-{uuid.uuid4().hex[:8]}:"
+    store = open_store(url, prefix=prefix, timeout_s=5.0)
+    corpus = Corpus(store, max_ns_docs=max(sizes), max_ns_bytes=1 << 40, max_doc_bytes=1 << 20)
+    cache = IndexCache()
+    rng = np.random.default_rng(1)
+    ns, rows, stored, corpus_tokens = "bench", [], 0, 0
+    kinds = {"named": Source.DOCUMENT, "retrieved": Source.RETRIEVED, "answer": Source.ANSWER}
+    try:
+        for size in sizes:
+            batch = texts[stored:size]
+            for start in range(0, len(batch), 32):
+                part = batch[start : start + 32]
+                await asyncio.gather(
+                    *(corpus.put(ns, f"d{stored + start + i}", t) for i, t in enumerate(part))
+                )
+            corpus_tokens += sum(len(e.ids) for e in tokenizer.backend.encode_batch(batch))
+            stored = size
+            select_ms, select_cpu_ms, trips, found, hits = [], [], [], 0, []
+            server_before = await lua_usec(url)
+            for _ in range(queries):
+                j = int(rng.integers(0, size))
+                prompt = f"What does this code do, and what comes after it?\n{texts[j][: doc_chars // 2]}"
+                before = counter[0]
+                start, start_cpu = time.perf_counter(), time.thread_time()
+                docs = await corpus.select(ns, prompt_text=prompt)
+                select_cpu_ms.append((time.thread_time() - start_cpu) * 1e3)
+                select_ms.append((time.perf_counter() - start) * 1e3)
+                trips.append(counter[0] - before)
+                if any(d.id == f"d{j}" for d in docs):
+                    found += 1
+                    hits.append((j, prompt, docs))
+            server_us = (await lua_usec(url) - server_before) / queries
+            propose_us, propose_cpu_us, token_trips = [], [], []
+            for j, prompt, docs in hits[:20]:
+                before = counter[0]
+                arrays = await corpus.tokens(ns, docs, "smollm2", tokenizer.encode)
+                token_trips.append(counter[0] - before)
+                indexes = [cache.get_or_build(sha, tokens) for sha, tokens in arrays]
+                drafter = Drafter(
+                    tokenizer.encode(prompt),
+                    documents=indexes,
+                    document_sources=[kinds[d.kind] for d in docs],
+                )
+                target = tokenizer.encode(texts[j][doc_chars // 2 :])
+                done = 0
+                while done < len(target):
+                    start, start_cpu = time.perf_counter(), time.thread_time()
+                    draft = drafter.propose(16)
+                    propose_cpu_us.append((time.thread_time() - start_cpu) * 1e6)
+                    propose_us.append((time.perf_counter() - start) * 1e6)
+                    n = 0
+                    while n < len(draft) and done + n < len(target):
+                        if int(draft.tokens[n]) != target[done + n]:
+                            break
+                        n += 1
+                    step = target[done : done + n + 1]
+                    drafter.extend(step)
+                    done += len(step)
+            row: dict[str, object] = {
+                "store": "redis" if url else "memory",
+                "documents": size,
+                "corpus_tokens": corpus_tokens,
+                "select_p50_ms": float(np.percentile(select_ms, 50)),
+                "select_p99_ms": float(np.percentile(select_ms, 99)),
+                "select_cpu_p50_ms": float(np.percentile(select_cpu_ms, 50)),
+                "select_cpu_p99_ms": float(np.percentile(select_cpu_ms, 99)),
+                "select_round_trips": max(trips),
+                "tokens_round_trips": max(token_trips, default=0),
+                "quoted_document_selected": found / queries,
+                "propose_p50_us": float(np.percentile(propose_us, 50)),
+                "propose_p99_us": float(np.percentile(propose_us, 99)),
+                "propose_cpu_p50_us": float(np.percentile(propose_cpu_us, 50)),
+                "propose_cpu_p99_us": float(np.percentile(propose_cpu_us, 99)),
+            }
+            if url:
+                row["select_redis_server_us_mean"] = server_us
+                base = namespace_base(prefix, ns)
+                from redis.asyncio import Redis
+
+                client = Redis.from_url(url)
+                charged = int(await client.hget(index_key(base, "stat"), "ixbytes") or 0)
+                await client.aclose()
+                memory = await index_memory_bytes(url, prefix)
+                row["index_redis_bytes_per_token"] = memory / corpus_tokens
+                row["index_charged_bytes_per_token"] = charged / corpus_tokens
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    finally:
+        if url:
+            from redis.asyncio import Redis
+
+            client = Redis.from_url(url)
+            async for key in client.scan_iter(match=f"{prefix}*"):
+                await client.delete(key)
+            await client.aclose()
+        await corpus.aclose()
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, required=True, help="write results here")
@@ -187,9 +352,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--redis-url", default="redis://127.0.0.1:6379/0")
     parser.add_argument("--no-redis", action="store_true", help="skip the Redis measurement")
+    parser.add_argument("--scaling", default="", help="corpus sizes, e.g. 1000,10000,100000")
+    parser.add_argument("--doc-chars", type=int, default=300, help="characters per document")
+    parser.add_argument("--queries", type=int, default=200, help="selections per size")
+    parser.add_argument("--only-scaling", action="store_true", help="skip the other parts")
     args = parser.parse_args(argv)
-
     tokenizer = load_tokenizer()
+    if args.scaling:
+        sizes = [int(n) for n in args.scaling.split(",")]
+        scaling: list[dict[str, object]] = []
+        for url in [None] + ([] if args.no_redis else [args.redis_url]):
+            scaling += asyncio.run(
+                bench_scaling(url, tokenizer, sizes, args.doc_chars, args.queries)
+            )
+        if args.only_scaling:
+            args.json.write_text(json.dumps({"scaling": scaling}, indent=2) + "\n")
+            return 0
+
     start = time.perf_counter()
     corpus = stdlib_corpus(tokenizer, args.corpus_tokens)
     result: dict[str, object] = {
@@ -214,6 +393,8 @@ def main(argv: list[str] | None = None) -> int:
             tokenizer.decode(corpus[i * stride : i * stride + 2000].tolist()) for i in range(20)
         ]
         result.update(asyncio.run(bench_redis(args.redis_url, texts, max(args.repeats, 20))))
+    if args.scaling:
+        result["scaling"] = scaling
     args.json.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
     return 0

@@ -8,13 +8,23 @@ document for the next request), transformers plain ``generate`` and transformers
 lookup (``prompt_lookup_num_tokens=10``) on the same model read from the same GGUF.
 tokens/s = output tokens / wall time of the whole generation call, prompt processing
 included; prompt-processing time is reported apart.
+
+``--recall`` runs the ``recall`` category instead: requests whose answers copy stored
+documents or earlier answers that they do not name, each run plain, with the document
+named, and with the document found by the corpus itself (``lookup.corpus.Corpus`` on
+the in-memory store, among 1000 stdlib slices as distractors), interleaved:
+``recall_doc`` are the workload's code edits without their prediction, the edited file
+stored; ``recall_repeat`` are the workload's other single requests asked a second time
+after all the others, their first answers captured (keyed by their prompts).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import hashlib
 import json
+import sysconfig
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -28,6 +38,8 @@ from local_verifier.generate import PlainResult, generate_plain
 from local_verifier.loader import LoadedModel, load_model
 from local_verifier.reference import load_reference
 from local_verifier.sampling import SamplingParams
+from lookup.corpus import Corpus, open_store
+from lookup.draft import Source
 
 WORKLOAD = Path(__file__).resolve().parent / "workloads" / "default.jsonl"
 """The workload this project ships (``benchmarks/workloads/build.py`` makes it)."""
@@ -118,6 +130,126 @@ def summarise(prompts: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return summary
 
 
+RECALL_CONFIGS = ("plain", "named", "recall")
+SOURCES = {"named": Source.DOCUMENT, "retrieved": Source.RETRIEVED, "answer": Source.ANSWER}
+
+
+def prompt_text(messages: list[dict[str, Any]]) -> str:
+    """The prompt text the gateway selects documents with (``Call.prompt_text``)."""
+    return "\n".join(str(m["content"]) for m in messages)
+
+
+def distractors(count: int, chars: int = 2000) -> list[str]:
+    """``count`` slices of the stdlib ``*.py`` text, as documents nobody asks about."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    out: list[str] = []
+    for path in sorted(p for p in root.rglob("*.py") if "site-packages" not in p.parts):
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        out += [text[i : i + chars] for i in range(0, len(text) - chars // 2, chars)]
+        if len(out) >= count:
+            break
+    return out[:count]
+
+
+def run_recall(
+    lm: LoadedModel, engine: Engine, records: list[dict[str, Any]], max_tokens: int
+) -> dict[str, Any]:
+    """The ``recall`` category (see the module docstring): rows and a summary per kind."""
+    corpus = Corpus(open_store(None), max_ns_docs=100_000, max_ns_bytes=1 << 34)
+    loop = asyncio.new_event_loop()
+    ns = "recall"
+    for i, text in enumerate(distractors(1000)):
+        loop.run_until_complete(corpus.put(ns, f"stdlib/{i}.py", text))
+    edits = [r for r in records if r["category"] == "code_edit" and r.get("prediction")]
+    singles = [r for r in records if r["category"] in ("chat", "json", "multilingual", "doc_qa")]
+    for r in edits:
+        loop.run_until_complete(corpus.put(ns, f"src/{r['id']}.py", r["prediction"]))
+    earlier: dict[str, str] = {}
+    for r in singles:  # first asks: the answers are captured as the gateway does
+        ids = lm.tokenizer.encode(lm.tokenizer.apply_chat_template(r["messages"]))
+        limit = min(max_tokens, r.get("max_tokens") or max_tokens)
+        first = run_speculative(engine, GenerationRequest(prompt_ids=ids, max_tokens=limit))
+        earlier[r["id"]] = first["text"]
+        text = prompt_text(r["messages"])
+        loop.run_until_complete(corpus.capture(ns, [first["text"]], request_texts=[text]))
+        loop.run_until_complete(corpus.drain())
+    rows = []
+    jobs = [("recall_doc", r, r["prediction"]) for r in edits]
+    jobs += [("recall_repeat", r, earlier[r["id"]]) for r in singles]
+    for n, (kind, r, named_text) in enumerate(jobs):
+        ids = lm.tokenizer.encode(lm.tokenizer.apply_chat_template(r["messages"]))
+        limit = min(max_tokens, r.get("max_tokens") or max_tokens)
+        docs = loop.run_until_complete(
+            corpus.select(ns, prompt_text=prompt_text(r["messages"]), recent=2)
+        )
+        arrays = loop.run_until_complete(
+            corpus.tokens(ns, docs, lm.tokenizer.fingerprint, lm.tokenizer.encode)
+        )
+        recall_req = GenerationRequest(
+            prompt_ids=ids,
+            max_tokens=limit,
+            documents=arrays,
+            document_sources=[SOURCES[d.kind] for d in docs],
+        )
+        named_req = GenerationRequest(
+            prompt_ids=ids, max_tokens=limit, documents=[document(lm, named_text)]
+        )
+        runs: dict[str, dict[str, Any]] = {}
+        for config in RECALL_CONFIGS if n % 2 == 0 else RECALL_CONFIGS[::-1]:
+            if config == "plain":
+                runs[config] = run_plain(lm, ids, limit)
+            else:
+                runs[config] = run_speculative(
+                    engine, named_req if config == "named" else recall_req
+                )
+        stats: GenerationStats = runs["recall"]["stats"]
+        row = {
+            "id": r["id"],
+            "category": kind,
+            "tokens": len(runs["plain"]["ids"]),
+            "wall": {c: runs[c]["wall"] for c in RECALL_CONFIGS},
+            "tokens_by": {c: len(runs[c]["ids"]) for c in RECALL_CONFIGS},
+            "selected": [(d.id, d.kind) for d in docs],
+            "found": any(d.text == named_text for d in docs),
+            "accepted_by_source": stats.accepted_by_source,
+            "identical": all(
+                runs[c]["ids"] == runs["plain"]["ids"] and runs[c]["text"] == runs["plain"]["text"]
+                for c in ("named", "recall")
+            ),
+        }
+        rows.append(row)
+        w = row["wall"]
+        print(
+            f"{r['id']:<16} {kind:<14} {row['tokens']:>4} tok  named x{w['plain'] / w['named']:.2f}"
+            f"  recall x{w['plain'] / w['recall']:.2f}  found {row['found']}"
+            f"  identical {row['identical']}",
+            flush=True,
+        )
+    loop.close()
+    summary = {}
+    for kind in ("recall_doc", "recall_repeat"):
+        group = [row for row in rows if row["category"] == kind]
+        tps = {
+            c: sum(x["tokens_by"][c] for x in group) / sum(x["wall"][c] for x in group)
+            for c in RECALL_CONFIGS
+        }
+        summary[kind] = {
+            "prompts": len(group),
+            "tps": tps,
+            "named_vs_plain": tps["named"] / tps["plain"],
+            "recall_vs_plain": tps["recall"] / tps["plain"],
+            "recall_share_of_named_speedup": (tps["recall"] / tps["plain"] - 1)
+            / max(tps["named"] / tps["plain"] - 1, 1e-9),
+            "found": sum(x["found"] for x in group) / len(group),
+            "identical": sum(x["identical"] for x in group) / len(group),
+        }
+        print(kind, json.dumps(summary[kind]))
+    return {"prompts": rows, "summary": summary}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--workload", type=Path, default=WORKLOAD, help="JSONL workload file")
@@ -125,6 +257,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--ids", nargs="*", default=None, help="only these record ids")
+    parser.add_argument("--recall", action="store_true", help="run the recall category only")
     args = parser.parse_args()
 
     records = [json.loads(line) for line in args.workload.read_text().splitlines() if line.strip()]
@@ -132,6 +265,16 @@ def main() -> None:
         records = [r for r in records if r["id"] in set(args.ids)]
     lm = load_model(args.model)
     engine = Engine(lm)
+    if args.recall:
+        warm = lm.tokenizer.encode(
+            lm.tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}])
+        )
+        run_plain(lm, warm, 8)
+        run_speculative(engine, GenerationRequest(prompt_ids=warm, max_tokens=8))
+        result = run_recall(lm, engine, records, args.max_tokens)
+        if args.json:
+            args.json.write_text(json.dumps({"recall": result}, indent=1))
+        return
     hf = load_reference(args.model)
     eos = sorted(lm.tokenizer.eos_ids)
     print(

@@ -27,6 +27,7 @@ from local_verifier.sampling import SamplingParams, make_generator
 from local_verifier.scheduler import DraftPolicy, DraftSource, Request, Scheduler
 from local_verifier.step_costs import measure_row_costs
 from lookup.controller import DraftController
+from lookup.draft import Source
 from lookup.drafter import Drafter
 from lookup.index import IndexCache
 
@@ -66,6 +67,7 @@ class GenerationRequest:
     stop: list[str] = field(default_factory=list)
     prediction: str | None = None
     documents: list[DocumentTokens] = field(default_factory=list)
+    document_sources: list[Source] = field(default_factory=list)  # default: Source.DOCUMENT
     draft: bool = True
     max_draft: int | None = None  # cap on draft tokens per verify step (None = measured range)
     tenant: str = ""  # prefixes are reused only between requests of the same tenant
@@ -83,6 +85,7 @@ class GenerationStats:
     drafted_tokens: int
     accepted_tokens: int
     accepted_by_position: list[int]
+    accepted_by_source: dict[str, int]  # accepted draft tokens per source (Source names)
     accepted_prediction_tokens: int | None
     rejected_prediction_tokens: int | None
     prefill_s: float
@@ -317,6 +320,7 @@ class Engine:
             drafted_tokens=stats.drafted_tokens,
             accepted_tokens=stats.accepted_tokens,
             accepted_by_position=stats.accepted_by_position,
+            accepted_by_source=stats.accepted_by_source,
             accepted_prediction_tokens=accepted_pred,
             rejected_prediction_tokens=rejected_pred,
             prefill_s=stats.prefill_s,
@@ -352,7 +356,12 @@ class Engine:
             else None
         )
         documents = [self.index_cache.get_or_build(key, tokens) for key, tokens in req.documents]
-        return Drafter(prompt_ids, prediction=prediction, documents=documents)
+        return Drafter(
+            prompt_ids,
+            prediction=prediction,
+            documents=documents,
+            document_sources=req.document_sources,
+        )
 
 
 def _drain(items: queue.SimpleQueue[Any], handle: Handle) -> Iterator[TextDelta | GenerationStats]:

@@ -28,7 +28,7 @@ from local_verifier.tokenizer import Tokenizer
 from local_verifier.tree import tree_mask
 from local_verifier.verify import Verdict, verify_greedy, verify_sampled
 from lookup.controller import plan_batch
-from lookup.draft import Draft
+from lookup.draft import Draft, Source
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +57,7 @@ class Stats:
     drafted_tokens: int = 0
     accepted_tokens: int = 0
     accepted_by_position: list[int] = field(default_factory=list)
+    accepted_by_source: dict[str, int] = field(default_factory=dict)  # Source names, lower case
     queued_s: float = 0.0
     prefill_s: float = 0.0
     draft_s: float = 0.0
@@ -69,6 +70,12 @@ class Stats:
             self.accepted_by_position += [0] * (accepted - len(self.accepted_by_position))
         for i in range(accepted):
             self.accepted_by_position[i] += 1
+
+    def count_sources(self, sources: Sequence[int]) -> None:
+        """Count accepted draft tokens by the ``lookup.draft.Source`` they were copied from."""
+        for source in sources:
+            name = Source(source).name.lower()
+            self.accepted_by_source[name] = self.accepted_by_source.get(name, 0) + 1
 
 
 @dataclass(eq=False)
@@ -299,6 +306,7 @@ class Scheduler:
             self._compact(req.table, req.computed, draft, verdict.accepted)
         req.computed += 1 + accepted
         req.stats.count(len(draft), accepted)
+        req.stats.count_sources(draft.source[verdict.accepted].tolist())
         if req.controller is not None:
             req.controller.observe(len(draft), accepted)
         new = [int(draft.tokens[n]) for n in verdict.accepted] + [verdict.next_token]

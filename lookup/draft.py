@@ -15,7 +15,9 @@ class Source(IntEnum):
     PREDICTION = 0
     PROMPT = 1
     OUTPUT = 2
-    DOCUMENT = 3
+    DOCUMENT = 3  # a document the request named
+    RETRIEVED = 4  # a document the corpus found by content
+    ANSWER = 5  # an earlier captured answer
 
 
 def depths(parents: Sequence[int] | np.ndarray) -> np.ndarray:

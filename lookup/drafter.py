@@ -70,7 +70,9 @@ class Drafter:
         prediction: Sequence[int] | None = None,
         documents: Sequence[TokenIndex] = (),
         config: DrafterConfig = DrafterConfig(),
+        document_sources: Sequence[Source] = (),
     ) -> None:
+        """``document_sources``: each document's source (default ``Source.DOCUMENT``)."""
         self.config = config
         self.acceptance = AcceptanceModel()
         self._n_prompt = len(prompt)
@@ -86,7 +88,8 @@ class Drafter:
             self._prediction.positions = [0]  # aligned with the start of the answer
             self._pred_used = bytearray(len(prediction))
         self._tracks: list[Track] = [Track(self._context, Source.PROMPT)]
-        self._tracks += [Track(index, Source.DOCUMENT) for index in documents]
+        sources = list(document_sources) + [Source.DOCUMENT] * len(documents)
+        self._tracks += [Track(index, src) for index, src in zip(documents, sources, strict=False)]
         if self._prediction is not None:
             self._tracks.insert(0, self._prediction)
         hashes = self._context.suffix_hashes()

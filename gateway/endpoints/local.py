@@ -33,6 +33,7 @@ from gateway.http.asgi import (
 )
 from gateway.http.sse import DONE_EVENT, SSE_HEADERS, data_event, error_event
 from lookup.corpus import Corpus, CorpusError
+from lookup.draft import Source
 from sdk.wire import ChatCompletionRequest, CompletionRequest
 
 if TYPE_CHECKING:
@@ -52,6 +53,7 @@ _PARAMS = (  # sampling fields a ValueError may name
     "repetition_penalty",
     "logit_bias",
 )
+_SOURCES = {"named": Source.DOCUMENT, "retrieved": Source.RETRIEVED, "answer": Source.ANSWER}
 
 
 # Fields the local engine honours (every other field must be absent or off)
@@ -305,25 +307,30 @@ class LocalEndpoint:
         else:
             gen.prompt_ids = [int(t) for t in request.prompt]
         if draft:
-            gen.documents = await self._documents(call, engine)
+            await self._documents(call, engine, gen)
         return gen
 
-    async def _documents(self, call: Call, engine: Engine) -> list[tuple[str, Any]]:
-        """The documents to draft from, tokenized (the corpus scans the prompt for mentions
-        and tokenizes on worker threads, not on the event loop)."""
+    async def _documents(self, call: Call, engine: Engine, gen: GenerationRequest) -> None:
+        """Named, recent and retrieved documents' tokens and sources into ``gen`` (the corpus
+        scans the prompt for mentions and tokenizes on worker threads, not on the event
+        loop)."""
         try:
             docs = await self.corpus.select(
-                call.tenant, ids=call.doc_ids, prompt_text=call.prompt_text(), recent=self.recent
+                call.tenant,
+                ids=call.doc_ids,
+                prompt_text=call.prompt_text(),
+                prediction_text=gen.prediction or "",
+                recent=self.recent,
             )
             if not docs:
-                return []
+                return
             tokenizer = engine.tokenizer
-            return await self.corpus.tokens(
+            gen.documents = await self.corpus.tokens(
                 call.tenant, docs, tokenizer.fingerprint, tokenizer.encode
             )
+            gen.document_sources = [_SOURCES[d.kind] for d in docs]
         except CorpusError as exc:
             log.warning("local endpoint %s: documents unavailable: %s", self.config.name, exc)
-            return []
 
     async def serve(self, call: Call, send: Send) -> None:
         """Answer ``call`` (streamed or not) from the local engine."""

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from lookup.corpus.documents import content_sha256
 
-_FENCE = re.compile(
-    r"^(?P<fence>`{3,}|~{3,})[ \t]*(?P<lang>[\w+#.-]*)[^\n]*\n(?P<body>.*?)^(?P=fence)[ \t]*$",
-    re.MULTILINE | re.DOTALL,
-)
+_LANG = re.compile(r"[ \t]*([\w+#.-]*)")
 
 
 @dataclass(frozen=True)
@@ -21,7 +19,7 @@ class CaptureLimits:
     max_items: int = 8
     min_bytes: int = 16
     max_bytes: int = 64 * 1024
-    max_scan_chars: int = 1 << 20  # longer request texts are not searched for code blocks
+    max_scan_chars: int = 256 * 1024  # only this much of each request text is searched
     timeout_s: float = 1.0
     max_pending: int = 64
 
@@ -43,9 +41,42 @@ class CaptureItem:
     answer: bool
 
 
+def _fence(line: str) -> str:
+    """The run of three or more backticks or tildes that opens ``line``, or ""."""
+    if not line.startswith(("```", "~~~")):
+        return ""
+    return line[: len(line) - len(line.lstrip(line[0]))]
+
+
 def code_blocks(text: str) -> list[tuple[str | None, str]]:
-    """(language or None, body) of each fenced code block in a Markdown text."""
-    return [(m.group("lang") or None, m.group("body")) for m in _FENCE.finditer(text)]
+    """(language or None, body) of each fenced code block in a Markdown text.
+
+    A block opens on a line starting with a fence (3+ backticks or tildes, then an optional
+    language) and closes at the next line holding exactly that fence; an opener that is
+    never closed is skipped. One pass over the lines plus a binary search per opener, so
+    the cost is O(n log n) in the text's length whatever it holds.
+    """
+    lines = text.split("\n")
+    closers: dict[str, list[int]] = {}  # fence -> indexes of the lines that close it
+    for i, line in enumerate(lines):
+        fence = _fence(line)
+        if fence and line.rstrip(" \t") == fence:
+            closers.setdefault(fence, []).append(i)
+    blocks: list[tuple[str | None, str]] = []
+    i = 0
+    while i < len(lines) - 1:
+        fence = _fence(lines[i])
+        ends = closers.get(fence) if fence else None
+        k = bisect.bisect_right(ends, i) if ends else 0
+        if not ends or k == len(ends):
+            i += 1
+            continue
+        end = ends[k]
+        lang = _LANG.match(lines[i], len(fence))
+        body = "".join(line + "\n" for line in lines[i + 1 : end])
+        blocks.append((lang.group(1) if lang and lang.group(1) else None, body))
+        i = end + 1
+    return blocks
 
 
 def capture_items(
@@ -60,8 +91,9 @@ def capture_items(
         answers = [answers]
     candidates: list[tuple[str | None, str, bool]] = [(None, t, True) for t in answers]
     for text in request_texts:
-        if len(text) <= limits.max_scan_chars:
-            candidates += [(lang, body, False) for lang, body in code_blocks(text)]
+        candidates += [
+            (lang, body, False) for lang, body in code_blocks(text[: limits.max_scan_chars])
+        ]
     for language, text, answer in candidates:
         size = len(text.encode("utf-8", "replace"))
         if not limits.min_bytes <= size <= limits.max_bytes:

@@ -10,7 +10,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from lookup.corpus.capture import CaptureItem, CaptureLimits, CaptureStats, capture_items
+from lookup.corpus.anchors import AnchorConfig, anchors, query_text
+from lookup.corpus.capture import CaptureLimits, CaptureStats, capture_items
 from lookup.corpus.documents import (
     Document,
     DocumentMeta,
@@ -27,7 +28,11 @@ from lookup.corpus.store import DocumentStore, Limits, NewDocument
 
 log = logging.getLogger(__name__)
 
+_NO_ANCHORS = np.zeros(0, np.uint64)
+
 Encode = Callable[[str], Sequence[int]]
+
+INLINE_ANCHOR_CHARS = 64 * 1024  # longer texts are anchored on a worker thread
 
 
 class Corpus:
@@ -37,7 +42,9 @@ class Corpus:
     are refused. ``max_ns_bytes``/``max_ns_docs``: a namespace's caps; least recently used
     documents are evicted to fit. ``select_max_docs``/``select_max_bytes`` bound what one
     request drafts from; ``select_max_ids`` bounds the ids one request may name (more is
-    `InvalidDocument`, refused before the store is asked). ``clock`` gives wall-clock seconds (injectable for tests).
+    `InvalidDocument`, refused before the store is asked); ``retrieve_max_docs`` of the
+    documents may be found by content (0: off), anchored as ``anchor_config`` says.
+    ``clock`` gives wall-clock seconds (injectable for tests).
     """
 
     def __init__(
@@ -50,12 +57,16 @@ class Corpus:
         max_ns_docs: int = 10_000,
         select_max_docs: int = 16,
         select_max_bytes: int = 4 << 20,
+        retrieve_max_docs: int = 8,
+        anchor_config: AnchorConfig | None = None,
         select_max_ids: int = 64,
         capture_limits: CaptureLimits | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         if ttl_s <= 0 or min(max_doc_bytes, max_ns_bytes, max_ns_docs, select_max_docs) < 1:
             raise ValueError("ttl_s, caps and selection bounds must be positive")
+        if retrieve_max_docs < 0:
+            raise ValueError("retrieve_max_docs must not be negative")
         if max_doc_bytes > max_ns_bytes:
             raise ValueError("max_doc_bytes must not exceed max_ns_bytes")
         self.store = store
@@ -63,6 +74,8 @@ class Corpus:
         self.max_doc_bytes = max_doc_bytes
         self.select_max_docs = select_max_docs
         self.select_max_bytes = select_max_bytes
+        self.retrieve_max_docs = retrieve_max_docs
+        self.anchor_config = anchor_config or AnchorConfig()
         self.select_max_ids = select_max_ids
         self.capture_limits = capture_limits or CaptureLimits()
         self.capture_stats = CaptureStats()
@@ -82,6 +95,21 @@ class Corpus:
         `StoreUnavailable`."""
         return await self._put(ns, id, text, path=path, language=language, answer=False)
 
+    def _document_anchors(self, text: str, keys: str) -> np.ndarray:
+        """A document's anchors; an answer's also include its request's (``keys``)."""
+        cfg = self.anchor_config
+        found = anchors(text, cfg.window, cfg.max_anchors)
+        if keys:
+            asked = anchors(query_text(keys, "", cfg), cfg.window, cfg.max_query_anchors)
+            found = np.union1d(found, asked)
+        return found
+
+    def _query_anchors(self, prompt_text: str, prediction_text: str) -> np.ndarray:
+        cfg = self.anchor_config
+        return anchors(
+            query_text(prompt_text, prediction_text, cfg), cfg.window, cfg.max_query_anchors
+        )
+
     async def _put(
         self,
         ns: str,
@@ -91,12 +119,17 @@ class Corpus:
         path: str | None,
         language: str | None,
         answer: bool,
+        keys: str = "",
     ) -> DocumentMeta:
         check_namespace(ns)
         check_id(doc_id)
         check_path(path)
         check_language(language)
         decoded, size = decode_text(text, self.max_doc_bytes)
+        if len(decoded) + len(keys) > INLINE_ANCHOR_CHARS:
+            found = await asyncio.to_thread(self._document_anchors, decoded, keys)
+        else:
+            found = self._document_anchors(decoded, keys)
         names = document_names(doc_id, path)
         doc = NewDocument(
             id=doc_id,
@@ -106,6 +139,7 @@ class Corpus:
             path=path,
             language=language,
             names=names,
+            anchors=found,
             meta_bytes=sum(len(v.encode()) for v in (doc_id, path or "", language or "", *names)),
         )
         return await self.store.put(ns, doc, answer=answer, limits=self.limits, now=self._clock())
@@ -117,6 +151,8 @@ class Corpus:
             ids=[check_id(id)],
             names=[],
             recent=0,
+            query=_NO_ANCHORS,
+            retrieve=0,
             max_docs=1,
             max_bytes=self.limits.max_ns_bytes,
             limits=self.limits,
@@ -135,23 +171,34 @@ class Corpus:
         return await self.store.list(check_namespace(ns), limits=self.limits, now=self._clock())
 
     async def select(
-        self, ns: str, *, ids: Sequence[str] = (), prompt_text: str = "", recent: int = 0
+        self,
+        ns: str,
+        *,
+        ids: Sequence[str] = (),
+        prompt_text: str = "",
+        prediction_text: str = "",
+        recent: int = 0,
     ) -> builtins.list[Document]:
         """Documents for one request, in one store round trip: ``ids`` in order, then
         documents whose id or path the prompt mentions, then the ``recent`` latest captured
-        answers; deduplicated and bounded by ``select_max_docs``/``select_max_bytes``.
-        The prompt is scanned for mentions on a worker thread."""
+        answers, then up to ``retrieve_max_docs`` documents and answers whose content the
+        prompt or prediction shares most (``Document.kind`` says which way each came);
+        deduplicated and bounded by ``select_max_docs``/``select_max_bytes``. The prompt is
+        scanned for mentions on a worker thread."""
         if len(ids) > self.select_max_ids:
             raise InvalidDocument(
                 f"{len(ids)} document ids named; at most {self.select_max_ids} per request"
             )
         checked = [check_id(i) for i in ids]
         names = await asyncio.to_thread(mention_candidates, prompt_text) if prompt_text else []
+        retrieve = self.retrieve_max_docs if prompt_text or prediction_text else 0
         return await self.store.select(
             check_namespace(ns),
             ids=checked,
             names=names,
             recent=min(max(0, recent), self.select_max_docs),
+            query=self._query_anchors(prompt_text, prediction_text) if retrieve else _NO_ANCHORS,
+            retrieve=retrieve,
             max_docs=self.select_max_docs,
             max_bytes=self.select_max_bytes,
             limits=self.limits,
@@ -196,25 +243,31 @@ class Corpus:
         self, ns: str, texts: Sequence[str], *, request_texts: Sequence[str] = ()
     ) -> None:
         """Store response ``texts`` (as answers) and the code blocks of ``request_texts``
-        in the namespace, in the background. Returns at once and never raises: outcomes
-        are counted in ``capture_stats``; each capture is bounded by ``capture_limits``."""
+        in the namespace, in the background. Returns at once and never raises: the texts
+        are scanned on a worker thread, outcomes are counted in ``capture_stats``, and each
+        capture is bounded by ``capture_limits``."""
         try:
-            items = capture_items(texts, request_texts, self.capture_limits)
-            if not items:
-                return
             if len(self._pending) >= self.capture_limits.max_pending:
                 self.capture_stats.dropped += 1
                 return
-            task = asyncio.get_running_loop().create_task(self._store_captured(ns, items))
+            task = asyncio.get_running_loop().create_task(
+                self._store_captured(ns, texts, request_texts)
+            )
             self._pending.add(task)
             task.add_done_callback(self._pending.discard)
         except Exception:
             self.capture_stats.failed += 1
             log.debug("capture not started", exc_info=True)
 
-    async def _store_captured(self, ns: str, items: Sequence[CaptureItem]) -> None:
+    async def _store_captured(
+        self, ns: str, texts: Sequence[str], request_texts: Sequence[str]
+    ) -> None:
         try:
             async with asyncio.timeout(self.capture_limits.timeout_s):
+                items = await asyncio.to_thread(
+                    capture_items, texts, request_texts, self.capture_limits
+                )
+                keys = "\n".join(request_texts)
                 for item in items:
                     await self._put(
                         ns,
@@ -223,6 +276,7 @@ class Corpus:
                         path=None,
                         language=item.language,
                         answer=item.answer,
+                        keys=keys if item.answer else "",
                     )
             self.capture_stats.stored += len(items)
         except Exception:

@@ -28,9 +28,12 @@ class DocumentMeta:
 
 @dataclass(frozen=True)
 class Document(DocumentMeta):
-    """A stored document with its text."""
+    """A stored document with its text, and how a selection chose it: ``named`` (by id or
+    a name the prompt mentions), ``answer`` (a captured answer) or ``retrieved`` (by
+    content)."""
 
     text: str
+    kind: str = "named"
 
 
 def content_sha256(text: str) -> str:

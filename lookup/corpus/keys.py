@@ -12,8 +12,14 @@ Keys under the namespace base ``B``:
                         created, names)
   B + "names"    HASH   name-hash -> id-hash (ids, paths and basenames a prompt may mention)
   B + "refs"     HASH   sha256 -> number of documents holding that content (dedupe)
-  B + "stat"     HASH   "bytes" -> bytes stored: distinct content + every document's metadata
+  B + "stat"     HASH   "bytes" -> bytes stored: distinct content + every document's metadata,
+                        "ixbytes" -> bytes the retrieval index is charged, "seq" -> last
+                        document number given
   B + "fps"      SET    tokenizer-fingerprint hashes with cached token arrays
+  B + "ix"       HASH   anchor bucket (2 bytes) -> postings (4-byte fingerprint + 4-byte
+                        document number each; see lookup.corpus.anchors)
+  B + "anc"      HASH   id-hash -> the document's indexed anchors (6 bytes each)
+  B + "nums"     HASH   document number (4 bytes) -> id-hash
   B + "b:" + sha256                    STRING  the content (UTF-8)
   B + "t:" + fingerprint-hash + ":" + sha256  STRING  token ids as little-endian uint32
 """

@@ -6,6 +6,9 @@ import builtins
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from lookup.corpus.anchors import INDEX_ANCHOR_BYTES, INDEX_DOC_BYTES, MAX_POSTINGS
 from lookup.corpus.documents import Document, DocumentMeta
 from lookup.corpus.keys import digest
 from lookup.corpus.store import Limits, NewDocument
@@ -17,6 +20,8 @@ class _Entry:
     created: float
     last_used: float
     order: str  # tie-break among equal times, as Redis sorted sets order members
+    num: int = 0  # number in the retrieval index (newer documents have larger numbers)
+    anchors: list[int] = field(default_factory=list)  # the anchors indexed for it
 
     def meta(self) -> DocumentMeta:
         d = self.doc
@@ -34,6 +39,44 @@ class _Namespace:
     refs: dict[str, int] = field(default_factory=dict)
     stored_bytes: int = 0
     tokens: dict[tuple[str, str], bytes] = field(default_factory=dict)
+    index: dict[int, list[int]] = field(default_factory=dict)  # anchor -> document numbers
+    nums: dict[int, str] = field(default_factory=dict)  # document number -> id
+    index_bytes: int = 0
+    seq: int = 0
+    oldest: float = float("inf")  # a lower bound of every entry's last use
+
+    def index_add(self, doc_id: str, entry: _Entry) -> None:
+        self.seq += 1
+        entry.num = self.seq % (1 << 32)
+        for anchor in entry.doc.anchors.tolist():
+            found = self.index.setdefault(anchor, [])
+            if len(found) < MAX_POSTINGS:
+                found.append(entry.num)
+                entry.anchors.append(anchor)
+        if entry.anchors:
+            self.nums[entry.num] = doc_id
+            self.index_bytes += len(entry.anchors) * INDEX_ANCHOR_BYTES + INDEX_DOC_BYTES
+
+    def index_drop(self, entry: _Entry) -> None:
+        if not entry.anchors:
+            return
+        for anchor in entry.anchors:
+            found = self.index[anchor]
+            found.remove(entry.num)
+            if not found:
+                del self.index[anchor]
+        del self.nums[entry.num]
+        self.index_bytes -= len(entry.anchors) * INDEX_ANCHOR_BYTES + INDEX_DOC_BYTES
+
+    def retrieve(self, query: np.ndarray, limit: int) -> list[str]:
+        """Ids of the ``limit`` documents best matching the query anchors."""
+        score: dict[int, float] = {}
+        for anchor in query.tolist():
+            found = self.index.get(anchor, [])
+            for num in found:
+                score[num] = score.get(num, 0.0) + 1 / len(found)
+        best = sorted(score, key=lambda num: (-score[num], -num))[:limit]
+        return [self.nums[num] for num in best]
 
     def add_ref(self, doc: NewDocument) -> None:
         if doc.sha256 not in self.refs:
@@ -62,12 +105,23 @@ class _Namespace:
         self.answers.pop(doc_id, None)
         self.stored_bytes -= entry.doc.meta_bytes
         self.drop_names(doc_id, entry)
+        self.index_drop(entry)
         self.drop_ref(entry.doc)
         return True
 
     def purge(self, cutoff: float) -> None:
+        if cutoff <= self.oldest:
+            return
         for doc_id in [i for i, e in self.entries.items() if e.last_used < cutoff]:
             self.remove(doc_id)
+        self.oldest = min((e.last_used for e in self.entries.values()), default=float("inf"))
+
+    def over(self, limits: Limits) -> bool:
+        """Whether the namespace is above one of its caps."""
+        return (
+            len(self.entries) > limits.max_ns_docs
+            or self.stored_bytes + self.index_bytes > limits.max_ns_bytes
+        )
 
     def lru_order(self) -> list[str]:
         return sorted(
@@ -99,23 +153,23 @@ class MemoryDocumentStore:
             created = old.created
             space.stored_bytes -= old.doc.meta_bytes
             space.drop_names(doc.id, old)
+            space.index_drop(old)
             if old.doc.sha256 != doc.sha256:
                 space.drop_ref(old.doc)
                 space.add_ref(doc)
         else:
             space.add_ref(doc)
         entry = _Entry(doc, created, now, digest(doc.id))
+        space.index_add(doc.id, entry)
         space.entries[doc.id] = entry
+        space.oldest = min(space.oldest, now)
         space.stored_bytes += doc.meta_bytes
         for name in doc.names:
             space.names[name] = doc.id
         if answer:
             space.answers[doc.id] = now
-        for victim in space.lru_order():
-            if (
-                len(space.entries) <= limits.max_ns_docs
-                and space.stored_bytes <= limits.max_ns_bytes
-            ):
+        for victim in space.lru_order() if space.over(limits) else []:
+            if not space.over(limits):
                 break
             if victim != doc.id:
                 space.remove(victim)
@@ -128,24 +182,30 @@ class MemoryDocumentStore:
         ids: Sequence[str],
         names: Sequence[str],
         recent: int,
+        query: np.ndarray,
+        retrieve: int,
         max_docs: int,
         max_bytes: int,
         limits: Limits,
         now: float,
     ) -> list[Document]:
         space = self._space(ns, limits, now)
-        candidates = list(ids) + [space.names[n] for n in names if n in space.names]
+        candidates = [(i, "named") for i in ids]
+        candidates += [(space.names[n], "named") for n in names if n in space.names]
         if recent > 0:
             newest = sorted(
                 space.answers,
                 key=lambda i: (space.answers[i], space.entries[i].order),
                 reverse=True,
             )
-            candidates += newest[:recent]
+            candidates += [(i, "answer") for i in newest[:recent]]
+        if retrieve > 0 and len(query):
+            found = space.retrieve(query, retrieve)
+            candidates += [(i, "answer" if i in space.answers else "retrieved") for i in found]
         chosen: list[Document] = []
         seen: set[str] = set()
         total = 0
-        for doc_id in candidates:
+        for doc_id, kind in candidates:
             entry = space.entries.get(doc_id)
             if entry is None or doc_id in seen or len(chosen) >= max_docs:
                 continue
@@ -155,7 +215,7 @@ class MemoryDocumentStore:
             total += entry.doc.bytes
             entry.last_used = now
             m = entry.meta()
-            chosen.append(Document(**vars(m), text=space.blobs[entry.doc.sha256]))
+            chosen.append(Document(**vars(m), text=space.blobs[entry.doc.sha256], kind=kind))
         return chosen
 
     async def delete(self, ns: str, doc_id: str, *, limits: Limits, now: float) -> bool:

@@ -8,11 +8,78 @@ The in-memory store (memory_store.py) implements the same algorithm.
 
 from __future__ import annotations
 
-_PRELUDE = """
+from lookup.corpus.anchors import INDEX_ANCHOR_BYTES, INDEX_DOC_BYTES, MAX_POSTINGS
+
+_PRELUDE = (
+    """
 local B, NOW, EXPIRE_MS, CUTOFF = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local K_LRU, K_ANS, K_DOCS, K_NAMES = B .. 'lru', B .. 'ans', B .. 'docs', B .. 'names'
 local K_REFS, K_STAT, K_FPS = B .. 'refs', B .. 'stat', B .. 'fps'
+local K_IX, K_ANC, K_NUMS = B .. 'ix', B .. 'anc', B .. 'nums'
+"""
+    + f"local MAX_POSTINGS, ANCHOR_COST, DOC_COST = {MAX_POSTINGS}, {INDEX_ANCHOR_BYTES}, "
+    + f"{INDEX_DOC_BYTES}\n"
+    + """-- retrieval index: K_IX bucket (2 bytes) -> postings (4-byte fingerprint, 4-byte doc number)
+local function postings(list, fp)
+  local found, at = {}, 1
+  while true do
+    local pos = string.find(list, fp, at, true)
+    if not pos then return found end
+    if pos % 8 == 1 then
+      found[#found + 1] = string.sub(list, pos + 4, pos + 7)
+      at = pos + 8
+    else
+      at = pos + 1
+    end
+  end
+end
 
+local function index_add(idh, num, packed)
+  local kept = {}
+  for i = 1, #packed, 6 do
+    local bucket, fp = string.sub(packed, i, i + 1), string.sub(packed, i + 2, i + 5)
+    local list = redis.call('HGET', K_IX, bucket) or ''
+    if #postings(list, fp) < MAX_POSTINGS then
+      redis.call('HSET', K_IX, bucket, list .. fp .. num)
+      kept[#kept + 1] = string.sub(packed, i, i + 5)
+    end
+  end
+  if #kept == 0 then return end
+  redis.call('HSET', K_ANC, idh, table.concat(kept))
+  redis.call('HSET', K_NUMS, num, idh)
+  redis.call('HINCRBY', K_STAT, 'ixbytes', #kept * ANCHOR_COST + DOC_COST)
+end
+
+local function index_drop(idh, meta)
+  local packed = redis.call('HGET', K_ANC, idh)
+  if not packed or not meta.num then return end
+  local num = struct.pack('>I4', meta.num)
+  for i = 1, #packed, 6 do
+    local bucket, entry = string.sub(packed, i, i + 1), string.sub(packed, i + 2, i + 5) .. num
+    local list = redis.call('HGET', K_IX, bucket) or ''
+    local at = 1
+    while true do
+      local pos = string.find(list, entry, at, true)
+      if not pos then break end
+      if pos % 8 == 1 then
+        list = string.sub(list, 1, pos - 1) .. string.sub(list, pos + 8)
+        break
+      end
+      at = pos + 1
+    end
+    if #list == 0 then redis.call('HDEL', K_IX, bucket) else redis.call('HSET', K_IX, bucket, list) end
+  end
+  redis.call('HDEL', K_ANC, idh)
+  redis.call('HDEL', K_NUMS, num)
+  redis.call('HINCRBY', K_STAT, 'ixbytes', -(#packed / 6 * ANCHOR_COST + DOC_COST))
+end
+
+local function stored_bytes()
+  local s = redis.call('HMGET', K_STAT, 'bytes', 'ixbytes')
+  return tonumber(s[1] or '0') + tonumber(s[2] or '0')
+end
+"""
+    + """
 local function drop_ref(sha, size)
   if redis.call('HINCRBY', K_REFS, sha, -1) <= 0 then
     redis.call('HDEL', K_REFS, sha)
@@ -38,6 +105,7 @@ local function remove(idh)
   redis.call('ZREM', K_LRU, idh)
   redis.call('ZREM', K_ANS, idh)
   drop_names(idh, meta)
+  index_drop(idh, meta)
   drop_ref(meta.sha256, meta.bytes)
   redis.call('HINCRBY', K_STAT, 'bytes', 0 - (meta.meta_bytes or 0))
   return true
@@ -50,13 +118,15 @@ local function purge()
 end
 
 local function keep_alive()
-  for _, k in ipairs({K_LRU, K_ANS, K_DOCS, K_NAMES, K_REFS, K_STAT, K_FPS}) do
+  for _, k in ipairs({K_LRU, K_ANS, K_DOCS, K_NAMES, K_REFS, K_STAT, K_FPS, K_IX, K_ANC, K_NUMS}) do
     redis.call('PEXPIRE', k, EXPIRE_MS)
   end
 end
 """
+)
 
-# ARGV[5..]: id hash, metadata JSON (names = name hashes), text, answer flag, max docs, max bytes
+# ARGV[5..]: id hash, metadata JSON (names = name hashes), text, answer flag, max docs,
+# max bytes, packed anchors (6 bytes each)
 PUT = (
     _PRELUDE
     + """
@@ -72,6 +142,7 @@ if old_raw then
   meta.created = old.created
   redis.call('HINCRBY', K_STAT, 'bytes', 0 - (old.meta_bytes or 0))
   drop_names(idh, old)
+  index_drop(idh, old)
   if old.sha256 == meta.sha256 then add = false else drop_ref(old.sha256, old.bytes) end
 end
 local bkey = B .. 'b:' .. meta.sha256
@@ -81,12 +152,13 @@ if add and redis.call('HINCRBY', K_REFS, meta.sha256, 1) == 1 then
 end
 redis.call('PEXPIRE', bkey, EXPIRE_MS)
 redis.call('HINCRBY', K_STAT, 'bytes', meta.meta_bytes)
+meta.num = redis.call('HINCRBY', K_STAT, 'seq', 1) % 4294967296
+index_add(idh, struct.pack('>I4', meta.num), ARGV[11])
 redis.call('HSET', K_DOCS, idh, cjson.encode(meta))
 for _, n in ipairs(meta.names) do redis.call('HSET', K_NAMES, n, idh) end
 redis.call('ZADD', K_LRU, NOW, idh)
 if answer == '1' then redis.call('ZADD', K_ANS, NOW, idh) end
-while redis.call('ZCARD', K_LRU) > max_docs
-    or tonumber(redis.call('HGET', K_STAT, 'bytes') or '0') > max_bytes do
+while redis.call('ZCARD', K_LRU) > max_docs or stored_bytes() > max_bytes do
   local oldest = redis.call('ZRANGE', K_LRU, 0, 1)
   local victim = oldest[1]
   if victim == idh then victim = oldest[2] end
@@ -98,30 +170,58 @@ return meta.created
 """
 )
 
-# ARGV[5..]: max docs, max bytes, recent, number of id hashes, id hashes..., name hashes...
-# Returns [metadata JSON, last used, text, ...] for each chosen document.
+# ARGV[5..]: max docs, max bytes, recent, retrieve, packed query anchors, number of id
+# hashes, id hashes..., name hashes...
+# Returns [metadata JSON, last used, text, kind, ...] for each chosen document, where kind
+# is "named" (by id or name), "answer" (a captured answer) or "retrieved".
 SELECT = (
     _PRELUDE
     + """
 purge()
 local max_docs, max_bytes = tonumber(ARGV[5]), tonumber(ARGV[6])
-local recent, n_ids = tonumber(ARGV[7]), tonumber(ARGV[8])
-local cands = {}
-for i = 9, 8 + n_ids do cands[#cands + 1] = ARGV[i] end
+local recent, retrieve, query, n_ids = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9], tonumber(ARGV[10])
+local cands, kinds = {}, {}
+local function add(idh, kind)
+  cands[#cands + 1] = idh
+  kinds[#kinds + 1] = kind
+end
+for i = 11, 10 + n_ids do add(ARGV[i], 'named') end
 local names = {}
-for i = 9 + n_ids, #ARGV do names[#names + 1] = ARGV[i] end
+for i = 11 + n_ids, #ARGV do names[#names + 1] = ARGV[i] end
 if #names > 0 then
   for _, idh in ipairs(redis.call('HMGET', K_NAMES, unpack(names))) do
-    if idh then cands[#cands + 1] = idh end
+    if idh then add(idh, 'named') end
   end
 end
 if recent > 0 then
-  for _, idh in ipairs(redis.call('ZREVRANGE', K_ANS, 0, recent - 1)) do
-    cands[#cands + 1] = idh
+  for _, idh in ipairs(redis.call('ZREVRANGE', K_ANS, 0, recent - 1)) do add(idh, 'answer') end
+end
+if retrieve > 0 and #query > 0 then
+  local score, nums = {}, {}
+  for i = 1, #query, 6 do
+    local list = redis.call('HGET', K_IX, string.sub(query, i, i + 1))
+    if list then
+      local found = postings(list, string.sub(query, i + 2, i + 5))
+      for _, num in ipairs(found) do
+        if not score[num] then nums[#nums + 1] = num; score[num] = 0 end
+        score[num] = score[num] + 1 / #found
+      end
+    end
+  end
+  table.sort(nums, function(a, b)
+    if score[a] ~= score[b] then return score[a] > score[b] end
+    return a > b
+  end)
+  local top = {}
+  for i = 1, math.min(retrieve, #nums) do top[i] = nums[i] end
+  if #top > 0 then
+    for _, idh in ipairs(redis.call('HMGET', K_NUMS, unpack(top))) do
+      if idh then add(idh, redis.call('ZSCORE', K_ANS, idh) and 'answer' or 'retrieved') end
+    end
   end
 end
 local out, seen, total, count = {}, {}, 0, 0
-for _, idh in ipairs(cands) do
+for c, idh in ipairs(cands) do
   if count < max_docs and not seen[idh] then
     local raw = redis.call('HGET', K_DOCS, idh)
     if raw then
@@ -135,6 +235,7 @@ for _, idh in ipairs(cands) do
         out[#out + 1] = raw
         out[#out + 1] = NOW
         out[#out + 1] = redis.call('GET', bkey)
+        out[#out + 1] = kinds[c]
       end
     end
   end

@@ -8,12 +8,14 @@ import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
+import numpy as np
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeout
 
 from lookup.corpus import redis_scripts
+from lookup.corpus.anchors import pack
 from lookup.corpus.breaker import CircuitBreaker
 from lookup.corpus.documents import Document, DocumentMeta
 from lookup.corpus.errors import StoreUnavailable
@@ -92,6 +94,7 @@ class RedisDocumentStore:
             "1" if answer else "0",
             limits.max_ns_docs,
             limits.max_ns_bytes,
+            pack(doc.anchors),
         ]
         created = await self._call(lambda: self._put(keys, args))
         return DocumentMeta(
@@ -105,20 +108,23 @@ class RedisDocumentStore:
         ids: Sequence[str],
         names: Sequence[str],
         recent: int,
+        query: np.ndarray,
+        retrieve: int,
         max_docs: int,
         max_bytes: int,
         limits: Limits,
         now: float,
     ) -> list[Document]:
         keys, args = self._script_args(ns, limits, now)
-        args += [max_docs, max_bytes, recent, len(ids)]
+        args += [max_docs, max_bytes, recent, retrieve, pack(query), len(ids)]
         args += [digest(i) for i in ids] + [digest(n) for n in names]
         reply = await self._call(lambda: self._select(keys, args))
         docs = []
-        for raw, last_used, text in zip(reply[0::3], reply[1::3], reply[2::3], strict=True):
+        for i in range(0, len(reply), 4):
+            raw, last_used, text, kind = reply[i : i + 4]
             if text is not None:
                 meta = _meta(raw, last_used)
-                docs.append(Document(**vars(meta), text=text.decode("utf-8")))
+                docs.append(Document(**vars(meta), text=text.decode("utf-8"), kind=kind.decode()))
         return docs
 
     async def delete(self, ns: str, doc_id: str, *, limits: Limits, now: float) -> bool:

@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
+
 from lookup.corpus.documents import Document, DocumentMeta
 
 
@@ -26,11 +28,12 @@ class Limits:
 
 @dataclass(frozen=True)
 class NewDocument:
-    """A validated document to store: its text, hash and the names a prompt may mention.
+    """A validated document to store: its text, hash, the names a prompt may mention and
+    the anchors (``lookup.corpus.anchors``) retrieval finds it by.
 
     ``bytes`` is the text's UTF-8 size (counted once per distinct content);
     ``meta_bytes`` the UTF-8 size of its id, path, language and names (counted per
-    document). Both count toward the namespace's byte cap.
+    document). Both count toward the namespace's byte cap, with the index's bytes.
     """
 
     id: str
@@ -40,6 +43,7 @@ class NewDocument:
     path: str | None
     language: str | None
     names: tuple[str, ...]
+    anchors: np.ndarray  # uint64, distinct
     meta_bytes: int = 0
 
 
@@ -61,15 +65,20 @@ class DocumentStore(Protocol):
         ids: Sequence[str],
         names: Sequence[str],
         recent: int,
+        query: np.ndarray,
+        retrieve: int,
         max_docs: int,
         max_bytes: int,
         limits: Limits,
         now: float,
     ) -> list[Document]:
-        """Documents by id, then by mentioned name, then the ``recent`` latest answers.
+        """Documents by id, then by mentioned name, then the ``recent`` latest answers, then
+        the ``retrieve`` best matches of the ``query`` anchors.
 
-        Deduplicated, in that order, skipping any that would pass ``max_docs`` or
-        ``max_bytes``; the returned documents are marked used at ``now``.
+        A match scores the sum, over the query anchors a document holds, of 1 / the number
+        of documents holding that anchor; ties go to the newer document. Deduplicated, in
+        that order, skipping any that would pass ``max_docs`` or ``max_bytes``; the
+        returned documents are marked used at ``now``.
         """
         ...
 

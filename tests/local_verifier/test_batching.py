@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import numpy as np
 import pytest
 from spec_drafts import OracleDrafter, PassThrough
 
@@ -13,6 +14,7 @@ from local_verifier.engine import END, Engine, GenerationRequest, GenerationStat
 from local_verifier.errors import EngineBusy, PromptTooLong
 from local_verifier.loader import LoadedModel
 from local_verifier.sampling import SamplingParams
+from lookup.draft import Source
 
 PROMPTS = [
     "def add(a, b):\n    return a + b\n\nThe quick brown fox",
@@ -160,3 +162,24 @@ def test_a_full_queue_is_refused(tiny_lm: LoadedModel) -> None:
     assert busy.wait_idle(60)
     busy.submit(req, lambda item: None)  # room again
     assert busy.wait_idle(60)
+
+
+def test_accepted_tokens_are_counted_by_the_source_they_came_from(
+    engine: Engine, tiny_lm: LoadedModel
+) -> None:
+    prompt = ids_of(tiny_lm, PROMPTS[1])
+    plain = GenerationRequest(prompt_ids=prompt, max_tokens=30, draft=False)
+    want = alone(engine, plain)
+    # the answer is in a document the corpus retrieved: the drafter copies it from there
+    doc = ("retrieved-answer", np.asarray(prompt + want, np.uint32))
+    req = GenerationRequest(
+        prompt_ids=prompt, max_tokens=30, documents=[doc], document_sources=[Source.RETRIEVED]
+    )
+    sink = Collector()
+    engine.submit(req, sink)
+    assert engine.wait_idle(120)
+    assert sink.ids == want
+    by_source = sink.stats.accepted_by_source
+    assert by_source.get("retrieved", 0) > 0
+    assert "document" not in by_source
+    assert sum(by_source.values()) == sink.stats.accepted_tokens

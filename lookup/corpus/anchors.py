@@ -1,0 +1,100 @@
+"""Content anchors: the n-grams of a text that the retrieval index keys it by.
+
+A text's UTF-8 bytes are split into words (runs of ASCII letters, digits, ``_`` and
+non-ASCII bytes, or single ASCII symbols; whitespace separates); every ``SHINGLE``
+consecutive words form an n-gram, hashed to 64 bits with numpy only (a polynomial hash
+per word, then the n-gram hash of ``lookup.hashing``), stable across processes and replicas.
+Winnowing keeps the smallest hash of every ``window`` consecutive n-grams; it is local, so
+two texts sharing a span of ``window + SHINGLE - 1`` words or more select the same anchor
+inside it (``window = 1`` keeps every n-gram). A document keeps at most ``max_anchors`` of
+them (the smallest hashes, so the choice stays consistent between texts).
+
+An anchor is stored as 6 bytes: a 2-byte bucket (the top 16 bits of its hash) and a
+4-byte fingerprint (the next 32 bits).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from lookup.hashing import LEVELS, level_hashes
+
+SHINGLE = 8  # words per n-gram
+ANCHOR_BYTES = 6  # packed size of one anchor: 2-byte bucket + 4-byte fingerprint
+POSTING_BYTES = 8  # an index entry: 4-byte fingerprint + 4-byte document number
+MAX_POSTINGS = 32  # documents per anchor; an anchor this common is not indexed again
+INDEX_DOC_BYTES = 48  # per indexed document: its number and anchor list entries
+INDEX_ANCHOR_BYTES = POSTING_BYTES + ANCHOR_BYTES  # what one kept anchor costs the namespace
+
+_LEVEL = LEVELS.index(SHINGLE)
+_BASE = np.uint64(0x100000001B3)  # odd, so invertible modulo 2**64
+_BASE_INV = np.uint64(pow(0x100000001B3, -1, 1 << 64))
+_SPACE, _WORD_BYTE, _SYMBOL = 0, 1, 2
+_CLASS = np.full(256, _SYMBOL, np.uint8)
+_CLASS[128:] = _WORD_BYTE
+for _c in b"0123456789_ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz":
+    _CLASS[_c] = _WORD_BYTE
+for _c in b" \t\n\r\x0b\x0c":
+    _CLASS[_c] = _SPACE
+
+
+@dataclass(frozen=True)
+class AnchorConfig:
+    """How texts are anchored: winnowing ``window``, anchors kept per document and per
+    query, and how much of a query's prompt (its end) and prediction (its start) is read."""
+
+    window: int = 8
+    max_anchors: int = 1024
+    max_query_anchors: int = 512
+    max_query_chars: int = 16 * 1024
+
+    def __post_init__(self) -> None:
+        if min(self.window, self.max_anchors, self.max_query_anchors, self.max_query_chars) < 1:
+            raise ValueError("anchor window and bounds must be positive")
+
+
+def word_hashes(text: str) -> np.ndarray:
+    """uint64 hash of every word of ``text``, in order."""
+    data = np.frombuffer(text.encode("utf-8", "surrogatepass"), np.uint8)
+    cls = _CLASS[data]
+    word = cls == _WORD_BYTE
+    before = np.concatenate(([False], word[:-1]))
+    after = np.concatenate((word[1:], [False]))
+    starts = np.flatnonzero((word & ~before) | (cls == _SYMBOL))
+    ends = np.flatnonzero((word & ~after) | (cls == _SYMBOL)) + 1
+    with np.errstate(over="ignore"):
+        one = np.ones(1, np.uint64)
+        powers = np.concatenate((one, np.cumprod(np.full(len(data), _BASE, np.uint64))))
+        inverse = np.concatenate((one, np.cumprod(np.full(len(data), _BASE_INV, np.uint64))))
+        terms = (data.astype(np.uint64) + np.uint64(1)) * powers[:-1]
+        prefix = np.concatenate((np.zeros(1, np.uint64), np.cumsum(terms, dtype=np.uint64)))
+        return (prefix[ends] - prefix[starts]) * inverse[starts]
+
+
+def shingle_hashes(text: str) -> np.ndarray:
+    """uint64 hash of every run of ``SHINGLE`` consecutive words of ``text``."""
+    return level_hashes(word_hashes(text))[_LEVEL]
+
+
+def anchors(text: str, window: int, limit: int) -> np.ndarray:
+    """Sorted distinct anchor hashes (uint64) of ``text``, at most ``limit``."""
+    hashes = shingle_hashes(text) >> np.uint64(16)  # the 48 bits an anchor keeps
+    if window > 1 and len(hashes) > window:
+        hashes = sliding_window_view(hashes, window).min(axis=1)
+    return np.unique(hashes)[:limit]
+
+
+def query_text(prompt: str, prediction: str, config: AnchorConfig) -> str:
+    """The part of a request that is anchored: the prediction's start, the prompt's end."""
+    half = config.max_query_chars // 2
+    return (
+        prediction[:half] + "\n" + prompt[-(config.max_query_chars - min(len(prediction), half)) :]
+    )
+
+
+def pack(hashes: np.ndarray) -> bytes:
+    """Anchors as consecutive 6-byte big-endian values (bucket, then fingerprint)."""
+    return hashes.astype(">u8").view(np.uint8).reshape(-1, 8)[:, 2:].tobytes()
