@@ -24,7 +24,6 @@ import argparse
 import asyncio
 import hashlib
 import json
-import sysconfig
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -32,6 +31,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from bench_lookup import stdlib_slices
 
 from local_verifier.engine import Engine, GenerationRequest, GenerationStats, TextDelta
 from local_verifier.generate import PlainResult, generate_plain
@@ -141,17 +141,7 @@ def prompt_text(messages: list[dict[str, Any]]) -> str:
 
 def distractors(count: int, chars: int = 2000) -> list[str]:
     """``count`` slices of the stdlib ``*.py`` text, as documents nobody asks about."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    out: list[str] = []
-    for path in sorted(p for p in root.rglob("*.py") if "site-packages" not in p.parts):
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (UnicodeDecodeError, OSError):
-            continue
-        out += [text[i : i + chars] for i in range(0, len(text) - chars // 2, chars)]
-        if len(out) >= count:
-            break
-    return out[:count]
+    return stdlib_slices(chars, count)
 
 
 def run_recall(
