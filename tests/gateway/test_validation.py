@@ -13,7 +13,7 @@ from gateway.errors import InvalidJSON
 from gateway.http.validation import MAX_DEPTH, parse_json
 
 # key spellings that decode to a colon or look like one: the cases a byte count could miss
-KEYS = ["a", "a:", "a\\u003a", "a\\u003A", "a\\\\u003a", ":", "\\u003a", "b\\\\", "c\\\""]
+KEYS = ["a", "a:", "a\\u003a", "a\\u003A", "a\\\\u003a", ":", "\\u003a", "b\\\\", 'c\\"']
 SCALARS = ["1", '"x:y"', '"\\u003a"', '"\\\\u003a"', "null", '"a\\\\"', "2.5"]
 
 
