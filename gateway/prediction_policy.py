@@ -53,12 +53,32 @@ def document_ids(
     ids = dict.fromkeys(request.draftgate.documents if request.draftgate else ())
     ids.update(dict.fromkeys(header_document_ids(header)))
     if len(ids) > limit:
-        raise InvalidRequest(
-            f"{len(ids)} documents named; at most {limit} per request",
-            param="draftgate.documents",
-            code="too_many_documents",
-        )
+        raise _too_many_documents(len(ids), limit)
     return list(ids)
+
+
+def check_document_count(data: dict[str, Any], limit: int) -> None:
+    """:class:`InvalidRequest` when a body not yet validated names more than ``limit``
+    distinct documents in ``draftgate.documents`` (validating 100k ids costs more than
+    counting them)."""
+    extension = data.get("draftgate")
+    named = extension.get("documents") if isinstance(extension, dict) else None
+    if not isinstance(named, list) or len(named) <= limit:
+        return
+    try:
+        distinct = len(set(named))
+    except TypeError:  # not all strings: validation will say so
+        return
+    if distinct > limit:
+        raise _too_many_documents(distinct, limit)
+
+
+def _too_many_documents(count: int, limit: int) -> InvalidRequest:
+    return InvalidRequest(
+        f"{count} documents named; at most {limit} per request",
+        param="draftgate.documents",
+        code="too_many_documents",
+    )
 
 
 def conflicting_feature(request: ChatCompletionRequest) -> str | None:

@@ -27,6 +27,7 @@ from gateway.http.asgi import (
     PREDICTION_HEADER,
     ClientDisconnected,
     Headers,
+    declared_length,
     header,
     read_body,
     run_until_disconnect,
@@ -52,12 +53,14 @@ CLIENT_CLOSED = 499
 
 
 async def parse_request(
-    api: Api, raw: bytes
+    api: Api, raw: bytes, max_documents: int
 ) -> tuple[dict[str, Any], ChatCompletionRequest | CompletionRequest]:
-    """The body as a dict and as the validated wire type (400 naming the field if not)."""
+    """The body as a dict and as the validated wire type (400 naming the field if not;
+    too many document ids are refused before the rest is validated)."""
     data = await read_json(raw)
     if not isinstance(data, dict):
         raise InvalidJSON("request body must be a JSON object")
+    prediction_policy.check_document_count(data, max_documents)
     if api == "chat":
         return data, validate(ChatCompletionRequest, data)
     return data, validate(CompletionRequest, data)
@@ -83,15 +86,15 @@ class CompletionsEndpoint:
         lease: Lease | None = None
         try:
             tenant = runtime.auth.tenant(scope)
-            raw = await read_body(
-                receive,
-                runtime.settings.max_body_bytes,
-                header(scope, b"content-length"),
-                runtime.settings.server.body_timeout_s,
-            )
-            # counted before parsing: a tenant's big bodies spend its own budget
-            lease = await runtime.limiter.admit(tenant, prompt_tokens(len(raw)))
-            data, request = await parse_request(self.api, raw)
+            limit, length = runtime.settings.max_body_bytes, header(scope, b"content-length")
+            declared = declared_length(length, limit)
+            # counted before the body is read (from its declared length) and parsed: a
+            # tenant's big bodies spend its own budget, and one it cannot pay for is not read
+            lease = await runtime.limiter.admit(tenant, prompt_tokens(declared or 0))
+            raw = await read_body(receive, limit, length, runtime.settings.server.body_timeout_s)
+            if declared is None:
+                await runtime.limiter.charge(tenant, prompt_tokens(len(raw)))
+            data, request = await parse_request(self.api, raw, runtime.corpus.select_max_ids)
             await runtime.limiter.charge(tenant, _token_limit(request) or 0)
             endpoints = runtime.routes.get(request.model)
             if not endpoints:

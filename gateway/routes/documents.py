@@ -15,7 +15,7 @@ from gateway.errors import (
     PayloadTooLarge,
     ServiceUnavailable,
 )
-from gateway.http.asgi import read_body
+from gateway.http.asgi import declared_length, read_body
 from gateway.http.responses import json_response
 from gateway.http.validation import read_json, validate
 from gateway.limits import prompt_tokens
@@ -55,13 +55,16 @@ def document_routes(runtime: Runtime) -> list[Route]:
     async def create(request: Request) -> Response:
         tenant = runtime.auth.tenant(request.scope)
         await runtime.limiter.admit_upload(tenant)
+        limit = runtime.settings.max_body_bytes
+        length = request.headers.get("content-length", "").encode() or None
+        declared = declared_length(length, limit)
+        # the bytes sent count as tokens: declared ones before the body is read
+        await runtime.limiter.charge(tenant, prompt_tokens(declared or 0))
         raw = await read_body(
-            request.receive,
-            runtime.settings.max_body_bytes,
-            request.headers.get("content-length", "").encode() or None,
-            runtime.settings.server.body_timeout_s,
+            request.receive, limit, length, runtime.settings.server.body_timeout_s
         )
-        await runtime.limiter.charge(tenant, prompt_tokens(len(raw)))  # bytes sent, as tokens
+        if declared is None:
+            await runtime.limiter.charge(tenant, prompt_tokens(len(raw)))
         doc = validate(DocumentIn, await read_json(raw))
         try:
             meta = await runtime.corpus.put(
