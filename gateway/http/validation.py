@@ -9,12 +9,12 @@ which one wins: the gateway could validate one model and forward another), nesti
 than ``MAX_DEPTH``, ``NaN``/``Infinity``, and strings with a lone surrogate (``"\\ud800"``:
 valid JSON to some parsers, but not UTF-8, so a body rewritten for the upstream could not
 be encoded) are :class:`InvalidJSON`. Integers beyond 64 bits are read as floats. Bodies
-over ``OFF_LOOP_BYTES`` are parsed on a worker thread.
+are parsed on the event loop: orjson holds the GIL throughout, so a worker thread would
+not let the loop run meanwhile, only add a hand-over.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 from typing import Any, TypeVar
@@ -28,7 +28,6 @@ ModelT = TypeVar("ModelT", bound=BaseModel)
 
 MAX_DEPTH = 64
 _CONTAINERS = (dict, list)
-OFF_LOOP_BYTES = 256 << 10
 # a ``\u003a`` escape (a colon) in a string: an odd run of backslashes before ``u003a``
 _COLON_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*\\u003[aA]")
 
@@ -85,13 +84,6 @@ def parse_json(raw: bytes) -> Any:
         json.loads(raw, object_pairs_hook=_no_duplicates)
         raise InvalidJSON("request body has a key twice")
     return data
-
-
-async def read_json(raw: bytes) -> Any:
-    """:func:`parse_json`, on a worker thread for bodies over ``OFF_LOOP_BYTES``."""
-    if len(raw) > OFF_LOOP_BYTES:
-        return await asyncio.to_thread(parse_json, raw)
-    return parse_json(raw)
 
 
 def validate(model: type[ModelT], data: Any) -> ModelT:

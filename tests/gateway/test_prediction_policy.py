@@ -90,18 +90,20 @@ def test_completions_api_cannot_carry_predictions() -> None:
 def test_document_ids_from_extension_and_header() -> None:
     request = chat(draftgate={"documents": ["a.py", "b.py"]})
     assert header_document_ids(" c.py , a%2Cb.txt,,") == ["c.py", "a,b.txt"]
-    assert document_ids(request, "b.py, c.py", 3) == ["a.py", "b.py", "c.py"]
+    assert document_ids(request, "b.py, c.py", 4) == ["a.py", "b.py", "c.py"]
+    with pytest.raises(InvalidRequest):  # repeats count toward the limit
+        document_ids(request, "b.py, c.py", 3)
 
 
 def test_document_count_is_checked_before_validation_as_after() -> None:
-    repeated = {**BASE, "draftgate": {"documents": ["a.py", "b.py"] * 50_000}}
-    check_document_count(repeated, 2)  # repeats count once, as in document_ids
-    assert document_ids(chat(**repeated), None, 2) == ["a.py", "b.py"]
-    many = {**BASE, "draftgate": {"documents": [f"d{i}.py" for i in range(3)]}}
+    many = {**BASE, "draftgate": {"documents": ["a.py", "a.py", "b.py"]}}
+    check_document_count(many, 3)
     with pytest.raises(InvalidRequest) as caught:
         check_document_count(many, 2)
     assert (caught.value.code, caught.value.param) == ("too_many_documents", "draftgate.documents")
-    for odd in ({"documents": [[1], [2], [3]]}, {"documents": "abc"}, [1, 2, 3]):
+    with pytest.raises(InvalidRequest):
+        document_ids(chat(**many), None, 2)
+    for odd in ({"documents": "abc"}, [1, 2, 3]):
         check_document_count({**BASE, "draftgate": odd}, 2)  # left to validation
 
 
