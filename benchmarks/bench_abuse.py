@@ -1,9 +1,10 @@
 """One abusive tenant against honest ones: does the gateway keep serving the honest clients?
 
     python benchmarks/bench_abuse.py --json OUT [--seconds 20] [--rounds 2] [--redis-url URL]
+    python benchmarks/bench_abuse.py --json OUT --cpu-per-request 20
 
 Four honest clients stream chat completions in a loop while ``/healthz`` is polled every
-50 ms; in the abuse phases one more tenant sends the worst inputs it can, all at once and
+50 ms; in the abuse phases one more tenant (in a process of its own) sends the worst inputs it can, all at once and
 in a loop: 1 MB prompts of fenced lines with capture on, 100k document ids, oversized
 audits, documents with 1 MB paths, and slow uploads (a declared 1 MB body trickled at
 100 bytes a second). Phases without and with the abuser alternate (``--rounds`` of each,
@@ -14,6 +15,12 @@ the honest tenant's documents in Redis all survived.
 The upstream is a stand-in that streams 16 chunks 10 ms apart (the embedded SmolLM2 on a
 shared 2-core machine would make TTFT mostly engine queueing, hiding the gateway); the
 gateway runs as ``draftgate serve`` runs it (uvicorn, httptools, uvloop) with Redis.
+
+``--cpu-per-request N`` measures instead what one abusive request of each kind costs the
+gateway process in CPU time (all its threads, from ``/proc``; Linux), sent one at a time:
+admitted (limits raised) and refused (the abuser's tokens spent). CPU time is what takes
+the event loop's share from the honest clients, and unlike latency it can be read on a
+busy machine.
 """
 
 from __future__ import annotations
@@ -126,8 +133,11 @@ def _run_upstream(port: int) -> None:
     uvicorn.run(upstream_app, host="127.0.0.1", port=port, log_level="error", access_log=False)
 
 
-def _run_gateway(port: int, upstream_port: int, redis_url: str, prefix: str) -> None:
-    """The gateway as ``draftgate serve`` runs it, with capture on and Redis."""
+def _run_gateway(
+    port: int, upstream_port: int, redis_url: str, prefix: str, limits: dict[str, int]
+) -> None:
+    """The gateway as ``draftgate serve`` runs it, with capture on, Redis and ``limits``
+    (empty: the defaults)."""
     sys.path.insert(0, str(ROOT))
     from gateway.app import create_app
     from gateway.cli.serve import run_server
@@ -149,6 +159,7 @@ def _run_gateway(port: int, upstream_port: int, redis_url: str, prefix: str) -> 
             ],
             "redis": {"url": redis_url, "prefix": prefix},
             "capture": True,
+            "limits": limits,
         },
         "benchmark",
     )
@@ -305,26 +316,56 @@ async def _slow_upload(port: int, run: Run, stop: float) -> None:
 ABUSES = ("fenced-1MB", "100k-ids", "audit", "1MB-path", "slow-upload")
 
 
+async def _abuser(port: int, stop: float, abuses: tuple[str, ...]) -> Counter[str]:
+    """The abusive tenant's loops until ``stop`` (perf_counter); what it got back."""
+    url = f"http://127.0.0.1:{port}"
+    run = Run()
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as bad:
+        tasks = [
+            _abuse(bad, url, name, path, body, run, stop)
+            for name, (path, body) in _abuses().items()
+            if name in abuses
+        ]
+        if "slow-upload" in abuses:
+            tasks += [_slow_upload(port, run, stop) for _ in range(4)]
+        await asyncio.gather(*tasks)
+    return run.abuser
+
+
+def _run_abuser(port: int, abuses: tuple[str, ...], pipe: Any) -> None:
+    """The abuser in a process of its own, as a real one would be: its requests must not
+    slow the honest clients' event loop, only the gateway. Says it is ready, takes the
+    phase's length, answers what it got back."""
+    pipe.send("ready")
+    seconds = pipe.recv()
+    pipe.send(dict(_run(_abuser(port, time.perf_counter() + seconds, abuses))))
+
+
 async def _phase(
     url: str, port: int, seconds: float, abuser: bool, abuses: tuple[str, ...] = ABUSES
 ) -> Run:
     run = Run()
+    process = None
+    if abuser:
+        pipe, child = multiprocessing.get_context("spawn").Pipe()
+        process = multiprocessing.get_context("spawn").Process(
+            target=_run_abuser, args=(port, abuses, child), daemon=True
+        )
+        process.start()
+        await asyncio.to_thread(pipe.recv)  # its imports done: both start together
+        pipe.send(seconds)
     stop = time.perf_counter() + seconds
     timeout = aiohttp.ClientTimeout(total=120)
     async with (
         aiohttp.ClientSession(timeout=timeout) as honest,
         aiohttp.ClientSession(timeout=timeout) as health,
-        aiohttp.ClientSession(timeout=timeout) as bad,
     ):
         tasks = [_honest(honest, url, run, stop) for _ in range(HONEST_CLIENTS)]
         tasks.append(_health(health, url, run, stop))
-        if abuser:
-            for name, (path, body) in _abuses().items():
-                if name in abuses:
-                    tasks.append(_abuse(bad, url, name, path, body, run, stop))
-            if "slow-upload" in abuses:
-                tasks += [_slow_upload(port, run, stop) for _ in range(4)]
         await asyncio.gather(*tasks)
+    if process is not None:
+        run.abuser.update(await asyncio.to_thread(pipe.recv))
+        process.join(10)
     return run
 
 
@@ -385,18 +426,32 @@ def _summary(runs: list[Run]) -> dict[str, Any]:
     }
 
 
-async def _main(args: argparse.Namespace) -> dict[str, Any]:
+def _start(redis_url: str, limits: dict[str, int]) -> tuple[list[Any], int]:
+    """The stand-in upstream and the gateway, each in its own process; the gateway's port."""
     upstream_port, port = _free_port(), _free_port()
     prefix = f"dgbench:{uuid.uuid4().hex[:8]}:"
     ctx = multiprocessing.get_context("spawn")
     procs = [
         ctx.Process(target=_run_upstream, args=(upstream_port,), daemon=True),
         ctx.Process(
-            target=_run_gateway, args=(port, upstream_port, args.redis_url, prefix), daemon=True
+            target=_run_gateway,
+            args=(port, upstream_port, redis_url, prefix, limits),
+            daemon=True,
         ),
     ]
     for proc in procs:
         proc.start()
+    return procs, port
+
+
+def _stop(procs: list[Any]) -> None:
+    for proc in procs:
+        proc.terminate()
+        proc.join(10)
+
+
+async def _main(args: argparse.Namespace) -> dict[str, Any]:
+    procs, port = _start(args.redis_url, {})
     url = f"http://127.0.0.1:{port}"
     try:
         await _wait_ready(url)
@@ -408,9 +463,7 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
             runs["with"].append(await _phase(url, port, args.seconds, True, args.abuses))
         kept = await _honest_documents(url)
     finally:
-        for proc in procs:
-            proc.terminate()
-            proc.join(10)
+        _stop(procs)
     without, with_ = _summary(runs["without"]), _summary(runs["with"])
     return {
         "seconds_per_phase": args.seconds,
@@ -429,6 +482,73 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+UNLIMITED = {"tokens_per_minute": 10**12, "requests_per_minute": 10**9, "uploads_per_minute": 10**9}
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, every thread) process ``pid`` has used (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _settled_cpu_s(pid: int) -> float:
+    """The gateway's CPU seconds once it is idle again (captures run after the answers)."""
+    last = _cpu_s(pid)
+    while True:
+        await asyncio.sleep(0.3)
+        now = _cpu_s(pid)
+        if now - last < 0.005:
+            return now
+        last = now
+
+
+async def _cost(redis_url: str, limits: dict[str, int], requests: int) -> dict[str, Any]:
+    """Gateway CPU ms per abusive request of each kind, sent one at a time: with ``limits``
+    admitting them all (UNLIMITED) or, with the defaults, once the abuser's tokens are
+    spent (every one refused). CPU time, not wall time: a busy machine does not inflate
+    it, so it can be read on a shared one."""
+    procs, port = _start(redis_url, limits)
+    url = f"http://127.0.0.1:{port}"
+    gateway = procs[1].pid
+    headers = {"authorization": f"Bearer {ABUSER_KEY}", "content-type": "application/json"}
+    result: dict[str, Any] = {}
+    try:
+        await _wait_ready(url)
+        async with aiohttp.ClientSession() as session:
+
+            async def send(path: str, body: bytes) -> int:
+                async with session.post(f"{url}{path}", data=body, headers=headers) as r:
+                    await r.read()
+                    return r.status
+
+            abuses = _abuses()
+            for _ in range(3):  # warm-up; with the default limits, spends the tokens
+                for path, body in abuses.values():
+                    await send(path, body)
+            if not limits:
+                while await send(*abuses["fenced-1MB"]) != 429:
+                    pass
+            for name, (path, body) in abuses.items():
+                start = await _settled_cpu_s(gateway)
+                statuses = Counter([await send(path, body) for _ in range(requests)])
+                used = await _settled_cpu_s(gateway) - start
+                result[name] = {
+                    "cpu_ms": round(1000 * used / requests, 2),
+                    "statuses": dict(statuses),
+                }
+    finally:
+        _stop(procs)
+    return result
+
+
+async def _costs(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "requests_per_kind": args.cpu_per_request,
+        "admitted": await _cost(args.redis_url, UNLIMITED, args.cpu_per_request),
+        "refused": await _cost(args.redis_url, {}, args.cpu_per_request),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, required=True, help="write the results here")
@@ -443,8 +563,15 @@ def main() -> None:
     parser.add_argument(
         "--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
     )
+    parser.add_argument(
+        "--cpu-per-request",
+        type=int,
+        metavar="N",
+        help="instead: the gateway's CPU ms per abusive request of each kind (N of each, "
+        "one at a time), admitted and refused (readable on a busy machine)",
+    )
     args = parser.parse_args()
-    result = _run(_main(args))
+    result = _run(_costs(args) if args.cpu_per_request else _main(args))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

@@ -9,8 +9,10 @@ this process. When Redis does not answer, this process's counters stand in: a li
 must not turn a Redis outage into an outage of the gateway.
 
 Tokens are counted at admission as OpenAI does: the prompt estimated from the body's
-bytes (4 per token), counted before the body is parsed so that big bodies spend their
-sender's budget, then the most the answer may use (``max_tokens``) once it is known.
+bytes (4 per token), then the most the answer may use (``max_tokens``) once it is known.
+The bytes are those the body's ``Content-Length`` declares, counted before the body is
+read, so that big bodies spend their sender's budget and one it cannot pay for is refused
+without being read or parsed (a body sent without a length is counted once read).
 """
 
 from __future__ import annotations
@@ -345,7 +347,7 @@ def tenant_limits(
 
 
 def prompt_tokens(body_bytes: int) -> int:
-    """Tokens a request body is counted for at admission (before it is parsed)."""
+    """Tokens a request body of ``body_bytes`` is counted for (no tokenizer: bytes / 4)."""
     return body_bytes // BYTES_PER_TOKEN
 
 

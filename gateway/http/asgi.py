@@ -48,18 +48,25 @@ def header(scope: Scope, name: bytes) -> bytes | None:
     return None
 
 
+def declared_length(content_length: bytes | None, limit: int) -> int | None:
+    """The body length a ``Content-Length`` value declares (None: not declared);
+    :class:`InvalidRequest` if it is not a number, :class:`PayloadTooLarge` past ``limit``."""
+    if content_length is None:
+        return None
+    if not content_length.strip().isdigit():  # int() would take "-1" and "1_000" too
+        raise InvalidRequest("invalid Content-Length header")
+    declared = int(content_length)
+    if declared > limit:
+        raise PayloadTooLarge(f"request body is {declared} bytes; the limit is {limit}")
+    return declared
+
+
 async def read_body(
     receive: Receive, limit: int, content_length: bytes | None, timeout_s: float | None = None
 ) -> bytes:
     """The whole request body; :class:`PayloadTooLarge` past ``limit`` bytes,
     :class:`RequestTimeout` when it has not all arrived within ``timeout_s``."""
-    if content_length is not None:
-        try:
-            declared = int(content_length)
-        except ValueError:
-            raise InvalidRequest("invalid Content-Length header") from None
-        if declared > limit:
-            raise PayloadTooLarge(f"request body is {declared} bytes; the limit is {limit}")
+    declared_length(content_length, limit)
     chunks: list[bytes] = []
     size = 0
     try:

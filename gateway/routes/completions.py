@@ -27,6 +27,7 @@ from gateway.http.asgi import (
     PREDICTION_HEADER,
     ClientDisconnected,
     Headers,
+    declared_length,
     header,
     read_body,
     run_until_disconnect,
@@ -34,7 +35,7 @@ from gateway.http.asgi import (
     send_error,
 )
 from gateway.http.sse import SSE_HEADERS, EventTooLarge, StreamRelay, error_event
-from gateway.http.validation import read_json, validate
+from gateway.http.validation import parse_json, validate
 from gateway.limits import Lease, prompt_tokens
 from gateway.routing.key import SESSION_HEADER, routing_key
 from gateway.telemetry import RequestTiming
@@ -51,13 +52,15 @@ FORWARDED_HEADERS = frozenset(
 CLIENT_CLOSED = 499
 
 
-async def parse_request(
-    api: Api, raw: bytes
+def parse_request(
+    api: Api, raw: bytes, max_documents: int
 ) -> tuple[dict[str, Any], ChatCompletionRequest | CompletionRequest]:
-    """The body as a dict and as the validated wire type (400 naming the field if not)."""
-    data = await read_json(raw)
+    """The body as a dict and as the validated wire type (400 naming the field if not;
+    too many document ids are refused before the rest is validated)."""
+    data = parse_json(raw)
     if not isinstance(data, dict):
         raise InvalidJSON("request body must be a JSON object")
+    prediction_policy.check_document_count(data, max_documents)
     if api == "chat":
         return data, validate(ChatCompletionRequest, data)
     return data, validate(CompletionRequest, data)
@@ -83,15 +86,15 @@ class CompletionsEndpoint:
         lease: Lease | None = None
         try:
             tenant = runtime.auth.tenant(scope)
-            raw = await read_body(
-                receive,
-                runtime.settings.max_body_bytes,
-                header(scope, b"content-length"),
-                runtime.settings.server.body_timeout_s,
-            )
-            # counted before parsing: a tenant's big bodies spend its own budget
-            lease = await runtime.limiter.admit(tenant, prompt_tokens(len(raw)))
-            data, request = await parse_request(self.api, raw)
+            limit, length = runtime.settings.max_body_bytes, header(scope, b"content-length")
+            declared = declared_length(length, limit)
+            # counted before the body is read (from its declared length) and parsed: a
+            # tenant's big bodies spend its own budget, and one it cannot pay for is not read
+            lease = await runtime.limiter.admit(tenant, prompt_tokens(declared or 0))
+            raw = await read_body(receive, limit, length, runtime.settings.server.body_timeout_s)
+            if declared is None:
+                await runtime.limiter.charge(tenant, prompt_tokens(len(raw)))
+            data, request = parse_request(self.api, raw, runtime.corpus.select_max_ids)
             await runtime.limiter.charge(tenant, _token_limit(request) or 0)
             endpoints = runtime.routes.get(request.model)
             if not endpoints:

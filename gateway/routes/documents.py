@@ -15,9 +15,9 @@ from gateway.errors import (
     PayloadTooLarge,
     ServiceUnavailable,
 )
-from gateway.http.asgi import read_body
+from gateway.http.asgi import declared_length, read_body
 from gateway.http.responses import json_response
-from gateway.http.validation import read_json, validate
+from gateway.http.validation import parse_json, validate
 from gateway.limits import prompt_tokens
 from gateway.runtime import Runtime
 from lookup.corpus import CorpusError, DocumentTooLarge, InvalidDocument, StoreUnavailable
@@ -55,14 +55,17 @@ def document_routes(runtime: Runtime) -> list[Route]:
     async def create(request: Request) -> Response:
         tenant = runtime.auth.tenant(request.scope)
         await runtime.limiter.admit_upload(tenant)
+        limit = runtime.settings.max_body_bytes
+        length = request.headers.get("content-length", "").encode() or None
+        declared = declared_length(length, limit)
+        # the bytes sent count as tokens: declared ones before the body is read
+        await runtime.limiter.charge(tenant, prompt_tokens(declared or 0))
         raw = await read_body(
-            request.receive,
-            runtime.settings.max_body_bytes,
-            request.headers.get("content-length", "").encode() or None,
-            runtime.settings.server.body_timeout_s,
+            request.receive, limit, length, runtime.settings.server.body_timeout_s
         )
-        await runtime.limiter.charge(tenant, prompt_tokens(len(raw)))  # bytes sent, as tokens
-        doc = validate(DocumentIn, await read_json(raw))
+        if declared is None:
+            await runtime.limiter.charge(tenant, prompt_tokens(len(raw)))
+        doc = validate(DocumentIn, parse_json(raw))
         try:
             meta = await runtime.corpus.put(
                 tenant,

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import bisect
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from lookup.corpus.documents import content_sha256
-
-_LANG = re.compile(r"[ \t]*([\w+#.-]*)")
 
 
 @dataclass(frozen=True)
@@ -19,7 +16,8 @@ class CaptureLimits:
     max_items: int = 8
     min_bytes: int = 16
     max_bytes: int = 64 * 1024
-    max_scan_chars: int = 256 * 1024  # only this much of each request text is searched
+    max_scan_chars: int = 64 * 1024  # only this much of each request text is searched
+    max_fences: int = 16  # opening fence lines looked at in each request text
     timeout_s: float = 1.0
     max_pending: int = 64
 
@@ -41,41 +39,46 @@ class CaptureItem:
     answer: bool
 
 
-def _fence(line: str) -> str:
-    """The run of three or more backticks or tildes that opens ``line``, or ""."""
-    if not line.startswith(("```", "~~~")):
-        return ""
-    return line[: len(line) - len(line.lstrip(line[0]))]
+MAX_FENCE = 32  # a longer run of backticks or tildes opens no block
+_OPENER = re.compile(
+    rf"\n(`{{3,{MAX_FENCE}}}(?!`)|~{{3,{MAX_FENCE}}}(?!~))[ \t]*([\w+#.-]*)[^\n]*\n"
+)
 
 
-def code_blocks(text: str) -> list[tuple[str | None, str]]:
+def _closer(fence: str) -> re.Pattern[str]:
+    """A line holding exactly ``fence`` (then spaces or tabs), with the newline before it."""
+    return re.compile("\n" + re.escape(fence) + r"[ \t]*(?=\n)")
+
+
+def code_blocks(text: str, max_fences: int = 16) -> list[tuple[str | None, str]]:
     """(language or None, body) of each fenced code block in a Markdown text.
 
-    A block opens on a line starting with a fence (3+ backticks or tildes, then an optional
-    language) and closes at the next line holding exactly that fence; an opener that is
-    never closed is skipped. One pass over the lines plus a binary search per opener, so
-    the cost is O(n log n) in the text's length whatever it holds.
+    A block opens on a line starting with a fence (3 to ``MAX_FENCE`` backticks or tildes,
+    then an optional language) and closes at the next line holding exactly that fence; an opener that is
+    never closed is skipped. Only regex searches in C read the text: each opener costs at
+    most one search for its closer, a fence found unclosed is not searched for again, and
+    at most ``max_fences`` openers are looked at, so the cost is linear in the text's
+    length whatever it holds, with no Python step per line.
     """
-    lines = text.split("\n")
-    closers: dict[str, list[int]] = {}  # fence -> indexes of the lines that close it
-    for i, line in enumerate(lines):
-        fence = _fence(line)
-        if fence and line.rstrip(" \t") == fence:
-            closers.setdefault(fence, []).append(i)
+    text = f"\n{text}\n"  # every line starts after a newline and ends at one
+    closers: dict[str, re.Pattern[str] | None] = {}  # None: never closed after here
     blocks: list[tuple[str | None, str]] = []
-    i = 0
-    while i < len(lines) - 1:
-        fence = _fence(lines[i])
-        ends = closers.get(fence) if fence else None
-        k = bisect.bisect_right(ends, i) if ends else 0
-        if not ends or k == len(ends):
-            i += 1
+    pos = 0
+    for _ in range(max_fences):
+        opener = _OPENER.search(text, pos)
+        if opener is None:
+            break
+        fence, start = opener.group(1), opener.end()
+        pos = start - 1  # the next line may open a block
+        if fence not in closers:
+            closers[fence] = _closer(fence)
+        closer = closers[fence]
+        end = closer.search(text, pos) if closer is not None else None
+        if end is None:
+            closers[fence] = None
             continue
-        end = ends[k]
-        lang = _LANG.match(lines[i], len(fence))
-        body = "".join(line + "\n" for line in lines[i + 1 : end])
-        blocks.append((lang.group(1) if lang and lang.group(1) else None, body))
-        i = end + 1
+        blocks.append((opener.group(2) or None, text[start : end.start() + 1]))
+        pos = end.end()
     return blocks
 
 
@@ -92,7 +95,8 @@ def capture_items(
     candidates: list[tuple[str | None, str, bool]] = [(None, t, True) for t in answers]
     for text in request_texts:
         candidates += [
-            (lang, body, False) for lang, body in code_blocks(text[: limits.max_scan_chars])
+            (lang, body, False)
+            for lang, body in code_blocks(text[: limits.max_scan_chars], limits.max_fences)
         ]
     for language, text, answer in candidates:
         size = len(text.encode("utf-8", "replace"))

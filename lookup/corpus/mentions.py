@@ -9,6 +9,7 @@ MAX_CANDIDATES = 512
 MAX_SCAN_CHARS = 64 << 10  # the prompt's last characters scanned (where the request is)
 
 _TOKEN = re.compile(r"[^\s\"'`()<>\[\]{},;|]+")
+_ALNUM = re.compile(r"[^\W_]")  # a letter or digit (``str.isalnum``)
 _TRAILING = ".:!?"
 
 
@@ -36,12 +37,14 @@ def mention_candidates(
     """
     pathlike: dict[str, None] = {}
     plain: dict[str, None] = {}
-    for match in _TOKEN.finditer(prompt, max(0, len(prompt) - max_chars)):
-        word = match.group(0)
+    # split and deduplicated in C first: a prompt repeating one word costs one step
+    for word in dict.fromkeys(_TOKEN.findall(prompt, max(0, len(prompt) - max_chars))):
         stripped = word.rstrip(_TRAILING)
-        for w in (word, stripped, posixpath.basename(stripped)):
-            if any(c.isalnum() for c in w):
-                (pathlike if ("/" in w or _looks_like_file(w)) else plain)[w] = None
+        base = stripped.rpartition("/")[2]  # posixpath.basename
+        for w in (word, stripped, base):
+            if w in pathlike or w in plain or not _ALNUM.search(w):
+                continue
+            (pathlike if ("/" in w or ("." in w and _looks_like_file(w))) else plain)[w] = None
         if len(pathlike) >= limit:
             break
     return (list(pathlike) + list(plain))[:limit]

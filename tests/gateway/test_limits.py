@@ -3,6 +3,7 @@ in this process (embedded default) and in Redis, shared by gateway replicas."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from contextlib import ExitStack
 from typing import Any
@@ -142,3 +143,33 @@ def test_upload_bytes_count_as_tokens(gateways: Any) -> None:
     r = httpx.post(f"{url}/v1/documents", json=big, headers=ALICE)
     assert "tokens a minute" in assert_limited(r)["message"]
     assert httpx.get(f"{url}/v1/documents/b.py", headers=ALICE).status_code == 404
+
+
+def _headers_only(url: str, path: str, declared: int) -> bytes:
+    """Send a POST's headers declaring ``declared`` body bytes, none of the body, and
+    return the response's head (the server waits for the body unless it answers first)."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(
+            f"POST {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer alice-key\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {declared}\r\n\r\n".encode()
+        )
+        head = b""
+        while b"\r\n\r\n" not in head:
+            chunk = sock.recv(4096)  # a socket.timeout here: the gateway waited for the body
+            if not chunk:
+                break
+            head += chunk
+    return head
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/documents"])
+def test_a_declared_body_over_the_token_budget_is_refused_unread(
+    gateways: Any, standin: StandIn, path: str
+) -> None:
+    (url,) = gateways(1, {"tokens_per_minute": 1000})
+    head = _headers_only(url, path, 1_000_000)  # 250k tokens
+    assert head.startswith(b"HTTP/1.1 429 "), head
+    assert b"\r\nretry-after: " in head.lower() and b"x-ratelimit-remaining-tokens" in head
+    assert standin.requests == []
+    assert chat(url, ALICE, max_tokens=10).status_code == 200  # the budget was not spent

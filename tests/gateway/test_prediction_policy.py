@@ -8,7 +8,14 @@ from typing import Any
 import pytest
 
 from gateway.endpoints.capabilities import CAPABILITIES
-from gateway.prediction_policy import decide, document_ids, header_document_ids, upstream_body
+from gateway.errors import InvalidRequest
+from gateway.prediction_policy import (
+    check_document_count,
+    decide,
+    document_ids,
+    header_document_ids,
+    upstream_body,
+)
 from sdk.wire import ChatCompletionRequest, CompletionRequest
 
 BASE: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -83,7 +90,21 @@ def test_completions_api_cannot_carry_predictions() -> None:
 def test_document_ids_from_extension_and_header() -> None:
     request = chat(draftgate={"documents": ["a.py", "b.py"]})
     assert header_document_ids(" c.py , a%2Cb.txt,,") == ["c.py", "a,b.txt"]
-    assert document_ids(request, "b.py, c.py", 3) == ["a.py", "b.py", "c.py"]
+    assert document_ids(request, "b.py, c.py", 4) == ["a.py", "b.py", "c.py"]
+    with pytest.raises(InvalidRequest):  # repeats count toward the limit
+        document_ids(request, "b.py, c.py", 3)
+
+
+def test_document_count_is_checked_before_validation_as_after() -> None:
+    many = {**BASE, "draftgate": {"documents": ["a.py", "a.py", "b.py"]}}
+    check_document_count(many, 3)
+    with pytest.raises(InvalidRequest) as caught:
+        check_document_count(many, 2)
+    assert (caught.value.code, caught.value.param) == ("too_many_documents", "draftgate.documents")
+    with pytest.raises(InvalidRequest):
+        document_ids(chat(**many), None, 2)
+    for odd in ({"documents": "abc"}, [1, 2, 3]):
+        check_document_count({**BASE, "draftgate": odd}, 2)  # left to validation
 
 
 def test_upstream_body_rewrites_only_when_needed() -> None:

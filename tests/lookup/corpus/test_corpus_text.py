@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
-from lookup.corpus.capture import CaptureLimits, capture_items, code_blocks
+import pytest
+
+from lookup.corpus.capture import MAX_FENCE, CaptureLimits, capture_items, code_blocks
 from lookup.corpus.mentions import document_names, mention_candidates
 
 
@@ -65,11 +68,19 @@ def _scan_cpu_s(text: str) -> float:
     return best
 
 
-def test_code_block_scan_grows_linearly_with_unclosed_fences() -> None:
-    # every line opens a block that never closes: a backtracking regex rescans the rest of
-    # the text from every line (0.19 s for 10 KB, 3.2 s for 40 KB: 16x for 4x the text)
-    small, large = "```a\n" * 2000, "```a\n" * 8000
-    assert code_blocks(large) == []
+@pytest.mark.parametrize(
+    "line",
+    [
+        lambda i: "```a\n",  # every line opens a block that never closes
+        lambda i: "`" * (3 + i % 30) + "\n",  # every line a fence of its own length
+    ],
+)
+def test_code_block_scan_grows_linearly(line: Callable[[int], str]) -> None:
+    # a backtracking regex rescans the rest of the text from every line (0.19 s for 10 KB,
+    # 3.2 s for 40 KB: 16x for 4x the text)
+    small = "".join(line(i) for i in range(2000))
+    large = "".join(line(i) for i in range(8000))
+    assert len(code_blocks(large)) <= 16
     ratio = _scan_cpu_s(large) / max(_scan_cpu_s(small), 1e-6)
     assert ratio < 8, f"4x the text cost {ratio:.1f}x the CPU time: not linear"
 
@@ -80,3 +91,19 @@ def test_capture_scans_only_the_first_max_scan_chars() -> None:
     late = "x" * 100 + "\n```c\nint late;\n```\n"
     items = capture_items([], [early + late], limits)
     assert [i.text for i in items] == ["int early;\n"]
+
+
+def test_code_blocks_look_at_max_fences_openers_at_most() -> None:
+    blocks = "".join(f"```\nblock {i}\n```\n" for i in range(5))
+    assert len(code_blocks(blocks)) == 5
+    assert [body for _, body in code_blocks(blocks, max_fences=2)] == ["block 0\n", "block 1\n"]
+    # unclosed openers count too: a prompt that starts with many hides its later blocks
+    assert code_blocks("~~~a\n" * 3 + blocks, max_fences=3) == []
+    assert len(code_blocks("~~~a\n" * 3 + blocks, max_fences=4)) == 1
+
+
+def test_fences_longer_than_max_fence_open_no_block() -> None:
+    long = "`" * (MAX_FENCE + 1)
+    assert code_blocks(f"{long}\nx\n{long}\n") == []
+    fence = "`" * MAX_FENCE
+    assert code_blocks(f"{fence}\nx\n{fence}\n") == [(None, "x\n")]
