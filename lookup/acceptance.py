@@ -61,6 +61,15 @@ class AcceptanceModel:
         """Estimated probability that the next token copied from a match is accepted."""
         return self._table[source][bucket(match_len)]
 
+    def rates(self, source: int, first_match: int, n: int) -> list[float]:
+        """``rate`` for match lengths first_match, first_match + 1, ... (n of them)."""
+        table = self._table[source]
+        top = len(_BUCKET_OF)
+        last = table[-1]
+        return [
+            table[_BUCKET_OF[m]] if m < top else last for m in range(first_match, first_match + n)
+        ]
+
     def path_scores(self, source: int, first_match: int, n: int) -> np.ndarray:
         """float32 running products of ``rate`` for match lengths first_match,
         first_match + 1, ... (n of them): each chain node's estimate that the chain up to

@@ -268,55 +268,84 @@ class Drafter:
         return Draft.copied_chain(tokens, self.acceptance.path_scores(source, m0, n), source)
 
     def _tree(self, candidates: list[Candidate], max_nodes: int, max_width: int) -> _Nodes:
-        """Merge the best few continuations into a trie scored by path probability."""
-        rate = self.acceptance.rate
-        # trie nodes: token, parent, weight (sum of candidate rates through it), owner, depth
+        """Merge the best few continuations into a trie scored by path probability.
+
+        A continuation walks the trie while it agrees with it, then the rest of it becomes
+        a new chain of nodes: node i's child along its chain is node i + 1 (when its parent
+        is i); only the children added where a later continuation branches off are kept
+        in ``branches``."""
+        rates = self.acceptance.rates
+        # trie nodes: token, parent, weight (sum of candidate rates through it), depth, and
+        # the rate, source and match length of the candidate that created it
         tok: list[int] = []
         par: list[int] = []
         weight: list[float] = []
-        owner: list[Candidate] = []
         depth: list[int] = []
-        kids: dict[int, dict[int, int]] = {-1: {}}
+        node_rate: list[float] = []
+        source: list[int] = []
+        match: list[int] = []
+        branches: dict[int, dict[int, int]] = {}
+
+        def children(node: int) -> list[int]:
+            """A node's children in creation order (its chain child first)."""
+            out = [node + 1] if node + 1 < len(par) and par[node + 1] == node else []
+            extra = branches.get(node)
+            return out + list(extra.values()) if extra else out
+
         for rank, cand in enumerate(candidates[: self.config.tree_candidates]):
-            node = -1
             # alternatives rarely win deep nodes: copy half as far for them
             length = max_nodes if rank == 0 else (max_nodes + 1) // 2
-            for d, token in enumerate(self._continuation(cand, length)):
-                child = kids[node].get(token)
+            tokens = self._continuation(cand, length)
+            neg = cand.neg_rate
+            node, d, n = -1, 0, len(tokens)
+            while d < n:  # follow the nodes an earlier continuation made
+                token = tokens[d]
+                nxt = node + 1
+                if nxt < len(par) and par[nxt] == node and tok[nxt] == token:
+                    child: int | None = nxt
+                else:
+                    child = branches.get(node, {}).get(token)
                 if child is None:
-                    child = len(tok)
-                    tok.append(token)
-                    par.append(node)
-                    weight.append(0.0)
-                    owner.append(cand)
-                    depth.append(d)
-                    kids[node][token] = child
-                    kids[child] = {}
-                weight[child] -= cand.neg_rate
-                node = child
+                    break
+                weight[child] -= neg
+                node, d = child, d + 1
+            if d == n:
+                continue
+            first = len(tok)
+            if node + 1 != first:  # ``node`` has a chain child already: a branch
+                branches.setdefault(node, {})[tokens[d]] = first
+            src, m0, k = int(cand.source), cand.track.match, n - d
+            tok += tokens[d:]
+            par += [node, *range(first, first + k - 1)]
+            weight += [0.0 - neg] * k
+            depth += range(d, n)
+            node_rate += rates(src, m0 + d, k)
+            source += [src] * k
+            match += range(m0 + d, m0 + n)
         score = [0.0] * len(tok)
-        totals: dict[int, float] = {}  # summed weight of each node's children
+        totals: dict[int, float] = {}  # summed weight of each branching node's children
         for i, parent in enumerate(par):  # parents precede children
-            total = totals.get(parent)
-            if total is None:
-                total = totals[parent] = sum(weight[c] for c in kids[parent].values())
-            share = weight[i] / total
+            if parent in branches or parent < 0:
+                total = totals.get(parent)
+                if total is None:
+                    total = totals[parent] = sum(weight[c] for c in children(parent))
+                share = weight[i] / total
+            else:  # an only child
+                share = 1.0  # weight / weight, exactly
             base = 1.0 if parent < 0 else score[parent]
-            score[i] = base * rate(owner[i].source, owner[i].track.match + depth[i]) * share
+            score[i] = base * node_rate[i] * share
         # best-first expansion: the max_nodes best nodes, at most max_width children each
         order: list[int] = []
-        heap = sorted((-score[c], c) for c in kids[-1].values())[:max_width]
+        heap = sorted((-score[c], c) for c in children(-1))[:max_width]
         heapq.heapify(heap)
         while heap and len(order) < max_nodes:
             _, node = heapq.heappop(heap)
             order.append(node)
-            children = kids[node]
-            if len(children) == 1:
-                (child,) = children.values()
-                heapq.heappush(heap, (-score[child], child))
-            elif children:
-                best = sorted((-score[c], c) for c in children.values())[:max_width]
-                for item in best:
+            kids = children(node)
+            if len(kids) == 1:
+                heapq.heappush(heap, (-score[kids[0]], kids[0]))
+            elif kids:
+                for item in sorted((-score[c], c) for c in kids)[:max_width]:
                     heapq.heappush(heap, item)
         # parents before children, siblings by decreasing score
         order.sort(key=lambda i: (depth[i], -score[i], i))
@@ -326,6 +355,6 @@ class Drafter:
             [tok[i] for i in order],
             [new_index[par[i]] for i in order],
             [score[i] for i in order],
-            [int(owner[i].source) for i in order],
-            [owner[i].track.match + depth[i] for i in order],
+            [source[i] for i in order],
+            [match[i] for i in order],
         )
