@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.audit.client import RequestRecord
-from gateway.audit.metrics import group_stats
+from gateway.audit.metrics import FORMULAS, group_stats
+from gateway.audit.report import _sources
+from sdk.wire.audits import AuditSummary
 
 
 def _record(stats: dict[str, Any] | None) -> RequestRecord:
@@ -33,6 +35,20 @@ def test_acceptance_is_summed_per_source_over_requests() -> None:
     assert by_source["retrieved"].rate == 0.5
     assert by_source["prompt"].rate == 0.25
     assert (by_source["answer"].accepted, by_source["answer"].rate) == (0, 0.0)
+
+
+def test_the_report_has_a_row_per_group_with_each_source() -> None:
+    stats = group_stats(
+        [_record({"drafted_by_source": {"retrieved": 4}, "accepted_by_source": {"retrieved": 3}})],
+        config="drafts",
+        setting="s",
+        concurrency=2,
+        category="all",
+    )
+    summary = AuditSummary.model_construct(formulas=FORMULAS, groups=[stats])
+    lines = _sources(summary)
+    assert lines[0] == "## Draft acceptance by source"
+    assert "| drafts | s | 2 | retrieved 3/4 (0.75) |" in lines
 
 
 def test_no_draft_stats_no_sources() -> None:
