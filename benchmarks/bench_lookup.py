@@ -19,8 +19,9 @@ metadata) up to ``--corpus-tokens`` tokens.
   quotes 200 characters of a random stored document, anchors computed included) p50/p99
   and round trips, how often that document was selected, the retrieval index's bytes per
   corpus token (Redis ``MEMORY USAGE`` of the index keys, and the bytes charged to the
-  tenant's cap), and the proposal p50/p99 of a drafter over the selected documents
-  generating the rest of the quoted document (token arrays fetched in one more round trip).
+  tenant's cap), and the proposal p50/p99 (thread CPU time) of a drafter over the selected
+  documents generating the rest of the quoted document, with 16-token chains and with
+  trees of width 3 (token arrays fetched in one more round trip).
 
 Usage: ``python benchmarks/bench_lookup.py --json OUT [--redis-url redis://127.0.0.1:6379]
 [--scaling 1000,10000,100000]``
@@ -185,6 +186,31 @@ async def bench_redis(url: str, corpus_texts: list[str], repeats: int) -> dict[s
     }
 
 
+def drive(
+    drafter: Drafter, target: list[int], width: int, wall_us: list[float], cpu_us: list[float]
+) -> None:
+    """Generate ``target`` with 16-token drafts of ``width``, committing the accepted path
+    plus one token per step as greedy verification would; appends each proposal's wall and
+    thread CPU time (µs)."""
+    done = 0
+    while done < len(target):
+        start, start_cpu = time.perf_counter(), time.thread_time_ns()
+        draft = drafter.propose(16, width)
+        cpu_us.append((time.thread_time_ns() - start_cpu) / 1e3)
+        wall_us.append((time.perf_counter() - start) * 1e6)
+        tokens, parents = draft.tokens.tolist(), draft.parents.tolist()
+        node, step = -1, list[int]()
+        while done + len(step) < len(target):
+            token = target[done + len(step)]
+            step.append(token)
+            nxt = [i for i, p in enumerate(parents) if p == node and tokens[i] == token]
+            if not nxt:
+                break
+            node = nxt[0]
+        drafter.extend(step)
+        done += len(step)
+
+
 def stdlib_slices(chars: int, count: int) -> list[str]:
     """``count`` consecutive ``chars``-character slices of the stdlib ``*.py`` text."""
     root = Path(sysconfig.get_paths()["stdlib"])
@@ -265,41 +291,31 @@ async def bench_scaling(  # type: ignore[no-untyped-def]
                 j = int(rng.integers(0, size))
                 prompt = f"What does this code do, and what comes after it?\n{texts[j][: doc_chars // 2]}"
                 before = counter[0]
-                start, start_cpu = time.perf_counter(), time.thread_time()
+                start, start_cpu = time.perf_counter(), time.thread_time_ns()
                 docs = await corpus.select(ns, prompt_text=prompt)
-                select_cpu_ms.append((time.thread_time() - start_cpu) * 1e3)
+                select_cpu_ms.append((time.thread_time_ns() - start_cpu) / 1e6)
                 select_ms.append((time.perf_counter() - start) * 1e3)
                 trips.append(counter[0] - before)
                 if any(d.id == f"d{j}" for d in docs):
                     found += 1
                     hits.append((j, prompt, docs))
             server_us = (await lua_usec(url) - server_before) / queries
-            propose_us, propose_cpu_us, token_trips = [], [], []
+            token_trips: list[int] = []
+            chain: tuple[list[float], list[float]] = ([], [])  # wall, CPU µs per proposal
+            tree: tuple[list[float], list[float]] = ([], [])
             for j, prompt, docs in hits[:20]:
                 before = counter[0]
                 arrays = await corpus.tokens(ns, docs, "smollm2", tokenizer.encode)
                 token_trips.append(counter[0] - before)
                 indexes = [cache.get_or_build(sha, tokens) for sha, tokens in arrays]
-                drafter = Drafter(
-                    tokenizer.encode(prompt),
-                    documents=indexes,
-                    document_sources=[kinds[d.kind] for d in docs],
-                )
                 target = tokenizer.encode(texts[j][doc_chars // 2 :])
-                done = 0
-                while done < len(target):
-                    start, start_cpu = time.perf_counter(), time.thread_time()
-                    draft = drafter.propose(16)
-                    propose_cpu_us.append((time.thread_time() - start_cpu) * 1e6)
-                    propose_us.append((time.perf_counter() - start) * 1e6)
-                    n = 0
-                    while n < len(draft) and done + n < len(target):
-                        if int(draft.tokens[n]) != target[done + n]:
-                            break
-                        n += 1
-                    step = target[done : done + n + 1]
-                    drafter.extend(step)
-                    done += len(step)
+                for width, (wall, cpu) in ((1, chain), (3, tree)):
+                    drafter = Drafter(
+                        tokenizer.encode(prompt),
+                        documents=indexes,
+                        document_sources=[kinds[d.kind] for d in docs],
+                    )
+                    drive(drafter, target, width, wall, cpu)
             row: dict[str, object] = {
                 "store": "redis" if url else "memory",
                 "documents": size,
@@ -311,10 +327,12 @@ async def bench_scaling(  # type: ignore[no-untyped-def]
                 "select_round_trips": max(trips),
                 "tokens_round_trips": max(token_trips, default=0),
                 "quoted_document_selected": found / queries,
-                "propose_p50_us": float(np.percentile(propose_us, 50)),
-                "propose_p99_us": float(np.percentile(propose_us, 99)),
-                "propose_cpu_p50_us": float(np.percentile(propose_cpu_us, 50)),
-                "propose_cpu_p99_us": float(np.percentile(propose_cpu_us, 99)),
+                "propose_p50_us": float(np.percentile(chain[0], 50)),
+                "propose_p99_us": float(np.percentile(chain[0], 99)),
+                "propose_cpu_p50_us": float(np.percentile(chain[1], 50)),
+                "propose_cpu_p99_us": float(np.percentile(chain[1], 99)),
+                "propose_tree_cpu_p50_us": float(np.percentile(tree[1], 50)),
+                "propose_tree_cpu_p99_us": float(np.percentile(tree[1], 99)),
             }
             if url:
                 row["select_redis_server_us_mean"] = server_us

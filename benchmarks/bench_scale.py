@@ -1,8 +1,14 @@
 """Scale-out: one vs two ``draftgate verifier`` replicas behind the gateway, and ``prefix``
 vs ``least-busy`` routing on multi-turn sessions.
 
-    python benchmarks/bench_scale.py --json OUT [--requests 12] [--concurrency 4]
-        [--sessions 6] [--turns 3] [--rounds 2] [--sessions-only]
+    python benchmarks/bench_scale.py --json OUT [--requests 32] [--concurrency 4]
+        [--sessions 8] [--turns 4] [--rounds 3] [--sessions-only]
+
+The defaults are sized for an idle 2-core machine, estimated (not measured) from the
+idle step times in RESULTS.md: loading the two replicas takes seconds and a round about a
+minute, so a whole run should take 3-5 minutes, well under 8 (the summary's
+``elapsed_s`` says how long it took). Smoke run: ``--requests 2 --concurrency 2 --max-tokens 2 --sessions 2 --turns 2
+--session-max-tokens 2 --think-s 0 --rounds 1``.
 
 Two verifier processes (SmolLM2-135M, greedy) are started, each pinned to one CPU core
 (``os.sched_setaffinity`` in the child, and one torch/OpenMP thread), so two replicas
@@ -201,7 +207,10 @@ def _through_gateway(urls: dict[str, str], strategy: str, work: Any) -> dict[str
 
 
 def _summary(
-    runs: dict[str, list[dict[str, Any]]], cores: list[int], args: argparse.Namespace
+    runs: dict[str, list[dict[str, Any]]],
+    cores: list[int],
+    args: argparse.Namespace,
+    started: float,
 ) -> dict[str, Any]:
     """Medians over the rounds so far, written to ``--json`` (after every configuration, so
     a run cut short still leaves its figures)."""
@@ -215,6 +224,7 @@ def _summary(
         "machine": f"{os.cpu_count()} CPUs (shared), replicas pinned to cores {cores[:2]}",
         "args": vars(args) | {"json": str(args.json)},
         "rounds_done": len(runs.get("prefix", [])),
+        "elapsed_s": time.monotonic() - started,  # replicas' loading included
         "throughput": {
             label: {k: median(label, k) for k in ("requests_per_s", "e2e_p50_s", "e2e_p99_s")}
             for label in ("one", "two")
@@ -233,18 +243,19 @@ def _summary(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, required=True, help="write the results here")
-    parser.add_argument("--requests", type=int, default=12, help="chats per throughput run")
+    parser.add_argument("--requests", type=int, default=32, help="chats per throughput run")
     parser.add_argument("--concurrency", type=int, default=4, help="closed-loop workers")
     parser.add_argument("--max-tokens", type=int, default=16)
-    parser.add_argument("--sessions", type=int, default=6)
-    parser.add_argument("--turns", type=int, default=3)
+    parser.add_argument("--sessions", type=int, default=8)
+    parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--session-max-tokens", type=int, default=8)
     parser.add_argument("--think-s", type=float, default=1.0, help="mean pause between turns")
-    parser.add_argument("--rounds", type=int, default=2, help="interleaved repetitions")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved repetitions")
     parser.add_argument("--base-port", type=int, default=18311)
     parser.add_argument("--sessions-only", action="store_true", help="skip the 1-vs-2 runs")
     args = parser.parse_args()
 
+    started = time.monotonic()
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
         raise SystemExit("needs two CPU cores to pin two replicas")
@@ -265,7 +276,7 @@ def main() -> None:
                 )
                 runs.setdefault(label, []).append(result)
                 print(label, json.dumps(result), flush=True)
-                _summary(runs, cores, args)
+                _summary(runs, cores, args, started)
             for strategy in ("least-busy", "prefix"):
                 result = _through_gateway(
                     urls,
@@ -276,13 +287,15 @@ def main() -> None:
                 )
                 runs.setdefault(strategy, []).append(result)
                 print(strategy, json.dumps(result), flush=True)
-                _summary(runs, cores, args)
+                _summary(runs, cores, args, started)
     finally:
         for proc in procs.values():
             proc.terminate()
             proc.wait(timeout=30)
 
-    print(json.dumps({k: v for k, v in _summary(runs, cores, args).items() if k != "runs"}))
+    print(
+        json.dumps({k: v for k, v in _summary(runs, cores, args, started).items() if k != "runs"})
+    )
 
 
 if __name__ == "__main__":

@@ -86,6 +86,7 @@ class GenerationStats:
     accepted_tokens: int
     accepted_by_position: list[int]
     accepted_by_source: dict[str, int]  # accepted draft tokens per source (Source names)
+    drafted_by_source: dict[str, int]  # verified draft tokens per source
     accepted_prediction_tokens: int | None
     rejected_prediction_tokens: int | None
     prefill_s: float
@@ -321,6 +322,7 @@ class Engine:
             accepted_tokens=stats.accepted_tokens,
             accepted_by_position=stats.accepted_by_position,
             accepted_by_source=stats.accepted_by_source,
+            drafted_by_source=stats.drafted_by_source,
             accepted_prediction_tokens=accepted_pred,
             rejected_prediction_tokens=rejected_pred,
             prefill_s=stats.prefill_s,

@@ -58,6 +58,7 @@ class Stats:
     accepted_tokens: int = 0
     accepted_by_position: list[int] = field(default_factory=list)
     accepted_by_source: dict[str, int] = field(default_factory=dict)  # Source names, lower case
+    drafted_by_source: dict[str, int] = field(default_factory=dict)  # verified draft nodes
     queued_s: float = 0.0
     prefill_s: float = 0.0
     draft_s: float = 0.0
@@ -71,11 +72,16 @@ class Stats:
         for i in range(accepted):
             self.accepted_by_position[i] += 1
 
-    def count_sources(self, sources: Sequence[int]) -> None:
-        """Count accepted draft tokens by the ``lookup.draft.Source`` they were copied from."""
-        for source in sources:
-            name = Source(source).name.lower()
-            self.accepted_by_source[name] = self.accepted_by_source.get(name, 0) + 1
+    def count_sources(self, drafted: Sequence[int], accepted: Sequence[int]) -> None:
+        """Count verified and accepted draft tokens by the ``lookup.draft.Source`` they were
+        copied from."""
+        for counts, sources in (
+            (self.drafted_by_source, drafted),
+            (self.accepted_by_source, accepted),
+        ):
+            for source in sources:
+                name = Source(source).name.lower()
+                counts[name] = counts.get(name, 0) + 1
 
 
 @dataclass(eq=False)
@@ -306,7 +312,7 @@ class Scheduler:
             self._compact(req.table, req.computed, draft, verdict.accepted)
         req.computed += 1 + accepted
         req.stats.count(len(draft), accepted)
-        req.stats.count_sources(draft.source[verdict.accepted].tolist())
+        req.stats.count_sources(draft.source.tolist(), draft.source[verdict.accepted].tolist())
         if req.controller is not None:
             req.controller.observe(len(draft), accepted)
         new = [int(draft.tokens[n]) for n in verdict.accepted] + [verdict.next_token]

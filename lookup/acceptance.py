@@ -9,6 +9,8 @@ few steps, and one that keeps copying (a code edit) drives them up.
 
 from __future__ import annotations
 
+import numpy as np
+
 from lookup.draft import Source
 
 BUCKET_EDGES: tuple[int, ...] = (1, 4, 8, 16, 32)
@@ -33,6 +35,14 @@ def bucket(match_len: int) -> int:
 _BUCKET_OF = [sum(m >= edge for edge in BUCKET_EDGES) for m in range(BUCKET_EDGES[-1])]
 
 
+def _buckets(first_match: int, n: int) -> np.ndarray:
+    """The buckets of match lengths first_match, first_match + 1, ... (n of them)."""
+    return np.asarray([bucket(m) for m in range(first_match, first_match + n)], np.intp)
+
+
+_BUCKETS = _buckets(0, 1024)
+
+
 class AcceptanceModel:
     """Decayed accept/trial counts per (source, match bucket), blended with a prior."""
 
@@ -45,6 +55,7 @@ class AcceptanceModel:
         self._trials = [[0.0] * n for _ in Source]
         self._priors = [_PRIORS[s] for s in Source]
         self._table = [list(p) for p in self._priors]
+        self._rows = np.array(self._table)  # the same rates as float64 rows, for path_scores
 
     def rate(self, source: int, match_len: int) -> float:
         """Estimated probability that the next token copied from a match is accepted."""
@@ -59,6 +70,14 @@ class AcceptanceModel:
             table[_BUCKET_OF[m]] if m < top else last for m in range(first_match, first_match + n)
         ]
 
+    def path_scores(self, source: int, first_match: int, n: int) -> np.ndarray:
+        """float32 running products of ``rate`` for match lengths first_match,
+        first_match + 1, ... (n of them): each chain node's estimate that the chain up to
+        it is accepted (multiplied in float64, left to right)."""
+        stop = first_match + n
+        buckets = _BUCKETS[first_match:stop] if stop <= len(_BUCKETS) else _buckets(first_match, n)
+        return np.multiply.accumulate(self._rows[source].take(buckets)).astype(np.float32)
+
     def observe(self, source: int, match_len: int, accepted: bool) -> None:
         """Record whether a copied token equalled the token the target committed."""
         b = bucket(match_len)
@@ -66,4 +85,5 @@ class AcceptanceModel:
         hits[b] = hits[b] * self.decay + accepted
         trials[b] = trials[b] * self.decay + 1.0
         w = self.prior_weight
-        self._table[source][b] = (hits[b] + w * self._priors[source][b]) / (trials[b] + w)
+        estimate = (hits[b] + w * self._priors[source][b]) / (trials[b] + w)
+        self._table[source][b] = self._rows[source, b] = estimate

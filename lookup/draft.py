@@ -20,6 +20,18 @@ class Source(IntEnum):
     ANSWER = 5  # an earlier captured answer
 
 
+def _read_only(array: np.ndarray) -> np.ndarray:
+    array.flags.writeable = False
+    return array
+
+
+_CHAIN_PARENTS = _read_only(np.arange(-1, 1023, dtype=np.int32))  # sliced by chain drafts
+_EMPTY_TOKENS = _read_only(np.zeros(0, np.int64))
+_EMPTY_PARENTS = _read_only(np.zeros(0, np.int32))
+_EMPTY_SCORES = _read_only(np.zeros(0, np.float32))
+_EMPTY_SOURCE = _read_only(np.zeros(0, np.int8))
+
+
 def depths(parents: Sequence[int] | np.ndarray) -> np.ndarray:
     """Depth of each node (int64): 1 for children of the root (parents precede children)."""
     out = np.zeros(len(parents), dtype=np.int64)
@@ -28,7 +40,7 @@ def depths(parents: Sequence[int] | np.ndarray) -> np.ndarray:
     return out
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: a frozen init costs more than the rest of a chain
 class Draft:
     """Draft nodes in topological order.
 
@@ -36,7 +48,8 @@ class Draft:
     child of the last committed token; parents always precede children), ``scores[i]`` the
     estimated probability that the whole path to node i is accepted (never above its
     parent's), ``source[i]`` a :class:`Source`. Siblings come in decreasing score order,
-    the order in which a verifier should try them.
+    the order in which a verifier should try them. Treat a draft as immutable: its
+    arrays may be read-only views (of an index's tokens, of shared constants).
     """
 
     tokens: np.ndarray  # int64 [n]
@@ -47,12 +60,16 @@ class Draft:
     @staticmethod
     def empty() -> Draft:
         """A draft with no nodes."""
-        return Draft(
-            np.zeros(0, np.int64),
-            np.zeros(0, np.int32),
-            np.zeros(0, np.float32),
-            np.zeros(0, np.int8),
-        )
+        return _EMPTY
+
+    @staticmethod
+    def copied_chain(tokens: np.ndarray, scores: np.ndarray, source: int) -> Draft:
+        """A chain of int64 ``tokens`` and float32 ``scores`` copied from one ``source``."""
+        n = len(tokens)
+        if n > len(_CHAIN_PARENTS):
+            parents = np.arange(-1, n - 1, dtype=np.int32)
+            return Draft(tokens, parents, scores, np.full(n, source, np.int8))
+        return Draft(tokens, _CHAIN_PARENTS[:n], scores, _SOURCES[source][:n])
 
     @staticmethod
     def chain(tokens: list[int], scores: list[float], source: list[int]) -> Draft:
@@ -100,3 +117,7 @@ class Draft:
             self.scores[idx].copy(),
             self.source[idx].copy(),
         )
+
+
+_EMPTY = Draft(_EMPTY_TOKENS, _EMPTY_PARENTS, _EMPTY_SCORES, _EMPTY_SOURCE)
+_SOURCES = [_read_only(np.full(len(_CHAIN_PARENTS), int(s), np.int8)) for s in Source]

@@ -17,8 +17,6 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import accumulate
-from operator import mul
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -97,10 +95,10 @@ class Drafter:
             if track is not self._prediction:
                 track.anchor(self._context, hashes, config.candidates, config.max_match)
         # the last proposal, walked by committed tokens to learn acceptance
-        self._last_tokens: list[int] = []
-        self._last_parents: list[int] = []
-        self._last_sources: list[int] = []
-        self._last_match: list[int] = []
+        self._last_tokens: Sequence[int] | np.ndarray = []
+        self._last_parents: Sequence[int] = []
+        self._last_sources: Sequence[int] = []
+        self._last_match: Sequence[int] = []
         self._last_children: dict[int, list[int]] | None = None
         self._cursor: int | None = None
 
@@ -151,20 +149,23 @@ class Drafter:
         node = self._cursor
         if node is None:
             return
-        if self._last_children is None:
-            self._last_children = {}
-            for child, parent in enumerate(self._last_parents):
-                self._last_children.setdefault(parent, []).append(child)
-        children = self._last_children.get(node)
+        if isinstance(self._last_parents, range):  # a chain: node i + 1 follows node i
+            children = [node + 1] if node + 1 < len(self._last_parents) else None
+        else:
+            if self._last_children is None:
+                self._last_children = {}
+                for child, parent in enumerate(self._last_parents):
+                    self._last_children.setdefault(parent, []).append(child)
+            children = self._last_children.get(node)
         if not children:
             self._cursor = None
             return
         tokens = self._last_tokens
         first = children[0]
         self.acceptance.observe(
-            self._last_sources[first], self._last_match[first], tokens[first] == token
+            self._last_sources[first], self._last_match[first], int(tokens[first]) == token
         )
-        self._cursor = next((c for c in children if tokens[c] == token), None)
+        self._cursor = next((c for c in children if int(tokens[c]) == token), None)
 
     # -- proposing -----------------------------------------------------------------------
 
@@ -173,17 +174,12 @@ class Drafter:
         wanted = 1 if max_width <= 1 else self.config.tree_candidates
         candidates = self._candidates(wanted) if max_tokens > 0 else []
         if not candidates:
-            nodes = _Nodes([], [], [], [], [])
-        elif max_width <= 1 or len(candidates) == 1:
-            nodes = self._chain(candidates, max_tokens)
-        else:
-            nodes = self._tree(candidates, max_tokens, max_width)
-        self._last_tokens = nodes.tokens
-        self._last_parents = nodes.parents
-        self._last_sources = nodes.sources
-        self._last_match = nodes.match
-        self._last_children = None
-        self._cursor = -1 if nodes.tokens else None
+            self._remember([], range(-1, -1), [], range(0))
+            return Draft.empty()
+        if max_width <= 1 or len(candidates) == 1:
+            return self._chain(candidates, max_tokens)
+        nodes = self._tree(candidates, max_tokens, max_width)
+        self._remember(nodes.tokens, nodes.parents, nodes.sources, nodes.match)
         return Draft(
             np.asarray(nodes.tokens, np.int64),
             np.asarray(nodes.parents, np.int32),
@@ -191,15 +187,34 @@ class Drafter:
             np.asarray(nodes.sources, np.int8),
         )
 
+    def _remember(
+        self,
+        tokens: Sequence[int] | np.ndarray,
+        parents: Sequence[int],
+        sources: Sequence[int],
+        match: Sequence[int],
+    ) -> None:
+        """Keep the proposal for :meth:`_learn` (``parents`` a range: a chain)."""
+        self._last_tokens = tokens
+        self._last_parents = parents
+        self._last_sources = sources
+        self._last_match = match
+        self._last_children = None
+        self._cursor = -1 if len(tokens) else None
+
     def _candidates(self, at_least: int) -> list[Candidate]:
         """Occurrences of the best sources (rate, then source priority), whole sources at a
         time until there are ``at_least``; best first. An occurrence at the very end of its
         source has nothing to copy and is skipped, so the next source drafts instead."""
         rate = self.acceptance.rate
+        context = self._context
         ranked: list[tuple[float, Source, Track, list[int]]] = []
         for track in self._tracks:
+            positions = track.positions
+            if not positions:
+                continue
             size = len(track.index)
-            usable = [p for p in track.positions if p < size]
+            usable = [p for p in positions if p < size]
             if usable:
                 source = self._source_at(track, usable[0])
                 ranked.append((-rate(source, track.match), source, track, usable))
@@ -207,13 +222,13 @@ class Drafter:
             ranked.sort(key=_rank)
         out: list[Candidate] = []
         for r, source, track, usable in ranked:
-            if track.index is self._context:
+            if track.index is context:
                 for pos in usable:
                     src = self._source_at(track, pos)
                     neg = r if src is source else -rate(src, track.match)
                     out.append(Candidate(neg, src, pos, track))
             else:
-                out.extend(Candidate(r, source, pos, track) for pos in usable)
+                out += [Candidate(r, source, pos, track) for pos in usable]
             if len(out) >= at_least:
                 break
         if len(out) > 1:
@@ -233,73 +248,104 @@ class Drafter:
             tokens = (tokens * (k // len(tokens) + 1))[:k]
         return tokens
 
-    def _chain(self, candidates: list[Candidate], k: int) -> _Nodes:
+    def _chain(self, candidates: list[Candidate], k: int) -> Draft:
         best = candidates[0]
-        same = [c for c in candidates if c.track is best.track and c.neg_rate == best.neg_rate]
-        if len(same) > 1:  # equally good occurrences disagree: follow the majority
-            votes: dict[int, list[Candidate]] = {}
-            for c in same:
-                votes.setdefault(c.track.index.token(c.position), []).append(c)
-            best = max(votes.values(), key=len)[0]
-        tokens = self._continuation(best, k)
+        if len(candidates) > 1:
+            same = [c for c in candidates if c.track is best.track and c.neg_rate == best.neg_rate]
+            if len(same) > 1:  # equally good occurrences disagree: follow the majority
+                votes: dict[int, list[Candidate]] = {}
+                for c in same:
+                    votes.setdefault(c.track.index.token(c.position), []).append(c)
+                best = max(votes.values(), key=len)[0]
+        index, pos = best.track.index, best.position
+        tokens = index.array(pos, pos + k)
+        if index is self._context and 0 < len(tokens) < k:  # repeats periodically
+            tokens = np.asarray(self._continuation(best, k), np.int64)
+        n = len(tokens)
         source = int(best.source)
         m0 = best.track.match
-        match = list(range(m0, m0 + len(tokens)))
-        scores = list(accumulate(self.acceptance.rates(source, m0, len(tokens)), mul))
-        return _Nodes(
-            tokens, list(range(-1, len(tokens) - 1)), scores, [source] * len(tokens), match
-        )
+        self._remember(tokens, range(-1, n - 1), [source] * n, range(m0, m0 + n))
+        return Draft.copied_chain(tokens, self.acceptance.path_scores(source, m0, n), source)
 
     def _tree(self, candidates: list[Candidate], max_nodes: int, max_width: int) -> _Nodes:
-        """Merge the best few continuations into a trie scored by path probability."""
-        rate = self.acceptance.rate
-        # trie nodes: token, parent, weight (sum of candidate rates through it), owner, depth
+        """Merge the best few continuations into a trie scored by path probability.
+
+        A continuation walks the trie while it agrees with it, then the rest of it becomes
+        a new chain of nodes: node i's child along its chain is node i + 1 (when its parent
+        is i); only the children added where a later continuation branches off are kept
+        in ``branches``."""
+        rates = self.acceptance.rates
+        # trie nodes: token, parent, weight (sum of candidate rates through it), depth, and
+        # the rate, source and match length of the candidate that created it
         tok: list[int] = []
         par: list[int] = []
         weight: list[float] = []
-        owner: list[Candidate] = []
         depth: list[int] = []
-        kids: dict[int, dict[int, int]] = {-1: {}}
+        node_rate: list[float] = []
+        source: list[int] = []
+        match: list[int] = []
+        branches: dict[int, dict[int, int]] = {}
+
+        def children(node: int) -> list[int]:
+            """A node's children in creation order (its chain child first)."""
+            out = [node + 1] if node + 1 < len(par) and par[node + 1] == node else []
+            extra = branches.get(node)
+            return out + list(extra.values()) if extra else out
+
         for rank, cand in enumerate(candidates[: self.config.tree_candidates]):
-            node = -1
             # alternatives rarely win deep nodes: copy half as far for them
             length = max_nodes if rank == 0 else (max_nodes + 1) // 2
-            for d, token in enumerate(self._continuation(cand, length)):
-                child = kids[node].get(token)
+            tokens = self._continuation(cand, length)
+            neg = cand.neg_rate
+            node, d, n = -1, 0, len(tokens)
+            while d < n:  # follow the nodes an earlier continuation made
+                token = tokens[d]
+                nxt = node + 1
+                if nxt < len(par) and par[nxt] == node and tok[nxt] == token:
+                    child: int | None = nxt
+                else:
+                    child = branches.get(node, {}).get(token)
                 if child is None:
-                    child = len(tok)
-                    tok.append(token)
-                    par.append(node)
-                    weight.append(0.0)
-                    owner.append(cand)
-                    depth.append(d)
-                    kids[node][token] = child
-                    kids[child] = {}
-                weight[child] -= cand.neg_rate
-                node = child
+                    break
+                weight[child] -= neg
+                node, d = child, d + 1
+            if d == n:
+                continue
+            first = len(tok)
+            if node + 1 != first:  # ``node`` has a chain child already: a branch
+                branches.setdefault(node, {})[tokens[d]] = first
+            src, m0, k = int(cand.source), cand.track.match, n - d
+            tok += tokens[d:]
+            par += [node, *range(first, first + k - 1)]
+            weight += [0.0 - neg] * k
+            depth += range(d, n)
+            node_rate += rates(src, m0 + d, k)
+            source += [src] * k
+            match += range(m0 + d, m0 + n)
         score = [0.0] * len(tok)
-        totals: dict[int, float] = {}  # summed weight of each node's children
+        totals: dict[int, float] = {}  # summed weight of each branching node's children
         for i, parent in enumerate(par):  # parents precede children
-            total = totals.get(parent)
-            if total is None:
-                total = totals[parent] = sum(weight[c] for c in kids[parent].values())
-            share = weight[i] / total
+            if parent in branches or parent < 0:
+                total = totals.get(parent)
+                if total is None:
+                    total = totals[parent] = sum(weight[c] for c in children(parent))
+                share = weight[i] / total
+            else:  # an only child
+                share = 1.0  # weight / weight, exactly
             base = 1.0 if parent < 0 else score[parent]
-            score[i] = base * rate(owner[i].source, owner[i].track.match + depth[i]) * share
+            score[i] = base * node_rate[i] * share
         # best-first expansion: the max_nodes best nodes, at most max_width children each
         order: list[int] = []
-        heap = sorted((-score[c], c) for c in kids[-1].values())[:max_width]
+        heap = sorted((-score[c], c) for c in children(-1))[:max_width]
         heapq.heapify(heap)
         while heap and len(order) < max_nodes:
             _, node = heapq.heappop(heap)
             order.append(node)
-            children = kids[node]
-            if len(children) == 1:
-                (child,) = children.values()
-                heapq.heappush(heap, (-score[child], child))
-            elif children:
-                best = sorted((-score[c], c) for c in children.values())[:max_width]
-                for item in best:
+            kids = children(node)
+            if len(kids) == 1:
+                heapq.heappush(heap, (-score[kids[0]], kids[0]))
+            elif kids:
+                for item in sorted((-score[c], c) for c in kids)[:max_width]:
                     heapq.heappush(heap, item)
         # parents before children, siblings by decreasing score
         order.sort(key=lambda i: (depth[i], -score[i], i))
@@ -309,6 +355,6 @@ class Drafter:
             [tok[i] for i in order],
             [new_index[par[i]] for i in order],
             [score[i] for i in order],
-            [int(owner[i].source) for i in order],
-            [owner[i].track.match + depth[i] for i in order],
+            [source[i] for i in order],
+            [match[i] for i in order],
         )

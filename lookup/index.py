@@ -63,7 +63,8 @@ class TokenIndex:
     """Find where the n-gram ending the current context occurs in a token array."""
 
     def __init__(self, tokens: np.ndarray) -> None:
-        self._static = np.ascontiguousarray(tokens, dtype=np.int64)
+        self._static = np.ascontiguousarray(tokens, dtype=np.int64).view()
+        self._static.flags.writeable = False  # drafts hand out views of it
         self._n_static = len(self._static)
         self._levels = [
             _Level(h, n) for h, n in zip(level_hashes(self._static), LEVELS, strict=True)
@@ -122,6 +123,12 @@ class TokenIndex:
             return tokens
         head = self._static[max(start, 0) : n].tolist() if start < n else []
         return head + self._tail[max(start - n, 0) : stop - n]
+
+    def array(self, start: int, stop: int) -> np.ndarray:
+        """Tokens [start, stop) as int64 (clipped), a read-only view when not in the tail."""
+        if stop <= self._n_static:
+            return self._static[max(start, 0) : stop]
+        return np.asarray(self.slice(start, stop), dtype=np.int64)
 
     def token(self, pos: int) -> int:
         """The token at ``pos``."""

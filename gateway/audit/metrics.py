@@ -8,7 +8,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 
 from gateway.audit.client import RequestRecord
-from sdk.wire.audits import Acceptance, Distribution, GroupStats
+from sdk.wire.audits import Acceptance, Distribution, GroupStats, SourceAcceptance
 
 FORMULAS: dict[str, str] = {
     "TTFB": "request sent -> response headers received",
@@ -23,6 +23,8 @@ FORMULAS: dict[str, str] = {
     "request throughput": "finished requests / wall time of the run",
     "acceptance rate": "sum(accepted_prediction_tokens) / sum(accepted + rejected)",
     "accepted/step": "sum(accepted draft tokens) / sum(verify steps), endpoint-reported",
+    "acceptance by source": "per draft source: sum(accepted) / sum(verified draft tokens), "
+    "endpoint-reported",
     "speedup": "output tok/s with drafts / output tok/s without drafts (same items)",
     "time/token": "sum(E2E - TTFT) / sum(output_tokens - 1): drafting + verification + overhead "
     "per committed token",
@@ -74,6 +76,24 @@ def tokens_per_second(records: Iterable[RequestRecord]) -> float | None:
     return _ratio(sum(r.output_tokens or 0 for r in ok), sum(r.e2e_s or 0.0 for r in ok))
 
 
+def by_source(records: Iterable[RequestRecord]) -> dict[str, SourceAcceptance]:
+    """Verified and accepted draft tokens per source, summed over ``records``."""
+    drafted: Counter[str] = Counter()
+    accepted: Counter[str] = Counter()
+    for r in records:
+        stats = r.draft_stats or {}
+        drafted.update({k: int(v) for k, v in (stats.get("drafted_by_source") or {}).items()})
+        accepted.update({k: int(v) for k, v in (stats.get("accepted_by_source") or {}).items()})
+    return {
+        name: SourceAcceptance(
+            drafted=drafted[name],
+            accepted=accepted[name],
+            rate=_ratio(accepted[name], drafted[name]),
+        )
+        for name in sorted(drafted.keys() | accepted.keys())
+    }
+
+
 def group_stats(
     records: Sequence[RequestRecord], *, config: str, setting: str, concurrency: int, category: str
 ) -> GroupStats:
@@ -119,5 +139,6 @@ def group_stats(
             requests_reporting=len(reporting),
             accepted_per_step=_ratio(step_accepted, steps),
             accepted_by_position=by_position,
+            by_source=by_source(ok),
         ),
     )

@@ -281,6 +281,31 @@ def _positions(s: AuditSummary) -> list[str]:
     ]
 
 
+def _sources(s: AuditSummary) -> list[str]:
+    groups = [g for g in s.all_categories() if g.acceptance.by_source]
+    if not groups:
+        return []
+    rows = [
+        [
+            g.config,
+            g.setting,
+            str(g.concurrency),
+            "; ".join(
+                f"{name} {a.accepted}/{a.drafted} ({_num(a.rate)})"
+                for name, a in g.acceptance.by_source.items()
+            ),
+        ]
+        for g in groups
+    ]
+    return [
+        "## Draft acceptance by source",
+        "",
+        f"{s.formulas.get('acceptance by source', '')}.",
+        "",
+        *_table(["config", "setting", "conc", "source accepted/verified (rate)"], rows),
+    ]
+
+
 def _quality(s: AuditSummary) -> list[str]:
     rows = [
         [
@@ -362,6 +387,7 @@ SECTIONS: tuple[Callable[[AuditSummary], list[str]], ...] = (
     _speedup,
     _break_even,
     _positions,
+    _sources,
     _quality,
     _lossless,
     _languages,

@@ -38,6 +38,7 @@ class Capability:
 
 CAPABILITIES: dict[str, Capability] = {
     "openai": Capability(True, OPENAI_CONFLICTS, ("gpt-4o", "gpt-4.1")),
+    # preview; the same conflicts as OpenAI (checked 2026-11-30)
     "azure": Capability(True, OPENAI_CONFLICTS, ("gpt-4o", "gpt-4.1"), "2025-01-01-preview"),
     "fireworks": Capability(True, OPENAI_CONFLICTS),
     # public preview, gpt-oss-120b and zai-glm-4.7 (checked 2026-11-30)
@@ -49,7 +50,7 @@ CAPABILITIES: dict[str, Capability] = {
     "llamacpp": Capability(False),
     "openai_compatible": Capability(False),
     # passed on; whether the provider OpenRouter picks honours it is listed per endpoint
-    # in its `supported_parameters` (GET /models/{author}/{slug}/endpoints)
+    # in its `supported_parameters` (GET /models/{author}/{slug}/endpoints; checked 2026-11-30)
     "openrouter": Capability(True, OPENAI_CONFLICTS),
     # a local endpoint (in-process or a `draftgate verifier` server) takes everything
     "local": Capability(True),

@@ -20,6 +20,15 @@ class Distribution(BaseModel):
     n: int = 0
 
 
+class SourceAcceptance(BaseModel):
+    """Draft tokens copied from one source (prediction, prompt, output, document, retrieved,
+    answer): verified, accepted, and accepted / drafted."""
+
+    drafted: int = 0
+    accepted: int = 0
+    rate: float | None = None
+
+
 class Acceptance(BaseModel):
     """Prediction and draft acceptance of a group of requests."""
 
@@ -29,6 +38,7 @@ class Acceptance(BaseModel):
     requests_reporting: int = 0
     accepted_per_step: float | None = None
     accepted_by_position: list[int] = Field(default_factory=list)
+    by_source: dict[str, SourceAcceptance] = Field(default_factory=dict)
 
 
 class GroupStats(BaseModel):

@@ -183,3 +183,6 @@ def test_accepted_tokens_are_counted_by_the_source_they_came_from(
     assert by_source.get("retrieved", 0) > 0
     assert "document" not in by_source
     assert sum(by_source.values()) == sink.stats.accepted_tokens
+    drafted = sink.stats.drafted_by_source
+    assert drafted["retrieved"] >= by_source["retrieved"]
+    assert sum(drafted.values()) == sink.stats.drafted_tokens

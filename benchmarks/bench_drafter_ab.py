@@ -1,0 +1,160 @@
+"""Proposal CPU time of this tree's drafter against another git ref's, side by side.
+
+    python benchmarks/bench_drafter_ab.py --ref main --json OUT [--documents 1000]
+        [--queries 60] [--widths 1,3]
+
+The ref's ``lookup`` package is extracted with ``git archive`` into a temporary directory
+as ``lookup_ref`` and imported beside this tree's. One tenant stores ``--documents``
+300-character stdlib slices (the in-memory store); each query quotes half of a random
+document, the corpus selects up to 8 documents, and both drafters (over the same token
+arrays) generate the rest of the quoted document in lockstep: each step times both
+``propose`` calls (thread CPU time, alternating which goes first), compares the drafts
+(they must be identical) and commits the same tokens (the accepted path plus one) to both.
+Ratios from one process are what a busy machine can still measure; the absolute figures
+need an idle one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import io
+import json
+import re
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.bench_lookup import load_tokenizer, stdlib_slices  # noqa: E402
+from lookup.corpus import Corpus, open_store  # noqa: E402
+from lookup.draft import Source  # noqa: E402
+from lookup.drafter import Drafter  # noqa: E402
+from lookup.index import IndexCache  # noqa: E402
+
+KINDS = {"named": Source.DOCUMENT, "retrieved": Source.RETRIEVED, "answer": Source.ANSWER}
+
+
+def import_ref(ref: str, into: Path) -> Any:
+    """The ``lookup`` package at ``ref`` as module ``lookup_ref`` (its imports renamed)."""
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", "--format=tar", ref, "lookup"],
+        check=True,
+        capture_output=True,
+    ).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(into, filter="data")
+    package = into / "lookup_ref"
+    (into / "lookup").rename(package)
+    for path in package.rglob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        path.write_text(re.sub(r"\blookup(?=\.| import)", "lookup_ref", text), encoding="utf-8")
+    sys.path.insert(0, str(into))
+    return tuple(importlib.import_module(f"lookup_ref.{m}") for m in ("drafter", "index", "draft"))
+
+
+async def cases(documents: int, queries: int) -> list[tuple[list[int], list[Any], Any, list[int]]]:
+    """(prompt ids, [(sha, tokens)], sources, target ids) per query whose document was found."""
+    tokenizer = load_tokenizer()
+    texts = stdlib_slices(300, documents)
+    corpus = Corpus(open_store(None, prefix="ab:", timeout_s=5.0), max_ns_docs=documents)
+    for start in range(0, documents, 64):
+        part = texts[start : start + 64]
+        await asyncio.gather(*(corpus.put("t", f"d{start + i}", t) for i, t in enumerate(part)))
+    rng = np.random.default_rng(1)
+    out = []
+    for _ in range(queries):
+        j = int(rng.integers(0, documents))
+        prompt = f"What does this code do, and what comes after it?\n{texts[j][:150]}"
+        docs = await corpus.select("t", prompt_text=prompt)
+        if any(d.id == f"d{j}" for d in docs):
+            arrays = await corpus.tokens("t", docs, "smollm2", tokenizer.encode)
+            sources = [KINDS[d.kind] for d in docs]
+            out.append(
+                (tokenizer.encode(prompt), arrays, sources, tokenizer.encode(texts[j][150:]))
+            )
+    await corpus.aclose()
+    return out
+
+
+def lockstep(work: list[Any], ref: Any, width: int) -> dict[str, Any]:
+    """Both drafters over every case; CPU µs per proposal and how many drafts were equal."""
+    ref_drafter, ref_index, ref_draft = ref
+    times: dict[str, list[float]] = {"ref": [], "this": []}
+    caches = {"ref": ref_index.IndexCache(), "this": IndexCache()}
+    steps = identical = 0
+    for prompt, arrays, sources, target in work:
+        drafters = {
+            "ref": ref_drafter.Drafter(
+                prompt,
+                documents=[caches["ref"].get_or_build(s, t) for s, t in arrays],
+                document_sources=[ref_draft.Source(int(s)) for s in sources],
+            ),
+            "this": Drafter(
+                prompt,
+                documents=[caches["this"].get_or_build(s, t) for s, t in arrays],
+                document_sources=sources,
+            ),
+        }
+        done = 0
+        while done < len(target):
+            drafts = {}
+            for name in ("ref", "this") if steps % 2 else ("this", "ref"):
+                start = time.thread_time_ns()
+                drafts[name] = drafters[name].propose(16, width)
+                times[name].append((time.thread_time_ns() - start) / 1e3)
+            a, b = drafts["ref"], drafts["this"]
+            identical += all(
+                np.array_equal(getattr(a, f), getattr(b, f))
+                for f in ("tokens", "parents", "scores", "source")
+            )
+            steps += 1
+            tokens, parents = b.tokens.tolist(), b.parents.tolist()
+            node, step = -1, list[int]()
+            while done + len(step) < len(target):
+                token = target[done + len(step)]
+                step.append(token)
+                nxt = [i for i, p in enumerate(parents) if p == node and tokens[i] == token]
+                if not nxt:
+                    break
+                node = nxt[0]
+            for d in drafters.values():
+                d.extend(step)
+            done += len(step)
+    row: dict[str, Any] = {"width": width, "steps": steps, "identical": identical}
+    for name, values in times.items():
+        for q in (50, 90, 99):
+            row[f"{name}_cpu_p{q}_us"] = float(np.percentile(values, q))
+    for q in (50, 99):
+        row[f"this_vs_ref_p{q}"] = row[f"this_cpu_p{q}_us"] / row[f"ref_cpu_p{q}_us"]
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", type=Path, required=True, help="write the results here")
+    parser.add_argument("--ref", default="main", help="the git ref to compare with")
+    parser.add_argument("--documents", type=int, default=1000)
+    parser.add_argument("--queries", type=int, default=60)
+    parser.add_argument("--widths", default="1,3", help="draft widths (1: chains)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        ref = import_ref(args.ref, Path(tmp))
+        work = asyncio.run(cases(args.documents, args.queries))
+        rows = [lockstep(work, ref, int(w)) for w in args.widths.split(",")]
+    result = {"ref": args.ref, "cases": len(work), "rows": rows}
+    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
