@@ -30,6 +30,7 @@ from lookup.controller import DraftController
 from lookup.draft import Source
 from lookup.drafter import Drafter
 from lookup.index import IndexCache
+from lookup.prompt_index import PromptIndexCache
 
 __all__ = [
     "END",
@@ -150,6 +151,7 @@ class Engine:
         # one request's step with k draft tokens, for its controller: c(1 + k)
         self.step_costs = self.row_costs[1 : self.max_draft + 2]
         self.index_cache = IndexCache()
+        self.prompt_indexes = PromptIndexCache()  # the drafter's prompt index, by prefix
         self.max_queue = max_queue
         self._scheduler = Scheduler(
             model_, self.pool, self.tokenizer, self.row_costs, token_budget, max_batch, prefix_cache
@@ -251,7 +253,7 @@ class Engine:
             "kv_in_use_bytes": int(pool.used() * pool.block_bytes()),
             "kv_peak_bytes": int(pool.peak_used * pool.block_bytes()),
             "kv_cached_bytes": int(pool.cached() * pool.block_bytes()),
-            "index_bytes": int(self.index_cache.nbytes()),
+            "index_bytes": int(self.index_cache.nbytes() + self.prompt_indexes.nbytes()),
         }
 
     def wait_idle(self, timeout: float) -> bool:
@@ -361,6 +363,7 @@ class Engine:
             prediction=prediction,
             documents=documents,
             document_sources=req.document_sources,
+            prompt_index=self.prompt_indexes.index(prompt_ids, req.tenant),
         )
 
 
