@@ -47,6 +47,7 @@ DEFAULT_KV_CACHE_MB = 512
 TOKEN_BUDGET = 128  # prompt rows per step (decode rows always run)
 MAX_BATCH = 16  # requests running at once
 MAX_QUEUE = 64  # requests waiting beyond those running
+PROMPT_INDEX_BYTES = 64 << 20  # the drafter's cached prompt-prefix indexes
 
 
 class _End:
@@ -129,7 +130,8 @@ class Engine:
     ) -> None:
         """``row_costs[r]``: seconds of a step with r rows, r = 0..token_budget + max_draft
         (measured at start-up when None). ``prefix_cache``: reuse the K/V of full blocks of
-        earlier requests' committed tokens (per ``GenerationRequest.tenant``)."""
+        earlier requests' committed tokens and the drafter's prompt index (per
+        ``GenerationRequest.tenant``)."""
         self.lm = model if isinstance(model, LoadedModel) else load_model(model, device, dtype)
         self.tokenizer = self.lm.tokenizer
         self.name = self.lm.name
@@ -151,7 +153,8 @@ class Engine:
         # one request's step with k draft tokens, for its controller: c(1 + k)
         self.step_costs = self.row_costs[1 : self.max_draft + 2]
         self.index_cache = IndexCache()
-        self.prompt_indexes = PromptIndexCache()  # the drafter's prompt index, by prefix
+        # the drafter's prompt index, by prefix (bound 0: nothing kept)
+        self.prompt_indexes = PromptIndexCache(max_bytes=PROMPT_INDEX_BYTES if prefix_cache else 0)
         self.max_queue = max_queue
         self._scheduler = Scheduler(
             model_, self.pool, self.tokenizer, self.row_costs, token_budget, max_batch, prefix_cache

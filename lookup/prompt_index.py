@@ -33,7 +33,8 @@ def block_keys(tenant: str, tokens: np.ndarray, block_size: int) -> list[bytes]:
 
 
 class PromptIndexCache:
-    """LRU of prompt-prefix indexes keyed by chained block hashes; used from one thread."""
+    """LRU of prompt-prefix indexes keyed by chained block hashes, at most ``max_bytes`` (an
+    index larger than that is not kept; 0 keeps none); used from one thread."""
 
     def __init__(
         self,
@@ -82,7 +83,7 @@ class PromptIndexCache:
     def _put(self, key: bytes, index: TokenIndex) -> None:
         self._entries[key] = index
         self._bytes += index.nbytes()
-        while self._bytes > self.max_bytes and len(self._entries) > 1:
+        while self._bytes > self.max_bytes:
             _, old = self._entries.popitem(last=False)
             self._bytes -= old.nbytes()
 

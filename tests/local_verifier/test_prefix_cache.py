@@ -92,6 +92,7 @@ def test_answers_with_a_hit_equal_cold_answers(
     hit, miss = engine.prefix_cache_tokens()
     assert hit > 0 and miss > 0
     assert engine.pool.used() == 0 and engine.pool.cached() > 0
+    assert len(cold_engine.prompt_indexes) == 0  # off: no drafter index is kept either
 
 
 def test_prefixes_are_kept_per_tenant(tiny_lm: LoadedModel) -> None:

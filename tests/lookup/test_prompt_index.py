@@ -84,3 +84,10 @@ def test_the_cache_is_bounded_lru() -> None:
 def test_a_prompt_index_must_cover_the_prompt(bad: list[int]) -> None:
     with pytest.raises(ValueError):
         Drafter(PREFIX, prompt_index=PromptIndexCache().index(bad))
+
+
+def test_a_cache_bounded_at_zero_keeps_nothing() -> None:
+    cache = PromptIndexCache(max_bytes=0)
+    cache.index(PREFIX)
+    cache.index(PREFIX)
+    assert len(cache) == 0 and cache.indexed_tokens == 2 * len(PREFIX)
