@@ -17,7 +17,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.records.evidence import make
-from sdk.wire.evidence import Evidence
+from sdk.wire.evidence import Evidence, Verdict
 
 # counter family names as the parser gives them (without ``_total``), newest first
 VLLM_QUERIES = ("vllm:prefix_cache_queries", "vllm:gpu_prefix_cache_queries")
@@ -45,7 +45,7 @@ def _evidence(source: str, on: bool | None, why: str, values: dict[str, float]) 
     rate = values.get("hit_rate")
     if on is None and rate is not None and rate > 0:
         on, why = True, f"{why}: hits, so it is on"
-    verdict = "unknown" if on is None else ("yes" if on else "no")
+    verdict: Verdict = "unknown" if on is None else ("yes" if on else "no")
     return make("probe", source, verdict, why, values, feature="prefix_cache")
 
 
