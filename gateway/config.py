@@ -92,6 +92,10 @@ class EndpointConfig(_Strict):
     retry_after_cap_s: float = Field(default=10.0, ge=0)
     max_connections: int = Field(default=256, ge=1)
     max_queue: int = Field(default=64, ge=1, description="local kind: waiting requests")
+    prefix_cache: bool = Field(
+        default=True,
+        description="local kind: reuse computed prompt prefixes (K/V and the drafter's index)",
+    )
     share_prefix_cache: bool = Field(
         default=False, description="local kind: reuse computed prefixes across tenants"
     )

@@ -30,6 +30,7 @@ from lookup.controller import DraftController
 from lookup.draft import Source
 from lookup.drafter import Drafter
 from lookup.index import IndexCache
+from lookup.prompt_index import PromptIndexCache
 
 __all__ = [
     "END",
@@ -46,6 +47,7 @@ DEFAULT_KV_CACHE_MB = 512
 TOKEN_BUDGET = 128  # prompt rows per step (decode rows always run)
 MAX_BATCH = 16  # requests running at once
 MAX_QUEUE = 64  # requests waiting beyond those running
+PROMPT_INDEX_BYTES = 64 << 20  # the drafter's cached prompt-prefix indexes
 
 
 class _End:
@@ -129,7 +131,8 @@ class Engine:
     ) -> None:
         """``row_costs[r]``: seconds of a step with r rows, r = 0..token_budget + max_draft
         (measured at start-up when None). ``prefix_cache``: reuse the K/V of full blocks of
-        earlier requests' committed tokens (per ``GenerationRequest.tenant``)."""
+        earlier requests' committed tokens and the drafter's prompt index (per
+        ``GenerationRequest.tenant``)."""
         self.lm = model if isinstance(model, LoadedModel) else load_model(model, device, dtype)
         self.tokenizer = self.lm.tokenizer
         self.name = self.lm.name
@@ -151,6 +154,8 @@ class Engine:
         # one request's step with k draft tokens, for its controller: c(1 + k)
         self.step_costs = self.row_costs[1 : self.max_draft + 2]
         self.index_cache = IndexCache()
+        # the drafter's prompt index, by prefix (bound 0: nothing kept)
+        self.prompt_indexes = PromptIndexCache(max_bytes=PROMPT_INDEX_BYTES if prefix_cache else 0)
         self.max_queue = max_queue
         self._scheduler = Scheduler(
             model_, self.pool, self.tokenizer, self.row_costs, token_budget, max_batch, prefix_cache
@@ -252,7 +257,7 @@ class Engine:
             "kv_in_use_bytes": int(pool.used() * pool.block_bytes()),
             "kv_peak_bytes": int(pool.peak_used * pool.block_bytes()),
             "kv_cached_bytes": int(pool.cached() * pool.block_bytes()),
-            "index_bytes": int(self.index_cache.nbytes()),
+            "index_bytes": int(self.index_cache.nbytes() + self.prompt_indexes.nbytes()),
         }
 
     def wait_idle(self, timeout: float) -> bool:
@@ -363,6 +368,7 @@ class Engine:
             prediction=prediction,
             documents=documents,
             document_sources=req.document_sources,
+            prompt_index=self.prompt_indexes.index(prompt_ids, req.tenant),
         )
 
 

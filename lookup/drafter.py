@@ -69,12 +69,19 @@ class Drafter:
         documents: Sequence[TokenIndex] = (),
         config: DrafterConfig = DrafterConfig(),
         document_sources: Sequence[Source] = (),
+        prompt_index: TokenIndex | None = None,
     ) -> None:
-        """``document_sources``: each document's source (default ``Source.DOCUMENT``)."""
+        """``document_sources``: each document's source (default ``Source.DOCUMENT``).
+        ``prompt_index``: an index over exactly ``prompt`` that this drafter may append to
+        (e.g. from a ``PromptIndexCache``); built here when None."""
         self.config = config
         self.acceptance = AcceptanceModel()
         self._n_prompt = len(prompt)
-        self._context = TokenIndex(np.asarray(list(prompt), dtype=np.int64))
+        if prompt_index is None:
+            prompt_index = TokenIndex(np.asarray(list(prompt), dtype=np.int64))
+        elif len(prompt_index) != len(prompt):
+            raise ValueError("prompt_index must cover exactly the prompt")
+        self._context = prompt_index
         self._n_out = 0
         self._prediction: Track | None = None
         self._pred_used = bytearray()  # 1 where a prediction token appeared in the output

@@ -4,6 +4,8 @@ For every indexed n-gram length (``hashing.LEVELS``) the index maps the hash of 
 n-gram to the positions right after its occurrences (where a continuation starts). The
 array given at build time is indexed with numpy (sorted unique hashes + searchsorted);
 tokens appended later go to small dicts, so appending costs O(levels) per token.
+``extended`` makes a new index over more tokens that shares the numpy segments already
+built (a long prompt prefix is indexed once, each request adds only its own suffix).
 """
 
 from __future__ import annotations
@@ -26,11 +28,13 @@ class _Level:
     top bits of the hash (about 4 slots per window) answers most misses without numpy.
     """
 
-    __slots__ = ("packed", "n", "mask", "seen", "shift")
+    __slots__ = ("packed", "n", "mask", "seen", "shift", "offset")
 
-    def __init__(self, hashes: np.ndarray, n: int) -> None:
+    def __init__(self, hashes: np.ndarray, n: int, offset: int = 0) -> None:
+        """``offset``: the position of window 0 in the whole array."""
         bits = max(len(hashes), 1).bit_length()
         self.n = n
+        self.offset = offset
         self.mask = (1 << bits) - 1
         window = np.arange(len(hashes), dtype=np.uint64)
         self.packed: np.ndarray = np.sort((hashes & np.uint64(~self.mask & MASK)) | window)
@@ -54,27 +58,62 @@ class _Level:
     def positions(self, lo: int, hi: int) -> list[int]:
         """Continuation starts of the windows in ``packed[lo:hi]``, ascending."""
         starts: list[int] = (
-            (self.packed[lo:hi] & np.uint64(self.mask)) + np.uint64(self.n)
+            (self.packed[lo:hi] & np.uint64(self.mask)) + np.uint64(self.n + self.offset)
         ).tolist()
         return starts
+
+    def nbytes(self) -> int:
+        return int(self.packed.nbytes) + len(self.seen)
+
+
+def _segment(tokens: np.ndarray, start: int) -> list[_Level]:
+    """Levels of the windows of ``tokens`` that end at ``start`` or later (those ending
+    earlier belong to the segments before)."""
+    lo = max(start - LEVELS[-1] + 1, 0)
+    levels = []
+    for hashes, n in zip(level_hashes(tokens[lo:]), LEVELS, strict=True):
+        skip = max(start - lo - n + 1, 0)
+        levels.append(_Level(hashes[skip:], n, lo + skip))
+    return levels
 
 
 class TokenIndex:
     """Find where the n-gram ending the current context occurs in a token array."""
 
     def __init__(self, tokens: np.ndarray) -> None:
-        self._static = np.ascontiguousarray(tokens, dtype=np.int64).view()
+        static = np.ascontiguousarray(tokens, dtype=np.int64)
+        self._setup(static, [_segment(static, 0)])
+
+    def _setup(self, static: np.ndarray, segments: list[list[_Level]]) -> None:
+        self._static = static.view()
         self._static.flags.writeable = False  # drafts hand out views of it
-        self._n_static = len(self._static)
-        self._levels = [
-            _Level(h, n) for h, n in zip(level_hashes(self._static), LEVELS, strict=True)
-        ]
+        self._n_static = len(static)
+        self._segments = segments  # oldest first; shared with the indexes extended from
         self._tail: list[int] = []
         self._tail_maps: list[dict[int, list[int]]] = [{} for _ in LEVELS]
         self._rolling = RollingHash(self._static[-LEVELS[-1] :].tolist())
 
     def __len__(self) -> int:
         return self._n_static + len(self._tail)
+
+    def extended(self, tokens: np.ndarray) -> TokenIndex:
+        """A new index over these tokens followed by ``tokens``, sharing this one's numpy
+        segments (indexes only ``tokens``); this index must not have been appended to."""
+        if self._tail:
+            raise ValueError("an index with appended tokens cannot be extended")
+        more = np.asarray(tokens, dtype=np.int64)
+        static = np.concatenate([self._static, more])
+        segments = list(self._segments)
+        if len(more):
+            segments.append(_segment(static, self._n_static))
+        out = TokenIndex.__new__(TokenIndex)
+        out._setup(static, segments)
+        return out
+
+    @property
+    def segments(self) -> int:
+        """How many numpy-indexed pieces the static array is held in."""
+        return len(self._segments)
 
     def append(self, tokens: list[int]) -> None:
         """Index more tokens at the end (O(levels) dict updates per token)."""
@@ -96,8 +135,11 @@ class TokenIndex:
         """False when the n-gram ``key`` at ``LEVELS[level]`` certainly does not occur."""
         if key is None:
             return False
-        stat = self._levels[level]
-        return bool(stat.seen[key >> stat.shift]) or key in self._tail_maps[level]
+        for segment in self._segments:
+            stat = segment[level]
+            if stat.seen[key >> stat.shift]:
+                return True
+        return key in self._tail_maps[level]
 
     def find(self, level: int, key: int, cap: int) -> tuple[int, list[int]]:
         """Occurrences of the n-gram ``key`` at ``LEVELS[level]`` that have a continuation.
@@ -108,11 +150,14 @@ class TokenIndex:
         size = len(self)
         tail = self._tail_maps[level].get(key, [])
         found = [p for p in islice(reversed(tail), cap + 1) if p < size][:cap]
-        lo, hi = self._levels[level].find(key)
-        count = len(tail) + hi - lo
-        if hi > lo and len(found) < cap:
-            picked = self._levels[level].positions(max(lo, hi - (cap - len(found))), hi)
-            found.extend(p for p in reversed(picked) if p < size)
+        count = len(tail)
+        for segment in reversed(self._segments):
+            stat = segment[level]
+            lo, hi = stat.find(key)
+            count += hi - lo
+            if hi > lo and len(found) < cap:
+                picked = stat.positions(max(lo, hi - (cap - len(found))), hi)
+                found.extend(p for p in reversed(picked) if p < size)
         return count, found
 
     def slice(self, start: int, stop: int) -> list[int]:
@@ -138,7 +183,7 @@ class TokenIndex:
     def nbytes(self) -> int:
         """Approximate memory held by the index (the static part dominates)."""
         return int(self._static.nbytes) + sum(
-            level.packed.nbytes + len(level.seen) for level in self._levels
+            level.nbytes() for segment in self._segments for level in segment
         )
 
 

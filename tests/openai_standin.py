@@ -4,7 +4,8 @@ It stands in for provider behaviour unreachable from here. ``POST /v1/chat/compl
 and ``POST /v1/completions`` answer as JSON or as server-sent events (chat: a role chunk;
 then content chunks, a finish chunk, a usage chunk when ``stream_options.include_usage``
 asks, each chunk carrying ``"usage": null`` then, and ``data: [DONE]``), with usage in
-OpenAI's shape including Predicted Outputs' accepted/rejected prediction tokens.
+OpenAI's shape including Predicted Outputs' accepted/rejected prediction tokens, and a
+prompt seen before reported as cached (``prompt_tokens_details.cached_tokens``).
 Azure OpenAI's deployment paths answer the same. ``GET /v1/models`` lists ``standin``; draftgate's own API is there for clients that talk
 to a gateway: ``/v1/documents`` (put, list, get, delete), ``GET /v1/endpoints`` and
 ``POST /v1/audits`` (minimal answers).
@@ -166,6 +167,7 @@ class StandIn:
         self.documents: dict[str, tuple[dict[str, Any], str]] = {}
         self.cancelled = threading.Event()
         self.slow_started = threading.Event()
+        self._prompts: set[str] = set()  # prompt texts answered (a repeat is a cache hit)
         self._app = Starlette(
             routes=[
                 Route("/v1/chat/completions", self._chat, methods=["POST"]),
@@ -241,14 +243,17 @@ class StandIn:
         prediction = body.get("prediction") if honours and draft_on else None
         predicted = tokens(prediction["content"]) if isinstance(prediction, dict) else None
         accepted = _accepted(answer, predicted) if predicted else set()
-        prompt_tokens = len(tokens(prompt_text(body)))
+        text = prompt_text(body)
+        prompt_tokens = len(tokens(text))
+        cached = prompt_tokens if text in self._prompts else 0
+        self._prompts.add(text)
         usage: dict[str, Any] = {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": len(answer),
             "total_tokens": prompt_tokens + len(answer),
         }
         if honours:
-            usage["prompt_tokens_details"] = {"cached_tokens": 0, "audio_tokens": 0}
+            usage["prompt_tokens_details"] = {"cached_tokens": cached, "audio_tokens": 0}
             usage["completion_tokens_details"] = {
                 "reasoning_tokens": 0,
                 "audio_tokens": 0,

@@ -39,6 +39,7 @@ class RequestRecord:
     output_tokens: int | None = None
     tokens_source: str = "usage"
     prompt_tokens: int | None = None
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens
     accepted_prediction_tokens: int | None = None
     rejected_prediction_tokens: int | None = None
     draft_stats: dict[str, Any] | None = None
@@ -72,6 +73,8 @@ class RequestRecord:
 def _usage(rec: RequestRecord, usage: Usage) -> None:
     rec.output_tokens = usage.completion_tokens
     rec.prompt_tokens = usage.prompt_tokens
+    if usage.prompt_tokens_details is not None:
+        rec.cached_tokens = usage.prompt_tokens_details.cached_tokens
     details = usage.completion_tokens_details
     if details is not None:
         rec.accepted_prediction_tokens = details.accepted_prediction_tokens

@@ -8,7 +8,13 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 
 from gateway.audit.client import RequestRecord
-from sdk.wire.audits import Acceptance, Distribution, GroupStats, SourceAcceptance
+from sdk.wire.audits import (
+    Acceptance,
+    Distribution,
+    GroupStats,
+    PrefixCacheStats,
+    SourceAcceptance,
+)
 
 FORMULAS: dict[str, str] = {
     "TTFB": "request sent -> response headers received",
@@ -30,6 +36,8 @@ FORMULAS: dict[str, str] = {
     "per committed token",
     "break-even": "drafts pay iff time/token with drafts < time/token without drafts",
     "chars/token": "sum(output characters) / sum(output_tokens)",
+    "prefix hit rate": "sum(cached_tokens) / sum(prompt_tokens), usage.prompt_tokens_details",
+    "TTFT hit / miss": "TTFT of requests with cached_tokens > 0 / with none",
     "percentiles": "nearest rank: the ceil(q/100 * n)-th smallest of n samples",
 }
 
@@ -141,4 +149,26 @@ def group_stats(
             accepted_by_position=by_position,
             by_source=by_source(ok),
         ),
+    )
+
+
+def prefix_cache_stats(
+    records: Sequence[RequestRecord], *, config: str, concurrency: int
+) -> PrefixCacheStats:
+    """Token hit rate and TTFT with and without a prefix hit, over finished requests."""
+    ok = [r for r in records if r.ok() and r.prompt_tokens is not None]
+    hits = [r for r in ok if r.cached_tokens]
+    misses = [r for r in ok if not r.cached_tokens]
+    prompt = sum(r.prompt_tokens or 0 for r in ok)
+    cached = sum(r.cached_tokens or 0 for r in ok)
+    return PrefixCacheStats(
+        config=config,
+        concurrency=concurrency,
+        requests_reporting=len(ok),
+        prompt_tokens=prompt,
+        cached_tokens=cached,
+        hit_rate=_ratio(cached, prompt),
+        requests_with_hits=len(hits),
+        ttft_hit_s=distribution([r.ttft_s for r in hits if r.ttft_s is not None]),
+        ttft_miss_s=distribution([r.ttft_s for r in misses if r.ttft_s is not None]),
     )

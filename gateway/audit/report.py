@@ -352,6 +352,34 @@ def _languages(s: AuditSummary) -> list[str]:
     return ["## Per language (multilingual and other tagged items)", "", *_table(header, rows)]
 
 
+def _prefix_cache(s: AuditSummary) -> list[str]:
+    lines = ["## Prefix reuse (usage.prompt_tokens_details.cached_tokens)", ""]
+    if not s.prefix_cache:
+        return [*lines, "not reported by this endpoint", ""]
+    rows = [
+        [
+            p.config,
+            str(p.concurrency),
+            f"{p.cached_tokens:,}/{p.prompt_tokens:,}",
+            _num(p.hit_rate),
+            f"{p.requests_with_hits}/{p.requests_reporting}",
+            _dist(p.ttft_hit_s, 50, 95),
+            _dist(p.ttft_miss_s, 50, 95),
+        ]
+        for p in s.prefix_cache
+    ]
+    header = [
+        "config",
+        "concurrency",
+        "cached / prompt tokens",
+        "hit rate",
+        "requests with hits",
+        "TTFT with hits p50/p95 ms",
+        "TTFT without p50/p95 ms",
+    ]
+    return [*lines, *_table(header, rows)]
+
+
 def _memory(s: AuditSummary) -> list[str]:
     """Whatever parts the engine's ``memory()`` reports (bytes where the value is an int)."""
     lines = ["## Memory (local endpoint)", ""]
@@ -391,6 +419,7 @@ SECTIONS: tuple[Callable[[AuditSummary], list[str]], ...] = (
     _quality,
     _lossless,
     _languages,
+    _prefix_cache,
     _memory,
     _errors,
     _evidence,

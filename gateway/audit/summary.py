@@ -8,7 +8,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from gateway.audit.client import RequestRecord
-from gateway.audit.metrics import FORMULAS, group_stats, time_per_token, tokens_per_second
+from gateway.audit.metrics import (
+    FORMULAS,
+    group_stats,
+    prefix_cache_stats,
+    time_per_token,
+    tokens_per_second,
+)
 from gateway.audit.quality import Checks
 from gateway.records.evidence import make
 from sdk.wire.audits import (
@@ -22,6 +28,7 @@ from sdk.wire.audits import (
     LevelIdentity,
     Lossless,
     MeasuredSpeedup,
+    PrefixCacheStats,
     Quality,
     Speedup,
 )
@@ -202,6 +209,18 @@ def languages(records: Sequence[RequestRecord]) -> list[LanguageStats]:
     return out
 
 
+def prefix_cache(records: Sequence[RequestRecord]) -> list[PrefixCacheStats]:
+    """Per config and concurrency level: the prefix hit rate and TTFT with and without hits
+    (none when no answer reported its prompt tokens)."""
+    out = [
+        prefix_cache_stats(group, config=config, concurrency=conc)
+        for (config, conc), group in sorted(
+            _by(records, lambda r: (r.config, r.concurrency)).items()
+        )
+    ]
+    return [s for s in out if s.requests_reporting]
+
+
 def groups(records: Sequence[RequestRecord]) -> list[GroupStats]:
     """Per (config, setting, concurrency, category), then per (config, setting, concurrency)
     over every category (``all``)."""
@@ -289,6 +308,7 @@ def summarize(
         lossless=lossless(records, lossless_expected),
         identical_to_first_level=identical_to_first_level(records),
         languages=languages(records),
+        prefix_cache=prefix_cache(records),
         errors=dict(errors),
         setup_errors=setup_errors,
         requests=len(records),

@@ -115,6 +115,7 @@ def _print_records(records: list[dict[str, Any]]) -> None:
         "documented",
         "enabled",
         "evidence",
+        "prefix cache",
         "TTFT p50/p95 ms",
         "TPOT p50/p95 ms",
         "requests",
@@ -132,6 +133,7 @@ def _print_records(records: list[dict[str, Any]]) -> None:
             if basis
             else "none yet"
         )
+        prefix = r.get("prefix_cache_evidence")
         lat = r.get("latency") or {}
         table.add_row(
             r["name"],
@@ -139,6 +141,7 @@ def _print_records(records: list[dict[str, Any]]) -> None:
             documented,
             r["enabled"],
             evidence,
+            r.get("prefix_cache", "unknown") + (f" ({prefix['detail']})" if prefix else ""),
             f"{_ms(lat.get('ttft_p50'))}/{_ms(lat.get('ttft_p95'))}",
             f"{_ms(lat.get('tpot_p50'))}/{_ms(lat.get('tpot_p95'))}",
             str(lat.get("requests", 0)),

@@ -232,6 +232,7 @@ class LocalEndpoint:
                 config.dtype,
                 kv_cache_mb=config.kv_cache_mb,
                 max_queue=config.max_queue,
+                prefix_cache=config.prefix_cache,
             )
             log.info("local endpoint %s: %s loaded", self.config.name, self._engine.name)
         except Exception as exc:  # a load failure is reported to every request

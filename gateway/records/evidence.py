@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
-from sdk.wire.evidence import Evidence, EvidenceKind, Verdict
+from sdk.wire.evidence import Evidence, EvidenceKind, Feature, Verdict
 
 MAX_EVIDENCE = 20
 
@@ -17,10 +17,12 @@ def make(
     detail: str,
     values: dict[str, float] | None = None,
     observed_at: float | None = None,
+    feature: Feature = "speculation",
 ) -> Evidence:
     """One piece of evidence, stamped now unless told otherwise."""
     return Evidence(
         kind=kind,
+        feature=feature,
         source=source,
         verdict=verdict,
         detail=detail,
@@ -29,13 +31,15 @@ def make(
     )
 
 
-def verdict(evidence: Iterable[Evidence]) -> tuple[Verdict, Evidence | None]:
-    """The newest decisive (yes/no) evidence decides; with none, ``unknown``.
+def verdict(
+    evidence: Iterable[Evidence], feature: Feature = "speculation"
+) -> tuple[Verdict, Evidence | None]:
+    """The newest decisive (yes/no) evidence about ``feature`` decides; with none, ``unknown``.
 
     A 200 answer is never turned into evidence by the probes, so an endpoint that ignores
     ``prediction`` can only reach ``no`` or ``unknown``.
     """
-    decisive = [e for e in evidence if e.verdict != "unknown"]
+    decisive = [e for e in evidence if e.verdict != "unknown" and e.feature == feature]
     if not decisive:
         return "unknown", None
     newest = max(decisive, key=lambda e: e.observed_at)

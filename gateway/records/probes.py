@@ -14,6 +14,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.records.evidence import make
+from gateway.records.prefix_cache import sglang_prefix_cache_evidence, vllm_prefix_cache_evidence
 from sdk.wire.evidence import Evidence
 
 PROBE_TEXT = "The quick brown fox jumps over the lazy dog. Pack my box with five dozen liquor jugs."
@@ -193,19 +194,25 @@ async def probe_engine(
     client: httpx.AsyncClient, kind: str, base_url: str, model: str, previous: Evidence | None
 ) -> list[Evidence]:
     """The engine-specific probe for self-hosted kinds (``vllm``, ``sglang``, ``trtllm``,
-    ``llamacpp``); an empty list for other kinds."""
+    ``llamacpp``), with prefix-cache evidence where vLLM or SGLang shows it; an empty list
+    for other kinds. ``previous``: the last speculation probe's evidence with values."""
     root = server_root(base_url)
     try:
         if kind == "vllm":
             resp = await client.get(f"{root}/metrics")
             resp.raise_for_status()
-            return vllm_metrics_evidence(resp.text, previous)
+            prefix = vllm_prefix_cache_evidence(resp.text)
+            return vllm_metrics_evidence(resp.text, previous) + ([prefix] if prefix else [])
         if kind == "sglang":
             resp = await client.get(f"{root}/server_info")
             if resp.status_code == 404:
                 resp = await client.get(f"{root}/get_server_info")
             resp.raise_for_status()
-            return [sglang_server_info_evidence(resp.json())]
+            info = resp.json()
+            metrics = await client.get(f"{root}/metrics")  # only with --enable-metrics
+            text = metrics.text if metrics.status_code == 200 else None
+            prefix = sglang_prefix_cache_evidence(text, info)
+            return [sglang_server_info_evidence(info)] + ([prefix] if prefix else [])
         if kind == "trtllm":
             resp = await client.get(f"{root}/metrics")
             resp.raise_for_status()

@@ -1,4 +1,5 @@
-"""Speculation records: documented row + evidence + verdict + passive latency, per endpoint."""
+"""Speculation records: documented row + evidence + verdict + passive latency, per endpoint
+(and whether the engine caches prefixes, with its evidence)."""
 
 from __future__ import annotations
 
@@ -54,6 +55,7 @@ class Records:
         models = model_names(e)
         evidence = await self.store.evidence(name)
         enabled, basis = verdict(evidence)
+        prefix_cache, prefix_basis = verdict(evidence, "prefix_cache")
         return EndpointRecord(
             name=name,
             kind=e.kind,
@@ -61,6 +63,8 @@ class Records:
             documented=documented_for(e.kind, models),
             enabled=enabled,
             enabled_evidence=basis,
+            prefix_cache=prefix_cache,
+            prefix_cache_evidence=prefix_basis,
             evidence=sorted(evidence, key=lambda ev: ev.observed_at, reverse=True),
             latency=await latency(self.store, name),
         )
@@ -107,7 +111,7 @@ class Records:
                 (
                     ev
                     for ev in await self.store.evidence(e.name)
-                    if ev.kind == "probe" and ev.values
+                    if ev.kind == "probe" and ev.values and ev.feature == "speculation"
                 ),
                 None,
             )

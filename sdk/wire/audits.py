@@ -150,6 +150,21 @@ class LanguageStats(BaseModel):
     chars_per_token: float | None = None
 
 
+class PrefixCacheStats(BaseModel):
+    """Prefix reuse seen by one config at one concurrency level: the token hit rate and
+    TTFT of requests with a hit (``cached_tokens > 0``) and without."""
+
+    config: str
+    concurrency: int
+    requests_reporting: int = Field(description="finished requests whose usage had prompt_tokens")
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    hit_rate: float | None = Field(default=None, description="cached_tokens / prompt_tokens")
+    requests_with_hits: int = 0
+    ttft_hit_s: Distribution
+    ttft_miss_s: Distribution
+
+
 class AuditPlanInfo(BaseModel):
     """What was run."""
 
@@ -188,6 +203,7 @@ class AuditSummary(BaseModel):
     lossless: list[Lossless]
     identical_to_first_level: list[LevelIdentity] = Field(default_factory=list)
     languages: list[LanguageStats]
+    prefix_cache: list[PrefixCacheStats] = Field(default_factory=list)
     errors: dict[str, int] = Field(default_factory=dict)
     setup_errors: dict[str, int] = Field(default_factory=dict)
     requests: int

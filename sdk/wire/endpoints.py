@@ -70,6 +70,12 @@ class EndpointRecord(BaseModel):
     enabled_evidence: Evidence | None = Field(
         default=None, description="the evidence the verdict rests on"
     )
+    prefix_cache: Verdict = Field(
+        default="unknown", description="whether the engine reuses computed prompt prefixes"
+    )
+    prefix_cache_evidence: Evidence | None = Field(
+        default=None, description="the evidence the prefix_cache verdict rests on"
+    )
     evidence: list[Evidence] = Field(default_factory=list, description="newest first")
     latency: LatencySummary | None = None
     routing: RoutingState | None = None

@@ -1,4 +1,5 @@
-"""Wire type of one observation about whether speculation runs behind an endpoint."""
+"""Wire type of one observation about whether speculation (or prefix caching) runs behind
+an endpoint."""
 
 from __future__ import annotations
 
@@ -8,12 +9,15 @@ from pydantic import BaseModel, Field
 
 Verdict = Literal["yes", "no", "unknown"]
 EvidenceKind = Literal["probe", "passive", "measured"]
+Feature = Literal["speculation", "prefix_cache"]
 
 
 class Evidence(BaseModel):
-    """One observation about whether speculation runs behind an endpoint."""
+    """One observation about whether a feature (speculation by default) runs behind an
+    endpoint."""
 
     kind: EvidenceKind
+    feature: Feature = "speculation"
     source: str = Field(description="what was looked at, e.g. 'vllm /metrics'")
     verdict: Verdict
     detail: str

@@ -92,6 +92,7 @@ def test_answers_with_a_hit_equal_cold_answers(
     hit, miss = engine.prefix_cache_tokens()
     assert hit > 0 and miss > 0
     assert engine.pool.used() == 0 and engine.pool.cached() > 0
+    assert len(cold_engine.prompt_indexes) == 0  # off: no drafter index is kept either
 
 
 def test_prefixes_are_kept_per_tenant(tiny_lm: LoadedModel) -> None:
@@ -120,3 +121,21 @@ def test_answers_enter_the_cache_and_eviction_makes_room(tiny_lm: LoadedModel) -
     assert engine.pool.used() == 0
     _, _, again = run(engine, GenerationRequest(prompt_ids=follow, max_tokens=8, tenant="a"))
     assert again.cached_tokens < stats.cached_tokens  # evicted to make room
+
+
+def test_the_drafter_reuses_the_prompt_index_of_a_shared_prefix(tiny_lm: LoadedModel) -> None:
+    """The second request with the same long prefix indexes only its own suffix for the
+    drafter (counted work), and answers the same as an engine that re-indexes."""
+    engine = make_engine(tiny_lm)
+    ids = tiny_lm.tokenizer.encode(SYSTEM + "What is z?")
+    run(engine, GenerationRequest(prompt_ids=ids, max_tokens=4, tenant="a"))
+    before = engine.prompt_indexes.indexed_tokens
+    follow = ids + tiny_lm.tokenizer.encode(" And x + z?")
+    got = run(engine, GenerationRequest(prompt_ids=follow, max_tokens=24, tenant="a"))
+    indexed = engine.prompt_indexes.indexed_tokens - before
+    assert indexed <= len(follow) - len(ids) + 16 < len(ids) // 4
+    fresh = make_engine(tiny_lm)
+    want = run(fresh, GenerationRequest(prompt_ids=follow, max_tokens=24, tenant="a"))
+    assert fresh.prompt_indexes.indexed_tokens == len(follow)
+    assert got[:2] == want[:2]
+    assert got[2].drafted_tokens == want[2].drafted_tokens  # the same drafts were proposed

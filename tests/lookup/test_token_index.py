@@ -110,3 +110,25 @@ def test_filter_never_hides_an_occurrence(seed: int) -> None:
         for a, b in rng.integers(1000, 2000, (200, 2))
     )
     assert misses > 150  # most absent bigrams are ruled out without a search
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_an_extended_index_finds_what_one_built_at_once_finds(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(0, 4, 600)  # tiny alphabet: n-grams straddle every cut
+    cuts = sorted(rng.integers(1, 600, 3).tolist())
+    whole = build_index(tokens)
+    pieces = build_index(tokens[: cuts[0]])
+    for start, stop in zip(cuts, [*cuts[1:], 600], strict=True):
+        pieces = pieces.extended(tokens[start:stop])
+    assert pieces.segments == 4 and len(pieces) == 600
+    for more in ([1, 2, 3], [0] * 20):  # both keep indexing appended tokens the same way
+        whole.append(more)
+        pieces.append(more)
+    for level, n in enumerate(LEVELS):
+        for start in range(len(whole) - n + 1):
+            key = RollingHash(whole.slice(start, start + n)).suffix(n)
+            assert pieces.may_contain(level, key)
+            assert pieces.find(level, key, 7) == whole.find(level, key, 7)
+    with pytest.raises(ValueError):
+        pieces.extended(tokens[:4])  # appended to: no longer a shared prefix

@@ -128,6 +128,29 @@ async def test_audit_writes_consistent_figures(tmp_path: Path) -> None:
     lossless = {(r.category, r.config): r for r in loaded.summary.lossless}
     assert lossless[("code_edit", "drafts")].identical == 2
     assert not any(r.mismatch for r in loaded.summary.lossless)
+
+    # prefix reuse (the stand-in reports a repeated prompt as cached), from the raw records
+    assert {(p.config, p.concurrency) for p in loaded.summary.prefix_cache} == {
+        (c, n) for c in ("drafts", "no_prediction", "baseline") for n in (1, 2)
+    }
+    for p in loaded.summary.prefix_cache:
+        rows = [
+            r
+            for r in loaded.records
+            if (r["config"], r["concurrency"]) == (p.config, p.concurrency)
+        ]
+        hits = [r["ttft_s"] for r in rows if r["cached_tokens"]]
+        misses = [r["ttft_s"] for r in rows if not r["cached_tokens"]]
+        assert p.cached_tokens == sum(r["cached_tokens"] for r in rows)
+        assert p.hit_rate == p.cached_tokens / sum(r["prompt_tokens"] for r in rows)
+        assert (p.requests_with_hits, p.ttft_hit_s.n, p.ttft_miss_s.n) == (
+            len(hits),
+            len(hits),
+            len(misses),
+        )
+        assert p.ttft_hit_s.p50 == percentile(hits, 50)
+        assert p.ttft_miss_s.p50 == percentile(misses, 50)
+    assert all(p.hit_rate == 1.0 for p in loaded.summary.prefix_cache if p.concurrency == 2)
     assert {r.language for r in loaded.summary.languages} == {"ko"}
 
     # series: each drafted answer became a document the next request of the series names
@@ -153,6 +176,11 @@ async def test_audit_writes_consistent_figures(tmp_path: Path) -> None:
         assert p50 is not None and p99 is not None
         assert f"{p50 * 1e3:.1f} / {p99 * 1e3:.1f} (n={g.ttft_s.n})" in by_level
     assert "## Memory (local endpoint)\n\nnot reported by this endpoint" in report
+    prefix = report.split("## Prefix reuse")[1].split("\n## ")[0]
+    for p in loaded.summary.prefix_cache:
+        assert (
+            f"| {p.config} | {p.concurrency} | {p.cached_tokens:,}/{p.prompt_tokens:,} |" in prefix
+        )
     # the stand-in answers the same at every level: every answer equals the c=1 baseline's
     same = loaded.summary.identical_to_first_level
     assert {(i.concurrency, i.config) for i in same} == {

@@ -90,6 +90,11 @@ def test_audit_through_the_gateway_is_consistent_and_lossless(local_gateway: str
     assert not any(row.mismatch for row in result.summary.lossless)
     assert result.summary.measured_evidence.kind == "measured"
     assert result.summary.memory and result.summary.memory.keys() >= {"weights_bytes"}
+    # the three configs send one prompt: the later ones reuse its prefix (same tenant)
+    assert sum(r["cached_tokens"] for r in result.records[1:]) > 0
+    reuse = result.summary.prefix_cache
+    assert sum(p.requests_with_hits for p in reuse) >= 2
+    assert all(p.hit_rate is not None for p in reuse)
 
     listed = httpx.get(f"{local_gateway}/v1/endpoints", timeout=60).json()
     kinds = {e["kind"] for e in listed["data"][0]["evidence"]}
