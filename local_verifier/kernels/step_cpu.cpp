@@ -1,4 +1,5 @@
-// Batch-invariant CPU kernels for one forward step (float32, AVX-512).
+// Batch-invariant CPU kernels for one forward step (float32 activations, AVX-512; linear
+// weights in float32 or bfloat16, a bf16 weight widened to float32 by a 16-bit shift).
 //
 // Every output element is computed by one fixed sequence of IEEE operations that depends
 // only on that element's own inputs: never on the number of rows in the call, on a row's
@@ -31,6 +32,19 @@ inline __m512 load_tail(const float* p, int64_t n) {
   return _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << n) - 1u), p);
 }
 
+// 16 bfloat16 values (raw uint16) widened exactly to float32.
+inline __m512 widen(__m256i bits) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+
+inline __m512 load(const uint16_t* p) {
+  return widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+inline __m512 load_tail(const uint16_t* p, int64_t n) {
+  return widen(_mm256_maskz_loadu_epi16(static_cast<__mmask16>((1u << n) - 1u), p));
+}
+
 // Sum of the 16 lanes in one fixed order: halves, quarters, pairs, then the last pair.
 inline float lane_sum(__m512 v) {
   const __m256 upper = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
@@ -61,9 +75,10 @@ inline __m512 vexp(__m512 x) {
   return _mm512_scalef_ps(p, n);
 }
 
-// y[r][c] = sum_k x[r][k] * w[c][k] (+ bias[c]) for an R x C register tile.
-template <int R, int C>
-inline void linear_tile(const float* x, int64_t ldx, const float* w, int64_t K, const float* bias,
+// y[r][c] = sum_k x[r][k] * w[c][k] (+ bias[c]) for an R x C register tile; W is float
+// or uint16_t (bfloat16 bits): the same operations on the widened values.
+template <int R, int C, typename W>
+inline void linear_tile(const float* x, int64_t ldx, const W* w, int64_t K, const float* bias,
                         float* y, int64_t ldy) {
   __m512 acc[R][C];
   for (int r = 0; r < R; ++r)
@@ -92,8 +107,8 @@ inline void linear_tile(const float* x, int64_t ldx, const float* w, int64_t K, 
     }
 }
 
-template <int C>
-inline void linear_cols(const float* x, int64_t ldx, int64_t rows, const float* w, int64_t K,
+template <int C, typename W>
+inline void linear_cols(const float* x, int64_t ldx, int64_t rows, const W* w, int64_t K,
                         const float* bias, float* y, int64_t ldy) {
   int64_t r = 0;
   for (; r + kRowTile <= rows; r += kRowTile)
@@ -106,13 +121,10 @@ inline void linear_cols(const float* x, int64_t ldx, int64_t rows, const float* 
   }
 }
 
-}  // namespace
-
-extern "C" {
-
 // y [N, M] = x [N, K] @ w[M, K].T (+ bias [M] unless null).
-void dg_linear(const float* xp, const float* wp, const float* bp, float* yp, int64_t N, int64_t K,
-               int64_t M, int threads) {
+template <typename W>
+void linear(const float* xp, const W* wp, const float* bp, float* yp, int64_t N, int64_t K,
+            int64_t M, int threads) {
   const int64_t tiles = (M + kColTile - 1) / kColTile;
   for (int64_t r0 = 0; r0 < N; r0 += kRowBlock) {
     const int64_t rows = std::min<int64_t>(kRowBlock, N - r0);
@@ -131,6 +143,22 @@ void dg_linear(const float* xp, const float* wp, const float* bp, float* yp, int
       }
     }
   }
+}
+
+}  // namespace
+
+extern "C" {
+
+// y [N, M] = x [N, K] @ w[M, K].T (+ bias [M] unless null), w float32.
+void dg_linear(const float* xp, const float* wp, const float* bp, float* yp, int64_t N, int64_t K,
+               int64_t M, int threads) {
+  linear(xp, wp, bp, yp, N, K, M, threads);
+}
+
+// The same with w bfloat16 (raw bits): bitwise what dg_linear gives on w widened to float32.
+void dg_linear_bf16(const float* xp, const uint16_t* wp, const float* bp, float* yp, int64_t N,
+                    int64_t K, int64_t M, int threads) {
+  linear(xp, wp, bp, yp, N, K, M, threads);
 }
 
 // Root-mean-square norm of each row of x [N, D]: w * (x / sqrt(mean(x^2) + eps)).
