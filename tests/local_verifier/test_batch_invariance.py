@@ -204,9 +204,8 @@ def test_bf16_target_is_the_float32_step_on_bf16_rounded_weights() -> None:
     rounded = Transformer.from_config(CFG, DEVICE, torch.float32)
     rounded.load_state_dict({k: v.float() for k, v in bf16.state_dict().items()})
     assert bf16.weight_dtype == torch.bfloat16 and bf16.dtype == torch.float32
-    assert any(
-        not torch.equal(p, q) for p, q in zip(_model(DTYPE).parameters(), rounded.parameters())
-    )
+    pairs = zip(_model(DTYPE).parameters(), rounded.parameters(), strict=True)
+    assert any(not torch.equal(p, q) for p, q in pairs)  # the rounding changed weights
     outs = []
     for model in (bf16, rounded):
         kv = _kv(model, 64)
