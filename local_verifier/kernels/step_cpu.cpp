@@ -25,6 +25,7 @@ constexpr int kRowTile = 4;    // rows sharing one pass over a weight tile
 constexpr int kColTile = 4;    // output columns per register tile
 constexpr int kRowBlock = 64;  // rows whose inputs stay in cache while W streams
 constexpr int kKeyBlock = 32;  // keys per online-softmax block (in a row's key order)
+constexpr int kQueryTile = 16; // rows of one sequence sharing each read of a key block
 
 inline __m512 load(const float* p) { return _mm512_loadu_ps(p); }
 
@@ -145,6 +146,63 @@ void linear(const float* xp, const W* wp, const float* bp, float* yp, int64_t N,
   }
 }
 
+// What attend_block needs of the call: the K/V storage and the head geometry.
+struct Heads {
+  const float* kc;
+  const float* vc;
+  int64_t KVH, Dh, G, chunks;  // G query heads per kv head; chunks of 16 lanes per head
+  float scale;
+  __mmask16 lanes[16];  // the lanes of each chunk of head_dim (the last may be partial)
+};
+
+// Folds the keys of slots block[0..nb) (nb <= kKeyBlock) into one row's online softmax for
+// the G query heads of kv head g: q and acc hold G x chunks x 16 floats, m_run/l_run G.
+inline void attend_block(const Heads& a, int64_t g, const float* q, float* acc,
+                         float* m_run, float* l_run, const int64_t* block, int64_t nb) {
+  alignas(64) float score[16][kKeyBlock];
+  alignas(64) float prob[kKeyBlock];
+  const int64_t G = a.G, chunks = a.chunks, Dh = a.Dh;
+  for (int64_t b = 0; b < nb; ++b) {
+    const float* kr = a.kc + (block[b] * a.KVH + g) * Dh;
+    for (int64_t h = 0; h < G; ++h) {
+      __m512 dot = _mm512_setzero_ps();
+      for (int64_t c = 0; c < chunks; ++c)
+        dot = _mm512_fmadd_ps(load(q + (h * chunks + c) * kLanes),
+                              _mm512_maskz_loadu_ps(a.lanes[c], kr + c * kLanes), dot);
+      score[h][b] = lane_sum(dot) * a.scale;
+    }
+  }
+  for (int64_t h = 0; h < G; ++h) {
+    __m512 acc_h[16];
+    for (int64_t c = 0; c < chunks; ++c) acc_h[c] = load(acc + (h * chunks + c) * kLanes);
+    float m_new = m_run[h];
+    for (int64_t b = 0; b < nb; ++b) m_new = std::max(m_new, score[h][b]);
+    const __m512 mv = _mm512_set1_ps(m_new);
+    for (int64_t b = 0; b < nb; b += kLanes) {
+      const int64_t m = std::min<int64_t>(kLanes, nb - b);
+      const __mmask16 mask16 = static_cast<__mmask16>((1u << m) - 1u);
+      const __m512 sv = _mm512_maskz_loadu_ps(mask16, score[h] + b);
+      _mm512_mask_storeu_ps(prob + b, mask16, vexp(_mm512_sub_ps(sv, mv)));
+    }
+    const float corr =
+        _mm_cvtss_f32(_mm512_castps512_ps128(vexp(_mm512_set1_ps(m_run[h] - m_new))));
+    float l_new = l_run[h] * corr;
+    for (int64_t b = 0; b < nb; ++b) l_new += prob[b];
+    const __m512 cv = _mm512_set1_ps(corr);
+    for (int64_t c = 0; c < chunks; ++c) acc_h[c] = _mm512_mul_ps(acc_h[c], cv);
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* vr = a.vc + (block[b] * a.KVH + g) * Dh;
+      const __m512 pv = _mm512_set1_ps(prob[b]);
+      for (int64_t c = 0; c < chunks; ++c)
+        acc_h[c] = _mm512_fmadd_ps(pv, _mm512_maskz_loadu_ps(a.lanes[c], vr + c * kLanes),
+                                   acc_h[c]);
+    }
+    for (int64_t c = 0; c < chunks; ++c) _mm512_storeu_ps(acc + (h * chunks + c) * kLanes, acc_h[c]);
+    m_run[h] = m_new;
+    l_run[h] = l_new;
+  }
+}
+
 }  // namespace
 
 extern "C" {
@@ -235,94 +293,83 @@ void dg_silu_mul(const float* gp, float* yp, int64_t N, int64_t F) {
 // [row_start[s], row_start[s+1]) and keys[key_start[s] : key_start[s+1]] = its context
 // slots (ctx_len[s] of them) then its new rows' slots. Row i of s attends to every context
 // key, then to new row j when mask[i, j] (masks[mask_start[s] + i * T + j]) or, with
-// mask_start[s] < 0, when j <= i. Online softmax over blocks of kKeyBlock keys of that list.
+// mask_start[s] < 0, when j <= i. A row's allowed keys, in list order, are cut into blocks
+// of kKeyBlock, each folded into an online softmax by attend_block: the same operations
+// for that row whatever else the call holds. Rows of one sequence are taken kQueryTile at a
+// time: the leading blocks every row of the tile allows in full are read once for the tile
+// (the K/V stay in cache), then each row goes on alone.
 // Needs head_dim <= 256 and at most 16 query heads per kv head (checked by the caller).
 void dg_attention(const float* qp, const float* kc, const float* vc, const int64_t* kp,
                   const int64_t* ks, const int64_t* rs, const int64_t* cl, const bool* mp,
                   const int64_t* ms, float* op, int64_t N, int64_t n_seqs, int64_t H,
                   int64_t KVH, int64_t Dh, int threads) {
-  const int64_t G = H / KVH;
-  std::vector<int64_t> row_seq(N);
+  Heads a;
+  a.kc = kc;
+  a.vc = vc;
+  a.KVH = KVH;
+  a.Dh = Dh;
+  a.G = H / KVH;
+  a.chunks = (Dh + kLanes - 1) / kLanes;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(Dh));
+  for (int64_t c = 0; c < a.chunks; ++c)
+    a.lanes[c] = static_cast<__mmask16>((1u << std::min<int64_t>(kLanes, Dh - c * kLanes)) - 1u);
+  struct Item {
+    int64_t s, g, first, last;  // rows [first, last) of sequence s, kv head g
+  };
+  std::vector<Item> items;
   for (int64_t s = 0; s < n_seqs; ++s)
-    for (int64_t r = rs[s]; r < rs[s + 1]; ++r) row_seq[r] = s;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(Dh));
-  const int64_t chunks = (Dh + kLanes - 1) / kLanes;
-  __mmask16 lanes[16];  // the lanes of each chunk of head_dim (the last may be partial)
-  for (int64_t c = 0; c < chunks; ++c)
-    lanes[c] = static_cast<__mmask16>((1u << std::min<int64_t>(kLanes, Dh - c * kLanes)) - 1u);
+    for (int64_t r = rs[s]; r < rs[s + 1]; r += kQueryTile)
+      for (int64_t g = 0; g < KVH; ++g)
+        items.push_back({s, g, r, std::min<int64_t>(r + kQueryTile, rs[s + 1])});
+  const int64_t width = a.G * a.chunks * kLanes;  // floats per row: its query, its accumulators
 
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-  for (int64_t item = 0; item < N * KVH; ++item) {
-    const int64_t r = item / KVH, g = item % KVH, s = row_seq[r];
-    const int64_t i = r - rs[s], T = rs[s + 1] - rs[s], C = cl[s];
+  for (size_t it = 0; it < items.size(); ++it) {
+    const Item& item = items[it];
+    const int64_t s = item.s, g = item.g, rows = item.last - item.first;
+    const int64_t T = rs[s + 1] - rs[s], C = cl[s], end = C + T;
     const int64_t* list = kp + ks[s];
-    const bool* mask = ms[s] >= 0 ? mp + ms[s] + i * T : nullptr;
-    __m512 qv[16][16];  // [head in group][chunk]
-    for (int64_t h = 0; h < G; ++h)
-      for (int64_t c = 0; c < chunks; ++c)
-        qv[h][c] = _mm512_maskz_loadu_ps(lanes[c], qp + (r * H + g * G + h) * Dh + c * kLanes);
-    __m512 acc[16][16];
-    float m_run[16], l_run[16];
-    for (int64_t h = 0; h < G; ++h) {
-      m_run[h] = -std::numeric_limits<float>::infinity();
-      l_run[h] = 0.0f;
-      for (int64_t c = 0; c < chunks; ++c) acc[h][c] = _mm512_setzero_ps();
-    }
-    alignas(64) float score[16][kKeyBlock];
-    alignas(64) float prob[kKeyBlock];
-    int64_t block[kKeyBlock];
-    int64_t next = 0;  // next index of the key list to consider
-    const int64_t end = C + T;
-    while (next < end) {
-      int64_t nb = 0;
-      while (nb < kKeyBlock && next < end) {
-        const int64_t j = next - C;
-        const bool allowed = j < 0 || (mask != nullptr ? mask[j] : j <= i);
-        if (allowed) block[nb++] = list[next];
-        ++next;
-      }
-      if (nb == 0) continue;
-      for (int64_t b = 0; b < nb; ++b) {
-        const float* kr = kc + (block[b] * KVH + g) * Dh;
-        for (int64_t h = 0; h < G; ++h) {
-          __m512 dot = _mm512_setzero_ps();
-          for (int64_t c = 0; c < chunks; ++c)
-            dot = _mm512_fmadd_ps(qv[h][c], _mm512_maskz_loadu_ps(lanes[c], kr + c * kLanes), dot);
-          score[h][b] = lane_sum(dot) * scale;
+    std::vector<float> qv(rows * width, 0.0f), acc(rows * width, 0.0f);
+    std::vector<float> m_run(rows * a.G, -std::numeric_limits<float>::infinity());
+    std::vector<float> l_run(rows * a.G, 0.0f);
+    for (int64_t t = 0; t < rows; ++t)
+      for (int64_t h = 0; h < a.G; ++h)
+        for (int64_t c = 0; c < a.chunks; ++c)
+          _mm512_storeu_ps(&qv[t * width + (h * a.chunks + c) * kLanes],
+                           _mm512_maskz_loadu_ps(a.lanes[c], qp + ((item.first + t) * H + g * a.G + h) * Dh + c * kLanes));
+    // keys [0, shared) are allowed to every row of the tile: the context, and under the
+    // causal mask the new rows up to the tile's first
+    const int64_t first_i = item.first - rs[s];
+    const int64_t shared = ms[s] >= 0 ? C : C + first_i + 1;
+    const int64_t full = shared / kKeyBlock * kKeyBlock;
+    for (int64_t b = 0; b < full; b += kKeyBlock)
+      for (int64_t t = 0; t < rows; ++t)
+        attend_block(a, g, &qv[t * width], &acc[t * width], &m_run[t * a.G], &l_run[t * a.G],
+                     list + b, kKeyBlock);
+    for (int64_t t = 0; t < rows; ++t) {
+      const int64_t i = first_i + t;
+      const bool* mask = ms[s] >= 0 ? mp + ms[s] + i * T : nullptr;
+      int64_t block[kKeyBlock];
+      int64_t next = full;  // next index of the key list to consider
+      while (next < end) {
+        int64_t nb = 0;
+        while (nb < kKeyBlock && next < end) {
+          const int64_t j = next - C;
+          const bool allowed = j < 0 || (mask != nullptr ? mask[j] : j <= i);
+          if (allowed) block[nb++] = list[next];
+          ++next;
         }
+        if (nb > 0)
+          attend_block(a, g, &qv[t * width], &acc[t * width], &m_run[t * a.G],
+                       &l_run[t * a.G], block, nb);
       }
-      for (int64_t h = 0; h < G; ++h) {
-        float m_new = m_run[h];
-        for (int64_t b = 0; b < nb; ++b) m_new = std::max(m_new, score[h][b]);
-        const __m512 mv = _mm512_set1_ps(m_new);
-        for (int64_t b = 0; b < nb; b += kLanes) {
-          const int64_t m = std::min<int64_t>(kLanes, nb - b);
-          const __mmask16 mask16 = static_cast<__mmask16>((1u << m) - 1u);
-          const __m512 sv = _mm512_maskz_loadu_ps(mask16, score[h] + b);
-          _mm512_mask_storeu_ps(prob + b, mask16, vexp(_mm512_sub_ps(sv, mv)));
-        }
-        const float corr =
-            _mm_cvtss_f32(_mm512_castps512_ps128(vexp(_mm512_set1_ps(m_run[h] - m_new))));
-        float l_new = l_run[h] * corr;
-        for (int64_t b = 0; b < nb; ++b) l_new += prob[b];
-        const __m512 cv = _mm512_set1_ps(corr);
-        for (int64_t c = 0; c < chunks; ++c) acc[h][c] = _mm512_mul_ps(acc[h][c], cv);
-        for (int64_t b = 0; b < nb; ++b) {
-          const float* vr = vc + (block[b] * KVH + g) * Dh;
-          const __m512 pv = _mm512_set1_ps(prob[b]);
-          for (int64_t c = 0; c < chunks; ++c)
-            acc[h][c] =
-                _mm512_fmadd_ps(pv, _mm512_maskz_loadu_ps(lanes[c], vr + c * kLanes), acc[h][c]);
-        }
-        m_run[h] = m_new;
-        l_run[h] = l_new;
+      const int64_t r = item.first + t;
+      for (int64_t h = 0; h < a.G; ++h) {
+        const __m512 inv = _mm512_set1_ps(1.0f / l_run[t * a.G + h]);
+        for (int64_t c = 0; c < a.chunks; ++c)
+          _mm512_mask_storeu_ps(op + (r * H + g * a.G + h) * Dh + c * kLanes, a.lanes[c],
+                                _mm512_mul_ps(load(&acc[t * width + (h * a.chunks + c) * kLanes]), inv));
       }
-    }
-    for (int64_t h = 0; h < G; ++h) {
-      const __m512 inv = _mm512_set1_ps(1.0f / l_run[h]);
-      for (int64_t c = 0; c < chunks; ++c)
-        _mm512_mask_storeu_ps(op + (r * H + g * G + h) * Dh + c * kLanes, lanes[c],
-                              _mm512_mul_ps(acc[h][c], inv));
     }
   }
 }

@@ -117,11 +117,11 @@ def test_tree_rows_equal_sequential_steps_along_their_paths(tiny: Transformer) -
             mask[i] |= mask[p]
             depth[i] = depth[p] + 1
     kv = _kv(tiny, 400)
-    prompt = list(range(23))
-    tiny.step([_rows(_tokens(23, 5), prompt, [])], kv)
+    prompt = list(range(45))
+    tiny.step([_rows(_tokens(45, 5), prompt, [])], kv)
     tree = SeqStep(
         tokens=tokens,
-        positions=torch.tensor([23 + d for d in depth]),
+        positions=torch.tensor([45 + d for d in depth]),
         new_slots=torch.arange(100, 100 + n),
         context_slots=torch.tensor(prompt),
         mask=mask,
