@@ -13,9 +13,11 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -108,18 +110,14 @@ inline void linear_tile(const float* x, int64_t ldx, const W* w, int64_t K, cons
     }
 }
 
-template <int C, typename W>
+// linear_tile over every row of x (R at a time, then the remainder in smaller tiles).
+template <int R, int C, typename W>
 inline void linear_cols(const float* x, int64_t ldx, int64_t rows, const W* w, int64_t K,
                         const float* bias, float* y, int64_t ldy) {
   int64_t r = 0;
-  for (; r + kRowTile <= rows; r += kRowTile)
-    linear_tile<kRowTile, C>(x + r * ldx, ldx, w, K, bias, y + r * ldy, ldy);
-  switch (rows - r) {
-    case 3: linear_tile<3, C>(x + r * ldx, ldx, w, K, bias, y + r * ldy, ldy); break;
-    case 2: linear_tile<2, C>(x + r * ldx, ldx, w, K, bias, y + r * ldy, ldy); break;
-    case 1: linear_tile<1, C>(x + r * ldx, ldx, w, K, bias, y + r * ldy, ldy); break;
-    default: break;
-  }
+  for (; r + R <= rows; r += R) linear_tile<R, C>(x + r * ldx, ldx, w, K, bias, y + r * ldy, ldy);
+  if constexpr (R > 1)
+    if (r < rows) linear_cols<R - 1, C>(x + r * ldx, ldx, rows - r, w, K, bias, y + r * ldy, ldy);
 }
 
 // y [N, M] = x [N, K] @ w[M, K].T (+ bias [M] unless null).
@@ -136,10 +134,10 @@ void linear(const float* xp, const W* wp, const float* bp, float* yp, int64_t N,
       const float* xr = xp + r0 * K;
       float* yr = yp + r0 * M + m0;
       if (m0 + kColTile <= M) {
-        linear_cols<kColTile>(xr, K, rows, wp + m0 * K, K, b, yr, M);
+        linear_cols<kRowTile, kColTile>(xr, K, rows, wp + m0 * K, K, b, yr, M);
       } else {
         for (int64_t m = m0; m < M; ++m)
-          linear_cols<1>(xr, K, rows, wp + m * K, K, b != nullptr ? bp + m : nullptr,
+          linear_cols<kRowTile, 1>(xr, K, rows, wp + m * K, K, b != nullptr ? bp + m : nullptr,
                          yr + (m - m0), M);
       }
     }
@@ -156,19 +154,23 @@ struct Heads {
 };
 
 // Folds the keys of slots block[0..nb) (nb <= kKeyBlock) into one row's online softmax for
-// the G query heads of kv head g: q and acc hold G x chunks x 16 floats, m_run/l_run G.
-inline void attend_block(const Heads& a, int64_t g, const float* q, float* acc,
-                         float* m_run, float* l_run, const int64_t* block, int64_t nb) {
+// the G query heads of kv head g: q and acc hold G x CH x 16 floats, m_run/l_run G. CH (=
+// a.chunks) is a template argument only so that the accumulators live in registers.
+template <int CH>
+void attend_block(const Heads& a, int64_t g, const float* q, float* acc, float* m_run,
+                  float* l_run, const int64_t* block, int64_t nb) {
   alignas(64) float score[16][kKeyBlock];
   alignas(64) float prob[kKeyBlock];
-  const int64_t G = a.G, chunks = a.chunks, Dh = a.Dh;
-  for (int64_t b = 0; b < nb; ++b) {
-    const float* kr = a.kc + (block[b] * a.KVH + g) * Dh;
-    for (int64_t h = 0; h < G; ++h) {
+  constexpr int64_t chunks = CH;
+  const int64_t G = a.G, Dh = a.Dh;
+  for (int64_t h = 0; h < G; ++h) {
+    __m512 qh[CH];
+    for (int64_t c = 0; c < chunks; ++c) qh[c] = load(q + (h * chunks + c) * kLanes);
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* kr = a.kc + (block[b] * a.KVH + g) * Dh;
       __m512 dot = _mm512_setzero_ps();
       for (int64_t c = 0; c < chunks; ++c)
-        dot = _mm512_fmadd_ps(load(q + (h * chunks + c) * kLanes),
-                              _mm512_maskz_loadu_ps(a.lanes[c], kr + c * kLanes), dot);
+        dot = _mm512_fmadd_ps(qh[c], _mm512_maskz_loadu_ps(a.lanes[c], kr + c * kLanes), dot);
       score[h][b] = lane_sum(dot) * a.scale;
     }
   }
@@ -202,6 +204,17 @@ inline void attend_block(const Heads& a, int64_t g, const float* q, float* acc,
     l_run[h] = l_new;
   }
 }
+
+using AttendBlock = void (*)(const Heads&, int64_t, const float*, float*, float*, float*,
+                             const int64_t*, int64_t);
+
+template <int... CH>
+constexpr std::array<AttendBlock, sizeof...(CH)> attend_blocks(std::integer_sequence<int, CH...>) {
+  return {&attend_block<CH + 1>...};
+}
+
+// attend_block<chunks> for chunks = 1..16 (head_dim up to 256)
+constexpr auto kAttendBlock = attend_blocks(std::make_integer_sequence<int, 16>{});
 
 }  // namespace
 
@@ -322,6 +335,7 @@ void dg_attention(const float* qp, const float* kc, const float* vc, const int64
       for (int64_t g = 0; g < KVH; ++g)
         items.push_back({s, g, r, std::min<int64_t>(r + kQueryTile, rs[s + 1])});
   const int64_t width = a.G * a.chunks * kLanes;  // floats per row: its query, its accumulators
+  const AttendBlock attend_block = kAttendBlock[a.chunks - 1];
 
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
   for (size_t it = 0; it < items.size(); ++it) {
