@@ -98,7 +98,7 @@ def _p(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def _f32(t: torch.Tensor) -> torch.Tensor:
+def _as_float32(t: torch.Tensor) -> torch.Tensor:
     """``t`` as contiguous float32 (a bf16 parameter widens exactly)."""
     return t.to(torch.float32).contiguous()
 
@@ -121,14 +121,14 @@ class CppOps:
         kernel = {torch.float32: self._lib.dg_linear, torch.bfloat16: self._lib.dg_linear_bf16}
         if weight.dtype not in kernel:
             raise TypeError(f"C++ linear weights are float32 or bfloat16, not {weight.dtype}")
-        w, b = weight.contiguous(), None if bias is None else _f32(bias)
+        w, b = weight.contiguous(), None if bias is None else _as_float32(bias)
         threads = torch.get_num_threads()
         kernel[weight.dtype](_p(x), _p(w), _p(b), _p(y), n, k, m, threads)
         return y
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         x = x.contiguous()
-        y, w = torch.empty_like(x), _f32(weight)
+        y, w = torch.empty_like(x), _as_float32(weight)
         self._lib.dg_rms_norm(_p(x), _p(w), _p(y), x.shape[0], x.shape[1], eps)
         return y
 
