@@ -27,6 +27,7 @@ constexpr int kRowTile = 4;    // rows sharing one pass over a weight tile
 constexpr int kColTile = 4;    // output columns per register tile
 constexpr int kRowBlock = 64;  // rows whose inputs stay in cache while W streams
 constexpr int kKeyBlock = 32;  // keys per online-softmax block (in a row's key order)
+static_assert(kKeyBlock % kLanes == 0, "scores are computed 16 keys at a time");
 constexpr int kQueryTile = 16; // rows of one sequence sharing each read of a key block
 
 inline __m512 load(const float* p) { return _mm512_loadu_ps(p); }
@@ -56,6 +57,29 @@ inline float lane_sum(__m512 v) {
   __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
   __m128 d = _mm_add_ss(c, _mm_movehdup_ps(c));
   return _mm_cvtss_f32(d);
+}
+
+// Lane j of the result = lane_sum(v[j]) bitwise: the same additions on the same operands
+// (each step pairs two vectors' halves with shuffles, then adds them), 2.8 operations per
+// sum instead of 7.
+inline __m512 lane_sums(const __m512 v[16]) {
+  __m512 a[8], b[4], c[2];
+  for (int j = 0; j < 8; ++j)  // i + (i + 8): lanes 8m..8m+7 from v[2j + m]
+    a[j] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], 0x44),
+                         _mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], 0xEE));
+  for (int m = 0; m < 4; ++m)  // i + (i + 4): 128-bit lane L from v[4m + L]
+    b[m] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * m], a[2 * m + 1], 0x88),
+                         _mm512_shuffle_f32x4(a[2 * m], a[2 * m + 1], 0xDD));
+  for (int n = 0; n < 2; ++n) {  // i + (i + 2)
+    const __m512d p = _mm512_castps_pd(b[2 * n]), q = _mm512_castps_pd(b[2 * n + 1]);
+    c[n] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(p, q)),
+                         _mm512_castpd_ps(_mm512_unpackhi_pd(p, q)));
+  }
+  // i + (i + 1): lane 4L + t holds the sum of v[4t + L]
+  const __m512 d = _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm512_shuffle_ps(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return _mm512_permutexvar_ps(order, d);
 }
 
 // exp(x) for float lanes: x = n ln2 + r, degree-6 polynomial for exp(r), scaled by 2^n.
@@ -166,19 +190,28 @@ void attend_block(const Heads& a, int64_t g, const float* q, float* acc, float* 
   for (int64_t h = 0; h < G; ++h) {
     __m512 qh[CH];
     for (int64_t c = 0; c < chunks; ++c) qh[c] = load(q + (h * chunks + c) * kLanes);
-    for (int64_t b = 0; b < nb; ++b) {
-      const float* kr = a.kc + (block[b] * a.KVH + g) * Dh;
-      __m512 dot = _mm512_setzero_ps();
-      for (int64_t c = 0; c < chunks; ++c)
-        dot = _mm512_fmadd_ps(qh[c], _mm512_maskz_loadu_ps(a.lanes[c], kr + c * kLanes), dot);
-      score[h][b] = lane_sum(dot) * a.scale;
+    for (int64_t b0 = 0; b0 < nb; b0 += kLanes) {  // score = lane_sum(q . k) * scale
+      __m512 dot[kLanes];
+      for (int64_t j = 0; j < kLanes; ++j) {
+        dot[j] = _mm512_setzero_ps();
+        if (b0 + j >= nb) continue;
+        const float* kr = a.kc + (block[b0 + j] * a.KVH + g) * Dh;
+        for (int64_t c = 0; c < chunks; ++c)
+          dot[j] =
+              _mm512_fmadd_ps(qh[c], _mm512_maskz_loadu_ps(a.lanes[c], kr + c * kLanes), dot[j]);
+      }
+      _mm512_storeu_ps(score[h] + b0, _mm512_mul_ps(lane_sums(dot), _mm512_set1_ps(a.scale)));
     }
   }
   for (int64_t h = 0; h < G; ++h) {
     __m512 acc_h[16];
     for (int64_t c = 0; c < chunks; ++c) acc_h[c] = load(acc + (h * chunks + c) * kLanes);
-    float m_new = m_run[h];
-    for (int64_t b = 0; b < nb; ++b) m_new = std::max(m_new, score[h][b]);
+    __m512 top = _mm512_set1_ps(m_run[h]);  // max is exact: any order gives the same
+    for (int64_t b = 0; b < nb; b += kLanes) {
+      const __mmask16 live = static_cast<__mmask16>((1u << std::min<int64_t>(kLanes, nb - b)) - 1u);
+      top = _mm512_mask_max_ps(top, live, top, _mm512_loadu_ps(score[h] + b));
+    }
+    const float m_new = _mm512_reduce_max_ps(top);
     const __m512 mv = _mm512_set1_ps(m_new);
     for (int64_t b = 0; b < nb; b += kLanes) {
       const int64_t m = std::min<int64_t>(kLanes, nb - b);
