@@ -187,18 +187,19 @@ void attend_block(const Heads& a, int64_t g, const float* q, float* acc, float* 
   alignas(64) float prob[kKeyBlock];
   constexpr int64_t chunks = CH;
   const int64_t G = a.G, Dh = a.Dh;
+  __mmask16 lane[CH];
+  for (int64_t c = 0; c < chunks; ++c) lane[c] = a.lanes[c];
   for (int64_t h = 0; h < G; ++h) {
     __m512 qh[CH];
     for (int64_t c = 0; c < chunks; ++c) qh[c] = load(q + (h * chunks + c) * kLanes);
     for (int64_t b0 = 0; b0 < nb; b0 += kLanes) {  // score = lane_sum(q . k) * scale
       __m512 dot[kLanes];
+      const int64_t keys = std::min<int64_t>(kLanes, nb - b0);
       for (int64_t j = 0; j < kLanes; ++j) {
-        dot[j] = _mm512_setzero_ps();
-        if (b0 + j >= nb) continue;
-        const float* kr = a.kc + (block[b0 + j] * a.KVH + g) * Dh;
+        const float* kr = a.kc + (block[b0 + std::min(j, keys - 1)] * a.KVH + g) * Dh;
+        dot[j] = _mm512_setzero_ps();  // lanes past the block's keys: a copy, never read
         for (int64_t c = 0; c < chunks; ++c)
-          dot[j] =
-              _mm512_fmadd_ps(qh[c], _mm512_maskz_loadu_ps(a.lanes[c], kr + c * kLanes), dot[j]);
+          dot[j] = _mm512_fmadd_ps(qh[c], _mm512_maskz_loadu_ps(lane[c], kr + c * kLanes), dot[j]);
       }
       _mm512_storeu_ps(score[h] + b0, _mm512_mul_ps(lane_sums(dot), _mm512_set1_ps(a.scale)));
     }
@@ -229,8 +230,7 @@ void attend_block(const Heads& a, int64_t g, const float* q, float* acc, float* 
       const float* vr = a.vc + (block[b] * a.KVH + g) * Dh;
       const __m512 pv = _mm512_set1_ps(prob[b]);
       for (int64_t c = 0; c < chunks; ++c)
-        acc_h[c] = _mm512_fmadd_ps(pv, _mm512_maskz_loadu_ps(a.lanes[c], vr + c * kLanes),
-                                   acc_h[c]);
+        acc_h[c] = _mm512_fmadd_ps(pv, _mm512_maskz_loadu_ps(lane[c], vr + c * kLanes), acc_h[c]);
     }
     for (int64_t c = 0; c < chunks; ++c) _mm512_storeu_ps(acc + (h * chunks + c) * kLanes, acc_h[c]);
     m_run[h] = m_new;
