@@ -184,7 +184,8 @@ template <int CH>
 void attend_block(const Heads& a, int64_t g, const float* q, float* acc, float* m_run,
                   float* l_run, const int64_t* block, int64_t nb) {
   alignas(64) float score[16][kKeyBlock];
-  alignas(64) float prob[kKeyBlock];
+  alignas(64) float prob[16][kKeyBlock];
+  float m_new[16], corr[16], l_new[16];
   constexpr int64_t chunks = CH;
   const int64_t G = a.G, Dh = a.Dh;
   __mmask16 lane[CH];
@@ -205,36 +206,38 @@ void attend_block(const Heads& a, int64_t g, const float* q, float* acc, float* 
     }
   }
   for (int64_t h = 0; h < G; ++h) {
-    __m512 acc_h[16];
-    for (int64_t c = 0; c < chunks; ++c) acc_h[c] = load(acc + (h * chunks + c) * kLanes);
     __m512 top = _mm512_set1_ps(m_run[h]);  // max is exact: any order gives the same
     for (int64_t b = 0; b < nb; b += kLanes) {
       const __mmask16 live = static_cast<__mmask16>((1u << std::min<int64_t>(kLanes, nb - b)) - 1u);
       top = _mm512_mask_max_ps(top, live, top, _mm512_loadu_ps(score[h] + b));
     }
-    const float m_new = _mm512_reduce_max_ps(top);
-    const __m512 mv = _mm512_set1_ps(m_new);
+    m_new[h] = _mm512_reduce_max_ps(top);
+    const __m512 mv = _mm512_set1_ps(m_new[h]);
     for (int64_t b = 0; b < nb; b += kLanes) {
       const int64_t m = std::min<int64_t>(kLanes, nb - b);
       const __mmask16 mask16 = static_cast<__mmask16>((1u << m) - 1u);
       const __m512 sv = _mm512_maskz_loadu_ps(mask16, score[h] + b);
-      _mm512_mask_storeu_ps(prob + b, mask16, vexp(_mm512_sub_ps(sv, mv)));
+      _mm512_mask_storeu_ps(prob[h] + b, mask16, vexp(_mm512_sub_ps(sv, mv)));
     }
-    const float corr =
-        _mm_cvtss_f32(_mm512_castps512_ps128(vexp(_mm512_set1_ps(m_run[h] - m_new))));
-    float l_new = l_run[h] * corr;
-    for (int64_t b = 0; b < nb; ++b) l_new += prob[b];
-    const __m512 cv = _mm512_set1_ps(corr);
-    for (int64_t c = 0; c < chunks; ++c) acc_h[c] = _mm512_mul_ps(acc_h[c], cv);
+    corr[h] = _mm_cvtss_f32(_mm512_castps512_ps128(vexp(_mm512_set1_ps(m_run[h] - m_new[h]))));
+    l_new[h] = l_run[h] * corr[h];
+  }
+  for (int64_t b = 0; b < nb; ++b)  // each head's sum in key order; the heads interleaved
+    for (int64_t h = 0; h < G; ++h) l_new[h] += prob[h][b];
+  for (int64_t h = 0; h < G; ++h) {
+    __m512 acc_h[16];
+    const __m512 cv = _mm512_set1_ps(corr[h]);
+    for (int64_t c = 0; c < chunks; ++c)
+      acc_h[c] = _mm512_mul_ps(load(acc + (h * chunks + c) * kLanes), cv);
     for (int64_t b = 0; b < nb; ++b) {
       const float* vr = a.vc + (block[b] * a.KVH + g) * Dh;
-      const __m512 pv = _mm512_set1_ps(prob[b]);
+      const __m512 pv = _mm512_set1_ps(prob[h][b]);
       for (int64_t c = 0; c < chunks; ++c)
         acc_h[c] = _mm512_fmadd_ps(pv, _mm512_maskz_loadu_ps(lane[c], vr + c * kLanes), acc_h[c]);
     }
     for (int64_t c = 0; c < chunks; ++c) _mm512_storeu_ps(acc + (h * chunks + c) * kLanes, acc_h[c]);
-    m_run[h] = m_new;
-    l_run[h] = l_new;
+    m_run[h] = m_new[h];
+    l_run[h] = l_new[h];
   }
 }
 
