@@ -25,6 +25,7 @@ namespace {
 constexpr int kLanes = 16;
 constexpr int kRowTile = 4;    // rows sharing one pass over a weight tile
 constexpr int kColTile = 4;    // output columns per register tile
+constexpr int kWideColTile = 16;  // output columns per register tile of a single row
 constexpr int kRowBlock = 64;  // rows whose inputs stay in cache while W streams
 constexpr int kKeyBlock = 32;  // keys per online-softmax block (in a row's key order)
 static_assert(kKeyBlock % kLanes == 0, "scores are computed 16 keys at a time");
@@ -115,6 +116,8 @@ inline void linear_tile(const float* x, int64_t ldx, const W* w, int64_t K, cons
     __m512 xv[R];
     for (int r = 0; r < R; ++r) xv[r] = load(x + r * ldx + k);
     for (int c = 0; c < C; ++c) {
+      if (R == 1 && sizeof(W) == 2 && k % 32 == 0)  // a bf16 decode row: the next tile
+        _mm_prefetch(reinterpret_cast<const char*>(w + (c + C) * K + k), _MM_HINT_T0);
       const __m512 wv = load(w + c * K + k);
       for (int r = 0; r < R; ++r) acc[r][c] = _mm512_fmadd_ps(xv[r], wv, acc[r][c]);
     }
@@ -144,28 +147,40 @@ inline void linear_cols(const float* x, int64_t ldx, int64_t rows, const W* w, i
     if (r < rows) linear_cols<R - 1, C>(x + r * ldx, ldx, rows - r, w, K, bias, y + r * ldy, ldy);
 }
 
-// y [N, M] = x [N, K] @ w[M, K].T (+ bias [M] unless null).
-template <typename W>
-void linear(const float* xp, const W* wp, const float* bp, float* yp, int64_t N, int64_t K,
-            int64_t M, int threads) {
-  const int64_t tiles = (M + kColTile - 1) / kColTile;
+// y [N, M] = x [N, K] @ w[M, K].T (+ bias [M] unless null), in row blocks of kRowBlock,
+// threads taking C output columns at a time (the tile's shape never changes a sum).
+template <int C, typename W>
+void linear_blocks(const float* xp, const W* wp, const float* bp, float* yp, int64_t N,
+                   int64_t K, int64_t M, int threads) {
+  const int64_t tiles = (M + C - 1) / C;
   for (int64_t r0 = 0; r0 < N; r0 += kRowBlock) {
     const int64_t rows = std::min<int64_t>(kRowBlock, N - r0);
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t t = 0; t < tiles; ++t) {
-      const int64_t m0 = t * kColTile;
+      const int64_t m0 = t * C;
       const float* b = bp != nullptr ? bp + m0 : nullptr;
       const float* xr = xp + r0 * K;
       float* yr = yp + r0 * M + m0;
-      if (m0 + kColTile <= M) {
-        linear_cols<kRowTile, kColTile>(xr, K, rows, wp + m0 * K, K, b, yr, M);
+      if (m0 + C <= M) {
+        linear_cols<kRowTile, C>(xr, K, rows, wp + m0 * K, K, b, yr, M);
       } else {
         for (int64_t m = m0; m < M; ++m)
           linear_cols<kRowTile, 1>(xr, K, rows, wp + m * K, K, b != nullptr ? bp + m : nullptr,
-                         yr + (m - m0), M);
+                                   yr + (m - m0), M);
       }
     }
   }
+}
+
+// A decode row reads 16 weight rows at a time (more memory streams in flight, which a
+// bf16 weight's short rows need to keep the memory bus busy); more rows, 4 at a time.
+template <typename W>
+void linear(const float* xp, const W* wp, const float* bp, float* yp, int64_t N, int64_t K,
+            int64_t M, int threads) {
+  if (N == 1)
+    linear_blocks<kWideColTile>(xp, wp, bp, yp, N, K, M, threads);
+  else
+    linear_blocks<kColTile>(xp, wp, bp, yp, N, K, M, threads);
 }
 
 // What attend_block needs of the call: the K/V storage and the head geometry.
