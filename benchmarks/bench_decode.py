@@ -4,11 +4,18 @@
         --json /tmp/bench_decode.json [--limit 4] [--rows 1,4,16,64] \
         [--prefill 1024,4096,8192] [--model smollm2-135m] [--dtype float32]
 
+``--dtype bf16`` measures the bf16 target (bf16 weights, float32 activations on the CPU),
+against transformers computing in fp32 on the same bf16-rounded weights.
+
 Reports, in one process:
 - the machine's sustained read bandwidth (a 1 GiB sum, best of 5) and the physical floor
   of a decode step: the bytes of every weight matrix a token reads (all but the embedding
-  table) over that bandwidth; the 1-row step as a fraction of it (floor / step);
+  table; half as many in bf16) over that bandwidth; the 1-row step as a fraction of it
+  (floor / step);
 - ms per step of R rows (a chain verify of R rows after a 128-token context) for each R;
+- where the time of a 1-row step and of a 512-row prompt chunk goes: ms per step in each
+  kernel (linear layers, the vocabulary head, attention, RMSNorm, rotary + K/V store,
+  SwiGLU), timed around each call, and the rest (Python, embedding, the attention plan);
 - prompt processing at each length (tokens/s, in chunks of ``--chunk`` rows, the growth of
   the process's peak RSS: flat memory means no n x n attention matrix);
 - per prompt: prefill seconds and decode tokens/s of ours and of transformers, interleaved
@@ -22,12 +29,16 @@ import json
 import resource
 import statistics
 import time
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import torch
 
+import local_verifier.model
 from local_verifier.generate import PlainResult, generate_plain
+from local_verifier.kernels import StepOps
 from local_verifier.kv_storage import KVStorage
 from local_verifier.loader import LoadedModel, load_model
 from local_verifier.model import SeqStep
@@ -62,7 +73,7 @@ def weight_bytes_per_token(lm: LoadedModel) -> int:
 def step_ms(lm: LoadedModel, rows: list[int], repeats: int) -> dict[int, float]:
     """Median ms of one step of R new rows after a ``CONTEXT``-token context, per R."""
     model, cfg = lm.model, lm.config
-    kv = KVStorage(cfg, CONTEXT + max(rows), lm.device, lm.dtype)
+    kv = KVStorage(cfg, CONTEXT + max(rows), lm.device, model.dtype)
     tokens = torch.arange(CONTEXT + max(rows)) % cfg.vocab_size
     context = torch.arange(CONTEXT)
     model.step([SeqStep(tokens[:CONTEXT], context, context, context[:0], logits="none")], kv)
@@ -82,11 +93,57 @@ def step_ms(lm: LoadedModel, rows: list[int], repeats: int) -> dict[int, float]:
     return {r: round(statistics.median(t) * 1e3, 2) for r, t in times.items()}
 
 
+class TimedOps:
+    """Step kernels that add each call's seconds to ``seconds[kernel]`` (the head's linear
+    apart, told by its output width)."""
+
+    def __init__(self, ops: StepOps, vocab: int) -> None:
+        self.ops, self.vocab = ops, vocab
+        self.name = ops.name
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    def __getattr__(self, kernel: str) -> Any:
+        function = getattr(self.ops, kernel)
+
+        def timed(*args: Any) -> Any:
+            start = time.perf_counter()
+            out = function(*args)
+            wide = kernel == "linear" and args[1].shape[0] == self.vocab
+            self.seconds["head" if wide else kernel] += time.perf_counter() - start
+            return out
+
+        return timed
+
+
+def breakdown(lm: LoadedModel, rows: int, context: int, repeats: int) -> dict[str, float]:
+    """ms per step of ``rows`` new rows after ``context`` tokens, by kernel (median over
+    ``repeats``), with ``total`` and ``other`` (the rest: Python, embedding, the plan)."""
+    model, cfg = lm.model, lm.config
+    kv = KVStorage(cfg, context + rows, lm.device, model.dtype)
+    tokens = torch.arange(context + rows) % cfg.vocab_size
+    ctx = torch.arange(context)
+    if context:
+        model.step([SeqStep(tokens[:context], ctx, ctx, ctx[:0], logits="none")], kv)
+    new = torch.arange(context, context + rows)
+    step = SeqStep(tokens[context:], new, new, ctx, logits="last")
+    real = local_verifier.model.step_ops
+    runs: list[dict[str, float]] = []
+    for _ in range(repeats + 1):  # the first is a warm-up
+        timed = TimedOps(real(lm.device, model.dtype), cfg.vocab_size)
+        with mock.patch.object(local_verifier.model, "step_ops", return_value=timed):
+            start = time.perf_counter()
+            model.step([step], kv)
+            total = time.perf_counter() - start
+        runs.append({**timed.seconds, "total": total})
+        runs[-1]["other"] = total - sum(timed.seconds.values())
+    return {k: round(statistics.median(r[k] for r in runs[1:]) * 1e3, 2) for k in runs[-1]}
+
+
 def prefill(lm: LoadedModel, length: int, chunk: int) -> dict[str, float]:
     """Tokens/s of processing a ``length``-token prompt in ``chunk``-row steps, and the
     growth of the peak RSS (MiB) it caused."""
     cfg = lm.config
-    kv = KVStorage(cfg, length, lm.device, lm.dtype)
+    kv = KVStorage(cfg, length, lm.device, lm.model.dtype)
     tokens = torch.arange(length) % cfg.vocab_size
     peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     start = time.perf_counter()
@@ -130,7 +187,7 @@ def compare_with_transformers(
     lm: LoadedModel, rows: list[dict[str, Any]], max_tokens: int
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Per-prompt entries and the summary of ours vs transformers, greedy."""
-    hf = load_reference(lm.name)
+    hf = load_reference(lm.name, lm.dtype)
     eos = sorted(lm.tokenizer.eos_ids)
     tok = lm.tokenizer
     prompts = [tok.encode(tok.apply_chat_template(r["messages"])) for r in rows]
@@ -184,7 +241,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, required=True)
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--device", default=None)
-    parser.add_argument("--dtype", default=None)
+    parser.add_argument("--dtype", default=None, help="float32 (CPU default) or bf16 (target)")
     parser.add_argument("--limit", type=int, default=0, help="first N prompts only (0 = all)")
     parser.add_argument("--category", action="append", default=[], help="only these categories")
     parser.add_argument("--rows", default="1,4,16,64", help="rows per timed step")
@@ -204,6 +261,12 @@ def main() -> None:
     steps = step_ms(lm, rows_per_step, args.repeats)
     report["step_ms"] = steps
     print(f"ms per step by rows: {steps}", flush=True)
+    report["breakdown_ms"] = {
+        "decode_1_row": breakdown(lm, 1, CONTEXT, args.repeats),
+        f"prompt_chunk_{args.chunk}_rows": breakdown(lm, args.chunk, 0, max(args.repeats // 2, 1)),
+    }
+    for what, parts in report["breakdown_ms"].items():
+        print(f"{what}: {parts}", flush=True)
     # before the bandwidth probe: its 1 GiB buffer would mask the peak RSS growth
     lengths = [int(n) for n in args.prefill.split(",") if n]
     report["prefill"] = [prefill(lm, n, args.chunk) for n in lengths if n <= lm.context_length]

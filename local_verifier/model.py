@@ -213,8 +213,17 @@ class Transformer(nn.Module):
         return self.embed.weight.device
 
     @property
-    def dtype(self) -> torch.dtype:
+    def weight_dtype(self) -> torch.dtype:
+        """The parameters' dtype: the target's precision (float32, or bfloat16 for the bf16
+        target)."""
         return self.embed.weight.dtype
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The activations' and the K/V's dtype: the weights', except that bf16 weights on
+        the CPU compute in float32 (the kernels widen each weight exactly as they read it)."""
+        weights = self.weight_dtype
+        return torch.float32 if weights == torch.bfloat16 and self.device.type == "cpu" else weights
 
     def to(self, *args: Any, **kwargs: Any) -> Transformer:
         """Like ``nn.Module.to``; the float32 rope tables follow the device only."""
@@ -262,7 +271,7 @@ class Transformer(nn.Module):
             logit_rows.extend(picked)
             counts.append(len(picked))
             start += t
-        x = self.embed(tokens)
+        x = self.embed(tokens).to(self.dtype)
         for layer in self.layers:
             x = layer(x, kv, inputs)
         x = x[torch.tensor(logit_rows, dtype=torch.long, device=device)]

@@ -10,9 +10,21 @@ import torch
 from local_verifier.loader import resolve_spec
 
 
-def load_reference(spec: str) -> Any:
+def load_reference(spec: str, weight_dtype: torch.dtype = torch.float32) -> Any:
     """transformers' fp32 model for ``spec`` (a path or alias); a GGUF file is read and
-    dequantized by transformers itself, so its layout and numerics are the reference's."""
+    dequantized by transformers itself, so its layout and numerics are the reference's.
+
+    With ``weight_dtype=torch.bfloat16`` every weight is rounded to bf16 (computing in
+    fp32 still): what the bf16 target computes on the CPU."""
+    model = _fp32_model(spec)
+    if weight_dtype != torch.float32:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(p.to(weight_dtype))
+    return model
+
+
+def _fp32_model(spec: str) -> Any:
     try:
         from transformers import AutoConfig, AutoModelForCausalLM
         from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint

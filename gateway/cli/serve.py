@@ -127,7 +127,9 @@ def verifier_command(
     host: str = typer.Option("127.0.0.1", help="Address to bind."),
     port: int = typer.Option(8001, help="Port to bind."),
     device: str | None = typer.Option(None, help="torch device (default: best available)."),
-    dtype: str | None = typer.Option(None, help="torch dtype (default: the model's)."),
+    dtype: str | None = typer.Option(
+        None, help="float32 (CPU default) or bf16: a different target (CUDA default)."
+    ),
     allow_public: bool = typer.Option(
         False, "--allow-public", help="Allow a non-loopback bind (no auth!)."
     ),

@@ -19,13 +19,14 @@ from local_verifier.kernels.plan import AttentionPlan
 SOURCE = Path(__file__).with_name("step_cpu.cpp")
 CACHE_ENV = "DRAFTGATE_KERNEL_CACHE"  # build directory root (default ~/.cache/draftgate)
 CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-std=c++17", "-fPIC"]
-REQUIRED_CPU_FLAGS = ("avx512f", "avx512dq")
+REQUIRED_CPU_FLAGS = ("avx512f", "avx512dq", "avx512bw", "avx512vl")
 MAX_HEAD_DIM = 256
 MAX_GROUP = 16  # query heads per kv head
 
 _i64, _f32, _int, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_int, ctypes.c_void_p
 SIGNATURES = {
     "dg_linear": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int],
+    "dg_linear_bf16": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int],
     "dg_rms_norm": [_ptr, _ptr, _ptr, _i64, _i64, _f32],
     "dg_rope_store": [_ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64],
     "dg_silu_mul": [_ptr, _ptr, _i64, _i64],
@@ -97,8 +98,14 @@ def _p(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
+def _as_float32(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as contiguous float32 (a bf16 parameter widens exactly)."""
+    return t.to(torch.float32).contiguous()
+
+
 class CppOps:
-    """The C++ kernels on float32 CPU tensors."""
+    """The C++ kernels on float32 CPU activations; linear weights in float32 or bfloat16
+    (widened exactly inside the kernel, so the bytes read per token halve)."""
 
     name = "cpp"
 
@@ -111,14 +118,18 @@ class CppOps:
         x = x.contiguous()
         (n, k), m = x.shape, weight.shape[0]
         y = torch.empty(n, m)
+        kernel = {torch.float32: self._lib.dg_linear, torch.bfloat16: self._lib.dg_linear_bf16}
+        if weight.dtype not in kernel:
+            raise TypeError(f"C++ linear weights are float32 or bfloat16, not {weight.dtype}")
+        w, b = weight.contiguous(), None if bias is None else _as_float32(bias)
         threads = torch.get_num_threads()
-        self._lib.dg_linear(_p(x), _p(weight), _p(bias), _p(y), n, k, m, threads)
+        kernel[weight.dtype](_p(x), _p(w), _p(b), _p(y), n, k, m, threads)
         return y
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         x = x.contiguous()
-        y = torch.empty_like(x)
-        self._lib.dg_rms_norm(_p(x), _p(weight), _p(y), x.shape[0], x.shape[1], eps)
+        y, w = torch.empty_like(x), _as_float32(weight)
+        self._lib.dg_rms_norm(_p(x), _p(w), _p(y), x.shape[0], x.shape[1], eps)
         return y
 
     def rope_store(
@@ -134,9 +145,9 @@ class CppOps:
     ) -> torch.Tensor:
         n, dim = qkv.shape[0], cos.shape[1]
         q = torch.empty(n, n_heads, dim)
-        slots = new_slots.contiguous()
+        slots, cos, sin = new_slots.contiguous(), cos.contiguous(), sin.contiguous()
         self._lib.dg_rope_store(
-            _p(qkv), _p(cos.contiguous()), _p(sin.contiguous()), _p(k_cache), _p(v_cache),
+            _p(qkv), _p(cos), _p(sin), _p(k_cache), _p(v_cache),
             _p(slots), _p(q), n, n_heads, n_kv_heads, dim,
         )  # fmt: skip
         return q

@@ -36,7 +36,9 @@ class TorchOps:
     def linear(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor:
-        return _tiled(lambda t: F.linear(t, weight, bias), x)
+        w = weight.to(x.dtype)  # bf16 weights of float32 activations widen exactly
+        b = None if bias is None else bias.to(x.dtype)
+        return _tiled(lambda t: F.linear(t, w, b), x)
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         def norm(t: torch.Tensor) -> torch.Tensor:

@@ -2,13 +2,14 @@
 the other rows of its step, on how its draft is shaped, or on how its prompt was chunked.
 
 Device and dtype come from ``DRAFTGATE_TEST_DEVICE`` (default cpu) and
-``DRAFTGATE_TEST_DTYPE`` (default float32); every available kernel backend is checked.
+``DRAFTGATE_TEST_DTYPE`` (default float32); every available kernel backend is checked, and
+on the CPU also the bf16 target (bfloat16 weights, float32 activations) in the C++ kernels.
 """
 
 from __future__ import annotations
 
+import functools
 import os
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -24,6 +25,8 @@ DEVICE = torch.device(os.environ.get("DRAFTGATE_TEST_DEVICE", "cpu"))
 DTYPE = getattr(torch, os.environ.get("DRAFTGATE_TEST_DTYPE", "float32"))
 CPP = DEVICE.type == "cpu" and torch.float32 == DTYPE and load_library()[0] is not None
 BACKENDS = ["cpp", "torch"] if CPP else ["torch"]
+# (kernel backend, weight dtype) pairs every invariance test runs on
+CASES = [(b, DTYPE) for b in BACKENDS] + ([("cpp", torch.bfloat16)] if CPP else [])
 
 CFG = ModelConfig(
     vocab_size=101,
@@ -38,15 +41,17 @@ CFG = ModelConfig(
 )
 
 
-@pytest.fixture(params=BACKENDS)
-def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    monkeypatch.setenv(BACKEND_ENV, request.param)
-    yield request.param
+@functools.cache
+def _model(dtype: torch.dtype) -> Transformer:
+    return Transformer.from_config(CFG, DEVICE, dtype)
 
 
-@pytest.fixture(scope="module")
-def tiny() -> Transformer:
-    return Transformer.from_config(CFG, DEVICE, DTYPE)
+@pytest.fixture(params=CASES, ids=lambda c: f"{c[0]}-{str(c[1]).removeprefix('torch.')}")
+def tiny(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Transformer:
+    """The tiny model in the case's weight dtype, its backend set for the test."""
+    backend, dtype = request.param
+    monkeypatch.setenv(BACKEND_ENV, backend)
+    return _model(dtype)
 
 
 def _tokens(n: int, seed: int, vocab: int = CFG.vocab_size) -> torch.Tensor:
@@ -82,9 +87,7 @@ def _sequential(
     return out
 
 
-def test_chain_rows_equal_sequential_steps_for_every_length(
-    tiny: Transformer, backend: str
-) -> None:
+def test_chain_rows_equal_sequential_steps_for_every_length(tiny: Transformer) -> None:
     kv = _kv(tiny, 256)
     prompt = list(range(19))
     tiny.step([_rows(_tokens(19, 1), prompt, [])], kv)
@@ -99,9 +102,7 @@ def test_chain_rows_equal_sequential_steps_for_every_length(
         assert torch.equal(kv.v[:, 180 : 180 + k], seq_v[:, :k]), k
 
 
-def test_tree_rows_equal_sequential_steps_along_their_paths(
-    tiny: Transformer, backend: str
-) -> None:
+def test_tree_rows_equal_sequential_steps_along_their_paths(tiny: Transformer) -> None:
     gen = torch.Generator().manual_seed(3)
     n = 40
     parents = [-1] + [
@@ -116,11 +117,11 @@ def test_tree_rows_equal_sequential_steps_along_their_paths(
             mask[i] |= mask[p]
             depth[i] = depth[p] + 1
     kv = _kv(tiny, 400)
-    prompt = list(range(23))
-    tiny.step([_rows(_tokens(23, 5), prompt, [])], kv)
+    prompt = list(range(45))
+    tiny.step([_rows(_tokens(45, 5), prompt, [])], kv)
     tree = SeqStep(
         tokens=tokens,
-        positions=torch.tensor([23 + d for d in depth]),
+        positions=torch.tensor([45 + d for d in depth]),
         new_slots=torch.arange(100, 100 + n),
         context_slots=torch.tensor(prompt),
         mask=mask,
@@ -134,7 +135,7 @@ def test_tree_rows_equal_sequential_steps_along_their_paths(
         assert torch.equal(kv.k[:, 100 + i], kv.k[:, base + len(path) - 1]), i
 
 
-def test_a_sequence_alone_equals_it_batched_with_others(tiny: Transformer, backend: str) -> None:
+def test_a_sequence_alone_equals_it_batched_with_others(tiny: Transformer) -> None:
     kv = _kv(tiny, 600)
     # the sequence of interest: 30 committed tokens, then a 5-row chain verify
     ours_ctx = list(range(30))
@@ -161,9 +162,7 @@ def test_a_sequence_alone_equals_it_batched_with_others(tiny: Transformer, backe
 
 
 @pytest.mark.parametrize("chunk", [1, 7, 64])
-def test_prompt_chunks_give_the_same_kv_and_logits(
-    tiny: Transformer, backend: str, chunk: int
-) -> None:
+def test_prompt_chunks_give_the_same_kv_and_logits(tiny: Transformer, chunk: int) -> None:
     prompt = _tokens(150, 15)
     kv = _kv(tiny, 320)
     whole = tiny.step([_rows(prompt, list(range(150)), [], logits="last")], kv)[0]
@@ -184,9 +183,10 @@ def test_prompt_chunks_give_the_same_kv_and_logits(
     assert torch.equal(kv.v[:, 160:310], kv.v[:, :150])
 
 
-def test_backends_agree_with_each_other_closely(tiny: Transformer) -> None:
+def test_backends_agree_with_each_other_closely() -> None:
     if len(BACKENDS) < 2:
         pytest.skip("one backend on this device")
+    tiny = _model(DTYPE)
     outs = []
     for name in BACKENDS:
         os.environ[BACKEND_ENV] = name
@@ -196,6 +196,25 @@ def test_backends_agree_with_each_other_closely(tiny: Transformer) -> None:
         finally:
             del os.environ[BACKEND_ENV]
     torch.testing.assert_close(outs[0], outs[1], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.skipif(not CPP, reason="the bf16 target's C++ kernels need an AVX-512 CPU")
+def test_bf16_target_is_the_float32_step_on_bf16_rounded_weights() -> None:
+    bf16 = _model(torch.bfloat16)
+    rounded = Transformer.from_config(CFG, DEVICE, torch.float32)
+    rounded.load_state_dict({k: v.float() for k, v in bf16.state_dict().items()})
+    assert bf16.weight_dtype == torch.bfloat16 and bf16.dtype == torch.float32
+    pairs = zip(_model(DTYPE).parameters(), rounded.parameters(), strict=True)
+    assert any(not torch.equal(p, q) for p, q in pairs)  # the rounding changed weights
+    outs = []
+    for model in (bf16, rounded):
+        kv = _kv(model, 64)
+        assert kv.k.dtype == torch.float32
+        prompt = _rows(_tokens(40, 20), list(range(40)), [])
+        decode = _rows(_tokens(1, 21), [50], list(range(30)))
+        outs.append((model.step([prompt, decode], kv), kv.k.clone()))
+    (a, ka), (b, kb) = outs
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True)) and torch.equal(ka, kb)
 
 
 @pytest.mark.slow
