@@ -1,13 +1,15 @@
 """Serving throughput and latency of the embedded default under concurrent clients.
 
     python benchmarks/bench_serving.py --workload PATH --concurrency 1,4,8 --max-tokens N --json OUT
+        [--categories code_edit,chat] [--limit N] [--samplings greedy,seeded]
 
 Starts ``draftgate serve``'s app (the embedded default, SmolLM2-135M) in a child process
 and drives it over HTTP with the real ``openai`` async client, streaming, closed loop:
 ``c`` workers each send the next workload item as soon as their last answer ended, every
 item once per level. Each level runs with drafts off and on, greedy and seeded sampling.
 ``identical`` is the share of answers equal to the same item's answer at concurrency 1
-without drafts (same sampling). JSON: ``{"levels": [{"sampling", "concurrency", "drafts",
+without drafts (same sampling). ``--limit`` keeps N items taken in turn from each category
+(so a short run stays mixed), ``--categories`` only those categories. JSON: ``{"levels": [{"sampling", "concurrency", "drafts",
 "output_tok_s", "req_s", "ttft_ms": {p50, p99}, "tpot_ms": {p50, p99}, "e2e_ms": {p50, p99},
 "identical"}]}``.
 """
@@ -115,7 +117,31 @@ def _summary(results: list[dict[str, Any]], wall: float) -> dict[str, Any]:
     }
 
 
-async def _bench(url: str, items: list[dict[str, Any]], levels: list[int], max_tokens: int) -> Any:
+def _select(items: list[dict[str, Any]], categories: str | None, limit: int | None) -> list[Any]:
+    """The items of ``categories`` (all when None); at most ``limit``, categories in turn."""
+    if categories:
+        wanted = categories.split(",")
+        items = [i for i in items if i.get("category") in wanted]
+    if limit is None or limit >= len(items):
+        return items
+    queues: dict[str, list[dict[str, Any]]] = {}
+    for item in items:
+        queues.setdefault(item.get("category", ""), []).append(item)
+    picked: list[dict[str, Any]] = []
+    while len(picked) < limit:
+        for queue in queues.values():
+            if queue and len(picked) < limit:
+                picked.append(queue.pop(0))
+    return picked
+
+
+async def _bench(
+    url: str,
+    items: list[dict[str, Any]],
+    levels: list[int],
+    max_tokens: int,
+    samplings: list[str],
+) -> Any:
     out = []
     async with openai.AsyncOpenAI(
         base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=600
@@ -127,7 +153,8 @@ async def _bench(url: str, items: list[dict[str, Any]], levels: list[int], max_t
             except openai.APIConnectionError:
                 await asyncio.sleep(1)
         await _one(client, items[0], {"max_tokens": 4})  # load the engine
-        for name, sampling in SAMPLINGS.items():
+        for name in samplings:
+            sampling = SAMPLINGS[name]
             reference: dict[str, str] = {}
             for concurrency in levels:
                 for drafts in (False, True):
@@ -154,8 +181,15 @@ def main() -> None:
     parser.add_argument("--concurrency", default="1,4,8")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--json", required=True)
+    parser.add_argument("--categories", help="comma-separated categories (default: all)")
+    parser.add_argument("--limit", type=int, help="at most N items, categories in turn")
+    parser.add_argument("--samplings", default=",".join(SAMPLINGS), help="greedy,seeded")
     args = parser.parse_args()
-    items = [json.loads(line) for line in Path(args.workload).read_text().splitlines() if line]
+    lines = Path(args.workload).read_text().splitlines()
+    items = _select([json.loads(line) for line in lines if line], args.categories, args.limit)
+    samplings = args.samplings.split(",")
+    if not items or any(s not in SAMPLINGS for s in samplings):
+        parser.error("no items selected, or an unknown sampling")
     levels = sorted({int(c) for c in args.concurrency.split(",")})
     if levels[0] != 1:
         levels = [1, *levels]  # the reference answers come from concurrency 1
@@ -165,7 +199,8 @@ def main() -> None:
     )
     server.start()
     try:
-        rows = asyncio.run(_bench(f"http://127.0.0.1:{port}", items, levels, args.max_tokens))
+        url = f"http://127.0.0.1:{port}"
+        rows = asyncio.run(_bench(url, items, levels, args.max_tokens, samplings))
     finally:
         server.terminate()
         server.join(10)

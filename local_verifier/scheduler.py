@@ -27,7 +27,7 @@ from local_verifier.sampling import SamplingParams, sample, target_probs
 from local_verifier.tokenizer import Tokenizer
 from local_verifier.tree import tree_mask
 from local_verifier.verify import Verdict, verify_greedy, verify_sampled
-from lookup.controller import plan_batch
+from lookup.controller import ScoreCalibration, plan_batch
 from lookup.draft import Draft, Source
 
 log = logging.getLogger(__name__)
@@ -111,6 +111,7 @@ class Request:
     produced: int = 0
     cancelled: bool = False
     stats: Stats = field(default_factory=Stats)
+    calibration: ScoreCalibration = field(default_factory=ScoreCalibration)
 
     @property
     def positions(self) -> int:
@@ -227,7 +228,13 @@ class Scheduler:
             budget -= end - req.computed
         began = time.perf_counter()
         base_rows = len(decoding) + sum(len(s.tokens) for s in seqs)
-        drafts = plan_batch([self._propose(r) for r in decoding], base_rows, self.row_costs)
+        drafts = plan_batch(
+            [self._propose(r) for r in decoding],
+            base_rows,
+            self.row_costs,
+            [r.calibration.ratio for r in decoding],
+            sum(s.logits == "last" for s in seqs),
+        )
         drafted = time.perf_counter()
         for req, draft in zip(decoding, drafts, strict=True):
             req.stats.draft_s += drafted - began
@@ -313,6 +320,7 @@ class Scheduler:
         req.computed += 1 + accepted
         req.stats.count(len(draft), accepted)
         req.stats.count_sources(draft.source.tolist(), draft.source[verdict.accepted].tolist())
+        req.calibration.observe(draft, accepted)
         if req.controller is not None:
             req.controller.observe(len(draft), accepted)
         new = [int(draft.tokens[n]) for n in verdict.accepted] + [verdict.next_token]

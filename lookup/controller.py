@@ -72,7 +72,38 @@ class DraftController:
             self.acceptance = self.decay * self.acceptance + (1.0 - self.decay) * rate
 
 
-def plan_batch(drafts: Sequence[Draft], base_rows: int, row_costs: Sequence[float]) -> list[Draft]:
+class ScoreCalibration:
+    """How a request's draft scores compare with what it accepts: verified nodes' scores
+    (each the estimated probability that its path is accepted) against the nodes accepted,
+    both exponentially averaged. ``plan_batch`` weighs a request's nodes by that ratio."""
+
+    def __init__(self, decay: float = 0.8, bounds: tuple[float, float] = (0.25, 4.0)) -> None:
+        self.decay = decay
+        self.bounds = bounds
+        self._expected = 0.0
+        self._accepted = 0.0
+
+    @property
+    def ratio(self) -> float:
+        """Accepted over expected nodes (1.0 until a verified draft was observed)."""
+        if self._expected <= 0.0:
+            return 1.0
+        return float(np.clip(self._accepted / self._expected, *self.bounds))
+
+    def observe(self, draft: Draft, accepted: int) -> None:
+        """Record a verified ``draft`` of which ``accepted`` nodes were kept."""
+        if len(draft):
+            self._expected = self.decay * self._expected + float(draft.scores.sum())
+            self._accepted = self.decay * self._accepted + accepted
+
+
+def plan_batch(
+    drafts: Sequence[Draft],
+    base_rows: int,
+    row_costs: Sequence[float],
+    ratios: Sequence[float] | None = None,
+    base_tokens: int = 0,
+) -> list[Draft]:
     """The draft nodes worth verifying in one step shared by ``len(drafts)`` decoding requests.
 
     ``base_rows`` rows run anyway (each request's pending token, prompt chunks);
@@ -81,23 +112,32 @@ def plan_batch(drafts: Sequence[Draft], base_rows: int, row_costs: Sequence[floa
     prefix that maximises expected tokens per second, ``(len(drafts) + sum of scores) /
     c(base_rows + nodes)``, is kept; nothing when no prefix beats the step without drafts,
     so a batch with drafts is never expected to be slower than without. As the batch
-    grows, each extra row costs more of everyone's step and drafts shrink.
+    grows, each extra row costs more of everyone's step and drafts shrink. ``ratios[i]``
+    (default 1) scales request i's scores (its :class:`ScoreCalibration`), capped at 1.
+    ``base_tokens``: tokens the step emits besides the decoding requests' (the first token
+    of a request whose prompt ends in it).
     """
     empty = [Draft.empty() for _ in drafts]
     room = len(row_costs) - 1 - base_rows
     if not drafts or room <= 0:
         return empty
-    scores = np.concatenate([d.scores.astype(np.float64) for d in drafts])
+    weights = [1.0] * len(drafts) if ratios is None else ratios
+    scores = np.concatenate(
+        [
+            np.minimum(d.scores.astype(np.float64) * w, 1.0)
+            for d, w in zip(drafts, weights, strict=True)
+        ]
+    )
     if len(scores) == 0:
         return empty
     owner = np.concatenate([np.full(len(d), i) for i, d in enumerate(drafts)])
     node = np.concatenate([np.arange(len(d)) for d in drafts])
     order = np.lexsort((node, owner, -scores))[:room]
     costs = np.asarray(row_costs, dtype=np.float64)
-    expected = len(drafts) + np.cumsum(scores[order])
+    expected = base_tokens + len(drafts) + np.cumsum(scores[order])
     rate = expected / costs[base_rows + 1 : base_rows + 1 + len(order)]
     best = int(np.argmax(rate))
-    if rate[best] <= len(drafts) / costs[base_rows] * (1.0 + 1e-9):
+    if rate[best] <= (base_tokens + len(drafts)) / costs[base_rows] * (1.0 + 1e-9):
         return empty
     chosen = order[: best + 1]
     return [
