@@ -187,7 +187,7 @@ def _top_logprobs(request: ChatCompletionRequest | CompletionRequest) -> int | N
     extra = request.model_extra or {}
     if isinstance(request, ChatCompletionRequest):
         top = extra.get("top_logprobs")
-        if request.logprobs not in (None, True, False):
+        if request.logprobs is not None and not isinstance(request.logprobs, bool):
             raise InvalidRequest("logprobs must be a boolean", param="logprobs")
         if not request.logprobs:
             if top is not None:

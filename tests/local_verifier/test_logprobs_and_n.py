@@ -9,6 +9,7 @@ import pytest
 import torch
 from spec_drafts import OracleDrafter, PassThrough
 
+from local_verifier.chat_template import uses_tools
 from local_verifier.engine import END, Engine, GenerationRequest, GenerationStats, TextDelta
 from local_verifier.generate import PlainResult, generate_plain
 from local_verifier.loader import LoadedModel
@@ -105,3 +106,17 @@ def test_plain_decoding_agrees_on_the_emitted_tokens(engine: Engine, tiny_lm: Lo
     got = logprobs_of(list(engine.generate(req)))
     assert [lp.token_id for lp in got] == result.token_ids
     assert all(lp.top == [] for lp in got)
+
+
+def test_token_bytes_join_to_the_text(tiny_lm: LoadedModel) -> None:
+    """Byte-level tokens give their raw bytes (pieces of multi-byte characters included)."""
+    tokenizer = tiny_lm.tokenizer
+    for text in ["emoji 🙂🚀 and café, naïve, 日本語", "안녕하세요 세계.", "<|im_end|>"]:
+        ids = tokenizer.encode(text)
+        assert b"".join(tokenizer.token_bytes(t) for t in ids) == text.encode()
+
+
+def test_tool_support_is_read_from_the_template(tiny_lm: LoadedModel) -> None:
+    assert not tiny_lm.tokenizer.supports_tools  # the tiny template renders no tools
+    assert uses_tools("{% if tools %}{{ tools | tojson }}{% endif %}{{ messages }}")
+    assert not uses_tools("{% for m in messages %}{{ m.content }}{% endfor %}")
