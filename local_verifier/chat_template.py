@@ -9,6 +9,7 @@ from typing import Any
 
 import jinja2
 import jinja2.ext
+import jinja2.meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 
@@ -46,16 +47,27 @@ class _GenerationTag(jinja2.ext.Extension):
         return str(caller())
 
 
-@lru_cache(maxsize=16)
-def compile_template(source: str) -> jinja2.Template:
-    """Compile a chat template (cached per source text)."""
+def _environment() -> ImmutableSandboxedEnvironment:
     env = ImmutableSandboxedEnvironment(
         trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
     )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
-    return env.from_string(source)
+    return env
+
+
+@lru_cache(maxsize=16)
+def compile_template(source: str) -> jinja2.Template:
+    """Compile a chat template (cached per source text)."""
+    return _environment().from_string(source)
+
+
+@lru_cache(maxsize=16)
+def uses_tools(source: str) -> bool:
+    """Whether a chat template reads the ``tools`` variable (can show tools to the model)."""
+    env = _environment()
+    return "tools" in jinja2.meta.find_undeclared_variables(env.parse(source))
 
 
 def render_chat(

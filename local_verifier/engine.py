@@ -8,6 +8,8 @@ engine thread; ``generate`` is a blocking iterator over the same path.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import queue
 import threading
 import time
@@ -22,6 +24,7 @@ from local_verifier.kv_pool import DEFAULT_BLOCK_SIZE, KVPool
 from local_verifier.kv_storage import KVStorage
 from local_verifier.loader import LoadedModel, load_model
 from local_verifier.logits_processors import Penalties
+from local_verifier.logprobs import MAX_TOP_LOGPROBS
 from local_verifier.output import OutputAssembler, TextDelta
 from local_verifier.sampling import SamplingParams, make_generator
 from local_verifier.scheduler import DraftPolicy, DraftSource, Request, Scheduler
@@ -74,6 +77,7 @@ class GenerationRequest:
     max_draft: int | None = None  # cap on draft tokens per verify step (None = measured range)
     tenant: str = ""  # prefixes are reused only between requests of the same tenant
     penalties: Penalties = field(default_factory=Penalties)
+    logprobs: int | None = None  # report logprobs with this many top alternatives (None: off)
 
 
 @dataclass(frozen=True)
@@ -100,14 +104,16 @@ class GenerationStats:
 
 
 class Handle:
-    """A submitted request: ``cancel()`` frees its slot at the engine's next step."""
+    """A submitted request (or ``n`` of them): ``cancel()`` frees their slots at the engine's
+    next step."""
 
-    def __init__(self, engine: Engine, request: Request) -> None:
+    def __init__(self, engine: Engine, requests: list[Request]) -> None:
         self._engine = engine
-        self._request = request
+        self._requests = requests
 
     def cancel(self) -> None:
-        self._request.cancelled = True
+        for request in self._requests:
+            request.cancelled = True
         self._engine._wake()
 
 
@@ -162,7 +168,7 @@ class Engine:
         )
         self._max_outstanding = max_batch + max_queue
         self._cond = threading.Condition()
-        self._inbox: list[tuple[Request, GenerationRequest]] = []
+        self._inbox: list[list[tuple[Request, GenerationRequest]]] = []
         self._outstanding = 0
         self._thread: threading.Thread | None = None
 
@@ -183,17 +189,54 @@ class Engine:
         here. ``drafter``/``controller`` replace the request's own lookup drafter and
         controller (tests inject fixed drafts this way).
         """
+        request = self._request(req, on_item, drafter, controller)
+        return self._enqueue([(request, req)])
+
+    def submit_n(
+        self, req: GenerationRequest, n: int, on_item: Callable[[int, Any], None]
+    ) -> Handle:
+        """Queue ``n`` answers to ``req``'s prompt; ``on_item(i, item)`` as in ``submit``.
+
+        Answer ``i`` is the answer ``req`` with seed ``seed + i`` gets alone (unseeded:
+        its own random stream), with its own drafts. Answers ``1..n-1`` are admitted once
+        answer 0's prompt is in the pool and read its full blocks from the prefix cache,
+        so the prompt is computed once. ``cancel()`` on the handle cancels all ``n``.
+        """
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"n must be an integer >= 1, got {n!r}")
+        seed = req.params.seed
+        group: list[tuple[Request, GenerationRequest]] = []
+        for i in range(n):
+            params = dataclasses.replace(req.params, seed=None if seed is None else seed + i)
+            member = dataclasses.replace(req, params=params)
+            group.append((self._request(member, functools.partial(on_item, i)), member))
+        group[0][0].followers = [request for request, _ in group[1:]]
+        return self._enqueue(group)
+
+    def _request(
+        self,
+        req: GenerationRequest,
+        on_item: Callable[[Any], None],
+        drafter: DraftSource | None = None,
+        controller: DraftPolicy | None = None,
+    ) -> Request:
+        """The scheduler's request for ``req`` (raises on a bad request)."""
         prompt_ids = self._prompt_ids(req)
         room = self.context_length - len(prompt_ids)
         if room < 1:
             raise PromptTooLong(len(prompt_ids), self.context_length)
         if req.max_tokens is not None and req.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {req.max_tokens}")
+        top = req.logprobs
+        if top is not None and (
+            isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS
+        ):
+            raise ValueError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {top!r}")
         max_new = room if req.max_tokens is None else min(req.max_tokens, room)
         req.penalties.check_vocab(self.lm.config.vocab_size)
         params = req.params
         device = self.lm.model.device
-        request = Request(
+        return Request(
             prompt_ids=prompt_ids,
             max_new=max_new,
             params=params,
@@ -208,19 +251,23 @@ class Engine:
             on_finish=lambda r, error: self._finished(r, error, req, on_item),
             tenant=req.tenant,
             penalties=req.penalties,
+            logprobs=top,
         )
+
+    def _enqueue(self, group: list[tuple[Request, GenerationRequest]]) -> Handle:
+        """Hand a request (and its followers) to the engine thread."""
         with self._cond:
-            if self._outstanding >= self._max_outstanding:
+            if self._outstanding + len(group) > self._max_outstanding:
                 raise EngineBusy(self._outstanding - self._scheduler.max_batch)
-            self._outstanding += 1
-            self._inbox.append((request, req))
+            self._outstanding += len(group)
+            self._inbox.append(group)
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._loop, name=f"dg-engine-{self.name}", daemon=True
                 )
                 self._thread.start()
             self._cond.notify()
-        return Handle(self, request)
+        return Handle(self, [request for request, _ in group])
 
     @property
     def full(self) -> bool:
@@ -278,9 +325,10 @@ class Engine:
                 while not self._inbox and not scheduler.has_work():
                     self._cond.wait()
                 arrived, self._inbox = self._inbox, []
-            for request, req in arrived:
-                self._prepare(request, req)
-                scheduler.waiting.append(request)
+            for group in arrived:
+                for request, req in group:
+                    self._prepare(request, req)
+                scheduler.waiting.append(group[0][0])  # followers: when its prompt is in
             try:
                 scheduler.step()
             except Exception as exc:  # a failed forward ends every request in it

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from local_verifier.logprobs import TokenLogprob
 from local_verifier.stopping import StopChecker
 from local_verifier.tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -14,6 +15,7 @@ class TextDelta:
 
     text: str
     token_ids: list[int]
+    logprobs: list[TokenLogprob] | None = None  # one per token id, when the request asks
 
 
 class OutputAssembler:

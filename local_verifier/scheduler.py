@@ -10,6 +10,7 @@ Only the scheduler's thread touches the pool, the model and the requests' state.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import deque
@@ -21,6 +22,7 @@ import torch
 
 from local_verifier.kv_pool import BlockTable, KVPool, block_keys, chain_key, root_key
 from local_verifier.logits_processors import Penalties, adjust_rows
+from local_verifier.logprobs import TokenLogprob, token_logprobs
 from local_verifier.model import SeqStep, Transformer
 from local_verifier.output import OutputAssembler, TextDelta
 from local_verifier.sampling import SamplingParams, sample, target_probs
@@ -100,6 +102,8 @@ class Request:
     on_finish: Callable[[Request, Exception | None], None]  # error None: done or cancelled
     tenant: str = ""  # whose prefix cache the request reads and fills
     penalties: Penalties = field(default_factory=Penalties)
+    logprobs: int | None = None  # None: none reported; else how many top alternatives
+    followers: list[Request] = field(default_factory=list)  # admitted once our prompt is in
     submitted: float = field(default_factory=time.perf_counter)
     started: float = 0.0
     table: BlockTable | None = None
@@ -198,7 +202,16 @@ class Scheduler:
         if req.table is not None:
             req.table.release()
             req.table = None
+        if error is None:
+            self._release_followers(req)
+        for follower in req.followers:  # a failed forward fails the siblings too
+            self._finish(follower, error)
         req.on_finish(req, error)
+
+    def _release_followers(self, req: Request) -> None:
+        """Queue ``req``'s followers first in line: its prompt blocks are published now."""
+        self.waiting.extendleft(reversed(req.followers))
+        req.followers = []
 
     def fail_all(self, error: Exception) -> None:
         """End every request (a forward failed): each owner gets ``error``."""
@@ -308,8 +321,10 @@ class Scheduler:
         if req.computed < len(req.prompt_ids):
             return
         req.stats.prefill_s = time.perf_counter() - req.started
+        self._release_followers(req)
         verdict = self._verdict(req, logits, Draft.empty())
-        self._emit(req, [verdict.next_token])
+        new = [verdict.next_token]
+        self._emit(req, new, self._logprobs(req, logits, new, verdict))
 
     def _after_verify(self, req: Request, draft: Draft, logits: torch.Tensor) -> None:
         assert req.table is not None
@@ -324,7 +339,7 @@ class Scheduler:
         if req.controller is not None:
             req.controller.observe(len(draft), accepted)
         new = [int(draft.tokens[n]) for n in verdict.accepted] + [verdict.next_token]
-        self._emit(req, new)
+        self._emit(req, new, self._logprobs(req, logits, new, verdict))
 
     def _verdict(self, req: Request, logits: torch.Tensor, draft: Draft) -> Verdict:
         if req.penalties.active:
@@ -336,6 +351,15 @@ class Scheduler:
         probs = _LazyProbs(logits, req.params)
         return verify_sampled(probs, draft.tokens, draft.parents, req.generator, sample)  # type: ignore[arg-type]
 
+    def _logprobs(
+        self, req: Request, logits: torch.Tensor, new: list[int], verdict: Verdict
+    ) -> list[TokenLogprob] | None:
+        """The emitted tokens' logprobs (row 0 emits the first, node n's row the next)."""
+        if req.logprobs is None:
+            return None
+        rows = [0, *(n + 1 for n in verdict.accepted)]
+        return token_logprobs(logits, rows, new, req.logprobs)
+
     def _compact(self, table: BlockTable, start: int, draft: Draft, path: list[int]) -> None:
         """Move the accepted tree nodes' K/V to the positions right after the root."""
         src = table.slots(start, start + 1 + len(draft))[torch.tensor(path) + 1]
@@ -346,12 +370,16 @@ class Scheduler:
         storage.k[:, dst] = storage.k[:, src]
         storage.v[:, dst] = storage.v[:, src]
 
-    def _emit(self, req: Request, new: list[int]) -> None:
+    def _emit(
+        self, req: Request, new: list[int], logprobs: list[TokenLogprob] | None = None
+    ) -> None:
         req.tokens += new
         self._publish(req)
         req.produced += len(new)
         req.pending = new[-1]
         delta = req.output.push(new)
+        if logprobs is not None:
+            delta = dataclasses.replace(delta, logprobs=logprobs[: len(delta.token_ids)])
         if delta.token_ids or delta.text:
             req.on_delta(delta)
         if req.output.finish_reason is None and req.produced < req.max_new:

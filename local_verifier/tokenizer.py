@@ -8,7 +8,24 @@ from typing import Any
 
 from tokenizers import Tokenizer as BackendTokenizer
 
-from local_verifier.chat_template import render_chat
+from local_verifier.chat_template import render_chat, uses_tools
+
+
+def _byte_of_char() -> dict[str, int]:
+    """GPT-2's byte-level alphabet reversed: printable bytes stand for themselves, the rest
+    for the characters from U+0100 on, in byte order."""
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    chars = list(printable)
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(0x100 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
+
+
+_BYTE_OF_CHAR = _byte_of_char()
 
 
 class Tokenizer:
@@ -32,6 +49,9 @@ class Tokenizer:
         self.add_bos = add_bos
         self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
         self.fingerprint = self._fingerprint()
+        decoder = json.loads(backend.to_str()).get("decoder") or {}
+        self._byte_level = decoder.get("type") == "ByteLevel"
+        self._added = set(backend.get_added_tokens_decoder())
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """Token ids of ``text``; with ``add_special_tokens`` a BOS is prepended when the model wants one."""
@@ -42,6 +62,22 @@ class Tokenizer:
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    @property
+    def supports_tools(self) -> bool:
+        """Whether the chat template renders ``tools`` (transformers' ``tools`` variable)."""
+        return bool(self.chat_template) and uses_tools(self.chat_template or "")
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for (part of a UTF-8 character, possibly).
+
+        Byte-level BPE maps each byte to one character of its vocabulary; other tokenizers
+        give the token's decoded text (a lone byte-fallback token decodes to U+FFFD).
+        """
+        if self._byte_level and token_id not in self._added:
+            piece = self.backend.id_to_token(token_id) or ""
+            return bytes(_BYTE_OF_CHAR[c] for c in piece)
+        return self.decode([token_id]).encode()
 
     def apply_chat_template(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True

@@ -10,6 +10,7 @@ is a 503 with ``Retry-After``. local_verifier is imported lazily, inside functio
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import time
@@ -22,7 +23,7 @@ from gateway import prediction_policy
 from gateway.call import Call
 from gateway.config import EndpointConfig
 from gateway.endpoints.capabilities import CAPABILITIES
-from gateway.endpoints.openai_objects import ResponseBuilder, draft_stats
+from gateway.endpoints.openai_objects import ChoiceResult, Logprobs, ResponseBuilder, draft_stats
 from gateway.errors import GatewayError, InvalidRequest, ServiceUnavailable, UpstreamError
 from gateway.http.asgi import (
     ENDPOINT_HEADER,
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RETRY_AFTER_S = 1
+MAX_N = 16  # answers per request (each is one running request of the engine)
 _PARAMS = (  # sampling fields a ValueError may name
     "temperature",
     "top_k",
@@ -78,6 +80,9 @@ _HONOURED = frozenset(
         "frequency_penalty",
         "repetition_penalty",
         "logit_bias",
+        "n",
+        "logprobs",
+        "top_logprobs",
         # ids and hints for the caller's own records or a provider's routing: nothing to do
         "user",
         "metadata",
@@ -88,9 +93,6 @@ _HONOURED = frozenset(
 )
 # OpenAI fields the local engine still refuses (a 400 naming them), as /v1/models lists them
 UNSUPPORTED_PARAMETERS = (
-    "n",
-    "logprobs",
-    "top_logprobs",
     "response_format",
     "tools",
     "tool_choice",
@@ -121,7 +123,7 @@ def _is_off(name: str, value: Any) -> bool:
         return True
     if name == "n":
         return bool(value == 1)
-    if name == "tool_choice":  # no tools can be given, so "none" and "auto" agree
+    if name == "tool_choice":  # no tools are accepted, so "none" and "auto" agree
         return value in ("none", "auto")
     return name == "parallel_tool_calls" and isinstance(value, bool)
 
@@ -131,7 +133,10 @@ def _unsupported(request: ChatCompletionRequest | CompletionRequest) -> str | No
     given = request.model_fields_set
     fields = {name: getattr(request, name) for name in type(request).model_fields if name in given}
     fields.update(request.model_extra or {})
+    chat = isinstance(request, ChatCompletionRequest)
     for name, value in fields.items():
+        if chat and name == "tools":
+            continue  # _check_tools says why, once the model's template is known
         if name not in _HONOURED and not _is_off(name, value):
             return name
     if isinstance(request, ChatCompletionRequest):
@@ -174,18 +179,95 @@ def _penalties(request: ChatCompletionRequest | CompletionRequest) -> Any:
     )
 
 
+def _top_logprobs(request: ChatCompletionRequest | CompletionRequest) -> int | None:
+    """How many alternatives to report per token (None: no logprobs).
+
+    Chat: ``logprobs: true`` with ``top_logprobs`` (0-20); completions: ``logprobs: int``.
+    """
+    extra = request.model_extra or {}
+    if isinstance(request, ChatCompletionRequest):
+        top = extra.get("top_logprobs")
+        if request.logprobs is not None and not isinstance(request.logprobs, bool):
+            raise InvalidRequest("logprobs must be a boolean", param="logprobs")
+        if not request.logprobs:
+            if top is not None:
+                raise InvalidRequest("top_logprobs needs logprobs: true", param="top_logprobs")
+            return None
+        name, value = "top_logprobs", 0 if top is None else top
+    else:
+        name, value = "logprobs", request.logprobs
+        if value is None:
+            return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 20:
+        raise InvalidRequest(f"{name} must be an integer in [0, 20], got {value!r}", param=name)
+    return value
+
+
+def _check_tools(request: ChatCompletionRequest | CompletionRequest, engine: Engine) -> None:
+    """A 400 for ``tools``: parsing tool calls is not implemented for local models, and
+    most small models' chat templates (SmolLM2's) cannot even show them to the model."""
+    if not isinstance(request, ChatCompletionRequest) or not request.tools:
+        return
+    reason = (
+        "local endpoints do not parse tool calls yet"
+        if engine.tokenizer.supports_tools
+        else f"the chat template of {engine.name} has no tool support"
+    )
+    raise InvalidRequest(f"tools: {reason}", param="tools", code="unsupported_parameter")
+
+
+def _combined(stats: list[Any]) -> Any:
+    """One ``GenerationStats`` for ``n`` answers to one prompt: the prompt counted once (its
+    cached tokens as answer 0 found them), every answer's output and drafts added up."""
+    first = stats[0]
+    if len(stats) == 1:
+        return first
+
+    def total(name: str) -> Any:
+        values = [getattr(s, name) for s in stats]
+        return None if all(v is None for v in values) else sum(v or 0 for v in values)
+
+    positions = max(len(s.accepted_by_position) for s in stats)
+    sources: dict[str, int] = {}
+    for s in stats:
+        for source, count in s.accepted_by_source.items():
+            sources[source] = sources.get(source, 0) + count
+    return dataclasses.replace(
+        first,
+        completion_tokens=total("completion_tokens"),
+        verify_steps=total("verify_steps"),
+        drafted_tokens=total("drafted_tokens"),
+        accepted_tokens=total("accepted_tokens"),
+        accepted_by_position=[
+            sum(s.accepted_by_position[i] for s in stats if i < len(s.accepted_by_position))
+            for i in range(positions)
+        ],
+        accepted_by_source=sources,
+        accepted_prediction_tokens=total("accepted_prediction_tokens"),
+        rejected_prediction_tokens=total("rejected_prediction_tokens"),
+        prefill_s=max(s.prefill_s for s in stats),
+        total_s=max(s.total_s for s in stats),
+    )
+
+
 class _Job:
-    """One generation's items, pushed from the engine thread to the event loop."""
+    """One request's ``n`` generations: ``(index, item)`` pairs pushed from the engine
+    thread to the event loop."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, n: int) -> None:
         self.loop = loop
-        self.items: asyncio.Queue[Any] = asyncio.Queue()
+        self.n = n
+        self.items: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
         self.handle: Handle | None = None
-        self.done = False  # the engine delivered its last item
+        self.ended: set[int] = set()  # choices whose engine delivered their last item
 
-    def push(self, item: Any) -> None:
+    @property
+    def done(self) -> bool:
+        return len(self.ended) == self.n
+
+    def push(self, index: int, item: Any) -> None:
         try:
-            self.loop.call_soon_threadsafe(self.items.put_nowait, item)
+            self.loop.call_soon_threadsafe(self.items.put_nowait, (index, item))
         except RuntimeError:  # the loop is closed: nobody is listening any more
             if self.handle is not None:
                 self.handle.cancel()
@@ -297,6 +379,7 @@ class LocalEndpoint:
             max_draft=request.draftgate.max_draft_tokens if request.draftgate else None,
             tenant="" if self.config.share_prefix_cache else call.tenant,
             penalties=penalties,
+            logprobs=_top_logprobs(request),
         )
         if isinstance(request, ChatCompletionRequest):
             gen.messages = [{"role": m.role, "content": m.text()} for m in request.messages]
@@ -352,22 +435,27 @@ class LocalEndpoint:
                     param=field,
                     code="unsupported_parameter",
                 )
+            n = call.request.n or 1
+            if n > MAX_N:
+                raise InvalidRequest(f"n must be at most {MAX_N} on local endpoints", param="n")
             t0 = time.perf_counter()
             engine = await self.engine()
             call.wait.seconds += time.perf_counter() - t0
+            _check_tools(call.request, engine)
             # the queue first: a request that would be refused costs no document work
             if engine.full:
                 raise self._busy()
             gen = await self._generation_request(call, engine)
-            job = _Job(asyncio.get_running_loop())
+            job = _Job(asyncio.get_running_loop(), n)
             job.handle = self._submit(engine, gen, job)
             first = await self._next(job, call)
-            if isinstance(first, Exception):
-                raise _failed(first, self.config.name)
+            if isinstance(first[1], Exception):
+                raise _failed(first[1], self.config.name)
+            logprobs = Logprobs(call.api, engine.tokenizer.token_bytes)
             if call.request.stream:
-                await self._stream(call, job, first, send, headers)
+                await self._stream(call, job, first, logprobs, send, headers)
             else:
-                await self._complete(call, job, first, send, headers)
+                await self._complete(call, job, first, logprobs, send, headers)
         except GatewayError as error:
             call.timing.status = error.status
             call.timing.error = error.message
@@ -381,7 +469,7 @@ class LocalEndpoint:
         from local_verifier.errors import EngineBusy, PromptTooLong
 
         try:
-            return engine.submit(gen, job.push)
+            return engine.submit_n(gen, job.n, job.push)
         except PromptTooLong as exc:
             raise InvalidRequest(
                 str(exc), param="messages", code="context_length_exceeded"
@@ -398,15 +486,16 @@ class LocalEndpoint:
             headers={"Retry-After": str(RETRY_AFTER_S)},
         )
 
-    async def _next(self, job: _Job, call: Call) -> Any:
+    async def _next(self, job: _Job, call: Call) -> tuple[int, Any]:
+        """The next ``(choice index, item)``."""
         from local_verifier.engine import END, GenerationStats
 
         t0 = time.perf_counter()
-        item = await job.items.get()
+        index, item = await job.items.get()
         call.wait.seconds += time.perf_counter() - t0
         if item is END or isinstance(item, GenerationStats | Exception):
-            job.done = True  # nothing but END follows
-        return item
+            job.ended.add(index)  # nothing but END follows
+        return index, item
 
     def _note_delta(self, call: Call, delta: Any) -> None:
         now = time.perf_counter()
@@ -428,31 +517,64 @@ class LocalEndpoint:
         timing.rejected_prediction_tokens = stats.rejected_prediction_tokens
 
     async def _complete(
-        self, call: Call, job: _Job, item: Any, send: Send, headers: Headers
+        self,
+        call: Call,
+        job: _Job,
+        first: tuple[int, Any],
+        logprobs: Logprobs,
+        send: Send,
+        headers: Headers,
     ) -> None:
         from local_verifier.engine import END, GenerationStats
 
-        text: list[str] = []
-        while item is not END:
+        n = job.n
+        texts: list[list[str]] = [[] for _ in range(n)]
+        wanted = _top_logprobs(call.request) is not None
+        tokens: list[list[Any]] = [[] for _ in range(n)]
+        stats: dict[int, Any] = {}
+        index, item = first
+        while len(stats) < n:
             if isinstance(item, Exception):
                 raise _failed(item, self.config.name)
-            if isinstance(item, GenerationStats):
-                self._note_stats(call, item)
-                body = ResponseBuilder(call.api, call.request.model).complete("".join(text), item)
-                call.response_text = ["".join(text)]
-                await send_body(
-                    send,
-                    200,
-                    json.dumps(body, ensure_ascii=False).encode(),
-                    [(b"content-type", b"application/json"), *headers],
-                )
-                return
-            self._note_delta(call, item)
-            text.append(item.text)
-            item = await self._next(job, call)
-        raise UpstreamError("local generation ended without statistics")
+            if item is END:
+                if index not in stats:
+                    raise UpstreamError("local generation ended without statistics")
+            elif isinstance(item, GenerationStats):
+                stats[index] = item
+            else:
+                self._note_delta(call, item)
+                texts[index].append(item.text)
+                tokens[index] += item.logprobs or []
+            if len(stats) < n:
+                index, item = await self._next(job, call)
+        total = _combined([stats[i] for i in range(n)])
+        self._note_stats(call, total)
+        choices = [
+            ChoiceResult(
+                "".join(texts[i]),
+                stats[i].finish_reason,
+                logprobs.format(tokens[i], i) if wanted else None,
+            )
+            for i in range(n)
+        ]
+        body = ResponseBuilder(call.api, call.request.model).complete(choices, total)
+        call.response_text = [c.text for c in choices]
+        await send_body(
+            send,
+            200,
+            json.dumps(body, ensure_ascii=False).encode(),
+            [(b"content-type", b"application/json"), *headers],
+        )
 
-    async def _stream(self, call: Call, job: _Job, item: Any, send: Send, headers: Headers) -> None:
+    async def _stream(
+        self,
+        call: Call,
+        job: _Job,
+        first: tuple[int, Any],
+        logprobs: Logprobs,
+        send: Send,
+        headers: Headers,
+    ) -> None:
         from local_verifier.engine import END, GenerationStats
 
         builder = ResponseBuilder(call.api, call.request.model)
@@ -466,10 +588,14 @@ class LocalEndpoint:
         async def emit(body: bytes) -> None:
             await send({"type": "http.response.body", "body": body, "more_body": True})
 
+        n = job.n
         if call.api == "chat":
-            await emit(data_event(builder.chunk(role=True)))
-        text: list[str] = []
-        while item is not END:
+            for i in range(n):
+                await emit(data_event(builder.chunk(role=True, index=i)))
+        texts: list[list[str]] = [[] for _ in range(n)]
+        stats: dict[int, Any] = {}
+        index, item = first
+        while True:
             if isinstance(item, Exception):
                 error = _failed(item, self.config.name)
                 call.timing.status = 500
@@ -477,20 +603,27 @@ class LocalEndpoint:
                 await emit(error_event(error.message, "server_error", "generation_failed"))
                 break
             if isinstance(item, GenerationStats):
-                self._note_stats(call, item)
-                final = builder.chunk(finish=item.finish_reason)
+                stats[index] = item
+                final = builder.chunk(finish=item.finish_reason, index=index)
                 final["draftgate"] = draft_stats(item)
                 await emit(data_event(final))
+            elif item is not END:
+                if item.text or item.logprobs:
+                    lp = logprobs.format(item.logprobs, index) if item.logprobs else None
+                    await emit(data_event(builder.chunk(item.text, index=index, logprobs=lp)))
+                    texts[index].append(item.text)
+                self._note_delta(call, item)
+            if len(stats) == n:
+                total = _combined([stats[i] for i in range(n)])
+                self._note_stats(call, total)
                 if include_usage:
-                    await emit(data_event(builder.usage_chunk(item)))
+                    await emit(data_event(builder.usage_chunk(total)))
                 await emit(DONE_EVENT)
-                call.response_text = ["".join(text)]
+                call.response_text = ["".join(t) for t in texts]
                 break
-            if item.text:
-                await emit(data_event(builder.chunk(item.text)))
-                text.append(item.text)
-            self._note_delta(call, item)
-            item = await self._next(job, call)
+            if job.done:  # every choice ended, not all with statistics
+                break
+            index, item = await self._next(job, call)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from gateway.call import Api
@@ -43,6 +45,55 @@ def draft_stats(stats: Any) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class ChoiceResult:
+    """One finished answer: its text, why it ended, its formatted logprobs (or None)."""
+
+    text: str
+    finish_reason: str
+    logprobs: dict[str, Any] | None = None
+
+
+class Logprobs:
+    """OpenAI logprobs objects from the engine's ``TokenLogprob`` items: chat's
+    ``{"content": [{token, logprob, bytes, top_logprobs}]}`` or the legacy completions'
+    ``{tokens, token_logprobs, top_logprobs, text_offset}`` (offsets run on per choice)."""
+
+    def __init__(self, api: Api, token_bytes: Callable[[int], bytes]) -> None:
+        self.api = api
+        self.token_bytes = token_bytes
+        self._offsets: dict[int, int] = {}
+
+    def _token(self, token_id: int, logprob: float) -> dict[str, Any]:
+        raw = self.token_bytes(token_id)
+        return {"token": raw.decode(errors="replace"), "logprob": logprob, "bytes": list(raw)}
+
+    def format(self, items: Sequence[Any], index: int = 0) -> dict[str, Any]:
+        """The logprobs object for ``items`` (the next tokens of choice ``index``)."""
+        if self.api == "chat":
+            content = [
+                {
+                    **self._token(lp.token_id, lp.logprob),
+                    "top_logprobs": [self._token(t, v) for t, v in lp.top],
+                }
+                for lp in items
+            ]
+            return {"content": content, "refusal": None}
+        tokens = [self._token(lp.token_id, lp.logprob)["token"] for lp in items]
+        offsets: list[int] = []
+        offset = self._offsets.get(index, 0)
+        for token in tokens:
+            offsets.append(offset)
+            offset += len(token)
+        self._offsets[index] = offset
+        return {
+            "tokens": tokens,
+            "token_logprobs": [lp.logprob for lp in items],
+            "top_logprobs": [{self._token(t, v)["token"]: v for t, v in lp.top} for lp in items],
+            "text_offset": offsets,
+        }
+
+
 class ResponseBuilder:
     """Builds one response's objects; ``id``/``created``/``model`` are shared by its chunks."""
 
@@ -55,30 +106,43 @@ class ResponseBuilder:
     def _head(self, obj: str) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def complete(self, text: str, stats: Any) -> dict[str, Any]:
-        """The non-streamed answer."""
+    def complete(self, choices: Sequence[ChoiceResult], stats: Any) -> dict[str, Any]:
+        """The non-streamed answer (``stats``: every choice's together)."""
         if self.api == "chat":
             head = self._head("chat.completion")
-            choice: dict[str, Any] = {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "finish_reason": stats.finish_reason,
-                "logprobs": None,
-            }
+            body = [
+                {
+                    "index": i,
+                    "message": {"role": "assistant", "content": c.text},
+                    "finish_reason": c.finish_reason,
+                    "logprobs": c.logprobs,
+                }
+                for i, c in enumerate(choices)
+            ]
         else:
             head = self._head("text_completion")
-            choice = {
-                "index": 0,
-                "text": text,
-                "finish_reason": stats.finish_reason,
-                "logprobs": None,
-            }
-        return {**head, "choices": [choice], "usage": usage(stats), "draftgate": draft_stats(stats)}
+            body = [
+                {
+                    "index": i,
+                    "text": c.text,
+                    "finish_reason": c.finish_reason,
+                    "logprobs": c.logprobs,
+                }
+                for i, c in enumerate(choices)
+            ]
+        return {**head, "choices": body, "usage": usage(stats), "draftgate": draft_stats(stats)}
 
     def chunk(
-        self, text: str | None = None, *, role: bool = False, finish: str | None = None
+        self,
+        text: str | None = None,
+        *,
+        role: bool = False,
+        finish: str | None = None,
+        index: int = 0,
+        logprobs: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """One streamed chunk: the role opener, a content delta, or the finishing chunk."""
+        """One streamed chunk of choice ``index``: the role opener, a content delta (with
+        its tokens' logprobs), or the finishing chunk."""
         if self.api == "chat":
             delta: dict[str, Any] = {}
             if role:
@@ -86,13 +150,13 @@ class ResponseBuilder:
             elif text is not None:
                 delta = {"content": text}
             choice: dict[str, Any] = {
-                "index": 0,
+                "index": index,
                 "delta": delta,
                 "finish_reason": finish,
-                "logprobs": None,
+                "logprobs": logprobs,
             }
             return {**self._head("chat.completion.chunk"), "choices": [choice]}
-        choice = {"index": 0, "text": text or "", "finish_reason": finish, "logprobs": None}
+        choice = {"index": index, "text": text or "", "finish_reason": finish, "logprobs": logprobs}
         return {**self._head("text_completion"), "choices": [choice]}
 
     def usage_chunk(self, stats: Any) -> dict[str, Any]:

@@ -116,8 +116,10 @@ def test_prompt_too_long_is_400(local_url: str) -> None:
 
 def test_unsupported_parameter_is_400(local_url: str) -> None:
     with pytest.raises(openai.BadRequestError) as err:
-        client(local_url).chat.completions.create(model=MODEL, messages=MESSAGES, n=2)
-    assert err.value.param == "n"
+        client(local_url).chat.completions.create(
+            model=MODEL, messages=MESSAGES, audio={"voice": "alloy", "format": "wav"}
+        )
+    assert err.value.param == "audio"
 
 
 def test_documents_feed_local_drafting(local_url: str) -> None:
@@ -164,7 +166,7 @@ def test_client_disconnect_stops_generation(local_url: str, local_app: Any) -> N
     [
         ("response_format", {"type": "json_object"}),
         ("guided_json", {"type": "object"}),
-        ("top_logprobs", 2),
+        ("echo", True),
     ],
 )
 def test_fields_the_engine_cannot_honour_are_400(local_url: str, field: str, value: Any) -> None:
@@ -195,12 +197,12 @@ def test_engine_failures_reach_the_log_not_the_client(
         def cancel(self) -> None:
             pass
 
-    def fail(request: Any, on_item: Any) -> Finished:
-        on_item(RuntimeError("CUDA error at /srv/models/secret-weights.bin"))
-        on_item(END)
+    def fail(request: Any, n: int, on_item: Any) -> Finished:
+        on_item(0, RuntimeError("CUDA error at /srv/models/secret-weights.bin"))
+        on_item(0, END)
         return Finished()
 
-    monkeypatch.setattr(engine, "submit", fail)
+    monkeypatch.setattr(engine, "submit_n", fail)
     body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 2, "stream": stream}
     with caplog.at_level("ERROR", logger="gateway.endpoints.local"):
         r = httpx.post(f"{local_url}/v1/chat/completions", json=body, timeout=60)

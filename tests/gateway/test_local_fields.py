@@ -25,9 +25,6 @@ def client(url: str) -> openai.OpenAI:
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
-        ({"n": 2}, "n"),
-        ({"logprobs": True}, "logprobs"),
-        ({"top_logprobs": 2}, "top_logprobs"),
         ({"response_format": {"type": "json_object"}}, "response_format"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
         ({"tool_choice": "required"}, "tool_choice"),
@@ -118,4 +115,51 @@ def test_models_list_what_a_local_model_honours(local_url: str) -> None:
     assert {"logit_bias", "min_p", "presence_penalty", "repetition_penalty"} <= set(
         table["supported_parameters"]
     )
-    assert {"n", "logprobs", "response_format", "tools"} <= set(table["unsupported_parameters"])
+    assert {"n", "logprobs", "top_logprobs"} <= set(table["supported_parameters"])
+    assert {"response_format", "tools"} <= set(table["unsupported_parameters"])
+
+
+def test_logprobs_equal_with_drafts_on_and_off(local_url: str) -> None:
+    """Seeded sampling: the answer drafted from a prediction of itself carries the same
+    logprobs (exact floats) as the answer without drafts."""
+    kw: dict[str, Any] = {
+        "model": MODEL,
+        "messages": MESSAGES,
+        "max_tokens": 16,
+        "temperature": 0.8,
+        "seed": 5,
+        "logprobs": True,
+        "top_logprobs": 4,
+    }
+    plain = client(local_url).chat.completions.create(
+        **kw, extra_body={"draftgate": {"draft": False}}
+    )
+    text = plain.choices[0].message.content
+    drafted = client(local_url).chat.completions.create(
+        **kw, prediction={"type": "content", "content": text}
+    )
+    assert (drafted.model_extra or {})["draftgate"]["accepted_tokens"] > 0
+    assert drafted.choices[0].message.content == text
+    want = [e.model_dump() for e in plain.choices[0].logprobs.content]
+    assert [e.model_dump() for e in drafted.choices[0].logprobs.content] == want
+    assert len(want) == 16 and "".join(e["token"] for e in want) == text
+
+
+def test_n_answers_each_equal_the_single_answer_with_its_seed(local_url: str) -> None:
+    kw: dict[str, Any] = {"model": MODEL, "messages": MESSAGES, "max_tokens": 8, "seed": 9}
+    many = client(local_url).chat.completions.create(**kw, n=2, temperature=1.0)
+    texts = [c.message.content for c in many.choices]
+    assert texts[0] != texts[1]
+    for i, text in enumerate(texts):
+        single = client(local_url).chat.completions.create(**{**kw, "seed": 9 + i}, temperature=1.0)
+        assert single.choices[0].message.content == text
+
+
+def test_tools_are_refused_because_the_template_has_none(local_url: str) -> None:
+    tool: Any = {"type": "function", "function": {"name": "f", "parameters": {}}}
+    with pytest.raises(openai.BadRequestError) as err:
+        client(local_url).chat.completions.create(
+            model=MODEL, messages=MESSAGES, max_tokens=4, tools=[tool]
+        )
+    assert err.value.param == "tools"
+    assert "chat template of smollm2-135m has no tool support" in err.value.message
