@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from local_verifier.errors import EngineBusy, PromptTooLong
+from local_verifier.grammar import GrammarCompiler, check_grammar
 from local_verifier.kv_pool import DEFAULT_BLOCK_SIZE, KVPool
 from local_verifier.kv_storage import KVStorage
 from local_verifier.loader import LoadedModel, load_model
@@ -72,6 +73,7 @@ class GenerationRequest:
     max_draft: int | None = None  # cap on draft tokens per verify step (None = measured range)
     tenant: str = ""  # prefixes are reused only between requests of the same tenant
     penalties: Penalties = field(default_factory=Penalties)
+    grammar: str | None = None  # structured output: an llguidance grammar (grammar.json_grammar)
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,7 @@ class GenerationStats:
     total_s: float
     queued_s: float = 0.0
     cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache
+    grammar_s: float = 0.0  # time spent in the grammar: draft pruning, masks, commits
 
 
 class Handle:
@@ -150,6 +153,7 @@ class Engine:
         # one request's step with k draft tokens, for its controller: c(1 + k)
         self.step_costs = self.row_costs[1 : self.max_draft + 2]
         self.index_cache = IndexCache()
+        self.grammars = GrammarCompiler(self.tokenizer, cfg.vocab_size)
         self.max_queue = max_queue
         self._scheduler = Scheduler(
             model_, self.pool, self.tokenizer, self.row_costs, token_budget, max_batch, prefix_cache
@@ -185,6 +189,8 @@ class Engine:
             raise ValueError(f"max_tokens must be >= 1, got {req.max_tokens}")
         max_new = room if req.max_tokens is None else min(req.max_tokens, room)
         req.penalties.check_vocab(self.lm.config.vocab_size)
+        if req.grammar is not None:
+            check_grammar(req.grammar)
         params = req.params
         device = self.lm.model.device
         request = Request(
@@ -273,7 +279,11 @@ class Engine:
                     self._cond.wait()
                 arrived, self._inbox = self._inbox, []
             for request, req in arrived:
-                self._prepare(request, req)
+                try:
+                    self._prepare(request, req)
+                except Exception as exc:  # ends only this request
+                    request.on_finish(request, exc)
+                    continue
                 scheduler.waiting.append(request)
             try:
                 scheduler.step()
@@ -281,7 +291,9 @@ class Engine:
                 scheduler.fail_all(exc)
 
     def _prepare(self, request: Request, req: GenerationRequest) -> None:
-        """Build the request's own drafter and controller (on the engine thread)."""
+        """Build the request's grammar matcher, drafter and controller (on the engine thread)."""
+        if req.grammar is not None:
+            request.grammar = self.grammars.constraint(req.grammar)
         if not req.draft:
             return
         if request.drafter is None:
@@ -329,6 +341,7 @@ class Engine:
             total_s=total,
             queued_s=stats.queued_s,
             cached_tokens=request.cached_tokens,
+            grammar_s=0.0 if request.grammar is None else request.grammar.seconds,
         )
 
     def _prompt_ids(self, req: GenerationRequest) -> list[int]:

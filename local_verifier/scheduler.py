@@ -19,6 +19,7 @@ from typing import Protocol
 
 import torch
 
+from local_verifier.grammar import Constraint
 from local_verifier.kv_pool import BlockTable, KVPool, block_keys, chain_key, root_key
 from local_verifier.logits_processors import Penalties, adjust_rows
 from local_verifier.model import SeqStep, Transformer
@@ -26,7 +27,7 @@ from local_verifier.output import OutputAssembler, TextDelta
 from local_verifier.sampling import SamplingParams, sample, target_probs
 from local_verifier.tokenizer import Tokenizer
 from local_verifier.tree import tree_mask
-from local_verifier.verify import Verdict, verify_greedy, verify_sampled
+from local_verifier.verify import RowProbs, Verdict, verify_greedy, verify_sampled
 from lookup.controller import plan_batch
 from lookup.draft import Draft, Source
 
@@ -94,6 +95,7 @@ class Request:
     on_finish: Callable[[Request, Exception | None], None]  # error None: done or cancelled
     tenant: str = ""  # whose prefix cache the request reads and fills
     penalties: Penalties = field(default_factory=Penalties)
+    grammar: Constraint | None = None  # structured output: masks rows, prunes drafts
     submitted: float = field(default_factory=time.perf_counter)
     started: float = 0.0
     table: BlockTable | None = None
@@ -263,7 +265,8 @@ class Scheduler:
             log.warning("draft dropped: %s", exc)
             return Draft.empty()
         # the first nodes are closed under parents (parents precede children)
-        return draft if len(draft) <= limit else draft.subset(list(range(limit)))
+        draft = draft if len(draft) <= limit else draft.subset(list(range(limit)))
+        return draft if req.grammar is None else req.grammar.prune(draft)
 
     def _verify_rows(self, req: Request, draft: Draft) -> SeqStep:
         assert req.table is not None and req.pending is not None
@@ -317,9 +320,12 @@ class Scheduler:
             output = req.tokens[len(req.prompt_ids) :]
             tokens, parents = draft.tokens.tolist(), draft.parents.tolist()
             logits = adjust_rows(logits, req.penalties, req.prompt_ids, output, tokens, parents)
+        rows: RowProbs = logits
+        if req.grammar is not None:
+            rows = req.grammar.rows(logits, draft.tokens.tolist(), draft.parents.tolist())
         if req.params.greedy:
-            return verify_greedy(logits, draft.tokens, draft.parents)
-        probs = _LazyProbs(logits, req.params)
+            return verify_greedy(rows, draft.tokens, draft.parents)
+        probs = _LazyProbs(rows, req.params)
         return verify_sampled(probs, draft.tokens, draft.parents, req.generator, sample)  # type: ignore[arg-type]
 
     def _compact(self, table: BlockTable, start: int, draft: Draft, path: list[int]) -> None:
@@ -333,6 +339,8 @@ class Scheduler:
         storage.v[:, dst] = storage.v[:, src]
 
     def _emit(self, req: Request, new: list[int]) -> None:
+        if req.grammar is not None:
+            req.grammar.commit(new)
         req.tokens += new
         self._publish(req)
         req.produced += len(new)
@@ -355,7 +363,7 @@ class Scheduler:
 class _LazyProbs:
     """Row i of the target's distributions, computed (one row at a time) when asked for."""
 
-    def __init__(self, logits: torch.Tensor, params: SamplingParams) -> None:
+    def __init__(self, logits: RowProbs, params: SamplingParams) -> None:
         self.logits = logits
         self.params = params
 
