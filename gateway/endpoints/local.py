@@ -23,6 +23,7 @@ from gateway.call import Call
 from gateway.config import EndpointConfig
 from gateway.endpoints.capabilities import CAPABILITIES
 from gateway.endpoints.openai_objects import ResponseBuilder, draft_stats
+from gateway.endpoints.response_format import grammar_for
 from gateway.errors import GatewayError, InvalidRequest, ServiceUnavailable, UpstreamError
 from gateway.http.asgi import (
     ENDPOINT_HEADER,
@@ -78,6 +79,7 @@ _HONOURED = frozenset(
         "frequency_penalty",
         "repetition_penalty",
         "logit_bias",
+        "response_format",
         # ids and hints for the caller's own records or a provider's routing: nothing to do
         "user",
         "metadata",
@@ -91,7 +93,6 @@ UNSUPPORTED_PARAMETERS = (
     "n",
     "logprobs",
     "top_logprobs",
-    "response_format",
     "tools",
     "tool_choice",
     "functions",
@@ -286,6 +287,7 @@ class LocalEndpoint:
         except ValueError as exc:
             raise _invalid(exc) from None
         draft = request.draftgate is None or request.draftgate.draft
+        grammar = grammar_for((request.model_extra or {}).get("response_format"))
         gen = GenerationRequest(
             params=params,
             max_tokens=request.max_completion_tokens or request.max_tokens
@@ -296,6 +298,7 @@ class LocalEndpoint:
             max_draft=request.draftgate.max_draft_tokens if request.draftgate else None,
             tenant="" if self.config.share_prefix_cache else call.tenant,
             penalties=penalties,
+            grammar=grammar,
         )
         if isinstance(request, ChatCompletionRequest):
             gen.messages = [{"role": m.role, "content": m.text()} for m in request.messages]
