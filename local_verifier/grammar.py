@@ -63,8 +63,10 @@ class GrammarCompiler:
         """A fresh matcher for ``grammar`` (checked with :func:`check_grammar`)."""
         if self._ll is None:
             eos = sorted(self.tokenizer.eos_ids)
+            if not eos:  # the grammar ends the answer with one
+                raise ValueError("structured output needs a tokenizer with an end-of-sequence id")
             self._ll = LLTokenizer(
-                self.tokenizer.backend.to_str(), n_vocab=self.vocab_size, eos_token=eos or None
+                self.tokenizer.backend.to_str(), n_vocab=self.vocab_size, eos_token=eos
             )
         matcher = LLMatcher(self._ll, grammar, log_level=0)
         if matcher.is_error():
