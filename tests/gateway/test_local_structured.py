@@ -104,6 +104,7 @@ N_SAMPLED = 50
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_sampled_answers_always_satisfy_the_schema(local_url: str) -> None:
     for seed in range(N_SAMPLED):
         answer = ask(local_url, SCHEMA_FORMAT, draft=seed % 2 == 0, temperature=1.0, seed=seed)
@@ -113,6 +114,7 @@ def test_sampled_answers_always_satisfy_the_schema(local_url: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 @pytest.mark.parametrize("seed", range(4))
 def test_sampled_text_identical_with_drafts(local_url: str, seed: int) -> None:
     texts = [
