@@ -164,4 +164,3 @@ class MaskedRows:
         masked = self.logits[row].float().masked_fill(~allowed, float("-inf"))
         self.constraint.seconds += time.perf_counter() - began
         return masked
-

@@ -23,7 +23,10 @@ SCHEMA: dict[str, Any] = {
     "required": ["name", "age", "color"],
     "additionalProperties": False,
 }
-SCHEMA_FORMAT = {"type": "json_schema", "json_schema": {"name": "person", "strict": True, "schema": SCHEMA}}
+SCHEMA_FORMAT = {
+    "type": "json_schema",
+    "json_schema": {"name": "person", "strict": True, "schema": SCHEMA},
+}
 # a draft that is right at first, then breaks the schema (a wrong key, an extra field)
 PREDICTION = '{\n  "name": "John",\n  "agee": 30,\n  "color": "red",\n  "x": 1\n}'
 MAX_TOKENS = 48
@@ -118,7 +121,9 @@ def test_sampled_answers_always_satisfy_the_schema(local_url: str) -> None:
 @pytest.mark.parametrize("seed", range(4))
 def test_sampled_text_identical_with_drafts(local_url: str, seed: int) -> None:
     texts = [
-        ask(local_url, SCHEMA_FORMAT, draft=d, temperature=0.9, seed=seed).choices[0].message.content
+        ask(local_url, SCHEMA_FORMAT, draft=d, temperature=0.9, seed=seed)
+        .choices[0]
+        .message.content
         for d in (False, True)
     ]
     assert texts[0] == texts[1]

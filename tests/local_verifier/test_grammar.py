@@ -147,10 +147,11 @@ def test_engine_greedy_with_grammar_is_identical_with_and_without_drafts() -> No
             items = list(engine.generate(req, drafter=EveryToken(), controller=PassThrough(16, 8)))
             stats = items[-1]
             assert isinstance(stats, GenerationStats)
-            runs.append(([t for i in items if isinstance(i, TextDelta) for t in i.token_ids], stats))
+            runs.append(
+                ([t for i in items if isinstance(i, TextDelta) for t in i.token_ids], stats)
+            )
         (plain, _), (drafted, stats) = runs
         assert drafted == plain
         assert len(plain) == 3 and all(plain[i] in allowed(plain[:i]) for i in range(3))
         assert stats.finish_reason == "stop"  # the grammar ended it with EOS
         assert stats.accepted_tokens > 0 and stats.grammar_s > 0
-

@@ -438,7 +438,9 @@ def _sampled_grammar(
     out: Counter[tuple[int, ...]] = Counter()
     for seed in range(n):
         params = SamplingParams(temperature=PARAMS.temperature, top_k=PARAMS.top_k, seed=seed)
-        req = GenerationRequest(prompt_ids=PROMPT, params=params, max_tokens=LENGTH, grammar=grammar)
+        req = GenerationRequest(
+            prompt_ids=PROMPT, params=params, max_tokens=LENGTH, grammar=grammar
+        )
         # the drafter ranks tokens without the mask: many of its nodes are pruned
         items = engine.generate(req, drafter=TreeDrafter(table), controller=PassThrough())
         tokens = [t for i in items if isinstance(i, TextDelta) for t in i.token_ids]
