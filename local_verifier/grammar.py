@@ -122,14 +122,16 @@ class Constraint:
             raise RuntimeError(f"grammar rejected an emitted token: {self.matcher.get_error()}")
         self.seconds += time.perf_counter() - began
 
-    def allowed(self, path: Sequence[int]) -> torch.Tensor:
-        """Bool ``[V]``: the tokens the grammar allows after the committed tokens + ``path``."""
+    def forbidden(self, path: Sequence[int]) -> torch.Tensor:
+        """Bool ``[V]``: the tokens the grammar forbids after the committed tokens + ``path``."""
         self._goto(list(path))
         if self.matcher.is_error():
             raise RuntimeError(f"grammar failed: {self.matcher.get_error()}")
-        bits = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
-        allowed = np.unpackbits(bits, bitorder="little")[: self.vocab_size].astype(bool)
-        return torch.from_numpy(allowed)
+        # invert the packed bits (8 tokens a byte), then unpack: one pass over the vocabulary
+        bits = np.invert(np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8))
+        return torch.from_numpy(
+            np.unpackbits(bits, bitorder="little")[: self.vocab_size].view(bool)
+        )
 
     def _goto(self, path: list[int]) -> None:
         """Move the matcher to the committed tokens followed by ``path`` (a grammar-valid path)."""
@@ -160,7 +162,7 @@ class MaskedRows:
 
     def __getitem__(self, row: int) -> torch.Tensor:
         began = time.perf_counter()
-        allowed = self.constraint.allowed(self.paths[row]).to(self.logits.device)
-        masked = self.logits[row].float().masked_fill(~allowed, float("-inf"))
+        forbidden = self.constraint.forbidden(self.paths[row]).to(self.logits.device)
+        masked = self.logits[row].float().masked_fill(forbidden, float("-inf"))
         self.constraint.seconds += time.perf_counter() - began
         return masked

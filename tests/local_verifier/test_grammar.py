@@ -104,8 +104,8 @@ def test_rows_are_masked_with_each_node_path_in_any_order(
         )
         assert torch.equal(masked, expected), (row, paths[row])
     constraint.commit([5])  # the committed state is intact after the visits
-    expected_next = torch.tensor([t in allowed([*committed, 5]) for t in range(V)])
-    assert torch.equal(constraint.allowed([]), expected_next)
+    expected_next = torch.tensor([t not in allowed([*committed, 5]) for t in range(V)])
+    assert torch.equal(constraint.forbidden([]), expected_next)
 
 
 def test_json_grammar_rejects_bad_schemas() -> None:
