@@ -40,15 +40,22 @@ def json_grammar(schema: Mapping[str, Any] | None) -> str:
         )
     except (ValueError, TypeError) as exc:
         raise ValueError(f"invalid JSON schema: {exc}") from None
-    check_grammar(grammar)
+    error = _error(grammar)
+    if error:
+        raise ValueError(f"invalid JSON schema: {error}")
     return grammar
 
 
 def check_grammar(grammar: str) -> None:
     """Raise ``ValueError`` unless ``grammar`` (llguidance's format) compiles."""
+    error = _error(grammar)
+    if error:
+        raise ValueError(f"invalid grammar: {error}")
+
+
+def _error(grammar: str) -> str:
     is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar)
-    if is_error:
-        raise ValueError(f"invalid JSON schema: {messages[0] if messages else 'rejected'}")
+    return (messages[0] if messages else "rejected") if is_error else ""
 
 
 class GrammarCompiler:
