@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from local_verifier.errors import EngineBusy, PromptTooLong
+from local_verifier.grammar import GrammarCompiler, check_grammar
 from local_verifier.kv_pool import DEFAULT_BLOCK_SIZE, KVPool
 from local_verifier.kv_storage import KVStorage
 from local_verifier.loader import LoadedModel, load_model
@@ -78,6 +79,7 @@ class GenerationRequest:
     tenant: str = ""  # prefixes are reused only between requests of the same tenant
     penalties: Penalties = field(default_factory=Penalties)
     logprobs: int | None = None  # report logprobs with this many top alternatives (None: off)
+    grammar: str | None = None  # structured output: an llguidance grammar (grammar.json_grammar)
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,7 @@ class GenerationStats:
     total_s: float
     queued_s: float = 0.0
     cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache
+    grammar_s: float = 0.0  # time spent in the grammar: draft pruning, masks, commits
 
 
 class Handle:
@@ -162,6 +165,7 @@ class Engine:
         self.index_cache = IndexCache()
         # the drafter's prompt index, by prefix (bound 0: nothing kept)
         self.prompt_indexes = PromptIndexCache(max_bytes=PROMPT_INDEX_BYTES if prefix_cache else 0)
+        self.grammars = GrammarCompiler(self.tokenizer, cfg.vocab_size)
         self.max_queue = max_queue
         self._scheduler = Scheduler(
             model_, self.pool, self.tokenizer, self.row_costs, token_budget, max_batch, prefix_cache
@@ -234,6 +238,8 @@ class Engine:
             raise ValueError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {top!r}")
         max_new = room if req.max_tokens is None else min(req.max_tokens, room)
         req.penalties.check_vocab(self.lm.config.vocab_size)
+        if req.grammar is not None:
+            check_grammar(req.grammar)
         params = req.params
         device = self.lm.model.device
         return Request(
@@ -326,8 +332,13 @@ class Engine:
                     self._cond.wait()
                 arrived, self._inbox = self._inbox, []
             for group in arrived:
-                for request, req in group:
-                    self._prepare(request, req)
+                try:
+                    for request, req in group:
+                        self._prepare(request, req)
+                except Exception as exc:  # ends only this request (and its n siblings)
+                    for request, _ in group:
+                        request.on_finish(request, exc)
+                    continue
                 scheduler.waiting.append(group[0][0])  # followers: when its prompt is in
             try:
                 scheduler.step()
@@ -335,7 +346,9 @@ class Engine:
                 scheduler.fail_all(exc)
 
     def _prepare(self, request: Request, req: GenerationRequest) -> None:
-        """Build the request's own drafter and controller (on the engine thread)."""
+        """Build the request's grammar matcher, drafter and controller (on the engine thread)."""
+        if req.grammar is not None:
+            request.grammar = self.grammars.constraint(req.grammar)
         if not req.draft:
             return
         if request.drafter is None:
@@ -384,6 +397,7 @@ class Engine:
             total_s=total,
             queued_s=stats.queued_s,
             cached_tokens=request.cached_tokens,
+            grammar_s=0.0 if request.grammar is None else request.grammar.seconds,
         )
 
     def _prompt_ids(self, req: GenerationRequest) -> list[int]:

@@ -20,6 +20,7 @@ from typing import Protocol
 
 import torch
 
+from local_verifier.grammar import Constraint
 from local_verifier.kv_pool import BlockTable, KVPool, block_keys, chain_key, root_key
 from local_verifier.logits_processors import Penalties, adjust_rows
 from local_verifier.logprobs import TokenLogprob, token_logprobs
@@ -28,7 +29,7 @@ from local_verifier.output import OutputAssembler, TextDelta
 from local_verifier.sampling import SamplingParams, sample, target_probs
 from local_verifier.tokenizer import Tokenizer
 from local_verifier.tree import tree_mask
-from local_verifier.verify import Verdict, verify_greedy, verify_sampled
+from local_verifier.verify import RowProbs, Verdict, verify_greedy, verify_sampled
 from lookup.controller import ScoreCalibration, plan_batch
 from lookup.draft import Draft, Source
 
@@ -104,6 +105,7 @@ class Request:
     penalties: Penalties = field(default_factory=Penalties)
     logprobs: int | None = None  # None: none reported; else how many top alternatives
     followers: list[Request] = field(default_factory=list)  # admitted once our prompt is in
+    grammar: Constraint | None = None  # structured output: masks rows, prunes drafts
     submitted: float = field(default_factory=time.perf_counter)
     started: float = 0.0
     table: BlockTable | None = None
@@ -289,7 +291,8 @@ class Scheduler:
             log.warning("draft dropped: %s", exc)
             return Draft.empty()
         # the first nodes are closed under parents (parents precede children)
-        return draft if len(draft) <= limit else draft.subset(list(range(limit)))
+        draft = draft if len(draft) <= limit else draft.subset(list(range(limit)))
+        return draft if req.grammar is None else req.grammar.prune(draft)
 
     def _verify_rows(self, req: Request, draft: Draft) -> SeqStep:
         assert req.table is not None and req.pending is not None
@@ -346,9 +349,12 @@ class Scheduler:
             output = req.tokens[len(req.prompt_ids) :]
             tokens, parents = draft.tokens.tolist(), draft.parents.tolist()
             logits = adjust_rows(logits, req.penalties, req.prompt_ids, output, tokens, parents)
+        rows: RowProbs = logits
+        if req.grammar is not None:
+            rows = req.grammar.rows(logits, draft.tokens.tolist(), draft.parents.tolist())
         if req.params.greedy:
-            return verify_greedy(logits, draft.tokens, draft.parents)
-        probs = _LazyProbs(logits, req.params)
+            return verify_greedy(rows, draft.tokens, draft.parents)
+        probs = _LazyProbs(rows, req.params)
         return verify_sampled(probs, draft.tokens, draft.parents, req.generator, sample)  # type: ignore[arg-type]
 
     def _logprobs(
@@ -373,6 +379,8 @@ class Scheduler:
     def _emit(
         self, req: Request, new: list[int], logprobs: list[TokenLogprob] | None = None
     ) -> None:
+        if req.grammar is not None:
+            req.grammar.commit(new)
         req.tokens += new
         self._publish(req)
         req.produced += len(new)
@@ -397,7 +405,7 @@ class Scheduler:
 class _LazyProbs:
     """Row i of the target's distributions, computed (one row at a time) when asked for."""
 
-    def __init__(self, logits: torch.Tensor, params: SamplingParams) -> None:
+    def __init__(self, logits: RowProbs, params: SamplingParams) -> None:
         self.logits = logits
         self.params = params
 

@@ -41,15 +41,15 @@ def children_of(parents: Sequence[int] | np.ndarray) -> dict[int, list[int]]:
 
 
 def verify_greedy(
-    logits: torch.Tensor, tokens: Sequence[int] | np.ndarray, parents: Sequence[int] | np.ndarray
+    logits: RowProbs, tokens: Sequence[int] | np.ndarray, parents: Sequence[int] | np.ndarray
 ) -> Verdict:
-    """Accept while a child's token equals the target's argmax; ``logits`` is ``[k+1, V]``."""
-    best = logits.argmax(dim=-1).tolist()
+    """Accept while a child's token equals the target's argmax; ``logits`` is ``[k+1, V]``
+    (or rows on demand: only the rows on the accepted path are read)."""
     kids = children_of(parents)
     accepted: list[int] = []
     node = -1
     while True:
-        target = int(best[node + 1])
+        target = int(logits[node + 1].argmax())
         match = next((c for c in kids.get(node, ()) if int(tokens[c]) == target), None)
         if match is None:
             return Verdict(accepted, target)

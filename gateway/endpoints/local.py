@@ -24,6 +24,7 @@ from gateway.call import Call
 from gateway.config import EndpointConfig
 from gateway.endpoints.capabilities import CAPABILITIES
 from gateway.endpoints.openai_objects import ChoiceResult, Logprobs, ResponseBuilder, draft_stats
+from gateway.endpoints.response_format import grammar_for
 from gateway.errors import GatewayError, InvalidRequest, ServiceUnavailable, UpstreamError
 from gateway.http.asgi import (
     ENDPOINT_HEADER,
@@ -83,6 +84,7 @@ _HONOURED = frozenset(
         "n",
         "logprobs",
         "top_logprobs",
+        "response_format",
         # ids and hints for the caller's own records or a provider's routing: nothing to do
         "user",
         "metadata",
@@ -93,7 +95,6 @@ _HONOURED = frozenset(
 )
 # OpenAI fields the local engine still refuses (a 400 naming them), as /v1/models lists them
 UNSUPPORTED_PARAMETERS = (
-    "response_format",
     "tools",
     "tool_choice",
     "functions",
@@ -369,6 +370,7 @@ class LocalEndpoint:
         except ValueError as exc:
             raise _invalid(exc) from None
         draft = request.draftgate is None or request.draftgate.draft
+        grammar = grammar_for((request.model_extra or {}).get("response_format"))
         gen = GenerationRequest(
             params=params,
             max_tokens=request.max_completion_tokens or request.max_tokens
@@ -380,6 +382,7 @@ class LocalEndpoint:
             tenant="" if self.config.share_prefix_cache else call.tenant,
             penalties=penalties,
             logprobs=_top_logprobs(request),
+            grammar=grammar,
         )
         if isinstance(request, ChatCompletionRequest):
             gen.messages = [{"role": m.role, "content": m.text()} for m in request.messages]

@@ -164,7 +164,6 @@ def test_client_disconnect_stops_generation(local_url: str, local_app: Any) -> N
 @pytest.mark.parametrize(
     ("field", "value"),
     [
-        ("response_format", {"type": "json_object"}),
         ("guided_json", {"type": "object"}),
         ("echo", True),
     ],

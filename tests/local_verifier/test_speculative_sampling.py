@@ -393,3 +393,66 @@ def test_decoding_loop_check_detects_a_wrong_rule(
     samples = _sampled_tiny(tiny_model, table, N_TINY)
     ok, worst, threshold = distribution_matches(samples, _exact_tiny(table))
     assert not ok, f"biased loop passed: max N*KL {worst:.1f} < {threshold:.1f}"
+
+
+# --- a grammar's mask is part of the target distribution (trees, through the loop) --------
+
+GRAMMAR_EOS = 7  # h
+GRAMMAR_REGEX = "([a-d][e-g]|[e-g][a-d])[a-c]"  # ids a..g = 0..6
+
+
+def _grammar_allowed(context: tuple[int, ...]) -> torch.Tensor:
+    """An oracle written apart from the engine: what GRAMMAR_REGEX allows after ``context``."""
+    ok = [{0, 1, 2, 3, 4, 5, 6}, {4, 5, 6} if context[:1] < (4,) else {0, 1, 2, 3}, {0, 1, 2}]
+    return torch.tensor([t in ok[len(context)] for t in range(TINY_V)])
+
+
+def _grammar_exact(model: Transformer) -> dict[tuple[int, ...], float]:
+    def probs(context: tuple[int, ...]) -> torch.Tensor:
+        cache = KVCache(model.config, 16)
+        logits = model(torch.tensor(PROMPT + list(context)), cache, last_only=True)[-1]
+        masked = logits.float().masked_fill(~_grammar_allowed(context), float("-inf"))
+        return target_probs(masked, PARAMS)
+
+    rows = {
+        seq: probs(seq)
+        for length in range(LENGTH)
+        for seq in itertools.product(range(TINY_V), repeat=length)
+    }
+    return _exact_tiny(rows)
+
+
+def _sampled_grammar(
+    model: Transformer, table: dict[tuple[int, ...], torch.Tensor], n: int
+) -> Counter[tuple[int, ...]]:
+    from llguidance import LLMatcher
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import decoders, models
+
+    backend = Backend(models.WordLevel({chr(ord("a") + i): i for i in range(TINY_V)}, "a"))
+    backend.decoder = decoders.ByteLevel()  # llguidance reads the decoder's kind
+    tokenizer = Tokenizer(backend, eos_ids={GRAMMAR_EOS})
+    lm = LoadedModel(model, model.config, tokenizer, model.device, model.dtype, "tiny")
+    engine = Engine(lm, max_draft=8, token_budget=8, row_costs=[1.0] * 17, kv_cache_mb=0.25)
+    grammar = LLMatcher.grammar_from_regex(GRAMMAR_REGEX)
+    out: Counter[tuple[int, ...]] = Counter()
+    for seed in range(n):
+        params = SamplingParams(temperature=PARAMS.temperature, top_k=PARAMS.top_k, seed=seed)
+        req = GenerationRequest(
+            prompt_ids=PROMPT, params=params, max_tokens=LENGTH, grammar=grammar
+        )
+        # the drafter ranks tokens without the mask: many of its nodes are pruned
+        items = engine.generate(req, drafter=TreeDrafter(table), controller=PassThrough())
+        tokens = [t for i in items if isinstance(i, TextDelta) for t in i.token_ids]
+        out[tuple(tokens)] += 1
+    return out
+
+
+@pytest.mark.slow
+def test_grammar_trees_sample_the_masked_target_distribution(tiny_model: Transformer) -> None:
+    table = _target_table(tiny_model)
+    samples = _sampled_grammar(tiny_model, table, N_TINY)
+    ok, worst, threshold = distribution_matches(samples, _grammar_exact(tiny_model))
+    assert ok, f"max N*KL {worst:.1f} >= {threshold:.1f}"
+    unmasked, *_ = distribution_matches(samples, _exact_tiny(table))
+    assert not unmasked  # the mask changed the distribution: the check sees it

@@ -1,0 +1,129 @@
+"""``response_format`` on the local endpoint (real SmolLM2, real ``openai`` client): answers
+satisfy the schema, drafts do not change them, bad formats are a 400 naming the field."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import openai
+import pytest
+
+MODEL = "smollm2-135m"
+MESSAGES: list[Any] = [
+    {"role": "user", "content": "Describe a person as JSON: their name, age and favourite color."}
+]
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "pattern": "^[A-Za-z ]{1,12}$"},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "color": {"enum": ["red", "green", "blue"]},
+    },
+    "required": ["name", "age", "color"],
+    "additionalProperties": False,
+}
+SCHEMA_FORMAT = {
+    "type": "json_schema",
+    "json_schema": {"name": "person", "strict": True, "schema": SCHEMA},
+}
+# a draft that is right at first, then breaks the schema (a wrong key, an extra field)
+PREDICTION = '{\n  "name": "John",\n  "agee": 30,\n  "color": "red",\n  "x": 1\n}'
+MAX_TOKENS = 48
+
+
+def client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+
+
+def satisfies(value: Any) -> bool:
+    """``value`` matches SCHEMA (checked by hand: the test shares no code with the engine)."""
+    if not isinstance(value, dict) or set(value) != {"name", "age", "color"}:
+        return False
+    name, age = value["name"], value["age"]
+    return (
+        isinstance(name, str)
+        and 1 <= len(name) <= 12
+        and all(c.isascii() and (c.isalpha() or c == " ") for c in name)
+        and isinstance(age, int)
+        and not isinstance(age, bool)
+        and 0 <= age <= 120
+        and value["color"] in ("red", "green", "blue")
+    )
+
+
+def ask(url: str, response_format: Any, draft: bool, **extra: Any) -> Any:
+    return client(url).chat.completions.create(
+        model=MODEL,
+        messages=MESSAGES,
+        max_tokens=MAX_TOKENS,
+        response_format=response_format,
+        prediction={"type": "content", "content": PREDICTION},
+        extra_body={"draftgate": {"draft": draft}},
+        **extra,
+    )
+
+
+def test_json_schema_greedy_is_valid_and_identical_with_drafts(local_url: str) -> None:
+    plain = ask(local_url, SCHEMA_FORMAT, draft=False, temperature=0)
+    drafted = ask(local_url, SCHEMA_FORMAT, draft=True, temperature=0)
+    text = plain.choices[0].message.content
+    assert plain.choices[0].finish_reason == "stop"
+    assert satisfies(json.loads(text)), text
+    assert drafted.choices[0].message.content == text
+    assert (drafted.model_extra or {})["draftgate"]["accepted_tokens"] > 0  # drafts were used
+
+
+def test_json_object_parses(local_url: str) -> None:
+    answer = ask(local_url, {"type": "json_object"}, draft=True, temperature=0)
+    assert isinstance(json.loads(answer.choices[0].message.content), dict)
+
+
+@pytest.mark.parametrize(
+    ("response_format", "words"),
+    [
+        ({"type": "xml"}, "response_format.type"),
+        ({"type": "json_schema"}, "response_format.json_schema"),
+        (
+            {"type": "json_schema", "json_schema": {"name": "p", "schema": {"type": "strin"}}},
+            "response_format.json_schema.schema: invalid JSON schema: Invalid type: strin",
+        ),
+        (
+            {"type": "json_schema", "json_schema": {"name": "p", "schema": {"$ref": "#/nope"}}},
+            "response_format.json_schema.schema",
+        ),
+    ],
+)
+def test_bad_response_format_is_400_naming_the_field(
+    local_url: str, response_format: Any, words: str
+) -> None:
+    with pytest.raises(openai.BadRequestError) as err:
+        ask(local_url, response_format, draft=True)
+    assert err.value.param == "response_format"
+    assert words in str(err.value.message)
+
+
+N_SAMPLED = 50
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_sampled_answers_always_satisfy_the_schema(local_url: str) -> None:
+    for seed in range(N_SAMPLED):
+        answer = ask(local_url, SCHEMA_FORMAT, draft=seed % 2 == 0, temperature=1.0, seed=seed)
+        text = answer.choices[0].message.content
+        assert answer.choices[0].finish_reason == "stop", text
+        assert satisfies(json.loads(text)), text
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("seed", range(4))
+def test_sampled_text_identical_with_drafts(local_url: str, seed: int) -> None:
+    texts = [
+        ask(local_url, SCHEMA_FORMAT, draft=d, temperature=0.9, seed=seed)
+        .choices[0]
+        .message.content
+        for d in (False, True)
+    ]
+    assert texts[0] == texts[1]
