@@ -3,9 +3,10 @@
     python benchmarks/bench_abuse.py --json OUT [--seconds 20] [--rounds 2] [--redis-url URL]
     python benchmarks/bench_abuse.py --json OUT --cpu-per-request 20
 
-Four honest clients stream chat completions in a loop while ``/healthz`` is polled every
-50 ms; in the abuse phases one more tenant (in a process of its own) sends the worst inputs it can, all at once and
-in a loop: 1 MB prompts of fenced lines with capture on, 100k document ids, oversized
+Four honest clients stream chat completions in a loop (each starting at most one request
+every 250 ms, so the honest tenant stays within its default 1200 requests a minute) while
+``/healthz`` is polled every 50 ms; in the abuse phases one more tenant (in a process of its
+own) sends the worst inputs it can, all at once and in a loop: 1 MB prompts of fenced lines with capture on, 100k document ids, oversized
 audits, documents with 1 MB paths, and slow uploads (a declared 1 MB body trickled at
 100 bytes a second). Phases without and with the abuser alternate (``--rounds`` of each,
 ABAB) so drift hits both alike. Reported: the honest clients' TTFT and ``/healthz``
@@ -49,6 +50,9 @@ else:  # pragma: no cover - no uvloop on Windows
 
 ROOT = Path(__file__).resolve().parents[1]
 HONEST_KEY = "honest-key-0123456789"
+# each honest client starts at most one request per period: 4 clients stay at <= 960
+# requests a minute, within the default limit of 1200 a tenant may send
+HONEST_PERIOD_S = 0.25
 ABUSER_KEY = "abuser-key-0123456789"
 CHUNKS = 16
 CHUNK_GAP_S = 0.010
@@ -187,7 +191,9 @@ class Run:
 
 async def _honest(session: aiohttp.ClientSession, url: str, run: Run, stop: float) -> None:
     headers = {"authorization": f"Bearer {HONEST_KEY}"}
-    while time.perf_counter() < stop:
+    t0 = time.perf_counter()
+    while t0 < stop:
+        await _pace(t0)
         t0 = time.perf_counter()
         try:
             async with session.post(
@@ -209,6 +215,11 @@ async def _honest(session: aiohttp.ClientSession, url: str, run: Run, stop: floa
                     run.ttft.append(first)
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             run.errors[type(exc).__name__] += 1
+
+
+async def _pace(last_start: float) -> None:
+    """Wait until ``HONEST_PERIOD_S`` after the client's previous request started."""
+    await asyncio.sleep(max(0.0, last_start + HONEST_PERIOD_S - time.perf_counter()))
 
 
 async def _health(session: aiohttp.ClientSession, url: str, run: Run, stop: float) -> None:
