@@ -35,7 +35,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.bench_lookup import load_tokenizer, stdlib_slices  # noqa: E402
+from benchmarks.bench_lookup import greedy_step, load_tokenizer, stdlib_slices  # noqa: E402
 from lookup.corpus import Corpus, open_store  # noqa: E402
 from lookup.draft import Source  # noqa: E402
 from lookup.drafter import Drafter  # noqa: E402
@@ -118,15 +118,7 @@ def lockstep(work: list[Any], ref: Any, width: int) -> dict[str, Any]:
                 for f in ("tokens", "parents", "scores", "source")
             )
             steps += 1
-            tokens, parents = b.tokens.tolist(), b.parents.tolist()
-            node, step = -1, list[int]()
-            while done + len(step) < len(target):
-                token = target[done + len(step)]
-                step.append(token)
-                nxt = [i for i, p in enumerate(parents) if p == node and tokens[i] == token]
-                if not nxt:
-                    break
-                node = nxt[0]
+            step = greedy_step(b, target, done)
             for d in drafters.values():
                 d.extend(step)
             done += len(step)

@@ -41,6 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lookup.draft import Draft
 from lookup.drafter import Drafter
 from lookup.index import build_index
 
@@ -87,6 +88,21 @@ def bench_build(corpus: np.ndarray, repeats: int) -> float:
     return min(times)
 
 
+def greedy_step(draft: Draft, target: list[int], done: int) -> list[int]:
+    """The tokens one verify step commits when the answer is ``target`` and ``done`` of it
+    are committed: the draft's path that matches the answer, then the next answer token."""
+    tokens, parents = draft.tokens.tolist(), draft.parents.tolist()
+    node, step = -1, list[int]()
+    while done + len(step) < len(target):
+        token = target[done + len(step)]
+        step.append(token)
+        nxt = [i for i, p in enumerate(parents) if p == node and tokens[i] == token]
+        if not nxt:
+            break
+        node = nxt[0]
+    return step
+
+
 def bench_propose(
     corpus: np.ndarray, context: int, steps: int, draft_tokens: int, width: int, edit_every: int
 ) -> dict[str, float]:
@@ -109,15 +125,7 @@ def bench_propose(
         draft = drafter.propose(draft_tokens, width)
         propose_cpu_us.append((cpu() - start_cpu) / 1e3)
         propose_us.append((tick() - start) * 1e6)
-        tokens, parents = draft.tokens.tolist(), draft.parents.tolist()
-        node, committed = -1, list[int]()
-        while done + len(committed) < len(target):
-            token = target[done + len(committed)]
-            committed.append(token)
-            nxt = [i for i, p in enumerate(parents) if p == node and tokens[i] == token]
-            if not nxt:
-                break
-            node = nxt[0]
+        committed = greedy_step(draft, target, done)
         start = tick()
         drafter.extend(committed)
         extend_us.append((tick() - start) * 1e6 / len(committed))
