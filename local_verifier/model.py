@@ -248,6 +248,11 @@ class Transformer(nn.Module):
         plan = AttentionPlan.build(
             [s.context_slots for s in seqs], [s.new_slots for s in seqs], [s.mask for s in seqs]
         )
+        if kv.k.dtype != self.dtype or kv.k.device != device:
+            raise ValueError(
+                f"the K/V storage holds {kv.k.dtype} on {kv.k.device}; this model's step "
+                f"writes {self.dtype} on {device}"
+            )
         if plan.keys.numel() and not 0 <= int(plan.keys.min()) <= int(plan.keys.max()) < kv.n_slots:
             raise IndexError(f"a slot outside the storage's {kv.n_slots} slots")
         inputs = _StepInputs(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from local_verifier.kv_cache import KVCache
@@ -72,6 +73,12 @@ def test_tree_mask_branches_match_separate_chains_and_compact() -> None:
 
 def test_bf16_forward_runs_and_returns_fp32() -> None:
     model = Transformer.from_config(CFG, "cpu", torch.bfloat16)
-    out = model(torch.tensor([1, 2, 3]), KVCache(CFG, 8, dtype=torch.bfloat16))
+    out = model(torch.tensor([1, 2, 3]), KVCache(CFG, 8, dtype=model.dtype))
     assert out.dtype == torch.float32 and out.shape == (3, CFG.vocab_size)
     assert model.rope_cos.dtype == torch.float32
+
+
+def test_a_kv_cache_of_another_dtype_is_refused() -> None:
+    model = Transformer.from_config(CFG, "cpu", torch.float32)
+    with pytest.raises(ValueError, match="K/V storage holds torch.bfloat16"):
+        model(torch.tensor([1, 2, 3]), KVCache(CFG, 8, dtype=torch.bfloat16))
