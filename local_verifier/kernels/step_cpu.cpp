@@ -59,6 +59,8 @@ inline Vec fmadd(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }    //
 inline Vec fnmadd(Vec a, Vec b, Vec c) { return _mm512_fnmadd_ps(a, b, c); }  // c - a b
 inline float first(Vec v) { return _mm512_cvtss_f32(v); }
 
+inline void in_register(Vec&) {}  // 32 registers: the compiler's own allocation suffices
+
 inline Vec load(const float* p) { return _mm512_loadu_ps(p); }
 inline Vec load(const float* p, Mask m) { return _mm512_maskz_loadu_ps(m, p); }  // others 0
 inline void store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
@@ -141,6 +143,10 @@ inline Vec vmax(Vec a, Vec b) { return _mm256_max_ps(a, b); }
 inline Vec fmadd(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }    // a b + c
 inline Vec fnmadd(Vec a, Vec b, Vec c) { return _mm256_fnmadd_ps(a, b, c); }  // c - a b
 inline float first(Vec v) { return _mm256_cvtss_f32(v); }
+
+// Keeps v in a register: a vector used by several FMAs is loaded once, not folded into each
+// of them as a memory operand (GCC's choice, which makes a 3 x 4 tile load-bound).
+inline void in_register(Vec& v) { __asm__("" : "+x"(v)); }
 
 inline Vec load(const float* p) { return _mm256_loadu_ps(p); }
 // masked lanes read as 0 and are never touched in memory (no fault past the end)
@@ -239,7 +245,7 @@ inline Vec vexp(Vec x) {
 
 // y[r][c] = sum_k x[r][k] * w[c][k] (+ bias[c]) for an R x C register tile; W is float
 // or uint16_t (bfloat16 bits): the same operations on the widened values.
-template <int R, int C, typename W>
+template <int R, int C, bool Ahead, typename W>
 inline void linear_tile(const float* x, int64_t ldx, const W* w, int64_t K, const float* bias,
                         float* y, int64_t ldy) {
   Vec acc[R][C];
@@ -248,11 +254,15 @@ inline void linear_tile(const float* x, int64_t ldx, const W* w, int64_t K, cons
   int64_t k = 0;
   for (; k + kLanes <= K; k += kLanes) {
     Vec xv[R];
-    for (int r = 0; r < R; ++r) xv[r] = load(x + r * ldx + k);
+    for (int r = 0; r < R; ++r) {
+      xv[r] = load(x + r * ldx + k);
+      in_register(xv[r]);
+    }
     for (int c = 0; c < C; ++c) {
-      if (R == 1 && sizeof(W) == 2 && k % 32 == 0)  // a bf16 decode row: the next tile
+      if (Ahead && k % (64 / sizeof(W)) == 0)  // the next column tile, a cache line apart
         _mm_prefetch(reinterpret_cast<const char*>(w + (c + C) * K + k), _MM_HINT_T0);
-      const Vec wv = load(w + c * K + k);
+      Vec wv = load(w + c * K + k);
+      if constexpr (R > 1) in_register(wv);
       for (int r = 0; r < R; ++r) acc[r][c] = fmadd(xv[r], wv, acc[r][c]);
     }
   }
@@ -276,14 +286,20 @@ template <int R, int C, typename W>
 inline void linear_cols(const float* x, int64_t ldx, int64_t rows, const W* w, int64_t K,
                         const float* bias, float* y, int64_t ldy) {
   int64_t r = 0;
-  for (; r + R <= rows; r += R) linear_tile<R, C>(x + r * ldx, ldx, w, K, bias, y + r * ldy, ldy);
+  if (R <= rows) {  // the first row tile fetches the next column tile's weights
+    linear_tile<R, C, true>(x, ldx, w, K, bias, y, ldy);
+    r = R;
+  }
+  for (; r + R <= rows; r += R)
+    linear_tile<R, C, false>(x + r * ldx, ldx, w, K, bias, y + r * ldy, ldy);
   if constexpr (R > 1)
     if (r < rows) linear_cols<R - 1, C>(x + r * ldx, ldx, rows - r, w, K, bias, y + r * ldy, ldy);
 }
 
 // y [N, M] = x [N, K] @ w[M, K].T (+ bias [M] unless null), in row blocks of kRowBlock,
-// threads taking C output columns at a time (the tile's shape never changes a sum).
-template <int C, typename W>
+// threads taking C output columns at a time, R rows per register tile (the tile's shape
+// never changes a sum).
+template <int R, int C, typename W>
 void linear_blocks(const float* xp, const W* wp, const float* bp, float* yp, int64_t N,
                    int64_t K, int64_t M, int threads) {
   const int64_t tiles = (M + C - 1) / C;
@@ -296,11 +312,11 @@ void linear_blocks(const float* xp, const W* wp, const float* bp, float* yp, int
       const float* xr = xp + r0 * K;
       float* yr = yp + r0 * M + m0;
       if (m0 + C <= M) {
-        linear_cols<kRowTile, C>(xr, K, rows, wp + m0 * K, K, b, yr, M);
+        linear_cols<R, C>(xr, K, rows, wp + m0 * K, K, b, yr, M);
       } else {
         for (int64_t m = m0; m < M; ++m)
-          linear_cols<kRowTile, 1>(xr, K, rows, wp + m * K, K, b != nullptr ? bp + m : nullptr,
-                                   yr + (m - m0), M);
+          linear_cols<R, 1>(xr, K, rows, wp + m * K, K, b != nullptr ? bp + m : nullptr,
+                            yr + (m - m0), M);
       }
     }
   }
@@ -312,9 +328,9 @@ template <typename W>
 void linear(const float* xp, const W* wp, const float* bp, float* yp, int64_t N, int64_t K,
             int64_t M, int threads) {
   if (N == 1)
-    linear_blocks<kWideColTile>(xp, wp, bp, yp, N, K, M, threads);
+    linear_blocks<1, kWideColTile>(xp, wp, bp, yp, N, K, M, threads);
   else
-    linear_blocks<kColTile>(xp, wp, bp, yp, N, K, M, threads);
+    linear_blocks<kRowTile, kColTile>(xp, wp, bp, yp, N, K, M, threads);
 }
 
 // What attend_block needs of the call: the K/V storage and the head geometry.
