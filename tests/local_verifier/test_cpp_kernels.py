@@ -27,14 +27,15 @@ def _randn(*shape: int, seed: int) -> torch.Tensor:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_linear_rows_alone_equal_rows_together(cpp: CppOps, dtype: torch.dtype) -> None:
-    x, w, b = _randn(70, 37, seed=1), _randn(13, 37, seed=2).to(dtype), _randn(13, seed=3)
+    x, w = _randn(70, 37, seed=1), _randn(13, 37, seed=2).to(dtype)
+    b = _randn(13, seed=3).to(dtype)  # a bf16 bias widens in the wrapper
     together = cpp.linear(x, w, b)
     for i in range(70):
         assert torch.equal(cpp.linear(x[i : i + 1], w, b)[0], together[i]), i
     for n in (2, 3, 5, 17, 64, 65):  # every tile and remainder shape of the row count
         assert torch.equal(cpp.linear(x[:n], w, b), together[:n]), n
-    assert torch.equal(together, cpp.linear(x, w.float(), b))  # bf16 widens exactly
-    torch.testing.assert_close(together, x @ w.float().T + b, atol=1e-5, rtol=1e-5)
+    assert torch.equal(together, cpp.linear(x, w.float(), b.float()))  # bf16 widens exactly
+    torch.testing.assert_close(together, x @ w.float().T + b.float(), atol=1e-5, rtol=1e-5)
 
 
 def test_norm_and_swiglu_rows_alone_equal_rows_together(cpp: CppOps) -> None:
