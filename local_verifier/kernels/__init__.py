@@ -4,9 +4,9 @@ Both implementations compute every row's output by a fixed sequence of operation
 does not depend on the other rows of the call (their number, values or order), so a row's
 logits and K/V are bitwise the same alone, batched, in a draft tree or in a prompt chunk:
 
-- ``cpp``: C++ kernels compiled at first use (x86-64 with AVX-512, float32 activations;
-  linear weights float32 or bfloat16, the bf16 target's, widened exactly in the kernel):
-  fixed-order reductions, attention over each row's own key list with an online softmax in
+- ``cpp``: C++ kernels compiled at first use (x86-64 with AVX2 + FMA, AVX-512 where the
+  CPU has it; float32 activations; linear weights float32 or bfloat16, the bf16 target's,
+  widened exactly in the kernel): fixed-order reductions, attention over each row's own key list with an online softmax in
   key order.
 - ``torch``: stock torch ops on fixed-size row tiles (a row count the matrix product is
   row-independent at) and attention one row at a time over its own keys; used on CUDA/MPS

@@ -19,7 +19,8 @@ from local_verifier.kernels.plan import AttentionPlan
 SOURCE = Path(__file__).with_name("step_cpu.cpp")
 CACHE_ENV = "DRAFTGATE_KERNEL_CACHE"  # build directory root (default ~/.cache/draftgate)
 CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-std=c++17", "-fPIC"]
-REQUIRED_CPU_FLAGS = ("avx512f", "avx512dq", "avx512bw", "avx512vl")
+# AVX2 + FMA at least; -march=native builds the AVX-512 kernels where the CPU has it
+REQUIRED_CPU_FLAGS = ("avx2", "fma")
 MAX_HEAD_DIM = 256
 MAX_GROUP = 16  # query heads per kv head
 
@@ -94,13 +95,15 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     return library, ""
 
 
-def _p(t: torch.Tensor | None) -> int | None:
-    return None if t is None else t.data_ptr()
-
-
-def _as_float32(t: torch.Tensor) -> torch.Tensor:
-    """``t`` as contiguous float32 (a bf16 parameter widens exactly)."""
+def _float32(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as contiguous float32 (a bf16 parameter widens exactly); ``t`` itself if it is."""
+    if t.dtype == torch.float32 and t.is_contiguous():
+        return t
     return t.to(torch.float32).contiguous()
+
+
+def _dense(t: torch.Tensor) -> torch.Tensor:
+    return t if t.is_contiguous() else t.contiguous()
 
 
 class CppOps:
@@ -111,25 +114,25 @@ class CppOps:
 
     def __init__(self, library: ctypes.CDLL) -> None:
         self._lib = library
+        self._linear = {torch.float32: library.dg_linear, torch.bfloat16: library.dg_linear_bf16}
 
     def linear(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor:
-        x = x.contiguous()
-        (n, k), m = x.shape, weight.shape[0]
-        y = torch.empty(n, m)
-        kernel = {torch.float32: self._lib.dg_linear, torch.bfloat16: self._lib.dg_linear_bf16}
-        if weight.dtype not in kernel:
+        kernel = self._linear.get(weight.dtype)
+        if kernel is None:
             raise TypeError(f"C++ linear weights are float32 or bfloat16, not {weight.dtype}")
-        w, b = weight.contiguous(), None if bias is None else _as_float32(bias)
-        threads = torch.get_num_threads()
-        kernel[weight.dtype](_p(x), _p(w), _p(b), _p(y), n, k, m, threads)
+        x, w = _dense(x), _dense(weight)
+        (n, k), m = x.shape, w.shape[0]
+        y, b = torch.empty(n, m), None if bias is None else _float32(bias)  # alive for the call
+        b_ptr = None if b is None else b.data_ptr()
+        kernel(x.data_ptr(), w.data_ptr(), b_ptr, y.data_ptr(), n, k, m, torch.get_num_threads())
         return y
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        x = x.contiguous()
-        y, w = torch.empty_like(x), _as_float32(weight)
-        self._lib.dg_rms_norm(_p(x), _p(w), _p(y), x.shape[0], x.shape[1], eps)
+        x = _dense(x)
+        y, w = torch.empty_like(x), _float32(weight)
+        self._lib.dg_rms_norm(x.data_ptr(), w.data_ptr(), y.data_ptr(), *x.shape, eps)
         return y
 
     def rope_store(
@@ -145,17 +148,17 @@ class CppOps:
     ) -> torch.Tensor:
         n, dim = qkv.shape[0], cos.shape[1]
         q = torch.empty(n, n_heads, dim)
-        slots, cos, sin = new_slots.contiguous(), cos.contiguous(), sin.contiguous()
+        slots, cos, sin = _dense(new_slots), _dense(cos), _dense(sin)
         self._lib.dg_rope_store(
-            _p(qkv), _p(cos), _p(sin), _p(k_cache), _p(v_cache),
-            _p(slots), _p(q), n, n_heads, n_kv_heads, dim,
+            qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), k_cache.data_ptr(),
+            v_cache.data_ptr(), slots.data_ptr(), q.data_ptr(), n, n_heads, n_kv_heads, dim,
         )  # fmt: skip
         return q
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         n, hidden = gate_up.shape[0], gate_up.shape[1] // 2
         y = torch.empty(n, hidden)
-        self._lib.dg_silu_mul(_p(gate_up), _p(y), n, hidden)
+        self._lib.dg_silu_mul(gate_up.data_ptr(), y.data_ptr(), n, hidden)
         return y
 
     def attention(
@@ -174,8 +177,7 @@ class CppOps:
             )
         out = torch.empty_like(q)
         self._lib.dg_attention(
-            _p(q), _p(k_cache), _p(v_cache), _p(plan.keys), _p(plan.key_start),
-            _p(plan.row_start), _p(plan.ctx_len), _p(plan.masks), _p(plan.mask_start), _p(out),
+            q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), *plan.pointers(), out.data_ptr(),
             n, len(plan.ctx_len), heads, kv_heads, dim, torch.get_num_threads(),
         )  # fmt: skip
         return out

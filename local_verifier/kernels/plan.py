@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -21,6 +21,7 @@ class AttentionPlan:
     ctx_len: torch.Tensor
     masks: torch.Tensor
     mask_start: torch.Tensor
+    _pointers: tuple[int, ...] | None = field(default=None, init=False, repr=False)
 
     @classmethod
     def build(
@@ -48,6 +49,17 @@ class AttentionPlan:
             masks=torch.cat(flat) if flat else torch.zeros(0, dtype=torch.bool),
             mask_start=torch.tensor(starts, dtype=torch.long),
         )
+
+    def pointers(self) -> tuple[int, ...]:
+        """The addresses of keys, key_start, row_start, ctx_len, masks and mask_start (for
+        the C++ kernel; taken once per plan)."""
+        if self._pointers is None:
+            tensors = (
+                self.keys, self.key_start, self.row_start, self.ctx_len, self.masks,
+                self.mask_start,
+            )  # fmt: skip
+            self._pointers = tuple(t.data_ptr() for t in tensors)
+        return self._pointers
 
     def row_keys(self, row: int) -> torch.Tensor:
         """The slots ``row`` attends to, in attention order."""

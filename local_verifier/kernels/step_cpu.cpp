@@ -1,11 +1,14 @@
-// Batch-invariant CPU kernels for one forward step (float32 activations, AVX-512; linear
-// weights in float32 or bfloat16, a bf16 weight widened to float32 by a 16-bit shift).
+// Batch-invariant CPU kernels for one forward step (float32 activations; linear weights in
+// float32 or bfloat16, a bf16 weight widened to float32 by a 16-bit shift). One source for
+// two instruction sets, chosen at compile time (-march=native): AVX-512 (16 float lanes)
+// where the CPU has it, else AVX2 + FMA (8 lanes). The kernels are written once against
+// the small vector layer below; the two builds may give different bits from each other.
 //
 // Every output element is computed by one fixed sequence of IEEE operations that depends
 // only on that element's own inputs: never on the number of rows in the call, on a row's
-// position, on the other rows, or on the thread count. Reductions run 16-lane partial sums
-// in index order, then one fixed lane tree (lane_sum). Built with -ffp-contract=off, so the
-// only fused multiply-adds are the explicit ones, used identically on every path.
+// position, on the other rows, or on the thread count. Reductions run kLanes-lane partial
+// sums in index order, then one fixed lane tree (lane_sum). Built with -ffp-contract=off,
+// so the only fused multiply-adds are the explicit ones, used identically on every path.
 //
 // A plain C ABI over raw float32/int64 pointers (loaded with ctypes): no torch headers, so
 // the build takes seconds. Callers pass contiguous tensors and allocate the outputs.
@@ -16,42 +19,75 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <utility>
 #include <vector>
 
+#if defined(__AVX512F__) && defined(__AVX512DQ__) && defined(__AVX512BW__) && \
+    defined(__AVX512VL__)
+#define DG_AVX512 1
+#elif defined(__AVX2__) && defined(__FMA__)
+#define DG_AVX512 0
+#else
+#error "step_cpu.cpp needs AVX-512 (F, DQ, BW, VL) or AVX2 and FMA"
+#endif
+
 namespace {
 
+// ---- The vector layer: a float vector of kLanes lanes and the operations on it. --------
+
+#if DG_AVX512
 constexpr int kLanes = 16;
-constexpr int kRowTile = 4;    // rows sharing one pass over a weight tile
-constexpr int kColTile = 4;    // output columns per register tile
+using Vec = __m512;
+using Mask = __mmask16;  // the live lanes of a partial vector
+
+constexpr int kRowTile = 4;       // rows sharing one pass over a weight tile
+constexpr int kColTile = 4;       // output columns per register tile
 constexpr int kWideColTile = 16;  // output columns per register tile of a single row
-constexpr int kRowBlock = 64;  // rows whose inputs stay in cache while W streams
-constexpr int kKeyBlock = 32;  // keys per online-softmax block (in a row's key order)
-static_assert(kKeyBlock % kLanes == 0, "scores are computed 16 keys at a time");
-constexpr int kQueryTile = 16; // rows of one sequence sharing each read of a key block
 
-inline __m512 load(const float* p) { return _mm512_loadu_ps(p); }
+inline Mask first_lanes(int64_t n) { return static_cast<Mask>((1u << n) - 1u); }
+inline Vec zero() { return _mm512_setzero_ps(); }
+inline Vec set1(float x) { return _mm512_set1_ps(x); }
+inline Vec add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+inline Vec sub(Vec a, Vec b) { return _mm512_sub_ps(a, b); }
+inline Vec mul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
+inline Vec div(Vec a, Vec b) { return _mm512_div_ps(a, b); }
+inline Vec vmin(Vec a, Vec b) { return _mm512_min_ps(a, b); }
+inline Vec vmax(Vec a, Vec b) { return _mm512_max_ps(a, b); }
+inline Vec fmadd(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }    // a b + c
+inline Vec fnmadd(Vec a, Vec b, Vec c) { return _mm512_fnmadd_ps(a, b, c); }  // c - a b
+inline float first(Vec v) { return _mm512_cvtss_f32(v); }
 
-inline __m512 load_tail(const float* p, int64_t n) {
-  return _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << n) - 1u), p);
-}
+inline void in_register(Vec&) {}  // 32 registers: the compiler's own allocation suffices
+
+inline Vec load(const float* p) { return _mm512_loadu_ps(p); }
+inline Vec load(const float* p, Mask m) { return _mm512_maskz_loadu_ps(m, p); }  // others 0
+inline void store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+inline void store(float* p, Mask m, Vec v) { _mm512_mask_storeu_ps(p, m, v); }
 
 // 16 bfloat16 values (raw uint16) widened exactly to float32.
-inline __m512 widen(__m256i bits) {
+inline Vec widen(__m256i bits) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
 }
-
-inline __m512 load(const uint16_t* p) {
+inline Vec load(const uint16_t* p) {
   return widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
-
-inline __m512 load_tail(const uint16_t* p, int64_t n) {
-  return widen(_mm256_maskz_loadu_epi16(static_cast<__mmask16>((1u << n) - 1u), p));
+inline Vec load_first(const uint16_t* p, int64_t n) {
+  return widen(_mm256_maskz_loadu_epi16(first_lanes(n), p));
 }
 
+// max(top, v) in the lanes of m, top elsewhere; the largest lane (max is exact, any order).
+inline Vec max_masked(Vec top, Mask m, Vec v) { return _mm512_mask_max_ps(top, m, top, v); }
+inline float max_lane(Vec v) { return _mm512_reduce_max_ps(v); }
+
+inline Vec round_nearest(Vec x) {
+  return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+inline Vec times_pow2(Vec p, Vec n) { return _mm512_scalef_ps(p, n); }  // p 2^n, n integral
+
 // Sum of the 16 lanes in one fixed order: halves, quarters, pairs, then the last pair.
-inline float lane_sum(__m512 v) {
+inline float lane_sum(Vec v) {
   const __m256 upper = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
   __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), upper);
   __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
@@ -63,7 +99,7 @@ inline float lane_sum(__m512 v) {
 // Lane j of the result = lane_sum(v[j]) bitwise: the same additions on the same operands
 // (each step pairs two vectors' halves with shuffles, then adds them), 2.8 operations per
 // sum instead of 7.
-inline __m512 lane_sums(const __m512 v[16]) {
+inline Vec lane_sums(const Vec v[kLanes]) {
   __m512 a[8], b[4], c[2];
   for (int j = 0; j < 8; ++j)  // i + (i + 8): lanes 8m..8m+7 from v[2j + m]
     a[j] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * j], v[2 * j + 1], 0x44),
@@ -83,51 +119,159 @@ inline __m512 lane_sums(const __m512 v[16]) {
   return _mm512_permutexvar_ps(order, d);
 }
 
+#else  // AVX2 + FMA: 16 ymm registers, so smaller register tiles
+constexpr int kLanes = 8;
+using Vec = __m256;
+using Mask = __m256i;  // the live lanes of a partial vector: all ones, else zero
+
+constexpr int kRowTile = 3;      // 3 x 4 accumulators + 3 rows + 1 weight = 16 registers
+constexpr int kColTile = 4;
+constexpr int kWideColTile = 8;
+
+inline Mask first_lanes(int64_t n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)),
+                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+inline Vec zero() { return _mm256_setzero_ps(); }
+inline Vec set1(float x) { return _mm256_set1_ps(x); }
+inline Vec add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
+inline Vec sub(Vec a, Vec b) { return _mm256_sub_ps(a, b); }
+inline Vec mul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
+inline Vec div(Vec a, Vec b) { return _mm256_div_ps(a, b); }
+inline Vec vmin(Vec a, Vec b) { return _mm256_min_ps(a, b); }
+inline Vec vmax(Vec a, Vec b) { return _mm256_max_ps(a, b); }
+inline Vec fmadd(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }    // a b + c
+inline Vec fnmadd(Vec a, Vec b, Vec c) { return _mm256_fnmadd_ps(a, b, c); }  // c - a b
+inline float first(Vec v) { return _mm256_cvtss_f32(v); }
+
+// Keeps v in a register: a vector used by several FMAs is loaded once, not folded into each
+// of them as a memory operand (GCC's choice, which makes a 3 x 4 tile load-bound).
+inline void in_register(Vec& v) { __asm__("" : "+x"(v)); }
+
+inline Vec load(const float* p) { return _mm256_loadu_ps(p); }
+// masked lanes read as 0 and are never touched in memory (no fault past the end)
+inline Vec load(const float* p, Mask m) { return _mm256_maskload_ps(p, m); }
+inline void store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+inline void store(float* p, Mask m, Vec v) { _mm256_maskstore_ps(p, m, v); }
+
+// 8 bfloat16 values (raw uint16) widened exactly to float32.
+inline Vec widen(__m128i bits) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+}
+inline Vec load(const uint16_t* p) {
+  return widen(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline Vec load_first(const uint16_t* p, int64_t n) {  // no 16-bit masked load in AVX2
+  alignas(16) uint16_t part[kLanes] = {};
+  std::memcpy(part, p, static_cast<size_t>(n) * sizeof(uint16_t));
+  return widen(_mm_load_si128(reinterpret_cast<const __m128i*>(part)));
+}
+
+// max(top, v) in the lanes of m, top elsewhere; the largest lane (max is exact, any order).
+inline Vec max_masked(Vec top, Mask m, Vec v) {
+  return _mm256_blendv_ps(top, _mm256_max_ps(top, v), _mm256_castsi256_ps(m));
+}
+inline float max_lane(Vec v) {
+  __m128 a = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  a = _mm_max_ps(a, _mm_movehl_ps(a, a));
+  return _mm_cvtss_f32(_mm_max_ss(a, _mm_movehdup_ps(a)));
+}
+
+inline Vec round_nearest(Vec x) {
+  return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+// p 2^n for integral n in [-126, 127]: 2^n built exactly from its exponent bits
+inline Vec times_pow2(Vec p, Vec n) {
+  const __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(_mm256_slli_epi32(e, 23)));
+}
+
+// Sum of the 8 lanes in one fixed order: halves, pairs, then the last pair.
+inline float lane_sum(Vec v) {
+  __m128 b = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  __m128 c = _mm_add_ps(b, _mm_movehl_ps(b, b));
+  __m128 d = _mm_add_ss(c, _mm_movehdup_ps(c));
+  return _mm_cvtss_f32(d);
+}
+
+// Lane j of the result = lane_sum(v[j]) bitwise: the same additions on the same operands
+// (each step pairs two vectors' halves with shuffles, then adds them).
+inline Vec lane_sums(const Vec v[kLanes]) {
+  __m256 a[4], c[2];
+  for (int j = 0; j < 4; ++j)  // i + (i + 4): 128-bit lane m from v[2j + m]
+    a[j] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * j], v[2 * j + 1], 0x20),
+                         _mm256_permute2f128_ps(v[2 * j], v[2 * j + 1], 0x31));
+  for (int n = 0; n < 2; ++n) {  // i + (i + 2): lane L, pairs of v[4n + L], v[4n + 2 + L]
+    const __m256d p = _mm256_castps_pd(a[2 * n]), q = _mm256_castps_pd(a[2 * n + 1]);
+    c[n] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(p, q)),
+                         _mm256_castpd_ps(_mm256_unpackhi_pd(p, q)));
+  }
+  // i + (i + 1): lane 4L + t holds the sum of v[2t + L]
+  const __m256 d = _mm256_add_ps(_mm256_shuffle_ps(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm256_shuffle_ps(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm256_permutevar8x32_ps(d, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+#endif
+
+inline Vec load_first(const float* p, int64_t n) { return load(p, first_lanes(n)); }
+
+// ---- The kernels, written once against the layer. ---------------------------------------
+
+constexpr int kRowBlock = 64;  // rows whose inputs stay in cache while W streams
+constexpr int kKeyBlock = 32;  // keys per online-softmax block (in a row's key order)
+static_assert(kKeyBlock % kLanes == 0, "scores are computed kLanes keys at a time");
+constexpr int kQueryTile = 16; // rows of one sequence sharing each read of a key block
+constexpr int kMaxHeadDim = 256;
+constexpr int kMaxChunks = kMaxHeadDim / kLanes;  // vectors per head
+constexpr int kMaxGroup = 16;  // query heads per kv head
+
 // exp(x) for float lanes: x = n ln2 + r, degree-6 polynomial for exp(r), scaled by 2^n.
 // Explicit operations only, so the result is a fixed function of x (underflows to 0 for
 // x below about -87, so exp(-inf) = 0).
-inline __m512 vexp(__m512 x) {
-  const __m512 lo = _mm512_set1_ps(-87.0f), hi = _mm512_set1_ps(88.0f);
-  x = _mm512_max_ps(_mm512_min_ps(x, hi), lo);
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  return _mm512_scalef_ps(p, n);
+inline Vec vexp(Vec x) {
+  x = vmax(vmin(x, set1(88.0f)), set1(-87.0f));
+  const Vec n = round_nearest(mul(x, set1(1.44269504088896341f)));
+  Vec r = fnmadd(n, set1(0.693359375f), x);
+  r = fnmadd(n, set1(-2.12194440e-4f), r);
+  Vec p = set1(1.9875691500e-4f);
+  p = fmadd(p, r, set1(1.3981999507e-3f));
+  p = fmadd(p, r, set1(8.3334519073e-3f));
+  p = fmadd(p, r, set1(4.1665795894e-2f));
+  p = fmadd(p, r, set1(1.6666665459e-1f));
+  p = fmadd(p, r, set1(5.0000001201e-1f));
+  p = fmadd(p, mul(r, r), add(r, set1(1.0f)));
+  return times_pow2(p, n);
 }
 
 // y[r][c] = sum_k x[r][k] * w[c][k] (+ bias[c]) for an R x C register tile; W is float
 // or uint16_t (bfloat16 bits): the same operations on the widened values.
-template <int R, int C, typename W>
+template <int R, int C, bool Ahead, typename W>
 inline void linear_tile(const float* x, int64_t ldx, const W* w, int64_t K, const float* bias,
                         float* y, int64_t ldy) {
-  __m512 acc[R][C];
+  Vec acc[R][C];
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+    for (int c = 0; c < C; ++c) acc[r][c] = zero();
   int64_t k = 0;
   for (; k + kLanes <= K; k += kLanes) {
-    __m512 xv[R];
-    for (int r = 0; r < R; ++r) xv[r] = load(x + r * ldx + k);
+    Vec xv[R];
+    for (int r = 0; r < R; ++r) {
+      xv[r] = load(x + r * ldx + k);
+      in_register(xv[r]);
+    }
     for (int c = 0; c < C; ++c) {
-      if (R == 1 && sizeof(W) == 2 && k % 32 == 0)  // a bf16 decode row: the next tile
+      if (Ahead && k % (64 / sizeof(W)) == 0)  // the next column tile, a cache line apart
         _mm_prefetch(reinterpret_cast<const char*>(w + (c + C) * K + k), _MM_HINT_T0);
-      const __m512 wv = load(w + c * K + k);
-      for (int r = 0; r < R; ++r) acc[r][c] = _mm512_fmadd_ps(xv[r], wv, acc[r][c]);
+      Vec wv = load(w + c * K + k);
+      if constexpr (R > 1) in_register(wv);
+      for (int r = 0; r < R; ++r) acc[r][c] = fmadd(xv[r], wv, acc[r][c]);
     }
   }
   if (k < K) {
-    __m512 xv[R];
-    for (int r = 0; r < R; ++r) xv[r] = load_tail(x + r * ldx + k, K - k);
+    Vec xv[R];
+    for (int r = 0; r < R; ++r) xv[r] = load_first(x + r * ldx + k, K - k);
     for (int c = 0; c < C; ++c) {
-      const __m512 wv = load_tail(w + c * K + k, K - k);
-      for (int r = 0; r < R; ++r) acc[r][c] = _mm512_fmadd_ps(xv[r], wv, acc[r][c]);
+      const Vec wv = load_first(w + c * K + k, K - k);
+      for (int r = 0; r < R; ++r) acc[r][c] = fmadd(xv[r], wv, acc[r][c]);
     }
   }
   for (int r = 0; r < R; ++r)
@@ -142,14 +286,20 @@ template <int R, int C, typename W>
 inline void linear_cols(const float* x, int64_t ldx, int64_t rows, const W* w, int64_t K,
                         const float* bias, float* y, int64_t ldy) {
   int64_t r = 0;
-  for (; r + R <= rows; r += R) linear_tile<R, C>(x + r * ldx, ldx, w, K, bias, y + r * ldy, ldy);
+  if (R <= rows) {  // the first row tile fetches the next column tile's weights
+    linear_tile<R, C, true>(x, ldx, w, K, bias, y, ldy);
+    r = R;
+  }
+  for (; r + R <= rows; r += R)
+    linear_tile<R, C, false>(x + r * ldx, ldx, w, K, bias, y + r * ldy, ldy);
   if constexpr (R > 1)
     if (r < rows) linear_cols<R - 1, C>(x + r * ldx, ldx, rows - r, w, K, bias, y + r * ldy, ldy);
 }
 
 // y [N, M] = x [N, K] @ w[M, K].T (+ bias [M] unless null), in row blocks of kRowBlock,
-// threads taking C output columns at a time (the tile's shape never changes a sum).
-template <int C, typename W>
+// threads taking C output columns at a time, R rows per register tile (the tile's shape
+// never changes a sum).
+template <int R, int C, typename W>
 void linear_blocks(const float* xp, const W* wp, const float* bp, float* yp, int64_t N,
                    int64_t K, int64_t M, int threads) {
   const int64_t tiles = (M + C - 1) / C;
@@ -162,95 +312,91 @@ void linear_blocks(const float* xp, const W* wp, const float* bp, float* yp, int
       const float* xr = xp + r0 * K;
       float* yr = yp + r0 * M + m0;
       if (m0 + C <= M) {
-        linear_cols<kRowTile, C>(xr, K, rows, wp + m0 * K, K, b, yr, M);
+        linear_cols<R, C>(xr, K, rows, wp + m0 * K, K, b, yr, M);
       } else {
         for (int64_t m = m0; m < M; ++m)
-          linear_cols<kRowTile, 1>(xr, K, rows, wp + m * K, K, b != nullptr ? bp + m : nullptr,
-                                   yr + (m - m0), M);
+          linear_cols<R, 1>(xr, K, rows, wp + m * K, K, b != nullptr ? bp + m : nullptr,
+                            yr + (m - m0), M);
       }
     }
   }
 }
 
-// A decode row reads 16 weight rows at a time (more memory streams in flight, which a
-// bf16 weight's short rows need to keep the memory bus busy); more rows, 4 at a time.
+// A decode row reads kWideColTile weight rows at a time (more memory streams in flight,
+// which a bf16 weight's short rows need to keep the memory bus busy); more rows, kColTile.
 template <typename W>
 void linear(const float* xp, const W* wp, const float* bp, float* yp, int64_t N, int64_t K,
             int64_t M, int threads) {
   if (N == 1)
-    linear_blocks<kWideColTile>(xp, wp, bp, yp, N, K, M, threads);
+    linear_blocks<1, kWideColTile>(xp, wp, bp, yp, N, K, M, threads);
   else
-    linear_blocks<kColTile>(xp, wp, bp, yp, N, K, M, threads);
+    linear_blocks<kRowTile, kColTile>(xp, wp, bp, yp, N, K, M, threads);
 }
 
 // What attend_block needs of the call: the K/V storage and the head geometry.
 struct Heads {
   const float* kc;
   const float* vc;
-  int64_t KVH, Dh, G, chunks;  // G query heads per kv head; chunks of 16 lanes per head
+  int64_t KVH, Dh, G, chunks;  // G query heads per kv head; chunks of kLanes per head
   float scale;
-  __mmask16 lanes[16];  // the lanes of each chunk of head_dim (the last may be partial)
+  Mask tail;  // the lanes of head_dim's last chunk (all of them when it is full)
 };
 
+// Chunk c of a head of CH chunks at p: the last one masked to head_dim.
+template <int CH>
+inline Vec load_chunk(const Heads& a, const float* p, int c) {
+  return c + 1 < CH ? load(p + c * kLanes) : load(p + c * kLanes, a.tail);
+}
+
 // Folds the keys of slots block[0..nb) (nb <= kKeyBlock) into one row's online softmax for
-// the G query heads of kv head g: q and acc hold G x CH x 16 floats, m_run/l_run G. CH (=
-// a.chunks) is a template argument only so that the accumulators live in registers.
+// the G query heads of kv head g: q and acc hold G x CH x kLanes floats, m_run/l_run G. CH
+// (= a.chunks) is a template argument only so that the accumulators live in registers.
 template <int CH>
 void attend_block(const Heads& a, int64_t g, const float* q, float* acc, float* m_run,
                   float* l_run, const int64_t* block, int64_t nb) {
-  alignas(64) float score[16][kKeyBlock];
-  alignas(64) float prob[16][kKeyBlock];
-  float m_new[16], corr[16], l_new[16];
-  constexpr int64_t chunks = CH;
+  alignas(64) float score[kMaxGroup][kKeyBlock];
+  alignas(64) float prob[kMaxGroup][kKeyBlock];
+  float m_new[kMaxGroup], corr[kMaxGroup], l_new[kMaxGroup];
   const int64_t G = a.G, Dh = a.Dh;
-  __mmask16 lane[CH];
-  for (int64_t c = 0; c < chunks; ++c) lane[c] = a.lanes[c];
   for (int64_t h = 0; h < G; ++h) {
-    __m512 qh[CH];
-    for (int64_t c = 0; c < chunks; ++c) qh[c] = load(q + (h * chunks + c) * kLanes);
+    Vec qh[CH];
+    for (int c = 0; c < CH; ++c) qh[c] = load(q + (h * CH + c) * kLanes);
     for (int64_t b0 = 0; b0 < nb; b0 += kLanes) {  // score = lane_sum(q . k) * scale
-      __m512 dot[kLanes];
+      Vec dot[kLanes];
       const int64_t keys = std::min<int64_t>(kLanes, nb - b0);
       for (int64_t j = 0; j < kLanes; ++j) {
         const float* kr = a.kc + (block[b0 + std::min(j, keys - 1)] * a.KVH + g) * Dh;
-        dot[j] = _mm512_setzero_ps();  // lanes past the block's keys: a copy, never read
-        for (int64_t c = 0; c < chunks; ++c)
-          dot[j] = _mm512_fmadd_ps(qh[c], _mm512_maskz_loadu_ps(lane[c], kr + c * kLanes), dot[j]);
+        dot[j] = zero();  // lanes past the block's keys: a copy, never read
+        for (int c = 0; c < CH; ++c) dot[j] = fmadd(qh[c], load_chunk<CH>(a, kr, c), dot[j]);
       }
-      _mm512_storeu_ps(score[h] + b0, _mm512_mul_ps(lane_sums(dot), _mm512_set1_ps(a.scale)));
+      store(score[h] + b0, mul(lane_sums(dot), set1(a.scale)));
     }
   }
   for (int64_t h = 0; h < G; ++h) {
-    __m512 top = _mm512_set1_ps(m_run[h]);  // max is exact: any order gives the same
+    Vec top = set1(m_run[h]);  // max is exact: any order gives the same
+    for (int64_t b = 0; b < nb; b += kLanes)
+      top = max_masked(top, first_lanes(std::min<int64_t>(kLanes, nb - b)), load(score[h] + b));
+    m_new[h] = max_lane(top);
+    const Vec mv = set1(m_new[h]);
     for (int64_t b = 0; b < nb; b += kLanes) {
-      const __mmask16 live = static_cast<__mmask16>((1u << std::min<int64_t>(kLanes, nb - b)) - 1u);
-      top = _mm512_mask_max_ps(top, live, top, _mm512_loadu_ps(score[h] + b));
+      const Mask live = first_lanes(std::min<int64_t>(kLanes, nb - b));
+      store(prob[h] + b, live, vexp(sub(load(score[h] + b, live), mv)));
     }
-    m_new[h] = _mm512_reduce_max_ps(top);
-    const __m512 mv = _mm512_set1_ps(m_new[h]);
-    for (int64_t b = 0; b < nb; b += kLanes) {
-      const int64_t m = std::min<int64_t>(kLanes, nb - b);
-      const __mmask16 mask16 = static_cast<__mmask16>((1u << m) - 1u);
-      const __m512 sv = _mm512_maskz_loadu_ps(mask16, score[h] + b);
-      _mm512_mask_storeu_ps(prob[h] + b, mask16, vexp(_mm512_sub_ps(sv, mv)));
-    }
-    corr[h] = _mm_cvtss_f32(_mm512_castps512_ps128(vexp(_mm512_set1_ps(m_run[h] - m_new[h]))));
+    corr[h] = first(vexp(set1(m_run[h] - m_new[h])));
     l_new[h] = l_run[h] * corr[h];
   }
   for (int64_t b = 0; b < nb; ++b)  // each head's sum in key order; the heads interleaved
     for (int64_t h = 0; h < G; ++h) l_new[h] += prob[h][b];
   for (int64_t h = 0; h < G; ++h) {
-    __m512 acc_h[16];
-    const __m512 cv = _mm512_set1_ps(corr[h]);
-    for (int64_t c = 0; c < chunks; ++c)
-      acc_h[c] = _mm512_mul_ps(load(acc + (h * chunks + c) * kLanes), cv);
+    Vec acc_h[CH];
+    const Vec cv = set1(corr[h]);
+    for (int c = 0; c < CH; ++c) acc_h[c] = mul(load(acc + (h * CH + c) * kLanes), cv);
     for (int64_t b = 0; b < nb; ++b) {
       const float* vr = a.vc + (block[b] * a.KVH + g) * Dh;
-      const __m512 pv = _mm512_set1_ps(prob[h][b]);
-      for (int64_t c = 0; c < chunks; ++c)
-        acc_h[c] = _mm512_fmadd_ps(pv, _mm512_maskz_loadu_ps(lane[c], vr + c * kLanes), acc_h[c]);
+      const Vec pv = set1(prob[h][b]);
+      for (int c = 0; c < CH; ++c) acc_h[c] = fmadd(pv, load_chunk<CH>(a, vr, c), acc_h[c]);
     }
-    for (int64_t c = 0; c < chunks; ++c) _mm512_storeu_ps(acc + (h * chunks + c) * kLanes, acc_h[c]);
+    for (int c = 0; c < CH; ++c) store(acc + (h * CH + c) * kLanes, acc_h[c]);
     m_run[h] = m_new[h];
     l_run[h] = l_new[h];
   }
@@ -264,8 +410,8 @@ constexpr std::array<AttendBlock, sizeof...(CH)> attend_blocks(std::integer_sequ
   return {&attend_block<CH + 1>...};
 }
 
-// attend_block<chunks> for chunks = 1..16 (head_dim up to 256)
-constexpr auto kAttendBlock = attend_blocks(std::make_integer_sequence<int, 16>{});
+// attend_block<chunks> for chunks = 1..kMaxChunks (head_dim up to kMaxHeadDim)
+constexpr auto kAttendBlock = attend_blocks(std::make_integer_sequence<int, kMaxChunks>{});
 
 }  // namespace
 
@@ -287,15 +433,15 @@ void dg_linear_bf16(const float* xp, const uint16_t* wp, const float* bp, float*
 void dg_rms_norm(const float* xp, const float* wp, float* yp, int64_t N, int64_t D, float eps) {
   for (int64_t n = 0; n < N; ++n) {
     const float* xr = xp + n * D;
-    __m512 acc = _mm512_setzero_ps();
+    Vec acc = zero();
     int64_t d = 0;
     for (; d + kLanes <= D; d += kLanes) {
-      const __m512 v = load(xr + d);
-      acc = _mm512_fmadd_ps(v, v, acc);
+      const Vec v = load(xr + d);
+      acc = fmadd(v, v, acc);
     }
     if (d < D) {
-      const __m512 v = load_tail(xr + d, D - d);
-      acc = _mm512_fmadd_ps(v, v, acc);
+      const Vec v = load_first(xr + d, D - d);
+      acc = fmadd(v, v, acc);
     }
     const float scale =
         1.0f / std::sqrt(lane_sum(acc) / static_cast<float>(D) + eps);
@@ -334,19 +480,15 @@ void dg_rope_store(const float* src, const float* cp, const float* sp, float* kc
 
 // yp [N, F] = silu(gate) * up for gp = gate_up [N, 2 * F] (gate first).
 void dg_silu_mul(const float* gp, float* yp, int64_t N, int64_t F) {
-  const __m512 one = _mm512_set1_ps(1.0f);
   for (int64_t n = 0; n < N; ++n) {
     const float* g = gp + n * 2 * F;
     const float* u = g + F;
     float* out = yp + n * F;
-    for (int64_t f = 0; f < F; f += kLanes) {
-      const int64_t m = std::min<int64_t>(kLanes, F - f);
-      const __mmask16 mask = static_cast<__mmask16>((1u << m) - 1u);
-      const __m512 gv = _mm512_maskz_loadu_ps(mask, g + f);
-      const __m512 uv = _mm512_maskz_loadu_ps(mask, u + f);
-      const __m512 e = vexp(_mm512_sub_ps(_mm512_setzero_ps(), gv));
-      const __m512 silu = _mm512_div_ps(gv, _mm512_add_ps(one, e));
-      _mm512_mask_storeu_ps(out + f, mask, _mm512_mul_ps(silu, uv));
+    for (int64_t f = 0; f < F; f += kLanes) {  // lane by lane: the same ops on every lane
+      const Mask live = first_lanes(std::min<int64_t>(kLanes, F - f));
+      const Vec gv = load(g + f, live);
+      const Vec silu = div(gv, add(set1(1.0f), vexp(sub(zero(), gv))));
+      store(out + f, live, mul(silu, load(u + f, live)));
     }
   }
 }
@@ -362,7 +504,7 @@ void dg_silu_mul(const float* gp, float* yp, int64_t N, int64_t F) {
 // for that row whatever else the call holds. Rows of one sequence are taken kQueryTile at a
 // time: the leading blocks every row of the tile allows in full are read once for the tile
 // (the K/V stay in cache), then each row goes on alone.
-// Needs head_dim <= 256 and at most 16 query heads per kv head (checked by the caller).
+// Needs head_dim <= kMaxHeadDim and at most kMaxGroup query heads per kv head (checked by the caller).
 void dg_attention(const float* qp, const float* kc, const float* vc, const int64_t* kp,
                   const int64_t* ks, const int64_t* rs, const int64_t* cl, const bool* mp,
                   const int64_t* ms, float* op, int64_t N, int64_t n_seqs, int64_t H,
@@ -375,8 +517,7 @@ void dg_attention(const float* qp, const float* kc, const float* vc, const int64
   a.G = H / KVH;
   a.chunks = (Dh + kLanes - 1) / kLanes;
   a.scale = 1.0f / std::sqrt(static_cast<float>(Dh));
-  for (int64_t c = 0; c < a.chunks; ++c)
-    a.lanes[c] = static_cast<__mmask16>((1u << std::min<int64_t>(kLanes, Dh - c * kLanes)) - 1u);
+  a.tail = first_lanes(Dh - (a.chunks - 1) * kLanes);
   struct Item {
     int64_t s, g, first, last;  // rows [first, last) of sequence s, kv head g
   };
@@ -387,6 +528,7 @@ void dg_attention(const float* qp, const float* kc, const float* vc, const int64
         items.push_back({s, g, r, std::min<int64_t>(r + kQueryTile, rs[s + 1])});
   const int64_t width = a.G * a.chunks * kLanes;  // floats per row: its query, its accumulators
   const AttendBlock attend_block = kAttendBlock[a.chunks - 1];
+  const auto lanes = [&](int64_t c) { return c + 1 < a.chunks ? first_lanes(kLanes) : a.tail; };
 
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
   for (size_t it = 0; it < items.size(); ++it) {
@@ -400,8 +542,8 @@ void dg_attention(const float* qp, const float* kc, const float* vc, const int64
     for (int64_t t = 0; t < rows; ++t)
       for (int64_t h = 0; h < a.G; ++h)
         for (int64_t c = 0; c < a.chunks; ++c)
-          _mm512_storeu_ps(&qv[t * width + (h * a.chunks + c) * kLanes],
-                           _mm512_maskz_loadu_ps(a.lanes[c], qp + ((item.first + t) * H + g * a.G + h) * Dh + c * kLanes));
+          store(&qv[t * width + (h * a.chunks + c) * kLanes],
+                load(qp + ((item.first + t) * H + g * a.G + h) * Dh + c * kLanes, lanes(c)));
     // keys [0, shared) are allowed to every row of the tile: the context, and under the
     // causal mask the new rows up to the tile's first
     const int64_t first_i = item.first - rs[s];
@@ -430,10 +572,10 @@ void dg_attention(const float* qp, const float* kc, const float* vc, const int64
       }
       const int64_t r = item.first + t;
       for (int64_t h = 0; h < a.G; ++h) {
-        const __m512 inv = _mm512_set1_ps(1.0f / l_run[t * a.G + h]);
+        const Vec inv = set1(1.0f / l_run[t * a.G + h]);
         for (int64_t c = 0; c < a.chunks; ++c)
-          _mm512_mask_storeu_ps(op + (r * H + g * a.G + h) * Dh + c * kLanes, a.lanes[c],
-                                _mm512_mul_ps(load(&acc[t * width + (h * a.chunks + c) * kLanes]), inv));
+          store(op + (r * H + g * a.G + h) * Dh + c * kLanes, lanes(c),
+                mul(load(&acc[t * width + (h * a.chunks + c) * kLanes]), inv));
       }
     }
   }
