@@ -32,7 +32,7 @@ def bucket(match_len: int) -> int:
     return _BUCKET_OF[match_len] if match_len < len(_BUCKET_OF) else len(BUCKET_EDGES)
 
 
-_BUCKET_OF = [sum(m >= edge for edge in BUCKET_EDGES) for m in range(BUCKET_EDGES[-1])]
+_BUCKET_OF = [sum(m >= edge for edge in BUCKET_EDGES) for m in range(1024)]
 
 
 def _buckets(first_match: int, n: int) -> np.ndarray:
@@ -54,20 +54,24 @@ class AcceptanceModel:
         self._hits = [[0.0] * n for _ in Source]
         self._trials = [[0.0] * n for _ in Source]
         self._priors = [_PRIORS[s] for s in Source]
-        self._table = [list(p) for p in self._priors]
-        self._rows = np.array(self._table)  # the same rates as float64 rows, for path_scores
+        self.table = [list(p) for p in self._priors]
+        """The current rates, per source then match bucket (read them, do not write)."""
+        self._rows = np.array(self.table)  # the same rates as float64 rows, for path_scores
+        self._row_views = list(self._rows)  # one view per source (updated in place)
 
     def rate(self, source: int, match_len: int) -> float:
         """Estimated probability that the next token copied from a match is accepted."""
-        return self._table[source][bucket(match_len)]
+        return self.table[source][bucket(match_len)]
 
     def rates(self, source: int, first_match: int, n: int) -> list[float]:
         """``rate`` for match lengths first_match, first_match + 1, ... (n of them)."""
-        table = self._table[source]
-        top = len(_BUCKET_OF)
+        table = self.table[source]
+        stop = first_match + n
+        if stop <= len(_BUCKET_OF):
+            return list(map(table.__getitem__, _BUCKET_OF[first_match:stop]))
         last = table[-1]
         return [
-            table[_BUCKET_OF[m]] if m < top else last for m in range(first_match, first_match + n)
+            table[_BUCKET_OF[m]] if m < len(_BUCKET_OF) else last for m in range(first_match, stop)
         ]
 
     def path_scores(self, source: int, first_match: int, n: int) -> np.ndarray:
@@ -76,7 +80,8 @@ class AcceptanceModel:
         it is accepted (multiplied in float64, left to right)."""
         stop = first_match + n
         buckets = _BUCKETS[first_match:stop] if stop <= len(_BUCKETS) else _buckets(first_match, n)
-        return np.multiply.accumulate(self._rows[source].take(buckets)).astype(np.float32)
+        rates = self._row_views[source].take(buckets)
+        return np.multiply.accumulate(rates, out=rates).astype(np.float32)
 
     def observe(self, source: int, match_len: int, accepted: bool) -> None:
         """Record whether a copied token equalled the token the target committed."""
@@ -86,4 +91,4 @@ class AcceptanceModel:
         trials[b] = trials[b] * self.decay + 1.0
         w = self.prior_weight
         estimate = (hits[b] + w * self._priors[source][b]) / (trials[b] + w)
-        self._table[source][b] = self._rows[source, b] = estimate
+        self.table[source][b] = self._rows[source, b] = estimate

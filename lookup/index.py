@@ -18,6 +18,8 @@ import numpy as np
 
 from lookup.hashing import LEVELS, MASK, RollingHash, level_hashes
 
+_NO_TOKENS = np.zeros(0, np.int64)
+
 
 class _Level:
     """One n-gram length over the static array.
@@ -90,6 +92,8 @@ class TokenIndex:
         self._n_static = len(static)
         self._segments = segments  # oldest first; shared with the indexes extended from
         self._tail: list[int] = []
+        self._tail_buffer = _NO_TOKENS  # the tail again as int64, room to grow at its end
+        self._tail_view = _NO_TOKENS  # a read-only view of the buffer (drafts take slices)
         self._tail_maps: list[dict[int, list[int]]] = [{} for _ in LEVELS]
         self._rolling = RollingHash(self._static[-LEVELS[-1] :].tolist())
 
@@ -119,6 +123,10 @@ class TokenIndex:
         """Index more tokens at the end (O(levels) dict updates per token)."""
         rolling = self._rolling
         for token in tokens:
+            n = len(self._tail)
+            if n == len(self._tail_buffer):
+                self._grow_tail()
+            self._tail_buffer[n] = token
             self._tail.append(token)
             rolling.push(token)
             after = len(self)
@@ -126,6 +134,12 @@ class TokenIndex:
                 key = rolling.suffix(n)
                 if key is not None:
                     self._tail_maps[level].setdefault(key, []).append(after)
+
+    def _grow_tail(self) -> None:
+        buffer = np.empty(max(64, 2 * len(self._tail_buffer)), np.int64)
+        buffer[: len(self._tail)] = self._tail
+        self._tail_buffer, self._tail_view = buffer, buffer.view()
+        self._tail_view.flags.writeable = False
 
     def suffix_hashes(self) -> list[int | None]:
         """Per level, the hash of the n-gram that ends the array (None if it is shorter)."""
@@ -170,10 +184,15 @@ class TokenIndex:
         return head + self._tail[max(start - n, 0) : stop - n]
 
     def array(self, start: int, stop: int) -> np.ndarray:
-        """Tokens [start, stop) as int64 (clipped), a read-only view when not in the tail."""
-        if stop <= self._n_static:
+        """Tokens [start, stop) as int64 (clipped), a read-only view unless the range spans
+        both the static array and the tail."""
+        n = self._n_static
+        if stop <= n:
             return self._static[max(start, 0) : stop]
-        return np.asarray(self.slice(start, stop), dtype=np.int64)
+        stop = min(stop, n + len(self._tail)) - n
+        if start >= n:
+            return self._tail_view[start - n : stop]
+        return np.concatenate((self._static[max(start, 0) :], self._tail_view[:stop]))
 
     def token(self, pos: int) -> int:
         """The token at ``pos``."""

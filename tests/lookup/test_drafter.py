@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import heapq
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -211,3 +213,74 @@ def test_fuzz_drafter_at_every_source_ending(
             assert len(draft) <= 1 + step % 8
             _check_tree(draft)
             assert all(0 <= t <= 4 for t in draft.tokens.tolist())
+
+
+def _reference_tree(
+    conts: list[list[int]], negs: list[float], rates: list[list[float]], size: int, width: int
+) -> tuple[list[int], list[int], list[float]]:
+    """The trie of the continuations (a node's weight sums minus ``negs`` of those through
+    it, its rate is its creator's at its depth), scored by path probability and expanded
+    best first with a heap: (tokens, parents, scores) of the draft, parents first."""
+    tok: list[int] = []
+    par: list[int] = []
+    weight: list[float] = []
+    rate: list[float] = []
+    depth: list[int] = []
+    kids: dict[int, list[int]] = {-1: []}
+    for c, tokens in enumerate(conts):
+        node = -1
+        for d, token in enumerate(tokens):
+            child = next((k for k in kids[node] if tok[k] == token), None)
+            if child is None:
+                child = len(tok)
+                tok.append(token), par.append(node), depth.append(d)
+                weight.append(0.0 - negs[c])
+                rate.append(rates[c][d])
+                kids[node].append(child)
+                kids[child] = []
+            else:
+                weight[child] -= negs[c]
+            node = child
+    score: list[float] = []
+    for i, p in enumerate(par):
+        share = weight[i] / sum(weight[k] for k in kids[p])
+        score.append((1.0 if p < 0 else score[p]) * rate[i] * share)
+    order: list[int] = []
+    heap = sorted((-score[k], k) for k in kids[-1])[:width]
+    while heap and len(order) < size:
+        _, node = heapq.heappop(heap)
+        order.append(node)
+        for item in sorted((-score[k], k) for k in kids[node])[:width]:
+            heapq.heappush(heap, item)
+    order.sort(key=lambda i: (depth[i], -score[i], i))
+    where = {old: new for new, old in enumerate(order)} | {-1: -1}
+    return [tok[i] for i in order], [where[par[i]] for i in order], [score[i] for i in order]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_trees_equal_a_best_first_expansion_of_the_merged_trie(seed: int) -> None:
+    """Small alphabets make continuations share prefixes, branch at shared nodes and
+    crowd more children under one node than the width allows."""
+    rng = np.random.default_rng(seed)
+    alphabet = 3 + seed % 4
+    docs = [build_index(rng.integers(0, alphabet, 60)) for _ in range(5)]
+    drafter = Drafter(rng.integers(0, alphabet, 40).tolist(), documents=docs)
+    trees = 0
+    for _ in range(60):
+        size, width = int(rng.integers(1, 24)), int(rng.integers(2, 4))
+        candidates = drafter._candidates(drafter._ranked(), drafter.config.tree_candidates)
+        draft = drafter.propose(size, max_width=width)
+        if len(candidates) > 1:
+            trees += 1
+            conts, negs, rates = [], [], []
+            for rank, (neg, source, pos, track) in enumerate(candidates[:4]):
+                tokens = drafter._continuation(track, pos, size if rank == 0 else (size + 1) // 2)
+                conts.append(tokens)
+                negs.append(neg)
+                rates.append(drafter.acceptance.rates(source, track.match, len(tokens)))
+            tokens, parents, scores = _reference_tree(conts, negs, rates, size, width)
+            assert draft.tokens.tolist() == tokens
+            assert draft.parents.tolist() == parents
+            assert np.array_equal(draft.scores, np.asarray(scores, np.float32))
+        drafter.extend(rng.integers(0, alphabet, int(rng.integers(1, 4))).tolist())
+    assert trees > 10
