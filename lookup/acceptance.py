@@ -29,10 +29,11 @@ _PRIORS: dict[Source, tuple[float, ...]] = {
 
 def bucket(match_len: int) -> int:
     """The match-length bucket of ``match_len``."""
-    return _BUCKET_OF[match_len] if match_len < len(_BUCKET_OF) else len(BUCKET_EDGES)
+    return BUCKET_OF[match_len] if match_len < len(BUCKET_OF) else len(BUCKET_EDGES)
 
 
-_BUCKET_OF = [sum(m >= edge for edge in BUCKET_EDGES) for m in range(1024)]
+BUCKET_OF = [sum(m >= edge for edge in BUCKET_EDGES) for m in range(1024)]
+"""The bucket of each match length below 1024 (longer ones are in the last bucket)."""
 
 
 def _buckets(first_match: int, n: int) -> np.ndarray:
@@ -59,6 +60,12 @@ class AcceptanceModel:
         self._rows = np.array(self.table)  # the same rates as float64 rows, for path_scores
         self._row_views = list(self._rows)  # one view per source (updated in place)
 
+    @property
+    def rows(self) -> np.ndarray:
+        """The rates as float64 [source, bucket], C-contiguous, updated in place by
+        :meth:`observe` (read them, do not write)."""
+        return self._rows
+
     def rate(self, source: int, match_len: int) -> float:
         """Estimated probability that the next token copied from a match is accepted."""
         return self.table[source][bucket(match_len)]
@@ -67,11 +74,11 @@ class AcceptanceModel:
         """``rate`` for match lengths first_match, first_match + 1, ... (n of them)."""
         table = self.table[source]
         stop = first_match + n
-        if stop <= len(_BUCKET_OF):
-            return list(map(table.__getitem__, _BUCKET_OF[first_match:stop]))
+        if stop <= len(BUCKET_OF):
+            return list(map(table.__getitem__, BUCKET_OF[first_match:stop]))
         last = table[-1]
         return [
-            table[_BUCKET_OF[m]] if m < len(_BUCKET_OF) else last for m in range(first_match, stop)
+            table[BUCKET_OF[m]] if m < len(BUCKET_OF) else last for m in range(first_match, stop)
         ]
 
     def path_scores(self, source: int, first_match: int, n: int) -> np.ndarray:

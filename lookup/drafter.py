@@ -24,6 +24,7 @@ import numpy as np
 from lookup.acceptance import AcceptanceModel, bucket
 from lookup.draft import Draft, Source
 from lookup.index import TokenIndex
+from lookup.native import MAX_CANDIDATES, TreeBuilder, load_library
 from lookup.tracks import Track
 
 
@@ -34,7 +35,10 @@ class DrafterConfig:
     candidates: int = 8  # occurrences kept per source
     max_match: int = 32  # match lengths are counted up to this (the longest bucket)
     tree_candidates: int = 4  # distinct continuations merged into a tree
+    native_trees: bool = True  # trees by the compiled builder when it loads (same drafts)
 
+
+_Ints = list[int] | np.ndarray  # a tree's parents, sources or match lengths
 
 Candidate = tuple[float, int, int, Track]
 """An occurrence to copy from: minus the estimated acceptance rate of its first token, its
@@ -90,10 +94,12 @@ class Drafter:
         self._last_tokens: Sequence[int] | np.ndarray = []
         self._last_source = 0  # a chain's source and the match length of its first node
         self._last_m0 = 0
-        self._last_tree: tuple[list[int], list[int], list[int]] | None = None  # parents,
-        # sources and match lengths of a tree's nodes (None: the last proposal is a chain)
+        self._last_tree: tuple[_Ints, _Ints, _Ints] | None = None  # parents, sources and
+        # match lengths of a tree's nodes (None: the last proposal is a chain)
         self._last_children: dict[int, list[int]] | None = None
         self._cursor: int | None = None  # the node the committed tokens have reached
+        self._builder: TreeBuilder | None = None  # made at the first tree, when it loads
+        self._native = config.native_trees and config.tree_candidates <= MAX_CANDIDATES
 
     # -- committing tokens -------------------------------------------------------------
 
@@ -155,14 +161,15 @@ class Drafter:
         parents, sources, match = self._last_tree
         if self._last_children is None:
             self._last_children = {}
-            for child, parent in enumerate(parents):
+            for child, parent in enumerate(list(map(int, parents))):
                 self._last_children.setdefault(parent, []).append(child)
         children = self._last_children.get(node)
         if not children:
             self._cursor = None
             return
         first = children[0]
-        self.acceptance.observe(sources[first], match[first], int(tokens[first]) == token)
+        hit = int(tokens[first]) == token
+        self.acceptance.observe(int(sources[first]), int(match[first]), hit)
         self._cursor = next((c for c in children if int(tokens[c]) == token), None)
 
     # -- proposing -----------------------------------------------------------------------
@@ -179,7 +186,38 @@ class Drafter:
         if len(candidates) == 1:
             _, source, pos, track = candidates[0]
             return self._copy(track, pos, source, max_tokens)
-        return self._tree(candidates[: self.config.tree_candidates], max_tokens, max_width)
+        candidates = candidates[: self.config.tree_candidates]
+        if self._native:
+            builder = self._builder or self._tree_builder()
+            if builder is not None:
+                return self._native_tree(builder, candidates, max_tokens, max_width)
+        return self._tree(candidates, max_tokens, max_width)
+
+    def _tree_builder(self) -> TreeBuilder | None:
+        library, _ = load_library()
+        if library is None:
+            self._native = False
+            return None
+        self._builder = TreeBuilder(library, self.acceptance.rows)
+        return self._builder
+
+    def _native_tree(
+        self, builder: TreeBuilder, candidates: list[Candidate], max_nodes: int, max_width: int
+    ) -> Draft:
+        """:meth:`_tree`, compiled."""
+        context = self._context
+        slots: list[int] = []
+        for _, source, pos, track in candidates:
+            index = track.index
+            slots += index.addresses()
+            slots += (pos, index is context, source, track.match)
+        n = builder.build(max_nodes, max_width, slots)
+        tokens, parents = builder.tokens[:n].copy(), builder.parents[:n].copy()
+        sources = builder.sources[:n].copy()
+        self._last_tokens, self._last_tree = tokens, (parents, sources, builder.match[:n].copy())
+        self._last_children = None
+        self._cursor = -1
+        return Draft(tokens, parents, builder.scores[:n].copy(), sources)
 
     def _ranked(self) -> list[tuple[float, int, int]]:
         """(minus the estimated rate, source, track number) of each track with an occurrence
@@ -194,7 +232,7 @@ class Drafter:
             if not positions:
                 continue
             index = track.index
-            size = len(index)
+            size = index.size
             first = positions[0]
             if first >= size:
                 first = next((p for p in positions if p < size), -1)
@@ -212,7 +250,7 @@ class Drafter:
         neg, source, i = ranked
         track = self._tracks[i]
         index = track.index
-        size = len(index)
+        size = index.size
         usable = [p for p in track.positions if p < size]
         if index is not self._context:
             return [(neg, source, p, track) for p in usable]
@@ -233,9 +271,14 @@ class Drafter:
         """Occurrences of the best tracks (rate, then source priority, then track order),
         whole tracks at a time until there are ``at_least``; best first."""
         ranked.sort()
+        tracks, context = self._tracks, self._context
         out: list[Candidate] = []
         for entry in ranked:
-            out += self._occurrences(entry)
+            track = tracks[entry[2]]
+            if len(track.positions) == 1 and track.index is not context:  # the usual case
+                out.append((entry[0], entry[1], track.positions[0], track))
+            else:
+                out += self._occurrences(entry)
             if len(out) >= at_least:
                 break
         if len(out) > 1:
@@ -251,19 +294,21 @@ class Drafter:
 
     def _chain(self, best: tuple[float, int, int], k: int) -> Draft:
         """Copy from the best track; when its occurrences are equally rated and disagree,
-        from one the majority agrees with."""
+        from one the majority agrees with (of two, the first)."""
         track = self._tracks[best[2]]
         source, pos = best[1], track.positions[0]
         if len(track.positions) > 1:
-            candidates = self._occurrences(best)
-            neg, source, pos, _ = candidates[0]
-            same = [c for c in candidates if c[0] == neg]
-            if len(same) > 1:
-                token = track.index.token
-                votes: dict[int, list[Candidate]] = {}
-                for c in same:
-                    votes.setdefault(token(c[2]), []).append(c)
-                _, source, pos, _ = max(votes.values(), key=len)[0]
+            if track.index is not self._context:  # occurrences rated alike
+                size = track.index.size
+                usable = [p for p in track.positions if p < size]
+                pos = usable[0] if len(usable) < 3 else _majority(track.index, usable)
+            else:
+                candidates = self._occurrences(best)
+                neg, source, pos, _ = candidates[0]
+                same = [c[2] for c in candidates if c[0] == neg]
+                if len(same) > 2:
+                    pos = _majority(track.index, same)
+                    source = next(c[1] for c in candidates if c[2] == pos)
         return self._copy(track, pos, source, k)
 
     def _copy(self, track: Track, pos: int, source: int, k: int) -> Draft:
@@ -384,6 +429,15 @@ class Drafter:
             np.asarray(list(map(score.__getitem__, order)), np.float32),
             np.asarray(sources, np.int8),
         )
+
+
+def _majority(index: TokenIndex, positions: list[int]) -> int:
+    """The first of the positions followed by the token most of them are followed by (the
+    earliest such token on ties)."""
+    votes: dict[int, list[int]] = {}
+    for pos in positions:
+        votes.setdefault(index.token(pos), []).append(pos)
+    return max(votes.values(), key=len)[0]
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

@@ -90,15 +90,17 @@ class TokenIndex:
         self._static = static.view()
         self._static.flags.writeable = False  # drafts hand out views of it
         self._n_static = len(static)
+        self.size = len(static)  # tokens held (``len``, as an attribute: cheaper to read)
         self._segments = segments  # oldest first; shared with the indexes extended from
         self._tail: list[int] = []
         self._tail_buffer = _NO_TOKENS  # the tail again as int64, room to grow at its end
+        self._addresses = (0, 0)  # of the static array and of the tail buffer, once asked
         self._tail_view = _NO_TOKENS  # a read-only view of the buffer (drafts take slices)
         self._tail_maps: list[dict[int, list[int]]] = [{} for _ in LEVELS]
         self._rolling = RollingHash(self._static[-LEVELS[-1] :].tolist())
 
     def __len__(self) -> int:
-        return self._n_static + len(self._tail)
+        return self.size
 
     def extended(self, tokens: np.ndarray) -> TokenIndex:
         """A new index over these tokens followed by ``tokens``, sharing this one's numpy
@@ -128,6 +130,7 @@ class TokenIndex:
                 self._grow_tail()
             self._tail_buffer[n] = token
             self._tail.append(token)
+            self.size += 1
             rolling.push(token)
             after = len(self)
             for level, n in enumerate(LEVELS):
@@ -140,6 +143,17 @@ class TokenIndex:
         buffer[: len(self._tail)] = self._tail
         self._tail_buffer, self._tail_view = buffer, buffer.view()
         self._tail_view.flags.writeable = False
+        self._addresses = (0, 0)
+
+    def addresses(self) -> tuple[int, int, int, int]:
+        """(address of the static int64 tokens, their count, address of the appended ones,
+        their count): for compiled code reading the tokens in place until the next append."""
+        static, tail = self._addresses
+        if not static:
+            static = int(self._static.ctypes.data)
+            tail = int(self._tail_buffer.ctypes.data)
+            self._addresses = static, tail
+        return static, self._n_static, tail, len(self._tail)
 
     def suffix_hashes(self) -> list[int | None]:
         """Per level, the hash of the n-gram that ends the array (None if it is shorter)."""

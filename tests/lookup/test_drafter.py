@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import heapq
+from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lookup import native
 from lookup.draft import Draft, Source
-from lookup.drafter import Drafter
+from lookup.drafter import Drafter, DrafterConfig
 from lookup.index import build_index
+from lookup.native import load_library
 
 
 def _longest_suffix_match(seq: list[int], cap: int) -> int:
@@ -257,14 +260,18 @@ def _reference_tree(
     return [tok[i] for i in order], [where[par[i]] for i in order], [score[i] for i in order]
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["compiled", "python"])
 @pytest.mark.parametrize("seed", range(12))
-def test_trees_equal_a_best_first_expansion_of_the_merged_trie(seed: int) -> None:
+def test_trees_equal_a_best_first_expansion_of_the_merged_trie(seed: int, native: bool) -> None:
     """Small alphabets make continuations share prefixes, branch at shared nodes and
     crowd more children under one node than the width allows."""
+    if native:
+        _require_compiled_trees()
     rng = np.random.default_rng(seed)
     alphabet = 3 + seed % 4
     docs = [build_index(rng.integers(0, alphabet, 60)) for _ in range(5)]
-    drafter = Drafter(rng.integers(0, alphabet, 40).tolist(), documents=docs)
+    config = DrafterConfig(native_trees=native)
+    drafter = Drafter(rng.integers(0, alphabet, 40).tolist(), documents=docs, config=config)
     trees = 0
     for _ in range(60):
         size, width = int(rng.integers(1, 24)), int(rng.integers(2, 4))
@@ -284,3 +291,51 @@ def test_trees_equal_a_best_first_expansion_of_the_merged_trie(seed: int) -> Non
             assert np.array_equal(draft.scores, np.asarray(scores, np.float32))
         drafter.extend(rng.integers(0, alphabet, int(rng.integers(1, 4))).tolist())
     assert trees > 10
+
+
+def _require_compiled_trees() -> None:
+    library, why = load_library()
+    if library is None and why.startswith("no C++ compiler"):
+        pytest.skip(why)  # nothing to compare on a machine without g++
+    assert library is not None, why
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    alphabet=st.integers(2, 8),
+    widths=st.lists(st.integers(2, 4), min_size=1, max_size=3),
+)
+def test_compiled_trees_equal_python_trees(seed: int, alphabet: int, widths: list[int]) -> None:
+    """Bit for bit, through learning: the same drafts from the same commits, with a
+    prediction, documents of every retrieved kind and output copied from the context."""
+    _require_compiled_trees()
+    rng = np.random.default_rng(seed)
+    docs = [build_index(rng.integers(0, alphabet, int(rng.integers(0, 80)))) for _ in range(6)]
+    kinds = [Source.DOCUMENT, Source.RETRIEVED, Source.ANSWER] * 2
+    prompt = rng.integers(0, alphabet, int(rng.integers(0, 50))).tolist()
+    prediction = rng.integers(0, alphabet, int(rng.integers(0, 40))).tolist()
+    drafters = [
+        Drafter(prompt, prediction, docs, DrafterConfig(native_trees=n), kinds) for n in (1, 0)
+    ]
+    for step in range(25):
+        size = int(rng.integers(1, 40))
+        native, python = (d.propose(size, widths[step % len(widths)]) for d in drafters)
+        for field in ("tokens", "parents", "scores", "source"):
+            a, b = getattr(native, field), getattr(python, field)
+            assert a.dtype == b.dtype and np.array_equal(a, b)
+        taken = native.tokens[: int(rng.integers(0, len(native) + 1))].tolist()
+        commit = taken + rng.integers(0, alphabet, int(rng.integers(1, 4))).tolist()
+        for d in drafters:
+            d.extend(commit)
+
+
+def test_without_a_compiler_trees_are_built_in_python(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-g++"))
+    monkeypatch.setenv(native.CACHE_ENV, str(tmp_path))
+    library, why = native._load()
+    assert library is None and why.startswith("build failed")
+    monkeypatch.setenv(native.DISABLE_ENV, "1")
+    assert native._load() == (None, f"disabled by {native.DISABLE_ENV}")
