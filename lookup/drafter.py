@@ -24,7 +24,7 @@ import numpy as np
 from lookup.acceptance import AcceptanceModel, bucket
 from lookup.draft import Draft, Source
 from lookup.index import TokenIndex
-from lookup.native import MAX_CANDIDATES, TreeBuilder, load_library
+from lookup.native import MAX_CANDIDATES, TreeBuilder, tree_builder, writable_address
 from lookup.tracks import Track
 
 
@@ -98,8 +98,8 @@ class Drafter:
         # match lengths of a tree's nodes (None: the last proposal is a chain)
         self._last_children: dict[int, list[int]] | None = None
         self._cursor: int | None = None  # the node the committed tokens have reached
-        self._builder: TreeBuilder | None = None  # made at the first tree, when it loads
         self._native = config.native_trees and config.tree_candidates <= MAX_CANDIDATES
+        self._rates_address = 0  # of the acceptance rates, for the compiled tree builder
 
     # -- committing tokens -------------------------------------------------------------
 
@@ -188,18 +188,11 @@ class Drafter:
             return self._copy(track, pos, source, max_tokens)
         candidates = candidates[: self.config.tree_candidates]
         if self._native:
-            builder = self._builder or self._tree_builder()
+            builder = tree_builder()
             if builder is not None:
                 return self._native_tree(builder, candidates, max_tokens, max_width)
-        return self._tree(candidates, max_tokens, max_width)
-
-    def _tree_builder(self) -> TreeBuilder | None:
-        library, _ = load_library()
-        if library is None:
             self._native = False
-            return None
-        self._builder = TreeBuilder(library, self.acceptance.rows)
-        return self._builder
+        return self._tree(candidates, max_tokens, max_width)
 
     def _native_tree(
         self, builder: TreeBuilder, candidates: list[Candidate], max_nodes: int, max_width: int
@@ -211,7 +204,9 @@ class Drafter:
             index = track.index
             slots += index.addresses()
             slots += (pos, index is context, source, track.match)
-        n = builder.build(max_nodes, max_width, slots)
+        if not self._rates_address:
+            self._rates_address = writable_address(self.acceptance.rows)
+        n = builder.build(self._rates_address, max_nodes, max_width, slots)
         tokens, parents = builder.tokens[:n].copy(), builder.parents[:n].copy()
         sources = builder.sources[:n].copy()
         self._last_tokens, self._last_tree = tokens, (parents, sources, builder.match[:n].copy())

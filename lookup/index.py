@@ -94,7 +94,7 @@ class TokenIndex:
         self._segments = segments  # oldest first; shared with the indexes extended from
         self._tail: list[int] = []
         self._tail_buffer = _NO_TOKENS  # the tail again as int64, room to grow at its end
-        self._addresses = (0, 0)  # of the static array and of the tail buffer, once asked
+        self._addresses = (int(self._static.ctypes.data), 0)  # and of the tail buffer
         self._tail_view = _NO_TOKENS  # a read-only view of the buffer (drafts take slices)
         self._tail_maps: list[dict[int, list[int]]] = [{} for _ in LEVELS]
         self._rolling = RollingHash(self._static[-LEVELS[-1] :].tolist())
@@ -143,17 +143,13 @@ class TokenIndex:
         buffer[: len(self._tail)] = self._tail
         self._tail_buffer, self._tail_view = buffer, buffer.view()
         self._tail_view.flags.writeable = False
-        self._addresses = (0, 0)
+        self._addresses = (self._addresses[0], int(buffer.ctypes.data))
 
     def addresses(self) -> tuple[int, int, int, int]:
         """(address of the static int64 tokens, their count, address of the appended ones,
         their count): for compiled code reading the tokens in place until the next append."""
         static, tail = self._addresses
-        if not static:
-            static = int(self._static.ctypes.data)
-            tail = int(self._tail_buffer.ctypes.data)
-            self._addresses = static, tail
-        return static, self._n_static, tail, len(self._tail)
+        return static, self._n_static, tail, self.size - self._n_static
 
     def suffix_hashes(self) -> list[int | None]:
         """Per level, the hash of the n-gram that ends the array (None if it is shorter)."""

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lookup.acceptance import BUCKET_OF
+from lookup.acceptance import BUCKET_EDGES, BUCKET_OF
 
 SOURCE = Path(__file__).with_name("tree.cpp")
 CACHE_ENV = "DRAFTGATE_KERNEL_CACHE"  # build directory root (default ~/.cache/draftgate)
@@ -26,7 +26,7 @@ DISABLE_ENV = "DRAFTGATE_NO_NATIVE_TREES"  # set (non-empty): trees are built in
 CFLAGS = ["-O2", "-ffp-contract=off", "-std=c++17", "-fPIC", "-shared"]
 MAX_CANDIDATES = 8  # kMaxCandidates in tree.cpp
 
-HEADER = 12  # kHeaderSlots: addresses and sizes, then count, max nodes, max width
+HEADER = 12  # kHeaderSlots: sizes and output addresses, then rates, count, max nodes, width
 SLOTS = 8  # kCandidateSlots: static, its length, tail, its length, pos, periodic, source, match
 
 _loaded: tuple[ctypes.CDLL | None, str] | None = None
@@ -83,30 +83,25 @@ def address(array: np.ndarray) -> int:
     return int(array.ctypes.data)
 
 
+RATE_BUCKETS = len(BUCKET_EDGES) + 1  # columns of the acceptance rates
 _BUCKET_OF = np.asarray(BUCKET_OF, np.int64)
 _BUCKET_OF_ADDRESS = address(_BUCKET_OF)
 _INTS = HEADER + SLOTS * MAX_CANDIDATES  # int64 slots of the block
-_FIXED = HEADER - 3  # slots set once per buffer (the rest are set per call)
+_FIXED = HEADER - 4  # slots set once per buffer (the rest are set per call)
 _PACKERS: dict[int, Callable[..., None]] = {}  # writers of the per-call slots, by length
 
 
 def _packer(slots: int) -> Callable[..., None]:
-    pack = _PACKERS[slots] = struct.Struct(f"={3 + slots}q").pack_into
+    pack = _PACKERS[slots] = struct.Struct(f"={4 + slots}q").pack_into
     return pack
 
 
 class TreeBuilder:
-    """One drafter's calls into the compiled builder: the parameter block and the output
-    arrays in one buffer, allocated once (grown for larger drafts); used from one thread."""
+    """Calls into the compiled builder: the parameter block and the output arrays in one
+    buffer, allocated once (grown for larger drafts). One per thread (:func:`tree_builder`)."""
 
-    def __init__(self, library: ctypes.CDLL, rates: np.ndarray, capacity: int = 64) -> None:
-        """``rates``: the acceptance rates (float64 [source, bucket], C-contiguous), which
-        must stay alive and may change in place between calls."""
-        if rates.dtype != np.float64 or not rates.flags.c_contiguous:
-            raise ValueError("rates must be C-contiguous float64")
+    def __init__(self, library: ctypes.CDLL, capacity: int = 64) -> None:
         self._call = library.dg_tree
-        self._rates = rates
-        self._rates_address = address(rates)
         self._allocate(capacity)
 
     def _allocate(self, capacity: int) -> None:
@@ -117,16 +112,14 @@ class TreeBuilder:
         self._buffer, base, self.capacity = buffer, address(buffer), capacity
         self._pointer = base  # the block comes first
         whole = buffer[: 8 * ints].view(np.int64)
-        self._block = whole[:_INTS]
         self.tokens = whole[_INTS : _INTS + capacity]
         self.match = whole[_INTS + capacity :]
         floats = 8 * ints
         self.scores = buffer[floats : floats + 4 * capacity].view(np.float32)
         self.parents = buffer[floats + 4 * capacity : floats + 8 * capacity].view(np.int32)
         self.sources = buffer[floats + 8 * capacity :].view(np.int8)
-        self._block[:_FIXED] = (
-            self._rates_address,
-            self._rates.shape[1],
+        whole[:_FIXED] = (
+            RATE_BUCKETS,
             _BUCKET_OF_ADDRESS,
             len(_BUCKET_OF),
             base + 8 * _INTS,
@@ -136,13 +129,33 @@ class TreeBuilder:
             base + 8 * (_INTS + capacity),
         )
 
-    def build(self, max_nodes: int, max_width: int, slots: list[int]) -> int:
+    def build(self, rates: int, max_nodes: int, max_width: int, slots: list[int]) -> int:
         """Put the draft in the first n entries of ``tokens``, ``parents``, ``scores``,
-        ``sources`` and ``match``; returns n. ``slots``: ``SLOTS`` values per candidate (at
-        most ``MAX_CANDIDATES``, see tree.cpp)."""
+        ``sources`` and ``match``; returns n. ``rates``: the address of the acceptance rates
+        (float64 [source, bucket], C-contiguous); ``slots``: ``SLOTS`` values per candidate
+        (at most ``MAX_CANDIDATES``, see tree.cpp)."""
         if max_nodes > self.capacity:
             self._allocate(max(max_nodes, 2 * self.capacity))
         pack = _PACKERS.get(len(slots)) or _packer(len(slots))
-        pack(self._buffer, 8 * _FIXED, len(slots) // SLOTS, max_nodes, max_width, *slots)
+        pack(self._buffer, 8 * _FIXED, rates, len(slots) // SLOTS, max_nodes, max_width, *slots)
         n: int = self._call(self._pointer)
         return n
+
+
+_local = threading.local()
+
+
+def tree_builder() -> TreeBuilder | None:
+    """This thread's builder, or None when the library is unavailable."""
+    builder: TreeBuilder | None = getattr(_local, "builder", None)
+    if builder is None:
+        library, _ = load_library()
+        if library is None:
+            return None
+        builder = _local.builder = TreeBuilder(library)
+    return builder
+
+
+def writable_address(array: np.ndarray) -> int:
+    """:func:`address` of a writable array, cheaper."""
+    return ctypes.addressof(ctypes.c_char.from_buffer(array.data))

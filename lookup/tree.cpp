@@ -16,7 +16,6 @@ constexpr int kMaxCandidates = 8;
 
 // block layout: header, then kCandidateSlots per candidate
 enum Header : int {
-  kRates,        // double[sources][buckets]: the acceptance rates
   kBuckets,      // buckets per source
   kBucketOf,     // int64[bucket_len]: the bucket of each match length below bucket_len
   kBucketLen,
@@ -25,11 +24,13 @@ enum Header : int {
   kOutScores,    // float[max_nodes]
   kOutSources,   // int8[max_nodes]
   kOutMatch,     // int64[max_nodes]
+  kRates,        // double[sources][buckets]: the acceptance rates (set per call from here)
   kCount,        // candidates (each one's rate is the rate of its source and match)
   kMaxNodes,     // nodes in the draft at most
   kMaxWidth,     // children per node at most
   kHeaderSlots,
 };
+
 enum Slot : int {
   kStatic,       // int64*: the source's static tokens
   kStaticLen,
