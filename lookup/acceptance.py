@@ -9,6 +9,11 @@ few steps, and one that keeps copying (a code edit) drives them up.
 
 from __future__ import annotations
 
+from array import array
+from collections.abc import Iterable
+from itertools import accumulate
+from operator import mul
+
 import numpy as np
 
 from lookup.draft import Source
@@ -36,14 +41,6 @@ BUCKET_OF = [sum(m >= edge for edge in BUCKET_EDGES) for m in range(1024)]
 """The bucket of each match length below 1024 (longer ones are in the last bucket)."""
 
 
-def _buckets(first_match: int, n: int) -> np.ndarray:
-    """The buckets of match lengths first_match, first_match + 1, ... (n of them)."""
-    return np.asarray([bucket(m) for m in range(first_match, first_match + n)], np.intp)
-
-
-_BUCKETS = _buckets(0, 1024)
-
-
 class AcceptanceModel:
     """Decayed accept/trial counts per (source, match bucket), blended with a prior."""
 
@@ -57,8 +54,7 @@ class AcceptanceModel:
         self._priors = [_PRIORS[s] for s in Source]
         self.table = [list(p) for p in self._priors]
         """The current rates, per source then match bucket (read them, do not write)."""
-        self._rows = np.array(self.table)  # the same rates as float64 rows, for path_scores
-        self._row_views = list(self._rows)  # one view per source (updated in place)
+        self._rows = np.array(self.table)  # the same rates as float64 rows
 
     @property
     def rows(self) -> np.ndarray:
@@ -84,11 +80,15 @@ class AcceptanceModel:
     def path_scores(self, source: int, first_match: int, n: int) -> np.ndarray:
         """float32 running products of ``rate`` for match lengths first_match,
         first_match + 1, ... (n of them): each chain node's estimate that the chain up to
-        it is accepted (multiplied in float64, left to right)."""
+        it is accepted (multiplied in float64, left to right, then rounded)."""
         stop = first_match + n
-        buckets = _BUCKETS[first_match:stop] if stop <= len(_BUCKETS) else _buckets(first_match, n)
-        rates = self._row_views[source].take(buckets)
-        return np.multiply.accumulate(rates, out=rates).astype(np.float32)
+        if stop <= len(BUCKET_OF):
+            rates: Iterable[float] = map(
+                self.table[source].__getitem__, BUCKET_OF[first_match:stop]
+            )
+        else:
+            rates = self.rates(source, first_match, n)
+        return np.frombuffer(array("f", accumulate(rates, mul)), np.float32)
 
     def observe(self, source: int, match_len: int, accepted: bool) -> None:
         """Record whether a copied token equalled the token the target committed."""

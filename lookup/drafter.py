@@ -99,6 +99,8 @@ class Drafter:
         self._last_children: dict[int, list[int]] | None = None
         self._cursor: int | None = None  # the node the committed tokens have reached
         self._native = config.native_trees and config.tree_candidates <= MAX_CANDIDATES
+        if self._native:  # loaded here, not in a proposal (a thread's first is slow)
+            self._native = tree_builder() is not None
         self._rates_address = 0  # of the acceptance rates, for the compiled tree builder
 
     # -- committing tokens -------------------------------------------------------------
@@ -187,11 +189,9 @@ class Drafter:
             _, source, pos, track = candidates[0]
             return self._copy(track, pos, source, max_tokens)
         candidates = candidates[: self.config.tree_candidates]
-        if self._native:
-            builder = tree_builder()
-            if builder is not None:
-                return self._native_tree(builder, candidates, max_tokens, max_width)
-            self._native = False
+        builder = tree_builder() if self._native else None
+        if builder is not None:
+            return self._native_tree(builder, candidates, max_tokens, max_width)
         return self._tree(candidates, max_tokens, max_width)
 
     def _native_tree(
