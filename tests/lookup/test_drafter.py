@@ -339,3 +339,19 @@ def test_without_a_compiler_trees_are_built_in_python(
     assert library is None and why.startswith("build failed")
     monkeypatch.setenv(native.DISABLE_ENV, "1")
     assert native._load() == (None, f"disabled by {native.DISABLE_ENV}")
+
+
+def test_compiled_trees_larger_than_the_builder_buffer() -> None:
+    _require_compiled_trees()
+    rng = np.random.default_rng(5)
+    docs = [build_index(rng.integers(0, 3, 3000)) for _ in range(4)]
+    drafters = [
+        Drafter([0, 1, 2, 0], documents=docs, config=DrafterConfig(native_trees=n)) for n in (1, 0)
+    ]
+    for size in (300, 5, 700):
+        native, python = (d.propose(size, 3) for d in drafters)
+        assert len(native) > 64 or size < 64  # more than the builder's first buffer holds
+        for field in ("tokens", "parents", "scores", "source"):
+            assert np.array_equal(getattr(native, field), getattr(python, field))
+        for d in drafters:
+            d.extend([1])
