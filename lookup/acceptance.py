@@ -9,6 +9,11 @@ few steps, and one that keeps copying (a code edit) drives them up.
 
 from __future__ import annotations
 
+from array import array
+from collections.abc import Iterable
+from itertools import accumulate
+from operator import mul
+
 import numpy as np
 
 from lookup.draft import Source
@@ -29,18 +34,11 @@ _PRIORS: dict[Source, tuple[float, ...]] = {
 
 def bucket(match_len: int) -> int:
     """The match-length bucket of ``match_len``."""
-    return _BUCKET_OF[match_len] if match_len < len(_BUCKET_OF) else len(BUCKET_EDGES)
+    return BUCKET_OF[match_len] if match_len < len(BUCKET_OF) else len(BUCKET_EDGES)
 
 
-_BUCKET_OF = [sum(m >= edge for edge in BUCKET_EDGES) for m in range(BUCKET_EDGES[-1])]
-
-
-def _buckets(first_match: int, n: int) -> np.ndarray:
-    """The buckets of match lengths first_match, first_match + 1, ... (n of them)."""
-    return np.asarray([bucket(m) for m in range(first_match, first_match + n)], np.intp)
-
-
-_BUCKETS = _buckets(0, 1024)
+BUCKET_OF = [sum(m >= edge for edge in BUCKET_EDGES) for m in range(1024)]
+"""The bucket of each match length below 1024 (longer ones are in the last bucket)."""
 
 
 class AcceptanceModel:
@@ -54,29 +52,43 @@ class AcceptanceModel:
         self._hits = [[0.0] * n for _ in Source]
         self._trials = [[0.0] * n for _ in Source]
         self._priors = [_PRIORS[s] for s in Source]
-        self._table = [list(p) for p in self._priors]
-        self._rows = np.array(self._table)  # the same rates as float64 rows, for path_scores
+        self.table = [list(p) for p in self._priors]
+        """The current rates, per source then match bucket (read them, do not write)."""
+        self._rows = np.array(self.table)  # the same rates as float64 rows
+
+    @property
+    def rows(self) -> np.ndarray:
+        """The rates as float64 [source, bucket], C-contiguous, updated in place by
+        :meth:`observe` (read them, do not write)."""
+        return self._rows
 
     def rate(self, source: int, match_len: int) -> float:
         """Estimated probability that the next token copied from a match is accepted."""
-        return self._table[source][bucket(match_len)]
+        return self.table[source][bucket(match_len)]
 
     def rates(self, source: int, first_match: int, n: int) -> list[float]:
         """``rate`` for match lengths first_match, first_match + 1, ... (n of them)."""
-        table = self._table[source]
-        top = len(_BUCKET_OF)
+        table = self.table[source]
+        stop = first_match + n
+        if stop <= len(BUCKET_OF):
+            return list(map(table.__getitem__, BUCKET_OF[first_match:stop]))
         last = table[-1]
         return [
-            table[_BUCKET_OF[m]] if m < top else last for m in range(first_match, first_match + n)
+            table[BUCKET_OF[m]] if m < len(BUCKET_OF) else last for m in range(first_match, stop)
         ]
 
     def path_scores(self, source: int, first_match: int, n: int) -> np.ndarray:
         """float32 running products of ``rate`` for match lengths first_match,
         first_match + 1, ... (n of them): each chain node's estimate that the chain up to
-        it is accepted (multiplied in float64, left to right)."""
+        it is accepted (multiplied in float64, left to right, then rounded)."""
         stop = first_match + n
-        buckets = _BUCKETS[first_match:stop] if stop <= len(_BUCKETS) else _buckets(first_match, n)
-        return np.multiply.accumulate(self._rows[source].take(buckets)).astype(np.float32)
+        if stop <= len(BUCKET_OF):
+            rates: Iterable[float] = map(
+                self.table[source].__getitem__, BUCKET_OF[first_match:stop]
+            )
+        else:
+            rates = self.rates(source, first_match, n)
+        return np.frombuffer(array("f", accumulate(rates, mul)), np.float32)
 
     def observe(self, source: int, match_len: int, accepted: bool) -> None:
         """Record whether a copied token equalled the token the target committed."""
@@ -86,4 +98,4 @@ class AcceptanceModel:
         trials[b] = trials[b] * self.decay + 1.0
         w = self.prior_weight
         estimate = (hits[b] + w * self._priors[source][b]) / (trials[b] + w)
-        self._table[source][b] = self._rows[source, b] = estimate
+        self.table[source][b] = self._rows[source, b] = estimate

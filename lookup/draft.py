@@ -25,7 +25,7 @@ def _read_only(array: np.ndarray) -> np.ndarray:
     return array
 
 
-_CHAIN_PARENTS = _read_only(np.arange(-1, 1023, dtype=np.int32))  # sliced by chain drafts
+_CHAIN_PARENTS = _read_only(np.arange(-1, 255, dtype=np.int32))  # sliced by chain drafts
 _EMPTY_TOKENS = _read_only(np.zeros(0, np.int64))
 _EMPTY_PARENTS = _read_only(np.zeros(0, np.int32))
 _EMPTY_SCORES = _read_only(np.zeros(0, np.float32))
@@ -66,10 +66,10 @@ class Draft:
     def copied_chain(tokens: np.ndarray, scores: np.ndarray, source: int) -> Draft:
         """A chain of int64 ``tokens`` and float32 ``scores`` copied from one ``source``."""
         n = len(tokens)
-        if n > len(_CHAIN_PARENTS):
+        if n >= len(_PARENT_VIEWS):
             parents = np.arange(-1, n - 1, dtype=np.int32)
             return Draft(tokens, parents, scores, np.full(n, source, np.int8))
-        return Draft(tokens, _CHAIN_PARENTS[:n], scores, _SOURCES[source][:n])
+        return Draft(tokens, _PARENT_VIEWS[n], scores, _SOURCE_VIEWS[source][n])
 
     @staticmethod
     def chain(tokens: list[int], scores: list[float], source: list[int]) -> Draft:
@@ -121,3 +121,6 @@ class Draft:
 
 _EMPTY = Draft(_EMPTY_TOKENS, _EMPTY_PARENTS, _EMPTY_SCORES, _EMPTY_SOURCE)
 _SOURCES = [_read_only(np.full(len(_CHAIN_PARENTS), int(s), np.int8)) for s in Source]
+_VIEWS = len(_CHAIN_PARENTS) + 1  # shorter chains take their parents and sources from lists
+_PARENT_VIEWS = [_CHAIN_PARENTS[:n] for n in range(_VIEWS)]
+_SOURCE_VIEWS = [[row[:n] for n in range(_VIEWS)] for row in _SOURCES]

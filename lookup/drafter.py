@@ -14,16 +14,17 @@ keep improving even while the controller decides not to verify the drafts.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from itertools import accumulate
+from operator import itemgetter, mul
 
 import numpy as np
 
-from lookup.acceptance import AcceptanceModel
+from lookup.acceptance import AcceptanceModel, bucket
 from lookup.draft import Draft, Source
 from lookup.index import TokenIndex
+from lookup.native import MAX_CANDIDATES, TreeBuilder, tree_builder, writable_address
 from lookup.tracks import Track
 
 
@@ -34,29 +35,16 @@ class DrafterConfig:
     candidates: int = 8  # occurrences kept per source
     max_match: int = 32  # match lengths are counted up to this (the longest bucket)
     tree_candidates: int = 4  # distinct continuations merged into a tree
+    native_trees: bool = True  # trees by the compiled builder when it loads (same drafts)
 
 
-class Candidate(NamedTuple):
-    """An occurrence to copy from: a position in a track's source with tokens after it."""
+_Ints = list[int] | np.ndarray  # a tree's parents, sources or match lengths
 
-    neg_rate: float  # minus the estimated acceptance rate of its first token
-    source: Source
-    position: int  # continuation start in ``track.index`` (always < its length)
-    track: Track
+Candidate = tuple[float, int, int, Track]
+"""An occurrence to copy from: minus the estimated acceptance rate of its first token, its
+source, the continuation start in ``track.index`` (always < its length), the track."""
 
-
-def _rank(item: tuple[float, Source, Any, Any]) -> tuple[float, int]:
-    return item[0], item[1]
-
-
-class _Nodes(NamedTuple):
-    """Draft nodes as lists (cheap to build and to walk)."""
-
-    tokens: list[int]
-    parents: list[int]
-    scores: list[float]
-    sources: list[int]
-    match: list[int]  # match length each node's estimate was taken at
+_rank = itemgetter(0, 1)  # candidates sort by rate, then source priority
 
 
 class Drafter:
@@ -76,6 +64,7 @@ class Drafter:
         (e.g. from a ``PromptIndexCache``); built here when None."""
         self.config = config
         self.acceptance = AcceptanceModel()
+        self._bucket_of = [bucket(m) for m in range(config.max_match + 1)]  # tracks' matches
         self._n_prompt = len(prompt)
         if prompt_index is None:
             prompt_index = TokenIndex(np.asarray(list(prompt), dtype=np.int64))
@@ -103,11 +92,16 @@ class Drafter:
                 track.anchor(self._context, hashes, config.candidates, config.max_match)
         # the last proposal, walked by committed tokens to learn acceptance
         self._last_tokens: Sequence[int] | np.ndarray = []
-        self._last_parents: Sequence[int] = []
-        self._last_sources: Sequence[int] = []
-        self._last_match: Sequence[int] = []
+        self._last_source = 0  # a chain's source and the match length of its first node
+        self._last_m0 = 0
+        self._last_tree: tuple[_Ints, _Ints, _Ints] | None = None  # parents, sources and
+        # match lengths of a tree's nodes (None: the last proposal is a chain)
         self._last_children: dict[int, list[int]] | None = None
-        self._cursor: int | None = None
+        self._cursor: int | None = None  # the node the committed tokens have reached
+        self._native = config.native_trees and config.tree_candidates <= MAX_CANDIDATES
+        if self._native:  # loaded here, not in a proposal (a thread's first is slow)
+            self._native = tree_builder() is not None
+        self._rates_address = 0  # of the acceptance rates, for the compiled tree builder
 
     # -- committing tokens -------------------------------------------------------------
 
@@ -156,212 +150,304 @@ class Drafter:
         node = self._cursor
         if node is None:
             return
-        if isinstance(self._last_parents, range):  # a chain: node i + 1 follows node i
-            children = [node + 1] if node + 1 < len(self._last_parents) else None
-        else:
-            if self._last_children is None:
-                self._last_children = {}
-                for child, parent in enumerate(self._last_parents):
-                    self._last_children.setdefault(parent, []).append(child)
-            children = self._last_children.get(node)
+        tokens = self._last_tokens
+        if self._last_tree is None:  # a chain: node i + 1 follows node i
+            first = node + 1
+            if first >= len(tokens):
+                self._cursor = None
+                return
+            hit = int(tokens[first]) == token
+            self.acceptance.observe(self._last_source, self._last_m0 + first, hit)
+            self._cursor = first if hit else None
+            return
+        parents, sources, match = self._last_tree
+        if self._last_children is None:
+            self._last_children = {}
+            for child, parent in enumerate(list(map(int, parents))):
+                self._last_children.setdefault(parent, []).append(child)
+        children = self._last_children.get(node)
         if not children:
             self._cursor = None
             return
-        tokens = self._last_tokens
         first = children[0]
-        self.acceptance.observe(
-            self._last_sources[first], self._last_match[first], int(tokens[first]) == token
-        )
+        hit = int(tokens[first]) == token
+        self.acceptance.observe(int(sources[first]), int(match[first]), hit)
         self._cursor = next((c for c in children if int(tokens[c]) == token), None)
 
     # -- proposing -----------------------------------------------------------------------
 
     def propose(self, max_tokens: int, max_width: int = 1) -> Draft:
         """A chain (``max_width == 1``) or a small tree of at most ``max_tokens`` nodes."""
-        wanted = 1 if max_width <= 1 else self.config.tree_candidates
-        candidates = self._candidates(wanted) if max_tokens > 0 else []
-        if not candidates:
-            self._remember([], range(-1, -1), [], range(0))
+        ranked = self._ranked() if max_tokens > 0 else []
+        if not ranked:
+            self._cursor = None
             return Draft.empty()
-        if max_width <= 1 or len(candidates) == 1:
-            return self._chain(candidates, max_tokens)
-        nodes = self._tree(candidates, max_tokens, max_width)
-        self._remember(nodes.tokens, nodes.parents, nodes.sources, nodes.match)
-        return Draft(
-            np.asarray(nodes.tokens, np.int64),
-            np.asarray(nodes.parents, np.int32),
-            np.asarray(nodes.scores, np.float32),
-            np.asarray(nodes.sources, np.int8),
-        )
+        if max_width <= 1:
+            return self._chain(min(ranked), max_tokens)
+        candidates = self._candidates(ranked, self.config.tree_candidates)
+        if len(candidates) == 1:
+            _, source, pos, track = candidates[0]
+            return self._copy(track, pos, source, max_tokens)
+        candidates = candidates[: self.config.tree_candidates]
+        builder = tree_builder() if self._native else None
+        if builder is not None:
+            return self._native_tree(builder, candidates, max_tokens, max_width)
+        return self._tree(candidates, max_tokens, max_width)
 
-    def _remember(
-        self,
-        tokens: Sequence[int] | np.ndarray,
-        parents: Sequence[int],
-        sources: Sequence[int],
-        match: Sequence[int],
-    ) -> None:
-        """Keep the proposal for :meth:`_learn` (``parents`` a range: a chain)."""
-        self._last_tokens = tokens
-        self._last_parents = parents
-        self._last_sources = sources
-        self._last_match = match
-        self._last_children = None
-        self._cursor = -1 if len(tokens) else None
-
-    def _candidates(self, at_least: int) -> list[Candidate]:
-        """Occurrences of the best sources (rate, then source priority), whole sources at a
-        time until there are ``at_least``; best first. An occurrence at the very end of its
-        source has nothing to copy and is skipped, so the next source drafts instead."""
-        rate = self.acceptance.rate
+    def _native_tree(
+        self, builder: TreeBuilder, candidates: list[Candidate], max_nodes: int, max_width: int
+    ) -> Draft:
+        """:meth:`_tree`, compiled."""
         context = self._context
-        ranked: list[tuple[float, Source, Track, list[int]]] = []
-        for track in self._tracks:
+        slots: list[int] = []
+        for _, source, pos, track in candidates:
+            index = track.index
+            slots += index.addresses()
+            slots += (pos, index is context, source, track.match)
+        if not self._rates_address:
+            self._rates_address = writable_address(self.acceptance.rows)
+        n = builder.build(self._rates_address, max_nodes, max_width, slots)
+        tokens, parents = builder.tokens[:n].copy(), builder.parents[:n].copy()
+        sources = builder.sources[:n].copy()
+        self._last_tokens, self._last_tree = tokens, (parents, sources, builder.match[:n].copy())
+        self._last_children = None
+        self._cursor = -1
+        return Draft(tokens, parents, builder.scores[:n].copy(), sources)
+
+    def _ranked(self) -> list[tuple[float, int, int]]:
+        """(minus the estimated rate, source, track number) of each track with an occurrence
+        to copy from; the smallest is the best track. An occurrence at the very end of its
+        source has nothing to copy and is skipped, so the next source drafts instead."""
+        rows = self.acceptance.table
+        bucket_of = self._bucket_of
+        context, n_prompt = self._context, self._n_prompt
+        out: list[tuple[float, int, int]] = []
+        for i, track in enumerate(self._tracks):
             positions = track.positions
             if not positions:
                 continue
-            size = len(track.index)
-            usable = [p for p in positions if p < size]
-            if usable:
-                source = self._source_at(track, usable[0])
-                ranked.append((-rate(source, track.match), source, track, usable))
-        if len(ranked) > 1:
-            ranked.sort(key=_rank)
+            index = track.index
+            size = index.size
+            first = positions[0]
+            if first >= size:
+                first = next((p for p in positions if p < size), -1)
+                if first < 0:
+                    continue
+            source: int = track.source
+            if index is context and first >= n_prompt:
+                source = Source.OUTPUT
+            out.append((-rows[source][bucket_of[track.match]], source, i))
+        return out
+
+    def _occurrences(self, ranked: tuple[float, int, int]) -> list[Candidate]:
+        """The candidates of one ranked track, best first (a context track's occurrences in
+        the output may rate differently from those in the prompt)."""
+        neg, source, i = ranked
+        track = self._tracks[i]
+        index = track.index
+        size = index.size
+        usable = [p for p in track.positions if p < size]
+        if index is not self._context:
+            return [(neg, source, p, track) for p in usable]
+        n_prompt = self._n_prompt
+        other = Source.PROMPT if source == Source.OUTPUT else Source.OUTPUT
+        other_neg = -self.acceptance.rate(other, track.match)
+        out = [
+            (neg, source, p, track)
+            if (p >= n_prompt) == (source == Source.OUTPUT)
+            else (other_neg, other, p, track)
+            for p in usable
+        ]
+        if len(out) > 1:
+            out.sort(key=_rank)
+        return out
+
+    def _candidates(self, ranked: list[tuple[float, int, int]], at_least: int) -> list[Candidate]:
+        """Occurrences of the best tracks (rate, then source priority, then track order),
+        whole tracks at a time until there are ``at_least``; best first."""
+        ranked.sort()
+        tracks, context = self._tracks, self._context
         out: list[Candidate] = []
-        for r, source, track, usable in ranked:
-            if track.index is context:
-                for pos in usable:
-                    src = self._source_at(track, pos)
-                    neg = r if src is source else -rate(src, track.match)
-                    out.append(Candidate(neg, src, pos, track))
+        for entry in ranked:
+            track = tracks[entry[2]]
+            if len(track.positions) == 1 and track.index is not context:  # the usual case
+                out.append((entry[0], entry[1], track.positions[0], track))
             else:
-                out += [Candidate(r, source, pos, track) for pos in usable]
+                out += self._occurrences(entry)
             if len(out) >= at_least:
                 break
         if len(out) > 1:
             out.sort(key=_rank)
         return out
 
-    def _source_at(self, track: Track, pos: int) -> Source:
-        if track.index is self._context and pos >= self._n_prompt:
-            return Source.OUTPUT
-        return track.source
-
-    def _continuation(self, cand: Candidate, k: int) -> list[int]:
-        """Up to k tokens after the occurrence; copies from the context repeat periodically."""
-        pos, track = cand.position, cand.track
+    def _continuation(self, track: Track, pos: int, k: int) -> list[int]:
+        """Up to k tokens after ``pos``; copies from the context repeat periodically."""
         tokens = track.index.slice(pos, pos + k)
         if track.index is self._context and 0 < len(tokens) < k:
             tokens = (tokens * (k // len(tokens) + 1))[:k]
         return tokens
 
-    def _chain(self, candidates: list[Candidate], k: int) -> Draft:
-        best = candidates[0]
-        if len(candidates) > 1:
-            same = [c for c in candidates if c.track is best.track and c.neg_rate == best.neg_rate]
-            if len(same) > 1:  # equally good occurrences disagree: follow the majority
-                votes: dict[int, list[Candidate]] = {}
-                for c in same:
-                    votes.setdefault(c.track.index.token(c.position), []).append(c)
-                best = max(votes.values(), key=len)[0]
-        index, pos = best.track.index, best.position
+    def _chain(self, best: tuple[float, int, int], k: int) -> Draft:
+        """Copy from the best track; when its occurrences are equally rated and disagree,
+        from one the majority agrees with (of two, the first)."""
+        track = self._tracks[best[2]]
+        source, pos = best[1], track.positions[0]
+        if len(track.positions) > 1:
+            if track.index is not self._context:  # occurrences rated alike
+                size = track.index.size
+                usable = [p for p in track.positions if p < size]
+                pos = usable[0] if len(usable) < 3 else _majority(track.index, usable)
+            else:
+                candidates = self._occurrences(best)
+                neg, source, pos, _ = candidates[0]
+                same = [c[2] for c in candidates if c[0] == neg]
+                if len(same) > 2:
+                    pos = _majority(track.index, same)
+                    source = next(c[1] for c in candidates if c[2] == pos)
+        return self._copy(track, pos, source, k)
+
+    def _copy(self, track: Track, pos: int, source: int, k: int) -> Draft:
+        """A chain of up to k tokens copied from ``pos`` of ``track``."""
+        index = track.index
         tokens = index.array(pos, pos + k)
         if index is self._context and 0 < len(tokens) < k:  # repeats periodically
-            tokens = np.asarray(self._continuation(best, k), np.int64)
+            tokens = np.asarray(self._continuation(track, pos, k), np.int64)
         n = len(tokens)
-        source = int(best.source)
-        m0 = best.track.match
-        self._remember(tokens, range(-1, n - 1), [source] * n, range(m0, m0 + n))
+        source = int(source)
+        m0 = track.match
+        self._last_tokens, self._last_tree = tokens, None
+        self._last_source, self._last_m0 = source, m0
+        self._cursor = -1 if n else None
         return Draft.copied_chain(tokens, self.acceptance.path_scores(source, m0, n), source)
 
-    def _tree(self, candidates: list[Candidate], max_nodes: int, max_width: int) -> _Nodes:
+    def _tree(self, candidates: list[Candidate], max_nodes: int, max_width: int) -> Draft:
         """Merge the best few continuations into a trie scored by path probability.
 
-        A continuation walks the trie while it agrees with it, then the rest of it becomes
-        a new chain of nodes: node i's child along its chain is node i + 1 (when its parent
-        is i); only the children added where a later continuation branches off are kept
-        in ``branches``."""
+        Continuation c (best first) shares its first ``d`` tokens with the trie, ``d`` its
+        longest common prefix with an earlier one; its other tokens become new nodes, a
+        chain (node i + 1 is node i's child) hanging from the node it shares last. A
+        node's weight sums the rates of the continuations through it; where the trie
+        branches, a child's score is its parent's times its rate times its share of its
+        siblings' weights, elsewhere its parent's times its rate. The draft is the
+        ``max_nodes`` best nodes, at most ``max_width`` children each (scores never grow
+        along a path, so best-first expansion is a sort), parents first."""
         rates = self.acceptance.rates
-        # trie nodes: token, parent, weight (sum of candidate rates through it), depth, and
-        # the rate, source and match length of the candidate that created it
         tok: list[int] = []
         par: list[int] = []
-        weight: list[float] = []
         depth: list[int] = []
+        owner: list[int] = []  # the continuation that created each node
         node_rate: list[float] = []
-        source: list[int] = []
-        match: list[int] = []
-        branches: dict[int, dict[int, int]] = {}
-
-        def children(node: int) -> list[int]:
-            """A node's children in creation order (its chain child first)."""
-            out = [node + 1] if node + 1 < len(par) and par[node + 1] == node else []
-            extra = branches.get(node)
-            return out + list(extra.values()) if extra else out
-
-        for rank, cand in enumerate(candidates[: self.config.tree_candidates]):
-            # alternatives rarely win deep nodes: copy half as far for them
-            length = max_nodes if rank == 0 else (max_nodes + 1) // 2
-            tokens = self._continuation(cand, length)
-            neg = cand.neg_rate
-            node, d, n = -1, 0, len(tokens)
-            while d < n:  # follow the nodes an earlier continuation made
-                token = tokens[d]
-                nxt = node + 1
-                if nxt < len(par) and par[nxt] == node and tok[nxt] == token:
-                    child: int | None = nxt
-                else:
-                    child = branches.get(node, {}).get(token)
-                if child is None:
-                    break
-                weight[child] -= neg
-                node, d = child, d + 1
+        branches: dict[int, list[int]] = {}  # node -> its children that start a chain
+        conts: list[list[int]] = []
+        common: list[list[int]] = []  # common[c][e]: common prefix of continuations c, e < c
+        starts: list[int] = []  # depth of continuation c's first new node
+        via: list[int] = []  # the earlier continuation it shares its first tokens with
+        firsts: list[int] = []  # continuation c's first new node
+        for c, (_, src, pos, track) in enumerate(candidates):
+            tokens = self._continuation(track, pos, max_nodes if c == 0 else (max_nodes + 1) // 2)
+            n = len(tokens)
+            shared = [_common_prefix(tokens, other) for other in conts]
+            d = max(shared, default=0)
+            conts.append(tokens)
+            common.append(shared)
+            starts.append(d)
+            via.append(shared.index(d) if d else -1)
+            first = len(tok)
+            firsts.append(first)
             if d == n:
                 continue
-            first = len(tok)
-            if node + 1 != first:  # ``node`` has a chain child already: a branch
-                branches.setdefault(node, {})[tokens[d]] = first
-            src, m0, k = int(cand.source), cand.track.match, n - d
+            parent = _node_at(via[c], d - 1, firsts, starts, via) if d else -1
+            if parent + 1 != first:  # ``parent`` has a chain child already: a branch
+                branches.setdefault(parent, []).append(first)
+            k, m0 = n - d, track.match
             tok += tokens[d:]
-            par += [node, *range(first, first + k - 1)]
-            weight += [0.0 - neg] * k
+            par.append(parent)
+            par += range(first, first + k - 1)
             depth += range(d, n)
+            owner += [c] * k
             node_rate += rates(src, m0 + d, k)
-            source += [src] * k
-            match += range(m0 + d, m0 + n)
-        score = [0.0] * len(tok)
-        totals: dict[int, float] = {}  # summed weight of each branching node's children
-        for i, parent in enumerate(par):  # parents precede children
-            if parent in branches or parent < 0:
-                total = totals.get(parent)
-                if total is None:
-                    total = totals[parent] = sum(weight[c] for c in children(parent))
-                share = weight[i] / total
-            else:  # an only child
-                share = 1.0  # weight / weight, exactly
-            base = 1.0 if parent < 0 else score[parent]
-            score[i] = base * node_rate[i] * share
+        size = len(tok)
+        negs = [cand[0] for cand in candidates]
+        # shares of the children of branching nodes (parents precede children)
+        share: dict[int, float] = {}
+        kids_of: dict[int, list[int]] = {}
+        for parent, extra in branches.items():
+            nxt = parent + 1
+            kids = [nxt, *extra] if nxt < size and par[nxt] == parent else extra
+            weights = []
+            for x in kids:
+                a, j = owner[x], depth[x]
+                w = 0.0 - negs[a]
+                for c in range(a + 1, len(candidates)):
+                    if common[c][a] > j:
+                        w -= negs[c]
+                weights.append(w)
+            total = sum(weights)
+            for x, w in zip(kids, weights, strict=True):
+                share[x] = w / total
+            kids_of[parent] = kids
+        # scores: each run of only children multiplies on from the node that starts it
+        score = [0.0] * size
+        marks = sorted(share.keys() | {0})
+        marks.append(size)
+        for s, e in zip(marks, marks[1:], strict=False):
+            p = par[s]
+            start = (1.0 if p < 0 else score[p]) * node_rate[s] * share.get(s, 1.0)
+            score[s:e] = accumulate(node_rate[s + 1 : e], mul, initial=start)
         # best-first expansion: the max_nodes best nodes, at most max_width children each
-        order: list[int] = []
-        heap = sorted((-score[c], c) for c in children(-1))[:max_width]
-        heapq.heapify(heap)
-        while heap and len(order) < max_nodes:
-            _, node = heapq.heappop(heap)
-            order.append(node)
-            kids = children(node)
-            if len(kids) == 1:
-                heapq.heappush(heap, (-score[kids[0]], kids[0]))
-            elif kids:
-                for item in sorted((-score[c], c) for c in kids)[:max_width]:
-                    heapq.heappush(heap, item)
-        # parents before children, siblings by decreasing score
-        order.sort(key=lambda i: (depth[i], -score[i], i))
-        new_index = {old: new for new, old in enumerate(order)}
+        nodes: Sequence[int] = range(size)
+        crowded = [kids for kids in kids_of.values() if len(kids) > max_width]
+        if crowded:
+            out = bytearray(size)
+            for kids in crowded:
+                for x in sorted(kids, key=score.__getitem__, reverse=True)[max_width:]:
+                    out[x] = 1
+            for x in range(1, size):
+                if par[x] >= 0 and out[par[x]]:
+                    out[x] = 1
+            nodes = [x for x in nodes if not out[x]]
+        best = sorted(nodes, key=score.__getitem__, reverse=True)[:max_nodes]
+        # parents before children, siblings by decreasing score (ties: creation order)
+        order = sorted(best, key=depth.__getitem__)
+        new_index = dict(zip(order, range(len(order)), strict=True))
         new_index[-1] = -1
-        return _Nodes(
-            [tok[i] for i in order],
-            [new_index[par[i]] for i in order],
-            [score[i] for i in order],
-            [source[i] for i in order],
-            [match[i] for i in order],
+        tokens = list(map(tok.__getitem__, order))
+        parents = list(map(new_index.__getitem__, map(par.__getitem__, order)))
+        sources = [int(candidates[owner[x]][1]) for x in order]
+        match = [candidates[owner[x]][3].match + depth[x] for x in order]
+        self._last_tokens, self._last_tree = tokens, (parents, sources, match)
+        self._last_children = None
+        self._cursor = -1
+        return Draft(
+            np.asarray(tokens, np.int64),
+            np.asarray(parents, np.int32),
+            np.asarray(list(map(score.__getitem__, order)), np.float32),
+            np.asarray(sources, np.int8),
         )
+
+
+def _majority(index: TokenIndex, positions: list[int]) -> int:
+    """The first of the positions followed by the token most of them are followed by (the
+    earliest such token on ties)."""
+    votes: dict[int, list[int]] = {}
+    for pos in positions:
+        votes.setdefault(index.token(pos), []).append(pos)
+    return max(votes.values(), key=len)[0]
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two token lists."""
+    if not a or not b or a[0] != b[0]:
+        return 0
+    n = min(len(a), len(b))
+    i = 1
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _node_at(c: int, j: int, firsts: list[int], starts: list[int], via: list[int]) -> int:
+    """The trie node of continuation c at depth j."""
+    while j < starts[c]:
+        c = via[c]
+    return firsts[c] + j - starts[c]

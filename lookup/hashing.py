@@ -18,13 +18,14 @@ MIX = 0x9E3779B97F4A7C15
 _POW = {n: pow(BASE, n, 1 << 64) for n in range(LEVELS[-1] + 1)}
 
 
-def level_hashes(tokens: np.ndarray) -> list[np.ndarray]:
-    """Per level n, the uint64 hash of every window; entry j is the window ending at j + n - 1."""
+def level_hashes(tokens: np.ndarray, top: int = LEVELS[-1]) -> list[np.ndarray]:
+    """Per level n up to ``top``, the uint64 hash of every window; entry j is the window
+    ending at j + n - 1."""
     with np.errstate(over="ignore"):
         h = (tokens.astype(np.uint64) + np.uint64(1)) * np.uint64(MIX)
         out: list[np.ndarray] = []
         n = 1
-        while n < LEVELS[-1]:
+        while n < top:
             h = h[:-n] * np.uint64(_POW[n]) + h[n:] if len(h) > n else h[:0]
             n *= 2
             if n in LEVELS:

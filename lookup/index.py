@@ -18,6 +18,8 @@ import numpy as np
 
 from lookup.hashing import LEVELS, MASK, RollingHash, level_hashes
 
+_NO_TOKENS = np.zeros(0, np.int64)
+
 
 class _Level:
     """One n-gram length over the static array.
@@ -88,13 +90,17 @@ class TokenIndex:
         self._static = static.view()
         self._static.flags.writeable = False  # drafts hand out views of it
         self._n_static = len(static)
+        self.size = len(static)  # tokens held (``len``, as an attribute: cheaper to read)
         self._segments = segments  # oldest first; shared with the indexes extended from
         self._tail: list[int] = []
+        self._tail_buffer = _NO_TOKENS  # the tail again as int64, room to grow at its end
+        self._addresses = (int(self._static.ctypes.data), 0)  # and of the tail buffer
+        self._tail_view = _NO_TOKENS  # a read-only view of the buffer (drafts take slices)
         self._tail_maps: list[dict[int, list[int]]] = [{} for _ in LEVELS]
         self._rolling = RollingHash(self._static[-LEVELS[-1] :].tolist())
 
     def __len__(self) -> int:
-        return self._n_static + len(self._tail)
+        return self.size
 
     def extended(self, tokens: np.ndarray) -> TokenIndex:
         """A new index over these tokens followed by ``tokens``, sharing this one's numpy
@@ -119,13 +125,31 @@ class TokenIndex:
         """Index more tokens at the end (O(levels) dict updates per token)."""
         rolling = self._rolling
         for token in tokens:
+            n = len(self._tail)
+            if n == len(self._tail_buffer):
+                self._grow_tail()
+            self._tail_buffer[n] = token
             self._tail.append(token)
+            self.size += 1
             rolling.push(token)
             after = len(self)
             for level, n in enumerate(LEVELS):
                 key = rolling.suffix(n)
                 if key is not None:
                     self._tail_maps[level].setdefault(key, []).append(after)
+
+    def _grow_tail(self) -> None:
+        buffer = np.empty(max(64, 2 * len(self._tail_buffer)), np.int64)
+        buffer[: len(self._tail)] = self._tail
+        self._tail_buffer, self._tail_view = buffer, buffer.view()
+        self._tail_view.flags.writeable = False
+        self._addresses = (self._addresses[0], int(buffer.ctypes.data))
+
+    def addresses(self) -> tuple[int, int, int, int]:
+        """(address of the static int64 tokens, their count, address of the appended ones,
+        their count): for compiled code reading the tokens in place until the next append."""
+        static, tail = self._addresses
+        return static, self._n_static, tail, self.size - self._n_static
 
     def suffix_hashes(self) -> list[int | None]:
         """Per level, the hash of the n-gram that ends the array (None if it is shorter)."""
@@ -170,10 +194,15 @@ class TokenIndex:
         return head + self._tail[max(start - n, 0) : stop - n]
 
     def array(self, start: int, stop: int) -> np.ndarray:
-        """Tokens [start, stop) as int64 (clipped), a read-only view when not in the tail."""
-        if stop <= self._n_static:
+        """Tokens [start, stop) as int64 (clipped), a read-only view unless the range spans
+        both the static array and the tail."""
+        n = self._n_static
+        if stop <= n:
             return self._static[max(start, 0) : stop]
-        return np.asarray(self.slice(start, stop), dtype=np.int64)
+        stop = min(stop, n + len(self._tail)) - n
+        if start >= n:
+            return self._tail_view[start - n : stop]
+        return np.concatenate((self._static[max(start, 0) :], self._tail_view[:stop]))
 
     def token(self, pos: int) -> int:
         """The token at ``pos``."""

@@ -31,7 +31,7 @@ class Track:
         if not self.positions:
             return False
         index = self.index
-        size = len(index)
+        size = index.size
         kept = [p + 1 for p in self.positions if p < size and index.token(p) == token]
         self.positions = kept
         if kept:

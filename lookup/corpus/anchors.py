@@ -18,9 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
-from lookup.hashing import LEVELS, level_hashes
+from lookup.hashing import level_hashes
 
 SHINGLE = 8  # words per n-gram
 ANCHOR_BYTES = 6  # packed size of one anchor: 2-byte bucket + 4-byte fingerprint
@@ -29,9 +28,11 @@ MAX_POSTINGS = 32  # documents per anchor; an anchor this common is not indexed 
 INDEX_DOC_BYTES = 48  # per indexed document: its number and anchor list entries
 INDEX_ANCHOR_BYTES = POSTING_BYTES + ANCHOR_BYTES  # what one kept anchor costs the namespace
 
-_LEVEL = LEVELS.index(SHINGLE)
 _BASE = np.uint64(0x100000001B3)  # odd, so invertible modulo 2**64
 _BASE_INV = np.uint64(pow(0x100000001B3, -1, 1 << 64))
+_ONE = np.ones(1, np.uint64)
+_CACHED_POWERS = 1 << 17  # power tables kept for texts of up to this many bytes
+_power_tables: tuple[np.ndarray, np.ndarray] = (_ONE, _ONE)
 _SPACE, _WORD_BYTE, _SYMBOL = 0, 1, 2
 _CLASS = np.full(256, _SYMBOL, np.uint8)
 _CLASS[128:] = _WORD_BYTE
@@ -56,34 +57,56 @@ class AnchorConfig:
             raise ValueError("anchor window and bounds must be positive")
 
 
+def _powers(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """BASE**i and BASE**-i (mod 2**64) for i <= n; tables up to ``_CACHED_POWERS`` are kept."""
+    global _power_tables
+    tables = _power_tables
+    if len(tables[0]) <= n:
+        size = max(n + 1, 2 * len(tables[0]))
+        with np.errstate(over="ignore"):
+            up, down = (
+                np.concatenate((_ONE, np.cumprod(np.full(size - 1, b, np.uint64))))
+                for b in (_BASE, _BASE_INV)
+            )
+        tables = up, down
+        if size <= _CACHED_POWERS:
+            _power_tables = tables
+    return tables
+
+
 def word_hashes(text: str) -> np.ndarray:
     """uint64 hash of every word of ``text``, in order."""
     data = np.frombuffer(text.encode("utf-8", "surrogatepass"), np.uint8)
     cls = _CLASS[data]
     word = cls == _WORD_BYTE
-    before = np.concatenate(([False], word[:-1]))
-    after = np.concatenate((word[1:], [False]))
-    starts = np.flatnonzero((word & ~before) | (cls == _SYMBOL))
-    ends = np.flatnonzero((word & ~after) | (cls == _SYMBOL)) + 1
+    symbol = cls == _SYMBOL
+    edge = np.empty(len(data) + 1, np.bool_)  # a word byte next to a non-word byte
+    edge[0] = edge[-1] = True
+    np.not_equal(word[1:], word[:-1], out=edge[1:-1])
+    starts = np.flatnonzero((word & edge[:-1]) | symbol)
+    ends = np.flatnonzero((word & edge[1:]) | symbol) + 1
+    powers, inverse = _powers(len(data))
     with np.errstate(over="ignore"):
-        one = np.ones(1, np.uint64)
-        powers = np.concatenate((one, np.cumprod(np.full(len(data), _BASE, np.uint64))))
-        inverse = np.concatenate((one, np.cumprod(np.full(len(data), _BASE_INV, np.uint64))))
-        terms = (data.astype(np.uint64) + np.uint64(1)) * powers[:-1]
-        prefix = np.concatenate((np.zeros(1, np.uint64), np.cumsum(terms, dtype=np.uint64)))
-        return (prefix[ends] - prefix[starts]) * inverse[starts]
+        prefix = np.zeros(len(data) + 1, np.uint64)
+        np.cumsum((data + np.uint64(1)) * powers[: len(data)], out=prefix[1:])
+        hashes: np.ndarray = (prefix[ends] - prefix[starts]) * inverse[starts]
+    return hashes
 
 
 def shingle_hashes(text: str) -> np.ndarray:
     """uint64 hash of every run of ``SHINGLE`` consecutive words of ``text``."""
-    return level_hashes(word_hashes(text))[_LEVEL]
+    return level_hashes(word_hashes(text), SHINGLE)[-1]
 
 
 def anchors(text: str, window: int, limit: int) -> np.ndarray:
     """Sorted distinct anchor hashes (uint64) of ``text``, at most ``limit``."""
     hashes = shingle_hashes(text) >> np.uint64(16)  # the 48 bits an anchor keeps
-    if window > 1 and len(hashes) > window:
-        hashes = sliding_window_view(hashes, window).min(axis=1)
+    if window > 1 and len(hashes) > window:  # the minimum of every ``window`` in a row
+        done = 1
+        while done < window:
+            step = min(done, window - done)
+            hashes = np.minimum(hashes[:-step], hashes[step:])
+            done += step
     return np.unique(hashes)[:limit]
 
 

@@ -33,6 +33,7 @@ _NO_ANCHORS = np.zeros(0, np.uint64)
 Encode = Callable[[str], Sequence[int]]
 
 INLINE_ANCHOR_CHARS = 64 * 1024  # longer texts are anchored on a worker thread
+INLINE_MENTION_CHARS = 4 * 1024  # longer prompts are scanned for mentions on a worker thread
 
 
 class Corpus:
@@ -183,14 +184,17 @@ class Corpus:
         documents whose id or path the prompt mentions, then the ``recent`` latest captured
         answers, then up to ``retrieve_max_docs`` documents and answers whose content the
         prompt or prediction shares most (``Document.kind`` says which way each came);
-        deduplicated and bounded by ``select_max_docs``/``select_max_bytes``. The prompt is
-        scanned for mentions on a worker thread."""
+        deduplicated and bounded by ``select_max_docs``/``select_max_bytes``. A long prompt
+        is scanned for mentions on a worker thread."""
         if len(ids) > self.select_max_ids:
             raise InvalidDocument(
                 f"{len(ids)} document ids named; at most {self.select_max_ids} per request"
             )
         checked = [check_id(i) for i in ids]
-        names = await asyncio.to_thread(mention_candidates, prompt_text) if prompt_text else []
+        if len(prompt_text) > INLINE_MENTION_CHARS:
+            names = await asyncio.to_thread(mention_candidates, prompt_text)
+        else:  # a short prompt is scanned faster than a worker thread is handed one
+            names = mention_candidates(prompt_text) if prompt_text else []
         retrieve = self.retrieve_max_docs if prompt_text or prediction_text else 0
         return await self.store.select(
             check_namespace(ns),

@@ -30,8 +30,9 @@ def open_store(
 
     ``None``, ``""`` or ``memory://`` -> the in-memory store; ``redis://``, ``rediss://``,
     ``unix://`` -> one Redis server; ``redis+cluster://`` (or ``cluster=True``) -> Redis
-    Cluster, starting from the node in the URL. ``timeout_s`` bounds every call (socket
-    connect, socket read and the whole operation); failed calls are not retried.
+    Cluster, starting from the node in the URL. ``timeout_s`` bounds every call (the
+    socket connect, and the whole operation: the store cancels a call that outlasts it,
+    which closes its connection); failed calls are not retried.
     """
     if not url or url == "memory://":
         return MemoryDocumentStore()
@@ -39,7 +40,7 @@ def open_store(
     if not sep:
         raise ValueError(f"not a store URL: {url!r} (want redis://, redis+cluster:// or memory://)")
     options: dict[str, Any] = {
-        "socket_timeout": timeout_s,
+        "socket_timeout": None,  # per-socket timers would double the store's own
         "socket_connect_timeout": timeout_s,
         "retry": Retry(NoBackoff(), 0),
         "max_connections": max_connections,

@@ -27,11 +27,19 @@ Keys under the namespace base ``B``:
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 
 
 def digest(value: str) -> str:
     """A 128-bit hex digest naming a namespace, id, name or fingerprint inside keys."""
     return hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def digests(values: Sequence[str]) -> str:
+    """The ``digest`` of each value, concatenated (32 hex characters each)."""
+    return b"".join(
+        hashlib.sha256(v.encode("utf-8", "surrogatepass")).digest()[:16] for v in values
+    ).hex()
 
 
 def namespace_base(prefix: str, ns: str) -> str:

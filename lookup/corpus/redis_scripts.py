@@ -170,24 +170,25 @@ return meta.created
 """
 )
 
-# ARGV[5..]: max docs, max bytes, recent, retrieve, packed query anchors, number of id
-# hashes, id hashes..., name hashes...
-# Returns [metadata JSON, last used, text, kind, ...] for each chosen document, where kind
-# is "named" (by id or name), "answer" (a captured answer) or "retrieved".
+# ARGV[5..11]: max docs, max bytes, recent, retrieve, packed query anchors, id hashes and
+# name hashes (each packed: 32 hex characters per hash).
+# Returns [id, sha256, bytes, path, language, created, text, kind, ...] for each chosen
+# document (path and language nil when absent), where kind is "named" (by id or name),
+# "answer" (a captured answer) or "retrieved".
 SELECT = (
     _PRELUDE
     + """
 purge()
 local max_docs, max_bytes = tonumber(ARGV[5]), tonumber(ARGV[6])
-local recent, retrieve, query, n_ids = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9], tonumber(ARGV[10])
+local recent, retrieve, query = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9]
 local cands, kinds = {}, {}
 local function add(idh, kind)
   cands[#cands + 1] = idh
   kinds[#kinds + 1] = kind
 end
-for i = 11, 10 + n_ids do add(ARGV[i], 'named') end
+for i = 1, #ARGV[10], 32 do add(string.sub(ARGV[10], i, i + 31), 'named') end
 local names = {}
-for i = 11 + n_ids, #ARGV do names[#names + 1] = ARGV[i] end
+for i = 1, #ARGV[11], 32 do names[#names + 1] = string.sub(ARGV[11], i, i + 31) end
 if #names > 0 then
   for _, idh in ipairs(redis.call('HMGET', K_NAMES, unpack(names))) do
     if idh then add(idh, 'named') end
@@ -220,6 +221,10 @@ if retrieve > 0 and #query > 0 then
     end
   end
 end
+local function optional(value)  -- JSON null (or absent) -> a nil reply
+  if value == nil or value == cjson.null then return false end
+  return value
+end
 local out, seen, total, count = {}, {}, 0, 0
 for c, idh in ipairs(cands) do
   if count < max_docs and not seen[idh] then
@@ -232,8 +237,12 @@ for c, idh in ipairs(cands) do
         local bkey = B .. 'b:' .. meta.sha256
         redis.call('ZADD', K_LRU, NOW, idh)
         redis.call('PEXPIRE', bkey, EXPIRE_MS)
-        out[#out + 1] = raw
-        out[#out + 1] = NOW
+        out[#out + 1] = meta.id
+        out[#out + 1] = meta.sha256
+        out[#out + 1] = meta.bytes
+        out[#out + 1] = optional(meta.path)
+        out[#out + 1] = optional(meta.language)
+        out[#out + 1] = meta.created
         out[#out + 1] = redis.call('GET', bkey)
         out[#out + 1] = kinds[c]
       end

@@ -19,7 +19,7 @@ from lookup.corpus.anchors import pack
 from lookup.corpus.breaker import CircuitBreaker
 from lookup.corpus.documents import Document, DocumentMeta
 from lookup.corpus.errors import StoreUnavailable
-from lookup.corpus.keys import digest, index_key, namespace_base, tokens_key
+from lookup.corpus.keys import digest, digests, index_key, namespace_base, tokens_key
 from lookup.corpus.store import Limits, NewDocument
 
 T = TypeVar("T")
@@ -60,7 +60,8 @@ class RedisDocumentStore:
             raise StoreUnavailable("document store circuit is open after repeated failures")
         self.round_trips += 1
         try:
-            result = await asyncio.wait_for(request(), self.timeout_s)
+            async with asyncio.timeout(self.timeout_s):
+                result = await request()
         except (RedisError, OSError, TimeoutError) as exc:
             self.breaker.failure()
             timed_out = isinstance(exc, TimeoutError | RedisTimeout)
@@ -116,15 +117,25 @@ class RedisDocumentStore:
         now: float,
     ) -> list[Document]:
         keys, args = self._script_args(ns, limits, now)
-        args += [max_docs, max_bytes, recent, retrieve, pack(query), len(ids)]
-        args += [digest(i) for i in ids] + [digest(n) for n in names]
+        args += [max_docs, max_bytes, recent, retrieve, pack(query), digests(ids), digests(names)]
         reply = await self._call(lambda: self._select(keys, args))
         docs = []
-        for i in range(0, len(reply), 4):
-            raw, last_used, text, kind = reply[i : i + 4]
+        for i in range(0, len(reply), 8):
+            doc_id, sha, size, path, language, created, text, kind = reply[i : i + 8]
             if text is not None:
-                meta = _meta(raw, last_used)
-                docs.append(Document(**vars(meta), text=text.decode("utf-8"), kind=kind.decode()))
+                docs.append(
+                    Document(
+                        doc_id.decode(),
+                        sha.decode(),
+                        size,
+                        None if path is None else path.decode(),
+                        None if language is None else language.decode(),
+                        float(created),
+                        now,
+                        text.decode(),
+                        kind.decode(),
+                    )
+                )
         return docs
 
     async def delete(self, ns: str, doc_id: str, *, limits: Limits, now: float) -> bool:

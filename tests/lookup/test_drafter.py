@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import heapq
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lookup import native
 from lookup.draft import Draft, Source
-from lookup.drafter import Drafter
+from lookup.drafter import Drafter, DrafterConfig
 from lookup.index import build_index
+from lookup.native import load_library
 
 
 def _longest_suffix_match(seq: list[int], cap: int) -> int:
@@ -211,3 +216,142 @@ def test_fuzz_drafter_at_every_source_ending(
             assert len(draft) <= 1 + step % 8
             _check_tree(draft)
             assert all(0 <= t <= 4 for t in draft.tokens.tolist())
+
+
+def _reference_tree(
+    conts: list[list[int]], negs: list[float], rates: list[list[float]], size: int, width: int
+) -> tuple[list[int], list[int], list[float]]:
+    """The trie of the continuations (a node's weight sums minus ``negs`` of those through
+    it, its rate is its creator's at its depth), scored by path probability and expanded
+    best first with a heap: (tokens, parents, scores) of the draft, parents first."""
+    tok: list[int] = []
+    par: list[int] = []
+    weight: list[float] = []
+    rate: list[float] = []
+    depth: list[int] = []
+    kids: dict[int, list[int]] = {-1: []}
+    for c, tokens in enumerate(conts):
+        node = -1
+        for d, token in enumerate(tokens):
+            child = next((k for k in kids[node] if tok[k] == token), None)
+            if child is None:
+                child = len(tok)
+                tok.append(token), par.append(node), depth.append(d)
+                weight.append(0.0 - negs[c])
+                rate.append(rates[c][d])
+                kids[node].append(child)
+                kids[child] = []
+            else:
+                weight[child] -= negs[c]
+            node = child
+    score: list[float] = []
+    for i, p in enumerate(par):
+        share = weight[i] / sum(weight[k] for k in kids[p])
+        score.append((1.0 if p < 0 else score[p]) * rate[i] * share)
+    order: list[int] = []
+    heap = sorted((-score[k], k) for k in kids[-1])[:width]
+    while heap and len(order) < size:
+        _, node = heapq.heappop(heap)
+        order.append(node)
+        for item in sorted((-score[k], k) for k in kids[node])[:width]:
+            heapq.heappush(heap, item)
+    order.sort(key=lambda i: (depth[i], -score[i], i))
+    where = {old: new for new, old in enumerate(order)} | {-1: -1}
+    return [tok[i] for i in order], [where[par[i]] for i in order], [score[i] for i in order]
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["compiled", "python"])
+@pytest.mark.parametrize("seed", range(12))
+def test_trees_equal_a_best_first_expansion_of_the_merged_trie(seed: int, native: bool) -> None:
+    """Small alphabets make continuations share prefixes, branch at shared nodes and
+    crowd more children under one node than the width allows."""
+    if native:
+        _require_compiled_trees()
+    rng = np.random.default_rng(seed)
+    alphabet = 3 + seed % 4
+    docs = [build_index(rng.integers(0, alphabet, 60)) for _ in range(5)]
+    config = DrafterConfig(native_trees=native)
+    drafter = Drafter(rng.integers(0, alphabet, 40).tolist(), documents=docs, config=config)
+    trees = 0
+    for _ in range(60):
+        size, width = int(rng.integers(1, 24)), int(rng.integers(2, 4))
+        candidates = drafter._candidates(drafter._ranked(), drafter.config.tree_candidates)
+        draft = drafter.propose(size, max_width=width)
+        if len(candidates) > 1:
+            trees += 1
+            conts, negs, rates = [], [], []
+            for rank, (neg, source, pos, track) in enumerate(candidates[:4]):
+                tokens = drafter._continuation(track, pos, size if rank == 0 else (size + 1) // 2)
+                conts.append(tokens)
+                negs.append(neg)
+                rates.append(drafter.acceptance.rates(source, track.match, len(tokens)))
+            tokens, parents, scores = _reference_tree(conts, negs, rates, size, width)
+            assert draft.tokens.tolist() == tokens
+            assert draft.parents.tolist() == parents
+            assert np.array_equal(draft.scores, np.asarray(scores, np.float32))
+        drafter.extend(rng.integers(0, alphabet, int(rng.integers(1, 4))).tolist())
+    assert trees > 10
+
+
+def _require_compiled_trees() -> None:
+    library, why = load_library()
+    if library is None and why.startswith("no C++ compiler"):
+        pytest.skip(why)  # nothing to compare on a machine without g++
+    assert library is not None, why
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    alphabet=st.integers(2, 8),
+    widths=st.lists(st.integers(2, 4), min_size=1, max_size=3),
+)
+def test_compiled_trees_equal_python_trees(seed: int, alphabet: int, widths: list[int]) -> None:
+    """Bit for bit, through learning: the same drafts from the same commits, with a
+    prediction, documents of every retrieved kind and output copied from the context."""
+    _require_compiled_trees()
+    rng = np.random.default_rng(seed)
+    docs = [build_index(rng.integers(0, alphabet, int(rng.integers(0, 80)))) for _ in range(6)]
+    kinds = [Source.DOCUMENT, Source.RETRIEVED, Source.ANSWER] * 2
+    prompt = rng.integers(0, alphabet, int(rng.integers(0, 50))).tolist()
+    prediction = rng.integers(0, alphabet, int(rng.integers(0, 40))).tolist()
+    drafters = [
+        Drafter(prompt, prediction, docs, DrafterConfig(native_trees=n), kinds) for n in (1, 0)
+    ]
+    for step in range(25):
+        size = int(rng.integers(1, 40))
+        native, python = (d.propose(size, widths[step % len(widths)]) for d in drafters)
+        for field in ("tokens", "parents", "scores", "source"):
+            a, b = getattr(native, field), getattr(python, field)
+            assert a.dtype == b.dtype and np.array_equal(a, b)
+        taken = native.tokens[: int(rng.integers(0, len(native) + 1))].tolist()
+        commit = taken + rng.integers(0, alphabet, int(rng.integers(1, 4))).tolist()
+        for d in drafters:
+            d.extend(commit)
+
+
+def test_without_a_compiler_trees_are_built_in_python(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-g++"))
+    monkeypatch.setenv(native.CACHE_ENV, str(tmp_path))
+    library, why = native._load()
+    assert library is None and why.startswith("build failed")
+    monkeypatch.setenv(native.DISABLE_ENV, "1")
+    assert native._load() == (None, f"disabled by {native.DISABLE_ENV}")
+
+
+def test_compiled_trees_larger_than_the_builder_buffer() -> None:
+    _require_compiled_trees()
+    rng = np.random.default_rng(5)
+    docs = [build_index(rng.integers(0, 3, 3000)) for _ in range(4)]
+    drafters = [
+        Drafter([0, 1, 2, 0], documents=docs, config=DrafterConfig(native_trees=n)) for n in (1, 0)
+    ]
+    for size in (300, 5, 700):
+        native, python = (d.propose(size, 3) for d in drafters)
+        assert len(native) > 64 or size < 64  # more than the builder's first buffer holds
+        for field in ("tokens", "parents", "scores", "source"):
+            assert np.array_equal(getattr(native, field), getattr(python, field))
+        for d in drafters:
+            d.extend([1])

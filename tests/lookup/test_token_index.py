@@ -54,6 +54,10 @@ def test_appended_tokens_are_found(seed: int) -> None:
     assert len(index) == len(tokens)
     assert index.slice(100, 140) == tokens[100:140]
     assert index.token(250) == tokens[250]
+    for start, stop in ((100, 140), (130, 180), (250, 400), (120, 120), (299, 300)):
+        part = index.array(start, stop)  # static, spanning, tail (clipped), empty, last
+        assert part.dtype == np.int64 and part.tolist() == tokens[start:stop]
+    assert not index.array(200, 210).flags.writeable  # a view of the tail: read-only
     for level, n in enumerate(LEVELS):
         gram = tokens[-n:]
         key = index.suffix_hashes()[level]

@@ -28,6 +28,19 @@ async def test_path_and_language_are_kept(corpus: Corpus) -> None:
     # the corpus stores what it is given; guessing a language is the caller's job
     assert (by_id["readme"].path, by_id["readme"].language) == ("docs/README.md", None)
     assert by_id["notes"].language == "klingon"
+    await corpus.put("t", "größe.py", "x = 1", path="src/größe.py", language="python")
+    by_id = {m.id: m for m in await corpus.list("t")}
+    for doc_id in ("readme", "notes", "größe.py"):  # selected: the same metadata as listed
+        doc = await corpus.get("t", doc_id)
+        assert doc is not None and doc.id == doc_id
+        listed = by_id[doc_id]
+        assert (doc.sha256, doc.bytes, doc.path, doc.language, doc.created) == (
+            listed.sha256,
+            listed.bytes,
+            listed.path,
+            listed.language,
+            listed.created,
+        )
 
 
 async def test_missing_document_is_none_and_delete_reports_it(corpus: Corpus) -> None:

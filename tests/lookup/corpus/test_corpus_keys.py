@@ -6,9 +6,7 @@ import pytest
 from redis.cluster import key_slot
 
 from lookup.corpus import Corpus, open_store
-from lookup.corpus.keys import namespace_base
-
-pytestmark = pytest.mark.redis
+from lookup.corpus.keys import digest, digests, namespace_base
 
 NAMESPACES = ["alice", "bob", "{carol}", "dave}{", "e:f", "ünï"]
 
@@ -23,6 +21,14 @@ async def _fill(corpus: Corpus) -> None:
         await corpus.tokens(ns, docs, "tokenizer", lambda s: [1, 2])
 
 
+def test_packed_digests_are_the_digests_in_order() -> None:
+    """A select sends names packed; they must hash as the names stored one by one."""
+    names = ["a.py", "src/ünï.py", "", "x" * 2000, "\ud800lone"]
+    assert digests(names) == "".join(digest(n) for n in names)
+    assert digests([]) == ""
+
+
+@pytest.mark.redis
 async def test_each_namespace_keys_share_one_slot(redis_url, redis_prefix, redis_client) -> None:
     store = open_store(redis_url, prefix=redis_prefix, timeout_s=2.0)
     await _fill(Corpus(store))
@@ -43,6 +49,7 @@ async def test_each_namespace_keys_share_one_slot(redis_url, redis_prefix, redis
     assert not any(s in k for k in keys for s in ("alice", "carol", "secret", "x.py"))
 
 
+@pytest.mark.redis
 async def test_namespaces_spread_over_cluster_nodes(redis_cluster_url, redis_prefix) -> None:
     store = open_store(redis_cluster_url, prefix=redis_prefix, timeout_s=2.0)
     corpus = Corpus(store)
