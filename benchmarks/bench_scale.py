@@ -1,32 +1,47 @@
 """Scale-out: one vs two ``draftgate verifier`` replicas behind the gateway, and ``prefix``
 vs ``least-busy`` routing on multi-turn sessions.
 
-    python benchmarks/bench_scale.py --json OUT [--requests 32] [--concurrency 4]
-        [--sessions 8] [--turns 4] [--rounds 3] [--sessions-only]
-
-The defaults are sized for an idle 2-core machine, estimated (not measured) from the
-idle step times in RESULTS.md: loading the two replicas takes seconds and a round about a
-minute, so a whole run should take 3-5 minutes, well under 8 (the summary's
-``elapsed_s`` says how long it took). Smoke run: ``--requests 2 --concurrency 2 --max-tokens 2 --sessions 2 --turns 2
---session-max-tokens 2 --think-s 0 --rounds 1``.
+    python benchmarks/bench_scale.py --json OUT [--max-batch 4] [--concurrency 12]
+        [--warmup-s 10] [--window-s 45] [--sessions 8] [--turns 4] [--rounds 3]
+        [--sessions-only | --throughput-only]
 
 Two verifier processes (SmolLM2-135M, greedy) are started, each pinned to one CPU core
-(``os.sched_setaffinity`` in the child, and one torch/OpenMP thread), so two replicas
-have twice the cores of one. The gateway and the load client run in this process on
-whatever cores are free (they are light next to the model).
+(``os.sched_setaffinity`` in the child, and one torch/OpenMP thread) and each running at
+most ``--max-batch`` requests at once (``draftgate verifier --max-batch``; more wait in
+its queue). The gateway is a ``draftgate serve`` process started per configuration; it and
+the load client (this process) are not pinned: on a 2-core machine they share the
+replicas' cores, and each run reports how much CPU they took.
 
-Throughput: the same closed-loop load (``--concurrency`` workers, ``--requests`` chats
-of ``--max-tokens`` tokens) through a gateway with replica ``a`` only, then with ``a``
-and ``b`` (``least-busy``), interleaved for ``--rounds`` rounds; requests/s and e2e
-p50/p99 per configuration and the 2-vs-1 throughput ratio.
+Throughput is capacity: a closed loop of ``--concurrency`` workers (default three times
+``--max-batch``) sending chats of ``--max-tokens`` tokens on average (each request's limit
+is spread from half to one and a half times that, the same per request index in every
+configuration, so that requests admitted together do not finish together), non-streamed
+(the figure is work served, not how it arrives), through a gateway with replica ``a``
+only, then with ``a`` and ``b`` (``least-busy``), interleaved for ``--rounds`` rounds. The
+engine batches continuously and a step over more rows yields more tokens per second, so a
+load that fits in one replica's batch would compare a batch of 4 against two batches of
+2, not one replica's capacity against two. With at least twice ``--max-batch`` workers
+both configurations run full batches all the time: one replica runs ``max_batch``
+requests and queues the rest, two run ``max_batch`` each (the 50% margin covers the
+client's round trip between a request's end and the next). Requests completed within a
+``--window-s`` window after ``--warmup-s`` count; those still running at its end are
+cancelled. Per configuration: completion tokens/s (the headline) and requests/s, e2e
+p50/p99, requests per replica, each replica's share of its core (its CPU seconds over the
+window), tokens per replica CPU second, the gateway's and the client's CPU milliseconds
+per request, the cores other processes on the machine took meanwhile and the load
+average; the summary gives the 2-vs-1 tokens/s ratio per round and its median.
 
 Sessions: ``--sessions`` conversations run at once, each ``--turns`` streamed turns in
 order (a turn's messages carry the earlier turns), with a random pause of 0 to 2x
 ``--think-s`` seconds between turns (the user reading; without it a closed loop keeps
-each session on the endpoint that just freed up, which flatters ``least-busy``). A turn after the first is a warm hit
-when the replica that answers it (``X-Draftgate-Endpoint``) already answered an earlier
-turn of the session, i.e. holds its prefix. Warm-hit rate and TTFT per strategy,
-interleaved likewise.
+each session on the endpoint that just freed up, which flatters ``least-busy``). A turn
+after the first is a warm hit when the replica that answers it (``X-Draftgate-Endpoint``)
+already answered an earlier turn of the session, i.e. holds its prefix. Warm-hit rate and
+TTFT per strategy, interleaved likewise.
+
+Smoke run: ``--max-batch 1 --max-tokens 2 --warmup-s 1 --window-s 3 --sessions 2 --turns 2
+--session-max-tokens 2 --think-s 0 --rounds 1``. The defaults take about 8 minutes on an
+idle 2-core machine (estimated; the summary's ``elapsed_s`` says how long it took).
 """
 
 from __future__ import annotations
@@ -40,29 +55,30 @@ import random
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from gateway.app import create_app  # noqa: E402
-from gateway.audit.serve import serve_in_thread  # noqa: E402
-from gateway.config import build_settings  # noqa: E402
+CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 MODEL = "smollm2-135m"
 SYSTEM = "You are a careful assistant. Answer briefly."
 TOPICS = ["rivers", "volcanoes", "bridges", "owls", "tides", "glaciers", "comets", "maples"]
 
 
-def _start_verifier(port: int, core: int) -> subprocess.Popen[bytes]:
+def _command(*args: str) -> list[str]:
+    return [sys.executable, "-c", "from gateway.cli import main; main()", *args]
+
+
+def _start_verifier(port: int, core: int, max_batch: int) -> subprocess.Popen[bytes]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     return subprocess.Popen(
-        [sys.executable, "-c", "from gateway.cli import main; main()", "verifier"]
-        + ["--model", MODEL, "--port", str(port)],
+        _command("verifier", "--model", MODEL, "--port", str(port), "--max-batch", str(max_batch)),
         cwd=ROOT,
         env=env,
         stdout=subprocess.DEVNULL,
@@ -71,29 +87,66 @@ def _start_verifier(port: int, core: int) -> subprocess.Popen[bytes]:
     )
 
 
-def _wait_loaded(url: str, proc: subprocess.Popen[bytes], deadline_s: float = 900) -> None:
+def _wait_ready(url: str, proc: subprocess.Popen[bytes], loaded: bool, deadline_s: float) -> None:
+    """Poll ``/healthz`` until it answers (``loaded``: until its local model is loaded)."""
     end = time.monotonic() + deadline_s
     while time.monotonic() < end:
         if proc.poll() is not None:
-            raise SystemExit(f"verifier at {url} exited")
+            raise SystemExit(f"the process serving {url} exited")
         try:
-            if httpx.get(f"{url}/healthz", timeout=2).json()["local"]["local"] == "loaded":
+            r = httpx.get(f"{url}/healthz", timeout=2)
+            if r.status_code == 200 and (not loaded or r.json()["local"]["local"] == "loaded"):
                 return
         except (httpx.HTTPError, KeyError, ValueError):
             pass
         with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=0.5)
-    raise SystemExit(f"verifier at {url} did not load in time")
+            proc.wait(timeout=0.2)
+    raise SystemExit(f"{url} was not ready in time")
 
 
-def _settings(urls: dict[str, str], strategy: str) -> Any:
-    endpoints = [
-        {"name": name, "kind": "local", "base_url": f"{url}/v1", "models": [MODEL]}
+def _config(urls: dict[str, str], strategy: str) -> str:
+    endpoints = "".join(
+        f'[[endpoints]]\nname = "{name}"\nkind = "local"\nbase_url = "{url}/v1"\n'
+        f'models = ["{MODEL}"]\n\n'
         for name, url in urls.items()
-    ]
-    return build_settings(
-        {"endpoints": endpoints, "routing": {"strategy": strategy, "health_check_interval_s": 0}}
     )
+    return f'{endpoints}[routing]\nstrategy = "{strategy}"\nhealth_check_interval_s = 0\n'
+
+
+@contextlib.contextmanager
+def _gateway(urls: dict[str, str], strategy: str, port: int) -> Iterator[tuple[str, int]]:
+    """A ``draftgate serve`` process in front of ``urls``: its URL and pid."""
+    with tempfile.TemporaryDirectory() as tmp:
+        config = Path(tmp) / "draftgate.toml"
+        config.write_text(_config(urls, strategy))
+        proc = subprocess.Popen(
+            _command("serve", "--config", str(config), "--port", str(port)),
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        url = f"http://127.0.0.1:{port}"
+        try:
+            _wait_ready(url, proc, loaded=False, deadline_s=300)
+            yield url, proc.pid
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, all threads) process ``pid`` has used."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def _machine_busy_s() -> float:
+    """CPU seconds every core of the machine has spent busy since boot."""
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (
+        int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]
+    )
+    return (user + nice + system + irq + softirq + steal) / CLK_TCK
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -101,39 +154,90 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def _throughput(url: str, requests: int, concurrency: int, max_tokens: int) -> dict[str, Any]:
-    queue: asyncio.Queue[int] = asyncio.Queue()
-    for i in range(requests):
-        queue.put_nowait(i)
-    latencies: list[float] = []
-    served: dict[str, int] = {}
-    async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+class _Meter:
+    """CPU seconds of the replicas, the gateway, this process and the whole machine."""
 
-        async def worker() -> None:
-            while not queue.empty():
-                i = queue.get_nowait()
-                topic = TOPICS[i % len(TOPICS)]
+    def __init__(self, replicas: dict[str, int], gateway: int) -> None:
+        self.replicas = replicas
+        self.gateway = gateway
+
+    def read(self) -> dict[str, float]:
+        return {
+            **{name: _cpu_s(pid) for name, pid in self.replicas.items()},
+            "gateway": _cpu_s(self.gateway),
+            "client": time.process_time(),
+            "machine": _machine_busy_s(),
+        }
+
+
+def _length(i: int, mean: int) -> int:
+    """Request ``i``'s ``max_tokens``: spread over ``mean/2 .. 3*mean/2`` so that requests
+    admitted together do not all finish together (completions would come in batches)."""
+    return max(1, mean // 2 + (i * 7) % (mean + 1))
+
+
+async def _throughput(
+    url: str, meter: _Meter, concurrency: int, max_tokens: int, warmup_s: float, window_s: float
+) -> dict[str, Any]:
+    """Closed loop of ``concurrency`` workers; what completed within the window after
+    ``warmup_s`` counts, and the CPU every party used over that window. The requests still
+    running at its end are cancelled (their clients go away, as the gateway handles)."""
+    done: list[tuple[float, float, str, int]] = []  # (end, e2e, endpoint, completion tokens)
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
+
+        async def worker(i: int) -> None:
+            while True:
                 body = {
                     "model": MODEL,
-                    "messages": [{"role": "user", "content": f"Tell me about {topic} ({i})."}],
-                    "max_tokens": max_tokens,
+                    "messages": [
+                        {"role": "user", "content": f"Tell me about {TOPICS[i % 8]} ({i})."}
+                    ],
+                    "max_tokens": _length(i, max_tokens),
                     "temperature": 0,
                 }
                 t0 = time.perf_counter()
                 r = await client.post("/v1/chat/completions", json=body)
                 r.raise_for_status()
-                latencies.append(time.perf_counter() - t0)
-                name = r.headers["x-draftgate-endpoint"]
-                served[name] = served.get(name, 0) + 1
+                end = time.perf_counter()
+                tokens = r.json()["usage"]["completion_tokens"]
+                done.append((end, end - t0, r.headers["x-draftgate-endpoint"], tokens))
+                i += concurrency
 
-        t0 = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        wall = time.perf_counter() - t0
+        workers = [asyncio.create_task(worker(i)) for i in range(concurrency)]
+        await asyncio.sleep(warmup_s)
+        cpu0, t0 = meter.read(), time.perf_counter()
+        await asyncio.sleep(window_s)
+        cpu1, t1 = meter.read(), time.perf_counter()
+        for task in workers:
+            task.cancel()
+        for failed in await asyncio.gather(*workers, return_exceptions=True):
+            if not isinstance(failed, asyncio.CancelledError):
+                raise RuntimeError(f"a request failed: {failed!r}")
+    counted = [d for d in done if t0 <= d[0] < t1]
+    wall = t1 - t0
+    used = {k: cpu1[k] - cpu0[k] for k in cpu0}
+    n = max(len(counted), 1)
+    served: dict[str, int] = {}
+    for _, _, name, _ in counted:
+        served[name] = served.get(name, 0) + 1
+    replica_cpu = sum(used[name] for name in meter.replicas)
+    ours = replica_cpu + used["gateway"] + used["client"]
     return {
-        "requests_per_s": requests / wall,
-        "e2e_p50_s": _pct(latencies, 0.5),
-        "e2e_p99_s": _pct(latencies, 0.99),
+        "requests": len(counted),
+        "requests_per_s": len(counted) / wall,
+        "tokens_per_s": sum(d[3] for d in counted) / wall,
+        "tokens_per_request": sum(d[3] for d in counted) / n,
+        "e2e_p50_s": _pct([d[1] for d in counted], 0.5),
+        "e2e_p99_s": _pct([d[1] for d in counted], 0.99),
         "served": served,
+        "replica_core_share": {name: used[name] / wall for name in meter.replicas},
+        "replica_cores": replica_cpu / wall,
+        "tokens_per_replica_cpu_s": sum(d[3] for d in counted) / replica_cpu,
+        "gateway_cpu_ms_per_request": 1000 * used["gateway"] / n,
+        "client_cpu_ms_per_request": 1000 * used["client"] / n,
+        "other_processes_cores": (used["machine"] - ours) / wall,
+        "load_average_1m": os.getloadavg()[0],
     }
 
 
@@ -200,10 +304,9 @@ async def _sessions(
     }
 
 
-def _through_gateway(urls: dict[str, str], strategy: str, work: Any) -> dict[str, Any]:
-    app = create_app(_settings(urls, strategy), environ={})
-    with serve_in_thread(app) as gateway_url:
-        return asyncio.run(work(gateway_url))  # type: ignore[no-any-return]
+def _median(runs: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in runs if r.get(key) is not None]
+    return statistics.median(values) if values else None
 
 
 def _summary(
@@ -214,24 +317,45 @@ def _summary(
 ) -> dict[str, Any]:
     """Medians over the rounds so far, written to ``--json`` (after every configuration, so
     a run cut short still leaves its figures)."""
-
-    def median(label: str, key: str) -> float | None:
-        values = [r[key] for r in runs.get(label, []) if r[key] is not None]
-        return statistics.median(values) if values else None
-
-    one, two = median("one", "requests_per_s"), median("two", "requests_per_s")
+    one, two = runs.get("one", []), runs.get("two", [])
+    ratios = [b["tokens_per_s"] / a["tokens_per_s"] for a, b in zip(one, two, strict=False)]
+    per_cpu = [
+        b["tokens_per_replica_cpu_s"] / a["tokens_per_replica_cpu_s"]
+        for a, b in zip(one, two, strict=False)
+    ]
+    keys = (
+        "requests_per_s",
+        "tokens_per_s",
+        "e2e_p50_s",
+        "e2e_p99_s",
+        "replica_cores",
+        "tokens_per_replica_cpu_s",
+        "gateway_cpu_ms_per_request",
+        "client_cpu_ms_per_request",
+        "other_processes_cores",
+    )
     out = {
         "machine": f"{os.cpu_count()} CPUs (shared), replicas pinned to cores {cores[:2]}",
+        "offered_load": (
+            f"closed loop, {args.concurrency} workers, chats of {args.max_tokens} tokens; "
+            f"each replica runs at most {args.max_batch} at once"
+        ),
         "args": vars(args) | {"json": str(args.json)},
-        "rounds_done": len(runs.get("prefix", [])),
+        "rounds_done": max(len(v) for v in runs.values()) if runs else 0,
         "elapsed_s": time.monotonic() - started,  # replicas' loading included
         "throughput": {
-            label: {k: median(label, k) for k in ("requests_per_s", "e2e_p50_s", "e2e_p99_s")}
-            for label in ("one", "two")
+            label: {k: _median(runs.get(label, []), k) for k in keys} for label in ("one", "two")
         },
-        "two_vs_one": two / one if one and two else None,
+        "two_vs_one": statistics.median(ratios) if ratios else None,
+        "two_vs_one_by_round": ratios,
+        # tokens per replica CPU second, two replicas over one: 1.0 = the same work per
+        # core second, so a ratio short of 2 comes from the cores the replicas did not get
+        "two_vs_one_per_replica_cpu_s": statistics.median(per_cpu) if per_cpu else None,
         "sessions": {
-            s: {k: median(s, k) for k in ("warm_hit_rate", "ttft_p50_s", "ttft_p50_warm_s")}
+            s: {
+                k: _median(runs.get(s, []), k)
+                for k in ("warm_hit_rate", "ttft_p50_s", "ttft_p50_warm_s")
+            }
             for s in ("least-busy", "prefix")
         },
         "runs": runs,
@@ -243,59 +367,71 @@ def _summary(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, required=True, help="write the results here")
-    parser.add_argument("--requests", type=int, default=32, help="chats per throughput run")
-    parser.add_argument("--concurrency", type=int, default=4, help="closed-loop workers")
+    parser.add_argument("--max-batch", type=int, default=4, help="each replica's running cap")
+    parser.add_argument(
+        "--concurrency", type=int, default=None, help="closed-loop workers (3 x --max-batch)"
+    )
     parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--warmup-s", type=float, default=10.0)
+    parser.add_argument("--window-s", type=float, default=45.0, help="completions counted")
     parser.add_argument("--sessions", type=int, default=8)
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--session-max-tokens", type=int, default=8)
     parser.add_argument("--think-s", type=float, default=1.0, help="mean pause between turns")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved repetitions")
     parser.add_argument("--base-port", type=int, default=18311)
-    parser.add_argument("--sessions-only", action="store_true", help="skip the 1-vs-2 runs")
+    only = parser.add_mutually_exclusive_group()
+    only.add_argument("--sessions-only", action="store_true", help="skip the 1-vs-2 runs")
+    only.add_argument("--throughput-only", action="store_true", help="skip the sessions")
     args = parser.parse_args()
+    args.concurrency = args.concurrency or 3 * args.max_batch
+    if args.concurrency < 2 * args.max_batch:
+        parser.error("--concurrency must be at least 2 x --max-batch to fill two replicas")
 
     started = time.monotonic()
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
         raise SystemExit("needs two CPU cores to pin two replicas")
     ports = {"a": args.base_port, "b": args.base_port + 1}
+    gateway_port = args.base_port + 2
     urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
-    procs = {name: _start_verifier(ports[name], cores[i]) for i, name in enumerate(ports)}
+    procs = {
+        name: _start_verifier(ports[name], cores[i], args.max_batch) for i, name in enumerate(ports)
+    }
     runs: dict[str, list[dict[str, Any]]] = {}
+
+    def record(label: str, result: dict[str, Any]) -> None:
+        runs.setdefault(label, []).append(result)
+        print(label, json.dumps(result), flush=True)
+        _summary(runs, cores, args, started)
+
     try:
         for name, proc in procs.items():
-            _wait_loaded(urls[name], proc)
-        throughput = () if args.sessions_only else (("one", {"a": urls["a"]}), ("two", urls))
+            _wait_ready(urls[name], proc, loaded=True, deadline_s=900)
+        throughput = () if args.sessions_only else (("one", ["a"]), ("two", ["a", "b"]))
+        strategies = () if args.throughput_only else ("least-busy", "prefix")
         for _ in range(args.rounds):
-            for label, replicas in throughput:
-                result = _through_gateway(
-                    replicas,
-                    "least-busy",
-                    lambda u: _throughput(u, args.requests, args.concurrency, args.max_tokens),
-                )
-                runs.setdefault(label, []).append(result)
-                print(label, json.dumps(result), flush=True)
-                _summary(runs, cores, args, started)
-            for strategy in ("least-busy", "prefix"):
-                result = _through_gateway(
-                    urls,
-                    strategy,
-                    lambda u: _sessions(
-                        u, args.sessions, args.turns, args.session_max_tokens, args.think_s
-                    ),
-                )
-                runs.setdefault(strategy, []).append(result)
-                print(strategy, json.dumps(result), flush=True)
-                _summary(runs, cores, args, started)
+            for label, names in throughput:
+                replicas = {name: urls[name] for name in names}
+                with _gateway(replicas, "least-busy", gateway_port) as (url, pid):
+                    meter = _Meter({name: procs[name].pid for name in names}, pid)
+                    work = _throughput(
+                        url, meter, args.concurrency, args.max_tokens, args.warmup_s, args.window_s
+                    )
+                    record(label, asyncio.run(work))
+            for strategy in strategies:
+                with _gateway(urls, strategy, gateway_port) as (url, _):
+                    work = _sessions(
+                        url, args.sessions, args.turns, args.session_max_tokens, args.think_s
+                    )
+                    record(strategy, asyncio.run(work))
     finally:
         for proc in procs.values():
             proc.terminate()
             proc.wait(timeout=30)
 
-    print(
-        json.dumps({k: v for k, v in _summary(runs, cores, args, started).items() if k != "runs"})
-    )
+    summary = _summary(runs, cores, args, started)
+    print(json.dumps({k: v for k, v in summary.items() if k != "runs"}))
 
 
 if __name__ == "__main__":

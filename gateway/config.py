@@ -91,6 +91,11 @@ class EndpointConfig(_Strict):
     max_backoff_s: float = Field(default=4.0, ge=0)
     retry_after_cap_s: float = Field(default=10.0, ge=0)
     max_connections: int = Field(default=256, ge=1)
+    max_batch: int | None = Field(
+        default=None,
+        ge=1,
+        description="local kind: requests running at once (None: the engine's default, 16)",
+    )
     max_queue: int = Field(default=64, ge=1, description="local kind: waiting requests")
     prefix_cache: bool = Field(
         default=True,

@@ -40,14 +40,21 @@ def check_bind(settings: Settings, host: str, allow_public: bool) -> None:
         )
 
 
-def verifier_settings(model: str, device: str | None = None, dtype: str | None = None) -> Settings:
+def verifier_settings(
+    model: str,
+    device: str | None = None,
+    dtype: str | None = None,
+    max_batch: int | None = None,
+) -> Settings:
     """One local endpoint on ``model`` (served under its own name), no auth."""
     name = Path(model).name if ("/" in model or model.endswith(".gguf")) else model
-    endpoint = {"name": "local", "kind": "local", "model": model, "models": [name]}
+    endpoint: dict[str, Any] = {"name": "local", "kind": "local", "model": model, "models": [name]}
     if device:
         endpoint["device"] = device
     if dtype:
         endpoint["dtype"] = dtype
+    if max_batch is not None:
+        endpoint["max_batch"] = max_batch
     return build_settings({"endpoints": [endpoint], "auth": False}, "verifier")
 
 
@@ -130,10 +137,14 @@ def verifier_command(
     dtype: str | None = typer.Option(
         None, help="float32 (CPU default) or bf16: a different target (CUDA default)."
     ),
+    max_batch: int | None = typer.Option(
+        None, "--max-batch", min=1, help="Requests running at once (default 16); more wait."
+    ),
     allow_public: bool = typer.Option(
         False, "--allow-public", help="Allow a non-loopback bind (no auth!)."
     ),
     access_log: bool = ACCESS_LOG,
 ) -> None:
     """Serve one local model with OpenAI's API, including Predicted Outputs."""
-    _run(verifier_settings(model, device, dtype), host, port, allow_public, access_log)
+    settings = verifier_settings(model, device, dtype, max_batch)
+    _run(settings, host, port, allow_public, access_log)

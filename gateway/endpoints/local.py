@@ -305,7 +305,7 @@ class LocalEndpoint:
     def _load(self) -> None:
         if self._engine is not None or self._load_error is not None:
             return
-        from local_verifier.engine import Engine
+        from local_verifier.engine import MAX_BATCH, Engine
 
         try:
             config = self.config
@@ -315,6 +315,7 @@ class LocalEndpoint:
                 config.dtype,
                 kv_cache_mb=config.kv_cache_mb,
                 max_queue=config.max_queue,
+                max_batch=config.max_batch or MAX_BATCH,
                 prefix_cache=config.prefix_cache,
             )
             log.info("local endpoint %s: %s loaded", self.config.name, self._engine.name)

@@ -173,6 +173,8 @@ def test_verifier_settings() -> None:
     assert endpoint.kind == "local" and endpoint.model == "smollm2-135m"
     assert settings.auth is False
     assert verifier_settings("/models/foo.gguf").endpoints[0].client_names() == ["foo.gguf"]
+    assert endpoint.max_batch is None
+    assert verifier_settings("smollm2-135m", max_batch=4).endpoints[0].max_batch == 4
 
 
 def test_serve_refuses_public_bind_without_keys(tmp_path: Path) -> None:

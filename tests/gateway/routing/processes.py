@@ -87,10 +87,10 @@ class Process:
                 self.kill()
 
 
-def verifier(port: int | None = None) -> Process:
-    """``draftgate verifier --model smollm2-135m`` (ready once the model is loaded)."""
+def verifier(model: str, port: int | None = None) -> Process:
+    """``draftgate verifier --model MODEL`` (ready once the model is loaded)."""
     port = port or free_port()
-    args = ["verifier", "--model", "smollm2-135m", "--port", str(port)]
+    args = ["verifier", "--model", model, "--port", str(port)]
     return Process(args, port, lambda r: r.json().get("local", {}).get("local") == "loaded")
 
 

@@ -1,4 +1,4 @@
-"""Two real ``draftgate verifier`` replicas of SmolLM2 behind one gateway: requests are
+"""Two real ``draftgate verifier`` replicas (the tiny model) behind one gateway: requests are
 spread over both; a replica killed under load costs no client an error, is ejected, and
 is re-admitted once it is back (the back-off is driven by the gateway's injected clock)."""
 
