@@ -40,8 +40,8 @@ already answered an earlier turn of the session, i.e. holds its prefix. Warm-hit
 TTFT per strategy, interleaved likewise.
 
 Smoke run: ``--max-batch 1 --max-tokens 2 --warmup-s 1 --window-s 3 --sessions 2 --turns 2
---session-max-tokens 2 --think-s 0 --rounds 1``. The defaults take about 8 minutes on an
-idle 2-core machine (estimated; the summary's ``elapsed_s`` says how long it took).
+--session-max-tokens 2 --think-s 0 --rounds 1``. The defaults took 10 minutes on a 2-core
+machine beside one other job and 18 beside several (the summary's ``elapsed_s``).
 """
 
 from __future__ import annotations
