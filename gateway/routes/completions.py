@@ -56,7 +56,9 @@ def parse_request(
     api: Api, raw: bytes, max_documents: int
 ) -> tuple[dict[str, Any], ChatCompletionRequest | CompletionRequest]:
     """The body as a dict and as the validated wire type (400 naming the field if not;
-    too many document ids are refused before the rest is validated)."""
+    too many document ids are refused before the body is parsed where the bytes show
+    them, else before the rest is validated)."""
+    prediction_policy.check_raw_document_count(raw, max_documents)
     data = parse_json(raw)
     if not isinstance(data, dict):
         raise InvalidJSON("request body must be a JSON object")
@@ -88,6 +90,10 @@ class CompletionsEndpoint:
             tenant = runtime.auth.tenant(scope)
             limit, length = runtime.settings.max_body_bytes, header(scope, b"content-length")
             declared = declared_length(length, limit)
+            docs_header = header(scope, DOCUMENTS_HEADER)
+            prediction_policy.check_header_document_count(
+                docs_header, runtime.corpus.select_max_ids
+            )
             # counted before the body is read (from its declared length) and parsed: a
             # tenant's big bodies spend its own budget, and one it cannot pay for is not read
             lease = await runtime.limiter.admit(tenant, prompt_tokens(declared or 0))
@@ -102,7 +108,6 @@ class CompletionsEndpoint:
                     f"model {request.model!r} is not served here (see GET /v1/models)",
                     param="model",
                 )
-            docs_header = header(scope, DOCUMENTS_HEADER)
             doc_ids = prediction_policy.document_ids(
                 request,
                 docs_header.decode("latin-1") if docs_header else None,
