@@ -319,18 +319,11 @@ class Lease:
 
 
 def tenant_limits(
-    app: ASGIApp,
-    *,
-    auth: Authenticator,
-    limiter: RateLimiter,
-    exempt: frozenset[str],
-    admin_only: frozenset[tuple[str, str]] = frozenset(),
+    app: ASGIApp, *, auth: Authenticator, limiter: RateLimiter, exempt: frozenset[str]
 ) -> ASGIApp:
     """ASGI middleware: every request to a path not in ``exempt`` counts toward its
     tenant's requests in flight and per minute (the completion routes count their own,
-    with tokens). A request without a valid key goes on to its route, which answers 401;
-    one to an ``admin_only`` (method, path) without an admin key is refused (403) before
-    it is counted: a refusal that costs no Redis call is cheaper than a 429."""
+    with tokens). A request without a valid key goes on to its route, which answers 401."""
 
     async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in exempt:
@@ -340,12 +333,6 @@ def tenant_limits(
             tenant = auth.tenant(scope)
         except GatewayError:
             await app(scope, receive, send)
-            return
-        try:
-            if (scope["method"], scope["path"]) in admin_only:
-                auth.admin(scope)
-        except GatewayError as error:
-            await send_error(send, error)
             return
         try:
             lease = await limiter.admit(tenant, 0)

@@ -110,17 +110,3 @@ def test_too_many_header_ids_spend_no_request_of_the_limit(few_requests_url: str
     for _ in range(3):
         r = httpx.post(f"{few_requests_url}/v1/chat/completions", json=CHAT, headers=bob)
         assert r.status_code == 200
-
-
-def test_audits_without_an_admin_key_spend_no_request_of_the_limit(
-    few_requests_url: str,
-) -> None:
-    """Refused before they are counted: no Redis call for a request that gets nothing."""
-    bob = {**AUTH, "authorization": "Bearer bob-key"}
-    audit = {"endpoint": "openai", "requests": 10**9, "concurrency": [10**7]}
-    for _ in range(5):
-        r = httpx.post(f"{few_requests_url}/v1/audits", json=audit, headers=bob)
-        assert (r.status_code, r.json()["error"]["type"]) == (403, "permission_error")
-    for _ in range(3):
-        r = httpx.post(f"{few_requests_url}/v1/chat/completions", json=CHAT, headers=bob)
-        assert r.status_code == 200
