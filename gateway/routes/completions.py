@@ -35,7 +35,7 @@ from gateway.http.asgi import (
     send_error,
 )
 from gateway.http.sse import SSE_HEADERS, EventTooLarge, StreamRelay, error_event
-from gateway.http.validation import parse_json, validate
+from gateway.http.validation import parse_json_async, validate
 from gateway.limits import Lease, prompt_tokens
 from gateway.routing.key import SESSION_HEADER, routing_key
 from gateway.telemetry import RequestTiming
@@ -52,14 +52,15 @@ FORWARDED_HEADERS = frozenset(
 CLIENT_CLOSED = 499
 
 
-def parse_request(
+async def parse_request(
     api: Api, raw: bytes, max_documents: int
 ) -> tuple[dict[str, Any], ChatCompletionRequest | CompletionRequest]:
     """The body as a dict and as the validated wire type (400 naming the field if not;
     too many document ids are refused before the body is parsed where the bytes show
-    them, else before the rest is validated)."""
+    them, else before the rest is validated). A long body's parse lets the event loop
+    run between its steps."""
     prediction_policy.check_raw_document_count(raw, max_documents)
-    data = parse_json(raw)
+    data = await parse_json_async(raw)
     if not isinstance(data, dict):
         raise InvalidJSON("request body must be a JSON object")
     prediction_policy.check_document_count(data, max_documents)
@@ -100,7 +101,7 @@ class CompletionsEndpoint:
             raw = await read_body(receive, limit, length, runtime.settings.server.body_timeout_s)
             if declared is None:
                 await runtime.limiter.charge(tenant, prompt_tokens(len(raw)))
-            data, request = parse_request(self.api, raw, runtime.corpus.select_max_ids)
+            data, request = await parse_request(self.api, raw, runtime.corpus.select_max_ids)
             await runtime.limiter.charge(tenant, _token_limit(request) or 0)
             endpoints = runtime.routes.get(request.model)
             if not endpoints:

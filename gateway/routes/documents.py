@@ -17,7 +17,7 @@ from gateway.errors import (
 )
 from gateway.http.asgi import declared_length, read_body
 from gateway.http.responses import json_response
-from gateway.http.validation import check_string_lengths, parse_json, validate
+from gateway.http.validation import check_string_lengths, parse_json_async, validate
 from gateway.limits import prompt_tokens
 from gateway.runtime import Runtime
 from lookup.corpus import CorpusError, DocumentTooLarge, InvalidDocument, StoreUnavailable
@@ -76,7 +76,7 @@ def document_routes(runtime: Runtime) -> list[Route]:
         if declared is None:
             await runtime.limiter.charge(tenant, prompt_tokens(len(raw)))
         _check_lengths(raw)
-        doc = validate(DocumentIn, parse_json(raw))
+        doc = validate(DocumentIn, await parse_json_async(raw))
         try:
             meta = await runtime.corpus.put(
                 tenant,

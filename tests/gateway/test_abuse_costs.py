@@ -28,13 +28,13 @@ def parsed(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The lengths of the bodies the completion and document routes parsed as JSON."""
     seen: list[int] = []
     for module in (completions, documents):
-        real = module.parse_json
+        real = module.parse_json_async
 
-        def spy(raw: bytes, real: Any = real) -> Any:
+        async def spy(raw: bytes, real: Any = real) -> Any:
             seen.append(len(raw))
-            return real(raw)
+            return await real(raw)
 
-        monkeypatch.setattr(module, "parse_json", spy)
+        monkeypatch.setattr(module, "parse_json_async", spy)
     return seen
 
 

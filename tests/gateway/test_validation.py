@@ -3,6 +3,7 @@ strings too long for a wire type are refused from the raw bytes."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -11,11 +12,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.errors import InvalidJSON, InvalidRequest
+from gateway.http import validation
 from gateway.http.validation import (
     MAX_DEPTH,
     VECTOR_BYTES,
+    YIELD_BYTES,
     check_string_lengths,
     parse_json,
+    parse_json_async,
     validate,
 )
 from sdk.wire import DocumentIn
@@ -122,3 +126,46 @@ def test_too_long_strings_are_refused_before_a_parse() -> None:
 def test_strings_within_bounds_pass_the_check_before_a_parse(body: dict[str, Any]) -> None:
     check_string_lengths(json.dumps(body).encode(), DocumentIn)
     validate(DocumentIn, body)
+
+
+@pytest.mark.parametrize("extra", [0, 1])
+def test_depth_is_read_from_the_bytes_whatever_the_strings_hold(extra: int) -> None:
+    """Brackets, braces and escaped quotes inside strings neither add nor hide a level."""
+    noise = '"[[{\\\\", "\\\\\\"]]}}", "\\"{", '
+    lists = MAX_DEPTH - 1 + extra  # in an object
+    text = "[" * (lists - 1) + "[" + noise + "1]" + "]" * (lists - 1)
+    raw = json.dumps({"pad": "]" * 100, "x": json.loads(text)}).encode()
+    if extra:
+        with pytest.raises(InvalidJSON):
+            parse_json(raw)
+    else:
+        assert parse_json(raw) == json.loads(raw)
+    wide = json.dumps({"x": [[]] * 50_000, "s": "[" * 100}).encode()  # many, not deep
+    assert parse_json(wide) == json.loads(wide)
+
+
+async def test_a_long_body_s_parse_lets_the_event_loop_run_between_its_steps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    events: list[str] = []
+    for step in ("_decode", "_check_nesting", "_check_keys"):
+        real = getattr(validation, step)
+
+        def spy(*args: Any, real: Any = real, step: str = step) -> Any:
+            events.append(step)
+            return real(*args)
+
+        monkeypatch.setattr(validation, step, spy)
+
+    async def other_request() -> None:
+        while True:
+            events.append("other")
+            await asyncio.sleep(0)
+
+    other = asyncio.create_task(other_request())
+    await asyncio.sleep(0)
+    raw = json.dumps({"pad": "x" * YIELD_BYTES, "a": 1}).encode()
+    assert await parse_json_async(raw) == json.loads(raw)
+    other.cancel()
+    steps = [i for i, e in enumerate(events) if e != "other"]
+    assert len(steps) == 3 and all(events[i + 1] == "other" for i in steps[:-1])
