@@ -77,6 +77,13 @@ tokens = redis.call('INCRBY', KEYS[1], ARGV[2])
 if ttl < 0 then redis.call('PEXPIRE', KEYS[1], ARGV[3]); ttl = tonumber(ARGV[3]) end
 return {0, tokens, ttl}
 """
+# KEYS: a window's counter. ARGV: window ms. Returns {count, ms left}.
+_COUNT = """
+local count = redis.call('INCR', KEYS[1])
+local ttl = redis.call('PTTL', KEYS[1])
+if ttl < 0 then redis.call('PEXPIRE', KEYS[1], ARGV[1]); ttl = tonumber(ARGV[1]) end
+return {count, ttl}
+"""
 _RELEASE = """
 if tonumber(redis.call('GET', KEYS[1]) or '0') > 0 then redis.call('DECR', KEYS[1]) end
 return 0
@@ -115,6 +122,7 @@ class RateLimiter:
         self._admit: Any = redis.register_script(_ADMIT) if redis is not None else None
         self._release: Any = redis.register_script(_RELEASE) if redis is not None else None
         self._charge: Any = redis.register_script(_CHARGE) if redis is not None else None
+        self._count_one: Any = redis.register_script(_COUNT) if redis is not None else None
 
     def _keys(self, tenant: str, *kinds: str) -> list[str]:
         base = f"{self._prefix}{{rl:{digest(tenant)}}}:"
@@ -229,18 +237,11 @@ class RateLimiter:
         else this process): whether it fitted, the count, the seconds left."""
         if self._redis is None:
             return self._local.count(tenant, kind, limit)
-        (key,) = self._keys(tenant, kind)
-        try:
-            async with asyncio.timeout(self._timeout_s):
-                pipe = self._redis.pipeline(transaction=False)
-                pipe.incr(key)
-                pipe.pexpire(key, int(WINDOW_S * 1000), nx=True)
-                pipe.pttl(key)
-                count, _, ttl_ms = await pipe.execute()
-        except (RedisError, OSError, TimeoutError) as exc:
-            self._unavailable(exc)
+        result = await self._call(self._count_one, self._keys(tenant, kind), [int(WINDOW_S * 1000)])
+        if result is None:
             return self._local.count(tenant, kind, limit)
-        return count <= limit, count, max(int(ttl_ms), 0) / 1000
+        count, ttl_ms = (int(v) for v in result)
+        return count <= limit, count, max(ttl_ms, 0) / 1000
 
     async def count(self, tenant: str) -> None:
         """Count one request answered at once, never in flight (a refusal): one Redis
