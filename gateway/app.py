@@ -34,7 +34,7 @@ from gateway.routes.completions import CompletionsEndpoint
 from gateway.routes.documents import document_routes
 from gateway.routes.meta import meta_routes
 from gateway.routes.openapi import openapi_routes
-from gateway.routes.records import records_routes
+from gateway.routes.records import ADMIN_ROUTES, records_routes
 from gateway.routing.health import Clock
 from gateway.runtime import Runtime
 from gateway.telemetry import Telemetry
@@ -168,6 +168,7 @@ def create_app(
                 auth=runtime.auth,
                 limiter=runtime.limiter,
                 exempt=frozenset({"/healthz", "/metrics", "/openapi.json"}),
+                admin_only=ADMIN_ROUTES,
             ),
         ],
         exception_handlers={

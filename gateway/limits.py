@@ -6,7 +6,10 @@ so replicas need no shared clock. With Redis configured the counters live there,
 script per admission (every key of a tenant shares one Redis Cluster hash tag), so the
 limits hold across gateway replicas; without Redis (the embedded default) they live in
 this process. When Redis does not answer, this process's counters stand in: a limiter
-must not turn a Redis outage into an outage of the gateway.
+must not turn a Redis outage into an outage of the gateway. A request the counts Redis
+last answered already refuse (a full window) is refused without asking again
+(:class:`~gateway.limit_windows.Seen`): a client that keeps sending once refused costs no
+round trip.
 
 Tokens are counted at admission as OpenAI does: the prompt estimated from the body's
 bytes (4 per token), then the most the answer may use (``max_tokens``) once it is known.
@@ -32,13 +35,13 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.auth import Authenticator
 from gateway.config import LimitsConfig
-from gateway.errors import GatewayError, RateLimited
+from gateway.errors import GatewayError, PermissionDenied, RateLimited
 from gateway.http.asgi import send_error
+from gateway.limit_windows import WINDOW_S, Seen, Verdict, Windows
 from lookup.corpus.keys import digest
 
 log = logging.getLogger(__name__)
 
-WINDOW_S = 60.0
 IN_FLIGHT_TTL_S = 900.0  # a crashed replica's in-flight count fades after this
 BYTES_PER_TOKEN = 4
 
@@ -74,21 +77,17 @@ tokens = redis.call('INCRBY', KEYS[1], ARGV[2])
 if ttl < 0 then redis.call('PEXPIRE', KEYS[1], ARGV[3]); ttl = tonumber(ARGV[3]) end
 return {0, tokens, ttl}
 """
+# KEYS: a window's counter. ARGV: window ms. Returns {count, ms left}.
+_COUNT = """
+local count = redis.call('INCR', KEYS[1])
+local ttl = redis.call('PTTL', KEYS[1])
+if ttl < 0 then redis.call('PEXPIRE', KEYS[1], ARGV[1]); ttl = tonumber(ARGV[1]) end
+return {count, ttl}
+"""
 _RELEASE = """
 if tonumber(redis.call('GET', KEYS[1]) or '0') > 0 then redis.call('DECR', KEYS[1]) end
 return 0
 """
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """One admission's outcome and the counts after it."""
-
-    refused: str | None  # None, "concurrent", "requests", "tokens"
-    requests: int
-    tokens: int
-    requests_reset_s: float
-    tokens_reset_s: float
 
 
 def _duration(seconds: float) -> str:
@@ -98,62 +97,6 @@ def _duration(seconds: float) -> str:
     whole = math.ceil(seconds)
     minutes, rest = divmod(whole, 60)
     return f"{minutes}m{rest}s" if minutes else f"{rest}s"
-
-
-class _Windows:
-    """This process's counters (the embedded default, and the stand-in while Redis is down)."""
-
-    def __init__(self, clock: Callable[[], float]) -> None:
-        self._clock = clock
-        self._inflight: dict[str, int] = {}
-        self._windows: dict[tuple[str, str], tuple[float, int]] = {}  # -> (end, count)
-
-    def _window(self, key: tuple[str, str], now: float) -> tuple[float, int]:
-        end, count = self._windows.get(key, (0.0, 0))
-        return (end, count) if end > now else (now + WINDOW_S, 0)
-
-    def admit(self, tenant: str, limits: LimitsConfig, tokens: int) -> Verdict:
-        now = self._clock()
-        if len(self._windows) > 4096:  # forget ended windows now and then
-            self._windows = {k: v for k, v in self._windows.items() if v[0] > now}
-        r_end, requests = self._window((tenant, "requests"), now)
-        t_end, used = self._window((tenant, "tokens"), now)
-        refused = None
-        if self._inflight.get(tenant, 0) >= limits.concurrent:
-            refused = "concurrent"
-        elif requests + 1 > limits.requests_per_minute:
-            refused = "requests"
-        elif used + tokens > limits.tokens_per_minute:
-            refused = "tokens"
-        else:
-            self._inflight[tenant] = self._inflight.get(tenant, 0) + 1
-            requests, used = requests + 1, used + tokens
-            self._windows[(tenant, "requests")] = (r_end, requests)
-            self._windows[(tenant, "tokens")] = (t_end, used)
-        return Verdict(refused, requests, used, r_end - now, t_end - now)
-
-    def charge(self, tenant: str, limit: int, tokens: int) -> Verdict:
-        now = self._clock()
-        end, used = self._window((tenant, "tokens"), now)
-        if used + tokens > limit:
-            return Verdict("tokens", 0, used, 0.0, end - now)
-        self._windows[(tenant, "tokens")] = (end, used + tokens)
-        return Verdict(None, 0, used + tokens, 0.0, end - now)
-
-    def release(self, tenant: str) -> None:
-        left = self._inflight.get(tenant, 0) - 1
-        if left > 0:
-            self._inflight[tenant] = left
-        else:
-            self._inflight.pop(tenant, None)
-
-    def count_upload(self, tenant: str, limit: int) -> tuple[bool, int, float]:
-        now = self._clock()
-        end, count = self._window((tenant, "uploads"), now)
-        if count + 1 > limit:
-            return False, count, end - now
-        self._windows[(tenant, "uploads")] = (end, count + 1)
-        return True, count + 1, end - now
 
 
 class RateLimiter:
@@ -172,19 +115,23 @@ class RateLimiter:
         self._redis = redis
         self._prefix = prefix
         self._timeout_s = timeout_s
-        self._local = _Windows(clock)
+        self._clock = clock
+        self._local = Windows(clock)
+        self._seen = Seen(clock)
         self._warned_at = -WINDOW_S
         self._admit: Any = redis.register_script(_ADMIT) if redis is not None else None
         self._release: Any = redis.register_script(_RELEASE) if redis is not None else None
         self._charge: Any = redis.register_script(_CHARGE) if redis is not None else None
+        self._count_one: Any = redis.register_script(_COUNT) if redis is not None else None
 
     def _keys(self, tenant: str, *kinds: str) -> list[str]:
         base = f"{self._prefix}{{rl:{digest(tenant)}}}:"
         return [base + kind for kind in kinds]
 
     async def _call(self, script: Any, keys: list[str], args: list[Any]) -> Any:
-        try:
-            return await asyncio.wait_for(script(keys=keys, args=args), self._timeout_s)
+        try:  # a timeout scope, not ``wait_for``: no task created per call
+            async with asyncio.timeout(self._timeout_s):
+                return await script(keys=keys, args=args)
         except (RedisError, OSError, TimeoutError) as exc:
             self._unavailable(exc)
             return None
@@ -201,6 +148,9 @@ class RateLimiter:
         limits = self.limits
         verdict: Verdict | None = None
         if self._admit is not None:
+            verdict = self._seen.refusal(tenant, limits, tokens)
+            if verdict is not None:
+                raise self._refusal(verdict)
             args = [
                 limits.concurrent,
                 limits.requests_per_minute,
@@ -210,6 +160,7 @@ class RateLimiter:
                 int(IN_FLIGHT_TTL_S * 1000),
             ]
             keys = self._keys(tenant, "inflight", "requests", "tokens")
+            asked_at = self._clock()
             result = await self._call(self._admit, keys, args)
             if result is not None:
                 kind, requests, used, ttl_r, ttl_t = (int(v) for v in result)
@@ -217,6 +168,8 @@ class RateLimiter:
                 verdict = Verdict(
                     refused, requests, used, max(ttl_r, 0) / 1000, max(ttl_t, 0) / 1000
                 )
+                self._seen.note(tenant, "requests", requests, verdict.requests_reset_s, asked_at)
+                self._seen.note(tenant, "tokens", used, verdict.tokens_reset_s, asked_at)
                 if refused is None:
                     return Lease(tenant, in_redis=True)
         if verdict is None:
@@ -233,11 +186,16 @@ class RateLimiter:
         limit = self.limits.tokens_per_minute
         result = None
         if self._charge is not None:
+            seen = self._seen.refusal(tenant, self.limits, tokens, requests=0)
+            if seen is not None:
+                raise self._refusal(seen)
             (key,) = self._keys(tenant, "tokens")
+            asked_at = self._clock()
             result = await self._call(self._charge, [key], [limit, tokens, int(WINDOW_S * 1000)])
         if result is not None:
             refused, used, ttl = (int(v) for v in result)
             verdict = Verdict("tokens" if refused else None, 0, used, 0.0, max(ttl, 0) / 1000)
+            self._seen.note(tenant, "tokens", used, verdict.tokens_reset_s, asked_at)
         else:
             verdict = self._local.charge(tenant, limit, tokens)
         if verdict.refused is not None:
@@ -274,24 +232,37 @@ class RateLimiter:
         else:
             self._local.release(lease.tenant)
 
+    async def _count(self, tenant: str, kind: str, limit: int) -> tuple[bool, int, float]:
+        """One more in a tenant's ``kind`` window unless it passes ``limit`` (Redis,
+        else this process): whether it fitted, the count, the seconds left."""
+        if self._redis is None:
+            return self._local.count(tenant, kind, limit)
+        result = await self._call(self._count_one, self._keys(tenant, kind), [int(WINDOW_S * 1000)])
+        if result is None:
+            return self._local.count(tenant, kind, limit)
+        count, ttl_ms = (int(v) for v in result)
+        return count <= limit, count, max(ttl_ms, 0) / 1000
+
+    async def count(self, tenant: str) -> None:
+        """Count one request answered at once, never in flight (a refusal): one Redis
+        call, none once the requests seen fill the window; :class:`RateLimited` past
+        ``requests_per_minute``."""
+        limit = self.limits.requests_per_minute
+        if self._redis is not None:
+            seen = self._seen.refusal(tenant, self.limits, 0)
+            if seen is not None:
+                raise self._refusal(seen)
+        asked_at = self._clock()
+        ok, count, reset_s = await self._count(tenant, "requests", limit)
+        if self._redis is not None:
+            self._seen.note(tenant, "requests", count, reset_s, asked_at)
+        if not ok:
+            raise self._refusal(Verdict("requests", count, 0, reset_s, 0.0))
+
     async def admit_upload(self, tenant: str) -> None:
         """Count one document upload; :class:`RateLimited` past ``uploads_per_minute``."""
         limit = self.limits.uploads_per_minute
-        if self._redis is not None:
-            (key,) = self._keys(tenant, "uploads")
-            try:
-                async with asyncio.timeout(self._timeout_s):
-                    pipe = self._redis.pipeline(transaction=False)
-                    pipe.incr(key)
-                    pipe.pexpire(key, int(WINDOW_S * 1000), nx=True)
-                    pipe.pttl(key)
-                    count, _, ttl_ms = await pipe.execute()
-                ok, reset_s = count <= limit, max(int(ttl_ms), 0) / 1000
-            except (RedisError, OSError, TimeoutError) as exc:
-                self._unavailable(exc)
-                ok, count, reset_s = self._local.count_upload(tenant, limit)
-        else:
-            ok, count, reset_s = self._local.count_upload(tenant, limit)
+        ok, count, reset_s = await self._count(tenant, "uploads", limit)
         if not ok:
             retry = str(max(1, math.ceil(reset_s)))
             raise RateLimited(
@@ -318,11 +289,19 @@ class Lease:
 
 
 def tenant_limits(
-    app: ASGIApp, *, auth: Authenticator, limiter: RateLimiter, exempt: frozenset[str]
+    app: ASGIApp,
+    *,
+    auth: Authenticator,
+    limiter: RateLimiter,
+    exempt: frozenset[str],
+    admin_only: frozenset[tuple[str, str]] = frozenset(),
 ) -> ASGIApp:
     """ASGI middleware: every request to a path not in ``exempt`` counts toward its
     tenant's requests in flight and per minute (the completion routes count their own,
-    with tokens). A request without a valid key goes on to its route, which answers 401."""
+    with tokens). A request without a valid key goes on to its route, which answers 401.
+    One to an ``admin_only`` (method, path) without an admin key is refused here (403,
+    or 429 past the requests a minute): counted, but never in flight, so one Redis call
+    (none once the window is full) instead of an admission and a release."""
 
     async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in exempt:
@@ -333,6 +312,17 @@ def tenant_limits(
         except GatewayError:
             await app(scope, receive, send)
             return
+        if (scope["method"], scope["path"]) in admin_only:
+            try:
+                auth.admin(scope)
+            except PermissionDenied as denied:
+                error: GatewayError = denied
+                try:
+                    await limiter.count(tenant)
+                except RateLimited as limited:
+                    error = limited
+                await send_error(send, error)
+                return
         try:
             lease = await limiter.admit(tenant, 0)
         except RateLimited as error:

@@ -9,13 +9,19 @@ returns the outcome reported in ``X-Draftgate-Prediction``: ``passed``,
 
 from __future__ import annotations
 
-import json
+import itertools
+import re
+import secrets
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
+import numpy as np
+import orjson
+
 from gateway.endpoints.capabilities import Capability
 from gateway.errors import InvalidRequest
+from gateway.http.validation import VECTOR_BYTES
 from sdk.wire import ChatCompletionRequest, CompletionRequest
 
 PASSED = "passed"
@@ -60,6 +66,66 @@ def document_ids(
     return list(dict.fromkeys(named))
 
 
+# a key "documents" whose value is a list: outside strings, as a quote inside one is escaped
+_DOCUMENTS_LIST = re.compile(rb'"documents"\s*:\s*\[')
+_RAW_CANDIDATES = 4  # "documents" lists looked at before the body is parsed
+# stands in for a counted list while the rest of the body is parsed; unknown to clients
+_MARKER = f"draftgate-{secrets.token_hex(16)}"
+_NAMED_PART = re.compile(r"[^,]*[^,\s][^,]*")  # a header part that is not blank
+
+
+def check_header_document_count(value: bytes | None, limit: int) -> None:
+    """:class:`InvalidRequest` when ``X-Draftgate-Documents`` alone names more than
+    ``limit`` documents: counted before the request is admitted or its body read, reading
+    at most ``limit + 1`` parts."""
+    if not value or value.count(b",") < limit:
+        return
+    parts = _NAMED_PART.finditer(value.decode("latin-1"))
+    named = sum(1 for _ in itertools.islice(parts, limit + 1))
+    if named > limit:
+        raise _too_many_documents(named, limit, at_least=True)
+
+
+def check_raw_document_count(raw: bytes, limit: int) -> None:
+    """:class:`InvalidRequest` when a body not yet parsed names more than ``limit``
+    documents in ``draftgate.documents``: parsing 100k ids costs the event loop far more
+    than counting them. The ids between a ``"documents": [`` and the next ``]`` are
+    counted as the quotes there that no backslash precedes, two per id (a lower bound:
+    a ``]`` inside an id ends the count early); the list is refused only when the body,
+    parsed with it replaced by one marker id, has that marker as its
+    ``draftgate.documents``. Anything else (an escaped key, a list elsewhere) is left to
+    :func:`check_document_count` after the parse."""
+    for match in itertools.islice(_DOCUMENTS_LIST.finditer(raw), _RAW_CANDIDATES):
+        start = match.end()
+        end = raw.find(b"]", start)
+        if end < 0:
+            return
+        named = _quoted(raw, start, end) // 2
+        if named > limit and _is_extension_list(raw, start, end):
+            raise _too_many_documents(named, limit, at_least=True)
+
+
+def _quoted(raw: bytes, start: int, end: int) -> int:
+    """Quotes in ``raw[start:end]`` that no backslash precedes (vectorised when long)."""
+    if end - start < VECTOR_BYTES:
+        return raw.count(b'"', start, end) - raw.count(b'\\"', start, end)
+    view = np.frombuffer(raw, np.uint8, end - start, start)
+    quote = view == ord('"')
+    escaped = np.count_nonzero(quote[1:] & (view[:-1] == ord("\\")))
+    return int(np.count_nonzero(quote)) - int(escaped)
+
+
+def _is_extension_list(raw: bytes, start: int, end: int) -> bool:
+    """Whether ``raw[start:end]`` holds the items of the body's ``draftgate.documents``."""
+    marked = b"".join((raw[:start], b'"', _MARKER.encode(), b'"', raw[end:]))
+    try:
+        data = orjson.loads(marked)
+    except orjson.JSONDecodeError:
+        return False
+    extension = data.get("draftgate") if isinstance(data, dict) else None
+    return isinstance(extension, dict) and extension.get("documents") == [_MARKER]
+
+
 def check_document_count(data: dict[str, Any], limit: int) -> None:
     """:class:`InvalidRequest` when a body not yet validated names more than ``limit``
     documents in ``draftgate.documents`` (validating 100k ids costs more than counting
@@ -70,9 +136,9 @@ def check_document_count(data: dict[str, Any], limit: int) -> None:
         raise _too_many_documents(len(named), limit)
 
 
-def _too_many_documents(count: int, limit: int) -> InvalidRequest:
+def _too_many_documents(count: int, limit: int, *, at_least: bool = False) -> InvalidRequest:
     return InvalidRequest(
-        f"{count} documents named; at most {limit} per request",
+        f"{'at least ' if at_least else ''}{count} documents named; at most {limit} per request",
         param="draftgate.documents",
         code="too_many_documents",
     )
@@ -157,7 +223,8 @@ def upstream_body(
     prediction_text: str | None,
 ) -> bytes:
     """The body to send upstream: ``raw`` untouched unless something must change (the
-    ``draftgate`` object removed, the model renamed, the prediction dropped or set)."""
+    ``draftgate`` object removed, the model renamed, the prediction dropped or set), then
+    re-encoded with orjson (compact, UTF-8 as sent: twice as fast as ``json.dumps``)."""
     changed = (
         "draftgate" in data
         or data.get("model") != upstream_model
@@ -173,4 +240,4 @@ def upstream_body(
         body.pop("prediction", None)
     if prediction_text is not None:
         body["prediction"] = {"type": "content", "content": prediction_text}
-    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+    return orjson.dumps(body)

@@ -20,6 +20,7 @@ PREDICTION_HEADER = b"x-draftgate-prediction"
 ENDPOINT_HEADER = b"x-draftgate-endpoint"
 JSON = b"application/json"
 WATCH_AFTER_S = 0.05  # requests running longer get a task that watches for a disconnect
+INSPECT_BYTES = 64 * 1024  # a body's start that ``read_body`` shows ``inspect`` as it arrives
 
 
 class ClientDisconnected(Exception):
@@ -62,10 +63,18 @@ def declared_length(content_length: bytes | None, limit: int) -> int | None:
 
 
 async def read_body(
-    receive: Receive, limit: int, content_length: bytes | None, timeout_s: float | None = None
+    receive: Receive,
+    limit: int,
+    content_length: bytes | None,
+    timeout_s: float | None = None,
+    inspect: Callable[[bytes], None] | None = None,
 ) -> bytes:
     """The whole request body; :class:`PayloadTooLarge` past ``limit`` bytes,
-    :class:`RequestTimeout` when it has not all arrived within ``timeout_s``."""
+    :class:`RequestTimeout` when it has not all arrived within ``timeout_s``.
+
+    ``inspect`` is shown the body's first ``INSPECT_BYTES`` (or more) once they arrived,
+    if it is that long: what it raises stops the read, so a body it can refuse from its
+    start is answered without the rest being read (the server discards that)."""
     declared_length(content_length, limit)
     chunks: list[bytes] = []
     size = 0
@@ -81,6 +90,9 @@ async def read_body(
                     if size > limit:
                         raise PayloadTooLarge(f"request body is over the limit of {limit} bytes")
                     chunks.append(chunk)
+                    if inspect is not None and size >= INSPECT_BYTES:
+                        inspect(b"".join(chunks))
+                        inspect = None
                 if not message.get("more_body", False):
                     break
     except TimeoutError:

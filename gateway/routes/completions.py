@@ -35,7 +35,7 @@ from gateway.http.asgi import (
     send_error,
 )
 from gateway.http.sse import SSE_HEADERS, EventTooLarge, StreamRelay, error_event
-from gateway.http.validation import parse_json, validate
+from gateway.http.validation import parse_json_async, validate
 from gateway.limits import Lease, prompt_tokens
 from gateway.routing.key import SESSION_HEADER, routing_key
 from gateway.telemetry import RequestTiming
@@ -52,12 +52,15 @@ FORWARDED_HEADERS = frozenset(
 CLIENT_CLOSED = 499
 
 
-def parse_request(
+async def parse_request(
     api: Api, raw: bytes, max_documents: int
 ) -> tuple[dict[str, Any], ChatCompletionRequest | CompletionRequest]:
     """The body as a dict and as the validated wire type (400 naming the field if not;
-    too many document ids are refused before the rest is validated)."""
-    data = parse_json(raw)
+    too many document ids are refused before the body is parsed where the bytes show
+    them, else before the rest is validated). A long body's parse lets the event loop
+    run between its steps."""
+    prediction_policy.check_raw_document_count(raw, max_documents)
+    data = await parse_json_async(raw)
     if not isinstance(data, dict):
         raise InvalidJSON("request body must be a JSON object")
     prediction_policy.check_document_count(data, max_documents)
@@ -88,13 +91,17 @@ class CompletionsEndpoint:
             tenant = runtime.auth.tenant(scope)
             limit, length = runtime.settings.max_body_bytes, header(scope, b"content-length")
             declared = declared_length(length, limit)
+            docs_header = header(scope, DOCUMENTS_HEADER)
+            prediction_policy.check_header_document_count(
+                docs_header, runtime.corpus.select_max_ids
+            )
             # counted before the body is read (from its declared length) and parsed: a
             # tenant's big bodies spend its own budget, and one it cannot pay for is not read
             lease = await runtime.limiter.admit(tenant, prompt_tokens(declared or 0))
             raw = await read_body(receive, limit, length, runtime.settings.server.body_timeout_s)
             if declared is None:
                 await runtime.limiter.charge(tenant, prompt_tokens(len(raw)))
-            data, request = parse_request(self.api, raw, runtime.corpus.select_max_ids)
+            data, request = await parse_request(self.api, raw, runtime.corpus.select_max_ids)
             await runtime.limiter.charge(tenant, _token_limit(request) or 0)
             endpoints = runtime.routes.get(request.model)
             if not endpoints:
@@ -102,7 +109,6 @@ class CompletionsEndpoint:
                     f"model {request.model!r} is not served here (see GET /v1/models)",
                     param="model",
                 )
-            docs_header = header(scope, DOCUMENTS_HEADER)
             doc_ids = prediction_policy.document_ids(
                 request,
                 docs_header.decode("latin-1") if docs_header else None,

@@ -17,7 +17,7 @@ from gateway.errors import (
 )
 from gateway.http.asgi import declared_length, read_body
 from gateway.http.responses import json_response
-from gateway.http.validation import parse_json, validate
+from gateway.http.validation import check_string_lengths, parse_json_async, validate
 from gateway.limits import prompt_tokens
 from gateway.runtime import Runtime
 from lookup.corpus import CorpusError, DocumentTooLarge, InvalidDocument, StoreUnavailable
@@ -49,6 +49,10 @@ def _corpus_error(exc: CorpusError) -> GatewayError:
     return ServiceUnavailable("document store error")
 
 
+def _check_lengths(raw: bytes) -> None:
+    check_string_lengths(raw, DocumentIn)
+
+
 def document_routes(runtime: Runtime) -> list[Route]:
     """The four document routes bound to ``runtime``."""
 
@@ -60,12 +64,19 @@ def document_routes(runtime: Runtime) -> list[Route]:
         declared = declared_length(length, limit)
         # the bytes sent count as tokens: declared ones before the body is read
         await runtime.limiter.charge(tenant, prompt_tokens(declared or 0))
+        # an id, path or language too long to store is refused before it is parsed, as
+        # soon as the body's start shows it
         raw = await read_body(
-            request.receive, limit, length, runtime.settings.server.body_timeout_s
+            request.receive,
+            limit,
+            length,
+            runtime.settings.server.body_timeout_s,
+            inspect=_check_lengths,
         )
         if declared is None:
             await runtime.limiter.charge(tenant, prompt_tokens(len(raw)))
-        doc = validate(DocumentIn, parse_json(raw))
+        _check_lengths(raw)
+        doc = validate(DocumentIn, await parse_json_async(raw))
         try:
             meta = await runtime.corpus.put(
                 tenant,

@@ -30,6 +30,7 @@ from lookup.corpus.errors import StoreUnavailable
 from sdk.wire.endpoints import AuditRequest, AuditResult, EndpointList
 
 PROBE_TIMEOUT_S = 300.0
+ADMIN_ROUTES = frozenset({("POST", "/v1/audits"), ("POST", "/v1/endpoints/probe")})
 
 
 def _admin(runtime: Runtime, request: Request) -> dict[str, str]:

@@ -173,3 +173,64 @@ def test_a_declared_body_over_the_token_budget_is_refused_unread(
     assert b"\r\nretry-after: " in head.lower() and b"x-ratelimit-remaining-tokens" in head
     assert standin.requests == []
     assert chat(url, ALICE, max_tokens=10).status_code == 200  # the budget was not spent
+
+
+@pytest.fixture
+def redis_app(standin_server: tuple[StandIn, str], redis_url: str, redis_prefix: str) -> Any:
+    """A gateway counting in Redis, 3 requests a minute; its app (``.url`` set)."""
+    redis = {"url": redis_url, "prefix": redis_prefix, "timeout_s": 1.0}
+    settings = standin_settings(standin_server[1], limits={"requests_per_minute": 3}, redis=redis)
+    app = create_app(settings, environ=ENVIRON)
+    with serve(app) as url:
+        app.state.url = url
+        yield app
+
+
+def _redis_calls(app: Any, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The limiter's Redis calls from now on (one per script run)."""
+    limiter = app.state.runtime.limiter
+    calls: list[str] = []
+    real = limiter._call
+
+    async def spy(script: Any, keys: list[str], args: list[Any]) -> Any:
+        calls.append(keys[0].rsplit(":", 1)[1])
+        return await real(script, keys, args)
+
+    monkeypatch.setattr(limiter, "_call", spy)
+    return calls
+
+
+@pytest.mark.redis
+def test_a_full_window_refuses_without_asking_redis(
+    redis_app: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = redis_app.state.url
+    calls = _redis_calls(redis_app, monkeypatch)
+    for _ in range(3):
+        assert chat(url, ALICE).status_code == 200
+    asked = len(calls)  # the third admission's answer shows the window full...
+    assert asked > 0
+    for _ in range(5):  # ...so it is not asked again before the window ends
+        r = chat(url, ALICE)
+        assert assert_limited(r) and r.headers["x-ratelimit-remaining-requests"] == "0"
+        assert_limited(httpx.get(f"{url}/v1/models", headers=ALICE))
+    assert len(calls) == asked
+    assert chat(url, BOB).status_code == 200  # another tenant asks Redis
+    assert len(calls) > asked
+
+
+@pytest.mark.redis
+def test_audits_without_an_admin_key_are_counted_in_one_call(
+    redis_app: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Refused at once: counted toward the requests a minute, never in flight."""
+    url = redis_app.state.url
+    calls = _redis_calls(redis_app, monkeypatch)
+    audit = {"endpoint": "openai", "requests": 10**9, "concurrency": [10**7]}
+    for n in range(1, 4):
+        r = httpx.post(f"{url}/v1/audits", json=audit, headers=ALICE)
+        assert (r.status_code, r.json()["error"]["type"]) == (403, "permission_error")
+        assert calls == ["requests"] * n  # counted, never in flight
+    assert_limited(httpx.post(f"{url}/v1/audits", json=audit, headers=ALICE))
+    assert_limited(chat(url, ALICE))  # the audits spent the window
+    assert calls == ["requests"] * 3

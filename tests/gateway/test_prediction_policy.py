@@ -11,6 +11,8 @@ from gateway.endpoints.capabilities import CAPABILITIES
 from gateway.errors import InvalidRequest
 from gateway.prediction_policy import (
     check_document_count,
+    check_header_document_count,
+    check_raw_document_count,
     decide,
     document_ids,
     header_document_ids,
@@ -105,6 +107,56 @@ def test_document_count_is_checked_before_validation_as_after() -> None:
         document_ids(chat(**many), None, 2)
     for odd in ({"documents": "abc"}, [1, 2, 3]):
         check_document_count({**BASE, "draftgate": odd}, 2)  # left to validation
+
+
+def _ids(count: int, **fields: Any) -> bytes:
+    return json.dumps(
+        {**BASE, "draftgate": {"documents": [f"d{i}.py" for i in range(count)], **fields}}
+    ).encode()
+
+
+def test_too_many_document_ids_are_counted_in_the_raw_body() -> None:
+    check_raw_document_count(_ids(64), 64)
+    for raw in (_ids(65), _ids(100_000, draft=True), _ids(65).replace(b": [", b":\n[")):
+        with pytest.raises(InvalidRequest) as caught:
+            check_raw_document_count(raw, 64)
+        assert (caught.value.code, caught.value.param) == (
+            "too_many_documents",
+            "draftgate.documents",
+        )
+    # ids holding quotes, brackets and commas are counted no higher than they are
+    odd = [f'd{i}"],[",' if i % 2 else f"d{i}\\" for i in range(64)]
+    check_raw_document_count(json.dumps({**BASE, "draftgate": {"documents": odd}}).encode(), 64)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {**BASE, "metadata": {"documents": [f"d{i}" for i in range(100)]}},
+        {**BASE, "x": {"draftgate": {"documents": [f"d{i}" for i in range(100)]}}},
+        {**BASE, "draftgate": {"x": {"documents": [f"d{i}" for i in range(100)]}}},
+        {**BASE, "messages": [{"role": "user", "content": '"documents": [' + '"a",' * 100}]},
+    ],
+    ids=["elsewhere", "nested-extension", "nested-in-extension", "in-a-string"],
+)
+def test_lists_that_are_not_the_extension_s_are_left_to_the_parse(body: dict[str, Any]) -> None:
+    check_raw_document_count(json.dumps(body).encode(), 64)
+    check_document_count(body, 64)
+
+
+def test_an_escaped_key_is_counted_after_the_parse() -> None:
+    raw = _ids(65).replace(b'"documents"', b'"\\u0064ocuments"')
+    check_raw_document_count(raw, 64)  # not recognised in the bytes...
+    with pytest.raises(InvalidRequest):
+        check_document_count(json.loads(raw), 64)  # ...but refused once parsed
+
+
+def test_header_document_ids_are_counted_without_decoding_them() -> None:
+    check_header_document_count(b"a.py, b.py", 2)
+    check_header_document_count(b"a.py" + b", ,\t" * 1000 + b"b.py", 2)  # blanks do not count
+    with pytest.raises(InvalidRequest) as caught:
+        check_header_document_count(b",".join(b"d%d" % i for i in range(100_000)), 64)
+    assert caught.value.message.startswith("at least 65 documents named")
 
 
 def test_upstream_body_rewrites_only_when_needed() -> None:

@@ -1,7 +1,9 @@
-"""Strict JSON reading: a repeated key anywhere is refused, whatever the strings hold."""
+"""Strict JSON reading: a repeated key anywhere is refused, whatever the strings hold;
+strings too long for a wire type are refused from the raw bytes."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -9,8 +11,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.errors import InvalidJSON
-from gateway.http.validation import MAX_DEPTH, parse_json
+from gateway.errors import InvalidJSON, InvalidRequest
+from gateway.http import validation
+from gateway.http.validation import (
+    MAX_DEPTH,
+    VECTOR_BYTES,
+    YIELD_BYTES,
+    check_string_lengths,
+    parse_json,
+    parse_json_async,
+    validate,
+)
+from sdk.wire import DocumentIn
 
 # key spellings that decode to a colon or look like one: the cases a byte count could miss
 KEYS = ["a", "a:", "a\\u003a", "a\\u003A", "a\\\\u003a", ":", "\\u003a", "b\\\\", 'c\\"']
@@ -79,3 +91,81 @@ def test_a_repeated_key_is_named() -> None:
 def test_what_is_not_strict_json_is_refused(raw: bytes) -> None:
     with pytest.raises(InvalidJSON):
         parse_json(raw)
+
+
+def _big(members: str) -> bytes:
+    """A body past ``VECTOR_BYTES`` (counted with numpy) ending with ``members``."""
+    return ('{"pad": "' + "x: " * VECTOR_BYTES + '", ' + members + "}").encode()
+
+
+def test_long_bodies_are_read_as_strictly_as_short_ones() -> None:
+    ok = _big('"a": 1, "b": {"a": 2}')
+    assert len(ok) > VECTOR_BYTES and parse_json(ok) == json.loads(ok)
+    for members in ('"a": 1, "a": 2', '"a\\u003a": 1, "a:": 2', "[" * 65 + "]" * 65):
+        raw = _big(members if members[0] != "[" else f'"deep": {members}')
+        with pytest.raises(InvalidJSON):
+            parse_json(raw)
+
+
+def test_too_long_strings_are_refused_before_a_parse() -> None:
+    head = b'{"id": "a.py", "text": "", "path": "' + b"p/" * 8000
+    with pytest.raises(InvalidRequest) as caught:
+        check_string_lengths(head, DocumentIn)  # the start of a body is enough
+    assert (caught.value.param, caught.value.code) == ("path", "invalid_field")
+    assert caught.value.message == "path: String should have at most 1024 characters"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"id": "a.py", "text": "", "path": "\U0001f600" * 1024},  # 12 bytes a character
+        {"id": "a.py", "text": '"path": "' + "p" * 20_000},  # a key inside a string
+        {"id": "a.py", "text": "x" * 20_000 + '", "path": "' + "p" * 20_000},
+    ],
+)
+def test_strings_within_bounds_pass_the_check_before_a_parse(body: dict[str, Any]) -> None:
+    check_string_lengths(json.dumps(body).encode(), DocumentIn)
+    validate(DocumentIn, body)
+
+
+@pytest.mark.parametrize("extra", [0, 1])
+def test_depth_is_read_from_the_bytes_whatever_the_strings_hold(extra: int) -> None:
+    """Brackets, braces and escaped quotes inside strings neither add nor hide a level."""
+    noise = '"[[{\\\\", "\\\\\\"]]}}", "\\"{", '
+    lists = MAX_DEPTH - 1 + extra  # in an object
+    text = "[" * (lists - 1) + "[" + noise + "1]" + "]" * (lists - 1)
+    raw = json.dumps({"pad": "]" * 100, "x": json.loads(text)}).encode()
+    if extra:
+        with pytest.raises(InvalidJSON):
+            parse_json(raw)
+    else:
+        assert parse_json(raw) == json.loads(raw)
+    wide = json.dumps({"x": [[]] * 50_000, "s": "[" * 100}).encode()  # many, not deep
+    assert parse_json(wide) == json.loads(wide)
+
+
+async def test_a_long_body_s_parse_lets_the_event_loop_run_between_its_steps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    events: list[str] = []
+    for step in ("_decode", "_check_nesting", "_check_keys"):
+        real = getattr(validation, step)
+
+        def spy(*args: Any, real: Any = real, step: str = step) -> Any:
+            events.append(step)
+            return real(*args)
+
+        monkeypatch.setattr(validation, step, spy)
+
+    async def other_request() -> None:
+        while True:
+            events.append("other")
+            await asyncio.sleep(0)
+
+    other = asyncio.create_task(other_request())
+    await asyncio.sleep(0)
+    raw = json.dumps({"pad": "x" * YIELD_BYTES, "a": 1}).encode()
+    assert await parse_json_async(raw) == json.loads(raw)
+    other.cancel()
+    steps = [i for i, e in enumerate(events) if e != "other"]
+    assert len(steps) == 3 and all(events[i + 1] == "other" for i in steps[:-1])

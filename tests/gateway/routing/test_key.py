@@ -12,7 +12,7 @@ from gateway.routing.key import routing_key
 
 async def _call(messages: list[dict[str, str]]) -> Call:
     raw = json.dumps({"model": "m", "messages": messages}).encode()
-    data, request = parse_request("chat", raw, 64)
+    data, request = await parse_request("chat", raw, 64)
     unused: dict[str, Any] = {"wait": None, "timing": None}  # not read by routing_key
     return Call("chat", "t", raw, data, request, [], [], **unused)
 
