@@ -197,12 +197,14 @@ def replay(
     seq_overhead_s: float = 0.0,
     client_s: float = 0.0,
     warm: bool = False,
+    host_time: bool = False,
 ) -> Replay:
     """Serve every answer once, closed loop at ``concurrency``, in virtual time (greedy).
 
     A client sends its next request ``client_s`` after its last answer ended (it waits for
     the step in flight). ``warm``: every prompt was served before, so its full blocks are
-    in the prefix cache (as in a benchmark's later levels).
+    in the prefix cache (as in a benchmark's later levels). ``host_time``: the clock also
+    advances by the scheduler's own CPU time in each step (measured, so not deterministic).
     """
     model = ReplayModel(answers, tokenizer, costs, seq_overhead_s)
     storage = KVStorage(model.config, kv_slots, dtype=torch.long)
@@ -267,10 +269,13 @@ def replay(
             model.now = max(model.now, min(t for t, _ in arrivals))
         scheduler.waiting.extend(r for t, r in arrivals if t <= model.now)
         arrivals = [(t, r) for t, r in arrivals if t > model.now]
-        began = time.process_time()
+        began, model_cpu = time.process_time(), model.cpu_s
         stepped = len(model.log)
         scheduler.step()
-        cpu += time.process_time() - began
+        spent = time.process_time() - began
+        cpu += spent
+        if host_time:
+            model.now += spent - (model.cpu_s - model_cpu)
         if len(model.log) == stepped:
             raise RuntimeError("the scheduler made no progress")
     for record, answer in zip(done, answers, strict=True):

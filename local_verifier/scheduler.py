@@ -243,11 +243,12 @@ class Scheduler:
             budget -= end - req.computed
         began = time.perf_counter()
         base_rows = len(decoding) + sum(len(s.tokens) for s in seqs)
+        proposed = [self._propose(r) for r in decoding]
         drafts = plan_batch(
-            [self._propose(r) for r in decoding],
+            proposed,
             base_rows,
             self.row_costs,
-            [r.calibration.ratio for r in decoding],
+            [r.calibration.probs(d) for r, d in zip(decoding, proposed, strict=True)],
             sum(s.logits == "last" for s in seqs),
         )
         drafted = time.perf_counter()
@@ -278,7 +279,7 @@ class Scheduler:
         )
 
     def _propose(self, req: Request) -> Draft:
-        if req.drafter is None or req.controller is None:
+        if req.drafter is None or req.controller is None or req.calibration.resting:
             return Draft.empty()
         limit, width = req.controller.budget()
         limit = min(limit, req.max_draft, req.max_new - req.produced - 1)
