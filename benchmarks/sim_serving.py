@@ -18,6 +18,8 @@ categories in turn, as ``bench_serving.py --limit`` does. The figures are determ
 rows, steps and modeled tokens/s, TTFT and e2e, plus the scheduler's own CPU time per
 step (measured, an indication), then issue 12's goal ratios. JSON with ``--json``.
 
+``--startup-ms`` gives the scheduler another start-up table than the modeled costs (a
+start-up measured under other load): it learns the modeled ones from the steps it runs.
 ``--host-time`` adds the scheduler's own measured CPU time per step to the modeled clock
 (drafting, verification, output; not deterministic). ``--seq-overhead-ms`` adds host time
 per sequence per step (outside the forward, beyond the scheduler's): 12 ms
@@ -101,8 +103,8 @@ def run(args: argparse.Namespace) -> None:
     answers = [
         Answer(a["id"], a["prompt_ids"], a["output_ids"], data["max_tokens"]) for a in picked
     ]
-    points = dict(p.split(":") for p in args.step_ms.split(","))
-    costs = StepCostTable({int(r): float(ms) / 1000 for r, ms in points.items()})
+    costs = _table(args.step_ms)
+    startup = _table(args.startup_ms) if args.startup_ms else None
     tokenizer = _tokenizer()
     torch.set_num_threads(1)
     rows = []
@@ -119,6 +121,7 @@ def run(args: argparse.Namespace) -> None:
                 client_s=args.client_ms / 1000,
                 warm=not args.cold,
                 host_time=args.host_time,
+                startup=startup,
             )
             row = result.summary()
             print(json.dumps(row), flush=True)
@@ -128,6 +131,11 @@ def run(args: argparse.Namespace) -> None:
     if args.json:
         out = {"step_ms": args.step_ms, "sampling": data["sampling"], "levels": rows}
         Path(args.json).write_text(json.dumps(out | {"goals": goals}, indent=2))
+
+
+def _table(step_ms: str) -> StepCostTable:
+    points = dict(p.split(":") for p in step_ms.split(","))
+    return StepCostTable({int(r): float(ms) / 1000 for r, ms in points.items()})
 
 
 def goal_ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
@@ -162,6 +170,9 @@ def main() -> None:
     sim.add_argument("--answers", required=True)
     sim.add_argument("--concurrency", default="1,4,8")
     sim.add_argument("--step-ms", default=IDLE_STEP_MS, help="rows:ms,... measured step costs")
+    sim.add_argument(
+        "--startup-ms", help="rows:ms,... the scheduler starts from (default --step-ms)"
+    )
     sim.add_argument("--seq-overhead-ms", type=float, default=0.0, help="host ms per sequence")
     sim.add_argument("--token-budget", type=int, default=128, help="prompt rows per step")
     sim.add_argument("--client-ms", type=float, default=2.0, help="client's gap between requests")

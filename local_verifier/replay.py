@@ -150,6 +150,7 @@ class Replay:
     requests: list[_Done]
     steps: list[StepRecord]
     scheduler_cpu_s: float  # process CPU time in the scheduler outside the stand-in model
+    final_costs: list[float]  # the scheduler's step-cost table at the end (kept up to date)
 
     @property
     def makespan(self) -> float:
@@ -198,6 +199,7 @@ def replay(
     client_s: float = 0.0,
     warm: bool = False,
     host_time: bool = False,
+    startup: StepCostTable | None = None,
 ) -> Replay:
     """Serve every answer once, closed loop at ``concurrency``, in virtual time (greedy).
 
@@ -205,10 +207,12 @@ def replay(
     the step in flight). ``warm``: every prompt was served before, so its full blocks are
     in the prefix cache (as in a benchmark's later levels). ``host_time``: the clock also
     advances by the scheduler's own CPU time in each step (measured, so not deterministic).
+    ``startup``: the step costs the scheduler starts from, as if measured at start-up
+    (default ``costs``); it keeps them up to date with the steps' modeled times.
     """
     model = ReplayModel(answers, tokenizer, costs, seq_overhead_s)
     storage = KVStorage(model.config, kv_slots, dtype=torch.long)
-    row_costs = costs.table(token_budget + max_draft)
+    row_costs = (startup or costs).table(token_budget + max_draft)
     scheduler = Scheduler(
         model,  # type: ignore[arg-type]
         KVPool(storage),
@@ -217,6 +221,7 @@ def replay(
         token_budget,
         max_batch,
         prefix_cache=warm,
+        clock=lambda: model.now,
     )
     step_costs = row_costs[1 : max_draft + 2]
     todo = list(answers)
@@ -281,4 +286,5 @@ def replay(
     for record, answer in zip(done, answers, strict=True):
         if record.tokens != answer.output_ids:
             raise AssertionError(f"{answer.id}: the replay diverged from the recorded answer")
-    return Replay(concurrency, drafts, done, model.log, cpu - model.cpu_s)
+    final = scheduler.costs.table
+    return Replay(concurrency, drafts, done, model.log, cpu - model.cpu_s, final)
