@@ -117,7 +117,9 @@ def _summary(results: list[dict[str, Any]], wall: float) -> dict[str, Any]:
     }
 
 
-def _select(items: list[dict[str, Any]], categories: str | None, limit: int | None) -> list[Any]:
+def select_items(
+    items: list[dict[str, Any]], categories: str | None, limit: int | None
+) -> list[Any]:
     """The items of ``categories`` (all when None); at most ``limit``, categories in turn."""
     if categories:
         wanted = categories.split(",")
@@ -186,7 +188,7 @@ def main() -> None:
     parser.add_argument("--samplings", default=",".join(SAMPLINGS), help="greedy,seeded")
     args = parser.parse_args()
     lines = Path(args.workload).read_text().splitlines()
-    items = _select([json.loads(line) for line in lines if line], args.categories, args.limit)
+    items = select_items([json.loads(line) for line in lines if line], args.categories, args.limit)
     samplings = args.samplings.split(",")
     if not items or any(s not in SAMPLINGS for s in samplings):
         parser.error("no items selected, or an unknown sampling")

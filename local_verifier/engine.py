@@ -138,8 +138,9 @@ class Engine:
         row_costs: Sequence[float] | None = None,
         prefix_cache: bool = True,
     ) -> None:
-        """``row_costs[r]``: seconds of a step with r rows, r = 0..token_budget + max_draft
-        (measured at start-up when None). ``prefix_cache``: reuse the K/V of full blocks of
+        """``row_costs[r]``: seconds of a step with r rows, r = 0..token_budget + max_draft,
+        used as given (measured at start-up when None, then kept up to date by the steps
+        run). ``prefix_cache``: reuse the K/V of full blocks of
         earlier requests' committed tokens and the drafter's prompt index (per
         ``GenerationRequest.tenant``)."""
         self.lm = model if isinstance(model, LoadedModel) else load_model(model, device, dtype)
@@ -155,6 +156,7 @@ class Engine:
         self.context_length = min(cfg.max_seq_len, n_blocks * block_size)
         self.max_draft = max(min(max_draft, self.context_length - 1), 0)
         max_rows = token_budget + self.max_draft
+        measured = row_costs is None
         if row_costs is None:
             row_costs = measure_row_costs(self.lm, max_rows)
         if len(row_costs) != max_rows + 1:
@@ -168,7 +170,14 @@ class Engine:
         self.grammars = GrammarCompiler(self.tokenizer, cfg.vocab_size)
         self.max_queue = max_queue
         self._scheduler = Scheduler(
-            model_, self.pool, self.tokenizer, self.row_costs, token_budget, max_batch, prefix_cache
+            model_,
+            self.pool,
+            self.tokenizer,
+            self.row_costs,
+            token_budget,
+            max_batch,
+            prefix_cache,
+            clock=time.perf_counter if measured else None,
         )
         self._max_outstanding = max_batch + max_queue
         self._cond = threading.Condition()

@@ -150,6 +150,7 @@ class Replay:
     requests: list[_Done]
     steps: list[StepRecord]
     scheduler_cpu_s: float  # process CPU time in the scheduler outside the stand-in model
+    final_costs: list[float]  # the scheduler's step-cost table at the end (kept up to date)
 
     @property
     def makespan(self) -> float:
@@ -197,16 +198,21 @@ def replay(
     seq_overhead_s: float = 0.0,
     client_s: float = 0.0,
     warm: bool = False,
+    host_time: bool = False,
+    startup: StepCostTable | None = None,
 ) -> Replay:
     """Serve every answer once, closed loop at ``concurrency``, in virtual time (greedy).
 
     A client sends its next request ``client_s`` after its last answer ended (it waits for
     the step in flight). ``warm``: every prompt was served before, so its full blocks are
-    in the prefix cache (as in a benchmark's later levels).
+    in the prefix cache (as in a benchmark's later levels). ``host_time``: the clock also
+    advances by the scheduler's own CPU time in each step (measured, so not deterministic).
+    ``startup``: the step costs the scheduler starts from, as if measured at start-up
+    (default ``costs``); it keeps them up to date with the steps' modeled times.
     """
     model = ReplayModel(answers, tokenizer, costs, seq_overhead_s)
     storage = KVStorage(model.config, kv_slots, dtype=torch.long)
-    row_costs = costs.table(token_budget + max_draft)
+    row_costs = (startup or costs).table(token_budget + max_draft)
     scheduler = Scheduler(
         model,  # type: ignore[arg-type]
         KVPool(storage),
@@ -215,6 +221,7 @@ def replay(
         token_budget,
         max_batch,
         prefix_cache=warm,
+        clock=lambda: model.now,
     )
     step_costs = row_costs[1 : max_draft + 2]
     todo = list(answers)
@@ -267,13 +274,17 @@ def replay(
             model.now = max(model.now, min(t for t, _ in arrivals))
         scheduler.waiting.extend(r for t, r in arrivals if t <= model.now)
         arrivals = [(t, r) for t, r in arrivals if t > model.now]
-        began = time.process_time()
+        began, model_cpu = time.process_time(), model.cpu_s
         stepped = len(model.log)
         scheduler.step()
-        cpu += time.process_time() - began
+        spent = time.process_time() - began
+        cpu += spent
+        if host_time:
+            model.now += spent - (model.cpu_s - model_cpu)
         if len(model.log) == stepped:
             raise RuntimeError("the scheduler made no progress")
     for record, answer in zip(done, answers, strict=True):
         if record.tokens != answer.output_ids:
             raise AssertionError(f"{answer.id}: the replay diverged from the recorded answer")
-    return Replay(concurrency, drafts, done, model.log, cpu - model.cpu_s)
+    final = scheduler.costs.table
+    return Replay(concurrency, drafts, done, model.log, cpu - model.cpu_s, final)

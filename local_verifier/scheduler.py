@@ -27,6 +27,7 @@ from local_verifier.logprobs import TokenLogprob, token_logprobs
 from local_verifier.model import SeqStep, Transformer
 from local_verifier.output import OutputAssembler, TextDelta
 from local_verifier.sampling import SamplingParams, sample, target_probs
+from local_verifier.step_costs import LiveCosts
 from local_verifier.tokenizer import Tokenizer
 from local_verifier.tree import tree_mask
 from local_verifier.verify import RowProbs, Verdict, verify_greedy, verify_sampled
@@ -145,11 +146,16 @@ class Scheduler:
         token_budget: int = 256,
         max_batch: int = 16,
         prefix_cache: bool = True,
+        clock: Callable[[], float] | None = time.perf_counter,
     ) -> None:
+        """``row_costs[r]``: the start-up measured seconds of a step of r rows; the draft plan
+        uses them as kept up to date by the forwards run, timed with ``clock`` (None: as
+        given, never updated)."""
         self.model = model
         self.pool = pool
         self.tokenizer = tokenizer
-        self.row_costs = list(row_costs)
+        self.costs = LiveCosts(row_costs)
+        self.clock = clock
         self.token_budget = token_budget
         self.max_batch = max_batch
         self.prefix_cache = prefix_cache
@@ -243,11 +249,12 @@ class Scheduler:
             budget -= end - req.computed
         began = time.perf_counter()
         base_rows = len(decoding) + sum(len(s.tokens) for s in seqs)
+        proposed = [self._propose(r) for r in decoding]
         drafts = plan_batch(
-            [self._propose(r) for r in decoding],
+            proposed,
             base_rows,
-            self.row_costs,
-            [r.calibration.ratio for r in decoding],
+            self.costs.table,
+            [r.calibration.probs(d) for r, d in zip(decoding, proposed, strict=True)],
             sum(s.logits == "last" for s in seqs),
         )
         drafted = time.perf_counter()
@@ -255,7 +262,11 @@ class Scheduler:
             req.stats.draft_s += drafted - began
             seqs.append(self._verify_rows(req, draft))
             rows.append(_Row(req, draft))
+        clock = self.clock
+        forward = 0.0 if clock is None else clock()
         logits = self.model.step(seqs, self.pool.storage)
+        if clock is not None:
+            self.costs.observe(sum(len(s.tokens) for s in seqs), clock() - forward)
         for row, seq, out in zip(rows, seqs, logits, strict=True):
             try:
                 if row.draft is None:
@@ -278,7 +289,7 @@ class Scheduler:
         )
 
     def _propose(self, req: Request) -> Draft:
-        if req.drafter is None or req.controller is None:
+        if req.drafter is None or req.controller is None or req.calibration.resting:
             return Draft.empty()
         limit, width = req.controller.budget()
         limit = min(limit, req.max_draft, req.max_new - req.produced - 1)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -74,6 +76,53 @@ def _measure(lm: LoadedModel, max_rows: int) -> list[float]:
     costs = np.interp(np.arange(max_rows + 1), grid, timed)
     costs[0] = costs[1]
     return [float(c) for c in costs]
+
+
+class LiveCosts:
+    """Step costs by row count: the start-up measurement, kept up to date by the steps run.
+
+    Each step's forward time moves a running ratio, measured over start-up cost, at the
+    ``GRID`` points around its row count (by their interpolation weights). The table is the
+    start-up cost times that ratio, interpolated between the points steps have reached and
+    flat beyond them, never falling as rows grow. A start-up measured under another load,
+    at another context length or over other sequence counts than the traffic's thus
+    converges to what steps cost now. A point's ratio is the mean of its first steps, then
+    a running average giving each new step the weight ``decay``.
+    """
+
+    def __init__(self, startup: Sequence[float], decay: float = 0.05) -> None:
+        self.startup = np.asarray(startup, dtype=np.float64)
+        if self.startup.ndim != 1 or len(self.startup) < 2 or not np.all(self.startup > 0):
+            raise ValueError("start-up costs must be positive seconds for 0..max_rows rows")
+        max_rows = len(self.startup) - 1
+        self.grid = np.asarray(sorted({r for r in GRID if r <= max_rows} | {max_rows}))
+        self.decay = decay
+        self._log_ratio = np.zeros(len(self.grid))
+        self._seen = np.zeros(len(self.grid))  # summed interpolation weights of the steps
+        self.table: list[float] = [float(c) for c in self.startup]
+        """Seconds of a step of r rows, r = 0..max_rows (index 0 repeats r = 1)."""
+
+    def observe(self, rows: int, seconds: float) -> None:
+        """Record that a forward over ``rows`` rows took ``seconds``."""
+        if not 1 <= rows < len(self.startup) or not seconds > 0:
+            return
+        x = math.log(seconds / self.startup[rows])
+        hi = int(np.searchsorted(self.grid, rows))
+        lo = hi if self.grid[hi] == rows else hi - 1
+        span = self.grid[hi] - self.grid[lo]
+        frac = 0.0 if span == 0 else (rows - self.grid[lo]) / span
+        for point, weight in ((lo, 1.0 - frac), (hi, frac)):
+            if weight > 0:
+                self._seen[point] += weight
+                step = weight / min(self._seen[point], 1.0 / self.decay)
+                self._log_ratio[point] += step * (x - self._log_ratio[point])
+        reached = self._seen > 0
+        ratio = np.exp(
+            np.interp(np.arange(len(self.startup)), self.grid[reached], self._log_ratio[reached])
+        )
+        costs = np.maximum.accumulate(self.startup * ratio)
+        costs[0] = costs[1]
+        self.table = [float(c) for c in costs]
 
 
 def _sync(device: torch.device) -> None:

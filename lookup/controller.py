@@ -16,6 +16,12 @@ import numpy as np
 
 from lookup.draft import Draft
 
+PATIENCE = 3.0
+"""Expected tokens (summed acceptance probabilities) that verified drafts may bring in a
+row without any accepted before their request rests."""
+REST = (4, 64)
+"""Steps a resting request drafts nothing: the first rest, and the cap of its doubling."""
+
 
 class DraftController:
     """Per-request draft sizing from measured step costs and recent acceptance."""
@@ -73,15 +79,36 @@ class DraftController:
 
 
 class ScoreCalibration:
-    """How a request's draft scores compare with what it accepts: verified nodes' scores
-    (each the estimated probability that its path is accepted) against the nodes accepted,
-    both exponentially averaged. ``plan_batch`` weighs a request's nodes by that ratio."""
+    """A request's observed acceptance: how its draft scores (each the estimated probability
+    that a node's path is accepted) compare with the nodes it accepts, and whether its
+    drafts keep failing.
 
-    def __init__(self, decay: float = 0.8, bounds: tuple[float, float] = (0.25, 4.0)) -> None:
+    ``ratio`` is accepted over expected nodes, both exponentially averaged over verified
+    drafts; ``probs`` scales a draft's scores by it. Drafts that keep failing make the
+    request rest: once ``patience`` expected tokens in a row (summed ``probs`` of verified
+    drafts) brought nothing, it drafts nothing for ``rest[0]`` steps, then retries; a retry
+    that fails again doubles the rest (up to ``rest[1]`` steps), an accepted token ends the
+    series.
+    """
+
+    def __init__(
+        self,
+        decay: float = 0.8,
+        bounds: tuple[float, float] = (0.25, 4.0),
+        patience: float = PATIENCE,
+        rest: tuple[int, int] = REST,
+    ) -> None:
+        if patience <= 0 or not 0 < rest[0] <= rest[1]:
+            raise ValueError("patience must be > 0 and rest a range of steps >= 1")
         self.decay = decay
         self.bounds = bounds
+        self.patience = patience
+        self.rest = rest
         self._expected = 0.0
         self._accepted = 0.0
+        self._missed = 0.0  # expected tokens of the verified drafts since one was accepted
+        self._resting = 0  # steps left without drafts
+        self._next_rest = rest[0]
 
     @property
     def ratio(self) -> float:
@@ -90,51 +117,69 @@ class ScoreCalibration:
             return 1.0
         return float(np.clip(self._accepted / self._expected, *self.bounds))
 
+    @property
+    def resting(self) -> bool:
+        """Whether the request drafts nothing this step (its drafts kept failing)."""
+        return self._resting > 0
+
+    def probs(self, draft: Draft) -> np.ndarray:
+        """The probability that each node of ``draft`` is accepted with its whole path: its
+        score scaled by ``ratio``, at most 1 (float64)."""
+        return np.minimum(draft.scores.astype(np.float64) * self.ratio, 1.0)
+
     def observe(self, draft: Draft, accepted: int) -> None:
-        """Record a verified ``draft`` of which ``accepted`` nodes were kept."""
-        if len(draft):
-            self._expected = self.decay * self._expected + float(draft.scores.sum())
-            self._accepted = self.decay * self._accepted + accepted
+        """Record a step that verified ``draft`` (maybe empty), ``accepted`` nodes kept."""
+        if self._resting:
+            self._resting -= 1
+        if not len(draft):
+            return
+        missed = 0.0 if accepted else self._missed + float(self.probs(draft).sum())
+        self._expected = self.decay * self._expected + float(draft.scores.sum())
+        self._accepted = self.decay * self._accepted + accepted
+        if accepted:
+            self._next_rest = self.rest[0]
+        # rest when the misses add up and even the lowest ratio overrates the request
+        elif missed >= self.patience and self._accepted < self.bounds[0] * self._expected:
+            self._resting = self._next_rest
+            self._next_rest = min(2 * self._next_rest, self.rest[1])
+            missed = self.patience  # a retry that fails rests again at once
+        self._missed = missed
 
 
 def plan_batch(
     drafts: Sequence[Draft],
     base_rows: int,
     row_costs: Sequence[float],
-    ratios: Sequence[float] | None = None,
+    probs: Sequence[np.ndarray] | None = None,
     base_tokens: int = 0,
 ) -> list[Draft]:
     """The draft nodes worth verifying in one step shared by ``len(drafts)`` decoding requests.
 
     ``base_rows`` rows run anyway (each request's pending token, prompt chunks);
-    ``row_costs[r]`` is the measured time of a step with r rows. Nodes are taken best score
-    first over the whole batch (every prefix of that order is closed under parents) and the
-    prefix that maximises expected tokens per second, ``(len(drafts) + sum of scores) /
-    c(base_rows + nodes)``, is kept; nothing when no prefix beats the step without drafts,
-    so a batch with drafts is never expected to be slower than without. As the batch
-    grows, each extra row costs more of everyone's step and drafts shrink. ``ratios[i]``
-    (default 1) scales request i's scores (its :class:`ScoreCalibration`), capped at 1.
-    ``base_tokens``: tokens the step emits besides the decoding requests' (the first token
-    of a request whose prompt ends in it).
+    ``row_costs[r]`` is the measured time of a step with r rows. ``probs[i][n]`` is the
+    probability that node n of draft i is accepted with its whole path (default: the
+    draft's own scores; a request's :class:`ScoreCalibration` gives its observed ones).
+    Nodes are taken most probable first over the whole batch (every prefix of that order
+    is closed under parents) and the prefix that maximises expected tokens per second,
+    ``(len(drafts) + base_tokens + sum of probs) / c(base_rows + nodes)``, is kept; nothing
+    when no prefix beats the step without drafts, so a batch with drafts is never expected
+    to be slower than without. As the batch grows, each extra row costs more of everyone's
+    step and drafts shrink. ``base_tokens``: tokens the step emits besides the decoding
+    requests' (the first token of a request whose prompt ends in it).
     """
     empty = [Draft.empty() for _ in drafts]
     room = len(row_costs) - 1 - base_rows
     if not drafts or room <= 0:
         return empty
-    weights = [1.0] * len(drafts) if ratios is None else ratios
-    scores = np.concatenate(
-        [
-            np.minimum(d.scores.astype(np.float64) * w, 1.0)
-            for d, w in zip(drafts, weights, strict=True)
-        ]
-    )
-    if len(scores) == 0:
+    given = [d.scores for d in drafts] if probs is None else probs
+    p = np.concatenate([np.asarray(x, dtype=np.float64) for x in given])
+    if len(p) == 0:
         return empty
     owner = np.concatenate([np.full(len(d), i) for i, d in enumerate(drafts)])
     node = np.concatenate([np.arange(len(d)) for d in drafts])
-    order = np.lexsort((node, owner, -scores))[:room]
+    order = np.lexsort((node, owner, -p))[:room]
     costs = np.asarray(row_costs, dtype=np.float64)
-    expected = base_tokens + len(drafts) + np.cumsum(scores[order])
+    expected = base_tokens + len(drafts) + np.cumsum(p[order])
     rate = expected / costs[base_rows + 1 : base_rows + 1 + len(order)]
     best = int(np.argmax(rate))
     if rate[best] <= (base_tokens + len(drafts)) / costs[base_rows] * (1.0 + 1e-9):

@@ -23,7 +23,8 @@ class OracleDrafter:
     """Drafts from a known reference continuation, right or wrong on purpose.
 
     modes: ``right`` (the reference), ``partly`` (right, then wrong from the middle),
-    ``random``, ``shifted`` (the reference one token ahead: plausible but wrong),
+    ``random``, ``shifted`` (the reference one token ahead: plausible but wrong), ``wrong``
+    (the reference with its first token replaced: never accepted),
     ``eos`` (right tokens with an EOS in the middle), ``tree`` (several candidates per
     depth, the right one last or missing), ``long`` (ignores ``max_tokens``).
     """
@@ -64,6 +65,8 @@ class OracleDrafter:
             tokens = self.rng.integers(0, self.vocab, k).tolist()
         elif self.mode == "shifted":
             tokens = self._ref(self.pos + 1, k)
+        elif self.mode == "wrong":
+            tokens = [self._wrong(right[0]), *right[1:]]
         elif self.mode == "eos":
             cut = int(self.rng.integers(0, k))
             tokens = right[:cut] + [self.eos] + right[cut + 1 :]

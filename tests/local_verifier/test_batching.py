@@ -186,3 +186,27 @@ def test_accepted_tokens_are_counted_by_the_source_they_came_from(
     drafted = sink.stats.drafted_by_source
     assert drafted["retrieved"] >= by_source["retrieved"]
     assert sum(drafted.values()) == sink.stats.drafted_tokens
+
+
+def test_a_request_whose_drafts_never_pass_stops_drafting_and_retries_less_often(
+    engine: Engine, tiny_lm: LoadedModel
+) -> None:
+    prompt = ids_of(tiny_lm, PROMPTS[2])
+    want = alone(engine, GenerationRequest(prompt_ids=prompt, max_tokens=60, draft=False))
+    drafter = OracleDrafter(want, tiny_lm.config.vocab_size, "wrong", eos=2)
+    controller = PassThrough(k=4)
+    sink = Collector()
+    engine.submit(
+        GenerationRequest(prompt_ids=prompt, max_tokens=60),
+        sink,
+        drafter=drafter,
+        controller=controller,
+    )
+    assert engine.wait_idle(60)
+    assert sink.ids == want
+    drafted = [step for step, (rows, _) in enumerate(controller.observed) if rows]
+    assert all(accepted == 0 for _, accepted in controller.observed)
+    # each 4-row draft of score 1 misses more than PATIENCE expected tokens: the request
+    # rests after it, 4 steps, then 8, then 16 steps (REST doubles after a failed retry)
+    assert drafted == [0, 5, 14, 31]
+    assert drafter.calls == len(drafted)  # a resting request is not even asked for a draft

@@ -6,6 +6,7 @@ import pytest
 
 from local_verifier.hf_loader import read_tokenizer
 from local_verifier.replay import Answer, StepCostTable, replay
+from local_verifier.step_costs import LiveCosts
 from local_verifier.tokenizer import Tokenizer
 from tests.local_verifier.conftest import write_tiny_tokenizer
 
@@ -77,3 +78,42 @@ def test_a_client_gap_waits_for_the_step_in_flight(tokenizer: Tokenizer) -> None
 def test_a_table_of_one_point_is_refused() -> None:
     with pytest.raises(ValueError):
         StepCostTable({4: 0.04})
+
+
+def test_live_costs_follow_the_measured_forwards() -> None:
+    startup = [0.01 + 0.001 * r for r in range(65)]
+    live = LiveCosts(startup, decay=0.1)
+    live.observe(1, 1.2 * startup[1])  # one-row steps now cost 1.2x the start-up figure
+    assert live.table[1] == pytest.approx(1.2 * startup[1])  # a first step counts in full
+    assert live.table[64] == pytest.approx(1.2 * startup[64])  # flat beyond: all scaled
+    for _ in range(30):
+        live.observe(16, startup[16])  # 16-row steps cost what start-up measured
+    assert live.table[16] == pytest.approx(startup[16])
+    assert live.table[1] == pytest.approx(1.2 * startup[1])
+    assert startup[8] < live.table[8] < 1.2 * startup[8]  # between the two points
+    assert all(a <= b for a, b in zip(live.table, live.table[1:], strict=False))
+    assert live.table[0] == live.table[1]
+    for _ in range(20):
+        live.observe(16, 3 * startup[16])  # later steps weigh 0.1 each
+    assert live.table[16] == pytest.approx(startup[16] * 3 ** (1 - 0.9**20))
+    before = list(live.table)
+    live.observe(0, 1.0)  # outside the table: ignored
+    live.observe(65, 1.0)
+    live.observe(8, 0.0)
+    assert live.table == before
+    with pytest.raises(ValueError):
+        LiveCosts([0.01])
+
+
+def test_a_scheduler_started_on_wrong_costs_learns_the_steps_it_runs(
+    tokenizer: Tokenizer,
+) -> None:
+    answers = _answers(tokenizer)
+    steep = StepCostTable({1: 0.035, 4: 0.1, 16: 0.4, 64: 1.6})  # rows look 10x dearer
+    wrong = replay(answers, tokenizer, COSTS, concurrency=1, drafts=True, startup=steep)
+    for rows in (1, 4, 8):
+        assert wrong.final_costs[rows] == pytest.approx(COSTS(rows), rel=0.15)
+    assert wrong.final_costs[8] < steep(8) / 2
+    # the same replay starting from the right costs never moves them
+    right = replay(answers, tokenizer, COSTS, concurrency=1, drafts=True)
+    assert right.final_costs == pytest.approx(COSTS.table(len(right.final_costs) - 1))
