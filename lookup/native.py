@@ -5,13 +5,9 @@ trees in Python, with identical results."""
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 import platform
-import shutil
 import struct
-import subprocess
-import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -19,11 +15,11 @@ from pathlib import Path
 import numpy as np
 
 from lookup.acceptance import BUCKET_EDGES, BUCKET_OF
+from lookup.shared_library import build
 
 SOURCE = Path(__file__).with_name("tree.cpp")
-CACHE_ENV = "DRAFTGATE_KERNEL_CACHE"  # build directory root (default ~/.cache/draftgate)
 DISABLE_ENV = "DRAFTGATE_NO_NATIVE_TREES"  # set (non-empty): trees are built in Python
-CFLAGS = ["-O2", "-ffp-contract=off", "-std=c++17", "-fPIC", "-shared"]
+CFLAGS = ["-O2", "-ffp-contract=off", "-std=c++17", "-fPIC"]
 MAX_CANDIDATES = 8  # kMaxCandidates in tree.cpp
 
 HEADER = 12  # kHeaderSlots: sizes and output addresses, then rates, count, max nodes, width
@@ -31,13 +27,6 @@ SLOTS = 8  # kCandidateSlots: static, its length, tail, its length, pos, periodi
 
 _loaded: tuple[ctypes.CDLL | None, str] | None = None
 _lock = threading.Lock()
-
-
-def _library_path(compiler: str) -> Path:
-    digest = hashlib.sha256(SOURCE.read_bytes())
-    digest.update(" ".join([compiler, *CFLAGS, platform.machine()]).encode())
-    root = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "draftgate")
-    return root / "kernels" / f"tree-{digest.hexdigest()[:16]}.so"
 
 
 def load_library() -> tuple[ctypes.CDLL | None, str]:
@@ -53,26 +42,13 @@ def load_library() -> tuple[ctypes.CDLL | None, str]:
 def _load() -> tuple[ctypes.CDLL | None, str]:
     if os.environ.get(DISABLE_ENV):
         return None, f"disabled by {DISABLE_ENV}"
-    compiler = os.environ.get("CXX") or shutil.which("g++") or ""
-    if not compiler:
-        return None, "no C++ compiler (g++ or $CXX)"
-    target = _library_path(compiler)
+    path, reason = build(SOURCE, CFLAGS, [platform.machine()])
+    if path is None:
+        return None, reason
     try:
-        if not target.exists():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-                built = Path(tmp) / target.name
-                run = subprocess.run(
-                    [compiler, *CFLAGS, str(SOURCE), "-o", str(built)],
-                    capture_output=True,
-                    text=True,
-                )
-                if run.returncode != 0:
-                    return None, f"build failed: {run.stderr.strip().splitlines()[-1:]}"
-                built.replace(target)  # atomic: concurrent builders never load a partial file
-        library = ctypes.CDLL(str(target))
+        library = ctypes.CDLL(str(path))
     except OSError as exc:
-        return None, f"build failed: {exc}"
+        return None, f"loading failed: {exc}"
     library.dg_tree.argtypes = [ctypes.c_void_p]
     library.dg_tree.restype = ctypes.c_int64
     return library, ""

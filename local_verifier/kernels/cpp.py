@@ -4,20 +4,15 @@ called through ctypes on raw pointers of contiguous tensors."""
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
 import platform
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
 
 from local_verifier.kernels.plan import AttentionPlan
+from lookup.shared_library import build
 
 SOURCE = Path(__file__).with_name("step_cpu.cpp")
-CACHE_ENV = "DRAFTGATE_KERNEL_CACHE"  # build directory root (default ~/.cache/draftgate)
 CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-std=c++17", "-fPIC"]
 # AVX2 + FMA at least; -march=native builds the AVX-512 kernels where the CPU has it
 REQUIRED_CPU_FLAGS = ("avx2", "fma")
@@ -48,14 +43,6 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
-def _library_path(compiler: str, flags: set[str]) -> Path:
-    """One file per source, compiler, flags and CPU feature set (built with -march=native)."""
-    digest = hashlib.sha256(SOURCE.read_bytes())
-    digest.update(" ".join([compiler, *CFLAGS, *sorted(flags)]).encode())
-    root = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "draftgate")
-    return root / "kernels" / f"step_cpu-{digest.hexdigest()[:16]}.so"
-
-
 def load_library() -> tuple[ctypes.CDLL | None, str]:
     """(the compiled library, "") or (None, why it is unavailable). Loaded once per process."""
     global _loaded
@@ -71,23 +58,10 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     missing = [f for f in REQUIRED_CPU_FLAGS if f not in flags]
     if missing:
         return None, f"the CPU lacks {', '.join(missing)}"
-    compiler = os.environ.get("CXX") or shutil.which("g++") or ""
-    if not compiler:
-        return None, "no C++ compiler (g++ or $CXX)"
-    target = _library_path(compiler, flags)
-    if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-            built = Path(tmp) / target.name
-            run = subprocess.run(
-                [compiler, *CFLAGS, "-shared", str(SOURCE), "-o", str(built)],
-                capture_output=True,
-                text=True,
-            )
-            if run.returncode != 0:
-                return None, f"build failed: {run.stderr.strip().splitlines()[-1:]}"
-            built.replace(target)  # atomic: concurrent builders never load a partial file
-    library = ctypes.CDLL(str(target))
+    path, reason = build(SOURCE, CFLAGS, sorted(flags))
+    if path is None:
+        return None, reason
+    library = ctypes.CDLL(str(path))
     for name, argtypes in SIGNATURES.items():
         function = getattr(library, name)
         function.argtypes = argtypes

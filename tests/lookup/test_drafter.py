@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lookup import native
+from lookup import native, shared_library
 from lookup.draft import Draft, Source
 from lookup.drafter import Drafter, DrafterConfig
 from lookup.index import build_index
@@ -334,7 +334,7 @@ def test_without_a_compiler_trees_are_built_in_python(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("CXX", str(tmp_path / "no-such-g++"))
-    monkeypatch.setenv(native.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv(shared_library.CACHE_ENV, str(tmp_path))
     library, why = native._load()
     assert library is None and why.startswith("build failed")
     monkeypatch.setenv(native.DISABLE_ENV, "1")
