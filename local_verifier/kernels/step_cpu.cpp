@@ -259,7 +259,10 @@ inline void linear_tile(const float* x, int64_t ldx, const W* w, int64_t K, cons
       in_register(xv[r]);
     }
     for (int c = 0; c < C; ++c) {
-      if (Ahead && k % (64 / sizeof(W)) == 0)  // the next column tile, a cache line apart
+      // the next column tile, a cache line apart, into L2: a decode row's tile (16 x 576
+      // floats = 36 KB) does not fit the 32-48 KB L1 beside the current one, and L1
+      // prefetches evicted lines before their use (the weight stream ran at half speed)
+      if (Ahead && k % (64 / sizeof(W)) == 0)
         _mm_prefetch(reinterpret_cast<const char*>(w + (c + C) * K + k), _MM_HINT_T1);
       Vec wv = load(w + c * K + k);
       if constexpr (R > 1) in_register(wv);
