@@ -9,7 +9,7 @@ against transformers computing in fp32 on the same bf16-rounded weights.
 
 Reports, in one process:
 - the machine's sustained read bandwidth (the fastest of several 1 GiB reductions, each
-  best of 5: a float32 sum alone is compute-bound on some CPUs) and the physical floor
+  best of 5: a float32 sum alone can fall short of the memory) and the physical floor
   of a decode step: the bytes of every weight matrix a token reads (all but the embedding
   table; half as many in bf16) over that bandwidth; the 1-row step as a fraction of it
   (floor / step);
@@ -51,8 +51,8 @@ WORKLOAD = Path(__file__).resolve().parent / "workloads" / "default.jsonl"
 CONTEXT = 128  # committed tokens before each timed step
 
 
-# (dtype, reduction): a float32 sum is compute-bound on some CPUs (~32 GB/s on a 2-core
-# Zen 4 that reads ~57); a compact dtype's reduction reads twice the elements per byte
+# (dtype, reduction): which one reads fastest depends on the CPU and the torch build (a
+# float32 sum has measured ~32 GB/s where a bf16 sum read ~57), so the floor takes the best
 BANDWIDTH_PROBES = {
     "float32 sum": (torch.float32, torch.sum),
     "bfloat16 sum": (torch.bfloat16, torch.sum),
