@@ -1,7 +1,7 @@
 """Proposal CPU time of this tree's drafter against another git ref's, side by side.
 
     python benchmarks/bench_drafter_ab.py --ref main --json OUT [--documents 1000]
-        [--queries 60] [--widths 1,3]
+        [--queries 60] [--widths 1,3] [--passes 5]
 
 The ref's ``lookup`` package is extracted with ``git archive`` into a temporary directory
 as ``lookup_ref`` and imported beside this tree's. One tenant stores ``--documents``
@@ -12,6 +12,11 @@ arrays) generate the rest of the quoted document in lockstep: each step times bo
 (they must be identical) and commits the same tokens (the accepted path plus one) to both.
 Ratios from one process are what a busy machine can still measure; the absolute figures
 need an idle one.
+
+``--passes N`` adds N whole passes over the cases per drafter, the two alternating pass by
+pass (fresh index caches and drafters each pass): every proposal then runs cold, after the
+driver's own work as in ``bench_lookup.py``, and each proposal's minimum over the passes
+is its cold cost without the neighbours' interference (``*_min_cpu_p99_us``).
 """
 
 from __future__ import annotations
@@ -113,10 +118,7 @@ def lockstep(work: list[Any], ref: Any, width: int) -> dict[str, Any]:
                 drafts[name] = drafters[name].propose(16, width)
                 times[name].append((time.thread_time_ns() - start) / 1e3)
             a, b = drafts["ref"], drafts["this"]
-            identical += all(
-                np.array_equal(getattr(a, f), getattr(b, f))
-                for f in ("tokens", "parents", "scores", "source")
-            )
+            identical += _same(a, b)
             steps += 1
             step = greedy_step(b, target, done)
             for d in drafters.values():
@@ -131,6 +133,59 @@ def lockstep(work: list[Any], ref: Any, width: int) -> dict[str, Any]:
     return row
 
 
+def _same(a: Any, b: Any) -> bool:
+    return all(
+        np.array_equal(getattr(a, f), getattr(b, f))
+        for f in ("tokens", "parents", "scores", "source")
+    )
+
+
+def passes(work: list[Any], ref: Any, width: int, count: int) -> dict[str, Any]:
+    """``count`` whole passes per drafter, alternating; CPU µs per proposal, each
+    proposal's minimum over the passes, and how many drafts of the first passes were equal."""
+    ref_drafter, ref_index, ref_draft = ref
+    modules = {"ref": (ref_drafter.Drafter, ref_index.IndexCache), "this": (Drafter, IndexCache)}
+    times: dict[str, list[list[float]]] = {"ref": [], "this": []}
+    drafts: dict[str, list[Any]] = {}
+    for i in range(count):
+        for name in ("ref", "this") if i % 2 else ("this", "ref"):
+            make, cache = modules[name][0], modules[name][1]()
+            cpu: list[float] = []
+            out: list[Any] = []
+            for prompt, arrays, sources, target in work:
+                kinds = [ref_draft.Source(int(s)) for s in sources] if name == "ref" else sources
+                drafter = make(
+                    prompt,
+                    documents=[cache.get_or_build(s, t) for s, t in arrays],
+                    document_sources=kinds,
+                )
+                done = 0
+                while done < len(target):
+                    start = time.thread_time_ns()
+                    draft = drafter.propose(16, width)
+                    cpu.append((time.thread_time_ns() - start) / 1e3)
+                    out.append(draft)
+                    step = greedy_step(draft, target, done)
+                    drafter.extend(step)
+                    done += len(step)
+            times[name].append(cpu)
+            drafts.setdefault(name, out)
+    same = len(drafts["ref"]) == len(drafts["this"])
+    row: dict[str, Any] = {
+        "width": width,
+        "passes": count,
+        "steps": len(drafts["this"]),
+        "identical": sum(map(_same, drafts["ref"], drafts["this"])) if same else 0,
+    }
+    for name, runs in times.items():
+        per = np.asarray(runs)  # passes x proposals
+        for q in (50, 99):
+            row[f"{name}_cpu_p{q}_us"] = float(np.percentile(per, q))
+            row[f"{name}_min_cpu_p{q}_us"] = float(np.percentile(per.min(axis=0), q))
+        row[f"{name}_slow_every_pass"] = int((per.min(axis=0) > 40).sum())
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, required=True, help="write the results here")
@@ -138,12 +193,15 @@ def main() -> None:
     parser.add_argument("--documents", type=int, default=1000)
     parser.add_argument("--queries", type=int, default=60)
     parser.add_argument("--widths", default="1,3", help="draft widths (1: chains)")
+    parser.add_argument("--passes", type=int, default=0, help="whole passes per drafter")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         ref = import_ref(args.ref, Path(tmp))
         work = asyncio.run(cases(args.documents, args.queries))
-        rows = [lockstep(work, ref, int(w)) for w in args.widths.split(",")]
-    result = {"ref": args.ref, "cases": len(work), "rows": rows}
+        widths = [int(w) for w in args.widths.split(",")]
+        rows = [lockstep(work, ref, w) for w in widths]
+        cold = [passes(work, ref, w, args.passes) for w in widths] if args.passes else []
+    result = {"ref": args.ref, "cases": len(work), "rows": rows, "passes": cold}
     args.json.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
 

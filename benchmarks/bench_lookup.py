@@ -21,7 +21,10 @@ metadata) up to ``--corpus-tokens`` tokens.
   corpus token (Redis ``MEMORY USAGE`` of the index keys, and the bytes charged to the
   tenant's cap), and the proposal p50/p99 (thread CPU time) of a drafter over the selected
   documents generating the rest of the quoted document, with 16-token chains and with
-  trees of width 3 (token arrays fetched in one more round trip).
+  trees of width 3 (token arrays fetched in one more round trip), for every query whose
+  document was selected: about 5 proposals a query, so ``--queries 200`` gives about 1000
+  proposals per width and the p99 is about the 10th-worst of them (``propose_samples``);
+  ``proposals_with_gc`` counts those during which a garbage collection ran.
 
 Usage: ``python benchmarks/bench_lookup.py --json OUT [--redis-url redis://127.0.0.1:6379]
 [--scaling 1000,10000,100000]``
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import statistics
 import sys
@@ -194,27 +198,37 @@ async def bench_redis(url: str, corpus_texts: list[str], repeats: int) -> dict[s
     }
 
 
+_collections = [0]  # garbage collections so far (counted by a gc callback)
+
+
+def _count_collection(phase: str, info: dict[str, int]) -> None:
+    if phase == "start":
+        _collections[0] += 1
+
+
 def drive(
-    drafter: Drafter, target: list[int], width: int, wall_us: list[float], cpu_us: list[float]
+    drafter: Drafter,
+    target: list[int],
+    width: int,
+    wall_us: list[float],
+    cpu_us: list[float],
+    collected: list[int] | None = None,
 ) -> None:
     """Generate ``target`` with 16-token drafts of ``width``, committing the accepted path
     plus one token per step as greedy verification would; appends each proposal's wall and
-    thread CPU time (µs)."""
+    thread CPU time (µs), and to ``collected`` the garbage collections that ran during it."""
+    if _count_collection not in gc.callbacks:
+        gc.callbacks.append(_count_collection)
     done = 0
     while done < len(target):
+        before = _collections[0]
         start, start_cpu = time.perf_counter(), time.thread_time_ns()
         draft = drafter.propose(16, width)
         cpu_us.append((time.thread_time_ns() - start_cpu) / 1e3)
         wall_us.append((time.perf_counter() - start) * 1e6)
-        tokens, parents = draft.tokens.tolist(), draft.parents.tolist()
-        node, step = -1, list[int]()
-        while done + len(step) < len(target):
-            token = target[done + len(step)]
-            step.append(token)
-            nxt = [i for i, p in enumerate(parents) if p == node and tokens[i] == token]
-            if not nxt:
-                break
-            node = nxt[0]
+        if collected is not None:
+            collected.append(_collections[0] - before)
+        step = greedy_step(draft, target, done)
         drafter.extend(step)
         done += len(step)
 
@@ -311,7 +325,8 @@ async def bench_scaling(  # type: ignore[no-untyped-def]
             token_trips: list[int] = []
             chain: tuple[list[float], list[float]] = ([], [])  # wall, CPU µs per proposal
             tree: tuple[list[float], list[float]] = ([], [])
-            for j, prompt, docs in hits[:20]:
+            collected: list[int] = []  # collections during each proposal
+            for j, prompt, docs in hits:
                 before = counter[0]
                 arrays = await corpus.tokens(ns, docs, "smollm2", tokenizer.encode)
                 token_trips.append(counter[0] - before)
@@ -323,7 +338,7 @@ async def bench_scaling(  # type: ignore[no-untyped-def]
                         documents=indexes,
                         document_sources=[kinds[d.kind] for d in docs],
                     )
-                    drive(drafter, target, width, wall, cpu)
+                    drive(drafter, target, width, wall, cpu, collected)
             row: dict[str, object] = {
                 "store": "redis" if url else "memory",
                 "documents": size,
@@ -335,6 +350,9 @@ async def bench_scaling(  # type: ignore[no-untyped-def]
                 "select_round_trips": max(trips),
                 "tokens_round_trips": max(token_trips, default=0),
                 "quoted_document_selected": found / queries,
+                "propose_samples": len(chain[1]),
+                "propose_tree_samples": len(tree[1]),
+                "proposals_with_gc": sum(1 for c in collected if c),
                 "propose_p50_us": float(np.percentile(chain[0], 50)),
                 "propose_p99_us": float(np.percentile(chain[0], 99)),
                 "propose_cpu_p50_us": float(np.percentile(chain[1], 50)),

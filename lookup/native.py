@@ -1,6 +1,11 @@
 """The compiled tree builder (``tree.cpp``): built with g++ at first use, cached per
 machine, called through ctypes with one pointer. Without a compiler the drafter builds
-trees in Python, with identical results."""
+trees in Python, with identical results.
+
+The library is loaded as a ``ctypes.PyDLL``: a call keeps the GIL. A build takes a few
+microseconds; releasing the GIL around it (``ctypes.CDLL``) let any other busy Python
+thread (the gateway's event loop) take it, and the proposal then waited up to the
+interpreter's switch interval (5 ms) to get it back."""
 
 from __future__ import annotations
 
@@ -46,7 +51,7 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     if path is None:
         return None, reason
     try:
-        library = ctypes.CDLL(str(path))
+        library = ctypes.PyDLL(str(path))  # keeps the GIL (see the module docstring)
     except OSError as exc:
         return None, f"loading failed: {exc}"
     library.dg_tree.argtypes = [ctypes.c_void_p]

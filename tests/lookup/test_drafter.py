@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import heapq
 from pathlib import Path
 
@@ -355,3 +356,11 @@ def test_compiled_trees_larger_than_the_builder_buffer() -> None:
             assert np.array_equal(getattr(native, field), getattr(python, field))
         for d in drafters:
             d.extend([1])
+
+
+def test_the_compiled_builder_keeps_the_gil() -> None:
+    """A build takes microseconds: handing the GIL to another busy thread around it would
+    make the proposal wait for the interpreter's switch interval (ms) to get it back."""
+    _require_compiled_trees()
+    library, _ = load_library()
+    assert isinstance(library, ctypes.PyDLL)
