@@ -1,6 +1,7 @@
 """One abusive tenant against honest ones: does the gateway keep serving the honest clients?
 
     python benchmarks/bench_abuse.py --json OUT [--seconds 20] [--rounds 2] [--redis-url URL]
+                                     [--watch-loop]
     python benchmarks/bench_abuse.py --json OUT --cpu-per-request 20
 
 Four honest clients stream chat completions in a loop (each starting at most one request
@@ -514,20 +515,33 @@ def _stop(procs: list[Any]) -> None:
 
 
 async def _main(args: argparse.Namespace) -> dict[str, Any]:
-    procs, port = _start(args.redis_url, {})
+    longest = multiprocessing.get_context("spawn").Array("d", 3, lock=False)
+    procs, port = _start(args.redis_url, {}, longest if args.watch_loop else None)
     url = f"http://127.0.0.1:{port}"
+    slices: dict[str, list[float]] = {"without": [0.0, 0.0], "with": [0.0, 0.0]}
     try:
         await _wait_ready(url)
         stored = await _put_honest_documents(url, 50)
         await _phase(url, port, 3, abuser=False)  # warm-up
         runs: dict[str, list[Run]] = {"without": [], "with": []}
         for _ in range(args.rounds):
-            runs["without"].append(await _phase(url, port, args.seconds, abuser=False))
-            runs["with"].append(await _phase(url, port, args.seconds, True, args.abuses))
+            for condition in ("without", "with"):
+                longest[:] = [0.0, 0.0, 1.0]
+                runs[condition].append(
+                    await _phase(url, port, args.seconds, condition == "with", args.abuses)
+                )
+                longest[2] = 0.0
+                slices[condition] = [
+                    max(a, b) for a, b in zip(slices[condition], longest[:2], strict=True)
+                ]
         kept = await _honest_documents(url)
     finally:
         _stop(procs)
     without, with_ = _summary(runs["without"]), _summary(runs["with"])
+    if args.watch_loop:  # the gateway's longest event-loop slices in each condition
+        for summary, condition in ((without, "without"), (with_, "with")):
+            cpu, wall = slices[condition]
+            summary["longest_loop_slice_ms"] = {"cpu": round(cpu, 2), "wall": round(wall, 2)}
     return {
         "seconds_per_phase": args.seconds,
         "rounds": args.rounds,
@@ -653,6 +667,12 @@ def main() -> None:
     )
     parser.add_argument(
         "--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+    )
+    parser.add_argument(
+        "--watch-loop",
+        action="store_true",
+        help="also report the gateway's longest event-loop slices in each condition (a "
+        "1 ms ticker in the gateway: costs it some CPU in both)",
     )
     parser.add_argument(
         "--cpu-per-request",
