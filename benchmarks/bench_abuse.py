@@ -1,6 +1,7 @@
 """One abusive tenant against honest ones: does the gateway keep serving the honest clients?
 
     python benchmarks/bench_abuse.py --json OUT [--seconds 20] [--rounds 2] [--redis-url URL]
+                                     [--watch-loop]
     python benchmarks/bench_abuse.py --json OUT --cpu-per-request 20
 
 Four honest clients stream chat completions in a loop (each starting at most one request
@@ -18,10 +19,12 @@ shared 2-core machine would make TTFT mostly engine queueing, hiding the gateway
 gateway runs as ``draftgate serve`` runs it (uvicorn, httptools, uvloop) with Redis.
 
 ``--cpu-per-request N`` measures instead what one abusive request of each kind costs the
-gateway process in CPU time (all its threads, from ``/proc``; Linux), sent one at a time:
-admitted (limits raised) and refused (the abuser's tokens spent). CPU time is what takes
-the event loop's share from the honest clients, and unlike latency it can be read on a
-busy machine.
+gateway process in CPU time (all its threads, from ``/proc``; Linux, net of what the idle
+gateway uses), sent one at a time: admitted (limits raised) and refused (the abuser's
+tokens spent), with the longest slice of its event loop's time one such request held (the
+loop thread's CPU time between two ticks of a 1 ms timer): how long an honest request may
+wait behind it. CPU time is what takes the event loop's share from the honest clients, and
+unlike latency it can be read on a busy machine.
 """
 
 from __future__ import annotations
@@ -141,11 +144,44 @@ def _run_upstream(port: int) -> None:
     uvicorn.run(upstream_app, host="127.0.0.1", port=port, log_level="error", access_log=False)
 
 
+def _watch_slices(app: Any, longest: Any) -> Any:
+    """``app`` with a task on its event loop that, while ``longest[2]`` is set, keeps in
+    ``longest[0]`` and ``longest[1]`` (a shared array) the longest the loop ran other
+    callbacks between two of its 1 ms ticks: the event loop thread's CPU ms (which a busy
+    machine does not inflate), and the wall ms (which also count waits for the GIL and
+    preemption). Unset, it ticks every 100 ms (its ticks cost CPU)."""
+    ticking: list[asyncio.Task[None]] = []
+
+    async def tick() -> None:
+        while True:
+            cpu, wall = time.thread_time(), time.perf_counter()
+            while longest[2]:
+                await asyncio.sleep(0.001)
+                now_cpu, now_wall = time.thread_time(), time.perf_counter()
+                longest[0] = max(longest[0], 1000 * (now_cpu - cpu))
+                longest[1] = max(longest[1], 1000 * (now_wall - wall - 0.001))
+                cpu, wall = now_cpu, now_wall
+            await asyncio.sleep(0.1)
+
+    async def watched(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan" and not ticking:
+            ticking.append(asyncio.get_running_loop().create_task(tick()))
+        await app(scope, receive, send)
+
+    return watched
+
+
 def _run_gateway(
-    port: int, upstream_port: int, redis_url: str, prefix: str, limits: dict[str, int]
+    port: int,
+    upstream_port: int,
+    redis_url: str,
+    prefix: str,
+    limits: dict[str, int],
+    longest: Any = None,
 ) -> None:
     """The gateway as ``draftgate serve`` runs it, with capture on, Redis and ``limits``
-    (empty: the defaults)."""
+    (empty: the defaults); with ``longest``, its event loop's longest slices kept there
+    (:func:`_watch_slices`)."""
     sys.path.insert(0, str(ROOT))
     from gateway.app import create_app
     from gateway.cli.serve import run_server
@@ -173,6 +209,8 @@ def _run_gateway(
     )
     environ = {"BENCH_HONEST_KEY": HONEST_KEY, "BENCH_ABUSER_KEY": ABUSER_KEY}
     app = create_app(settings, environ=environ)
+    if longest is not None:
+        app = _watch_slices(app, longest)
     run_server(app, "127.0.0.1", port, server=settings.server, log_level="error")
 
 
@@ -188,6 +226,8 @@ class Run:
 
     def __init__(self) -> None:
         self.ttft: list[float] = []
+        self.headers: list[float] = []  # time to the response's headers
+        self.overhead: list[float] = []  # the gateway's own time before them (its header)
         self.health: list[float] = []
         self.errors: Counter[str] = Counter()
         self.abuser: Counter[str] = Counter()
@@ -203,6 +243,7 @@ async def _honest(session: aiohttp.ClientSession, url: str, run: Run, stop: floa
             async with session.post(
                 f"{url}/v1/chat/completions", json=REQUEST, headers=headers
             ) as r:
+                headers_at = time.perf_counter() - t0
                 if r.status != 200:
                     run.errors[f"status {r.status}"] += 1
                     await r.read()
@@ -217,6 +258,8 @@ async def _honest(session: aiohttp.ClientSession, url: str, run: Run, stop: floa
                     run.errors["broken stream"] += 1
                 else:
                     run.ttft.append(first)
+                    run.headers.append(headers_at)
+                    run.overhead.append(float(r.headers["x-draftgate-overhead-ms"]) / 1000)
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             run.errors[type(exc).__name__] += 1
 
@@ -421,27 +464,33 @@ async def _wait_ready(url: str) -> None:
     raise RuntimeError("the gateway did not start")
 
 
+def _percentiles(values: list[float]) -> dict[str, float | None]:
+    """p50 and p99 of ``values`` (seconds) in ms."""
+    return {
+        "p50": 1000 * statistics.median(values) if values else None,
+        "p99": 1000 * (_pct(values, 0.99) or 0.0),
+    }
+
+
 def _summary(runs: list[Run]) -> dict[str, Any]:
     ttft = [t for r in runs for t in r.ttft]
-    health = [t for r in runs for t in r.health]
     errors: Counter[str] = sum((r.errors for r in runs), Counter())
     abuser: Counter[str] = sum((r.abuser for r in runs), Counter())
     return {
         "honest_requests": len(ttft),
         "honest_errors": dict(errors),
-        "ttft_ms": {
-            "p50": 1000 * statistics.median(ttft) if ttft else None,
-            "p99": 1000 * (_pct(ttft, 0.99) or 0.0),
-        },
-        "healthz_ms": {
-            "p50": 1000 * statistics.median(health) if health else None,
-            "p99": 1000 * (_pct(health, 0.99) or 0.0),
-        },
+        "ttft_ms": _percentiles(ttft),
+        # where an honest TTFT goes: to the response's headers (of which the gateway's own
+        # time, X-Draftgate-Overhead-Ms: the rest is the upstream and the network), then to
+        # the first content (the upstream's first chunk, relayed)
+        "headers_ms": _percentiles([h for r in runs for h in r.headers]),
+        "gateway_overhead_ms": _percentiles([o for r in runs for o in r.overhead]),
+        "healthz_ms": _percentiles([t for r in runs for t in r.health]),
         "abuser": dict(sorted(abuser.items())),
     }
 
 
-def _start(redis_url: str, limits: dict[str, int]) -> tuple[list[Any], int]:
+def _start(redis_url: str, limits: dict[str, int], longest: Any = None) -> tuple[list[Any], int]:
     """The stand-in upstream and the gateway, each in its own process; the gateway's port."""
     upstream_port, port = _free_port(), _free_port()
     prefix = f"dgbench:{uuid.uuid4().hex[:8]}:"
@@ -450,7 +499,7 @@ def _start(redis_url: str, limits: dict[str, int]) -> tuple[list[Any], int]:
         ctx.Process(target=_run_upstream, args=(upstream_port,), daemon=True),
         ctx.Process(
             target=_run_gateway,
-            args=(port, upstream_port, redis_url, prefix, limits),
+            args=(port, upstream_port, redis_url, prefix, limits, longest),
             daemon=True,
         ),
     ]
@@ -466,20 +515,33 @@ def _stop(procs: list[Any]) -> None:
 
 
 async def _main(args: argparse.Namespace) -> dict[str, Any]:
-    procs, port = _start(args.redis_url, {})
+    longest = multiprocessing.get_context("spawn").Array("d", 3, lock=False)
+    procs, port = _start(args.redis_url, {}, longest if args.watch_loop else None)
     url = f"http://127.0.0.1:{port}"
+    slices: dict[str, list[float]] = {"without": [0.0, 0.0], "with": [0.0, 0.0]}
     try:
         await _wait_ready(url)
         stored = await _put_honest_documents(url, 50)
         await _phase(url, port, 3, abuser=False)  # warm-up
         runs: dict[str, list[Run]] = {"without": [], "with": []}
         for _ in range(args.rounds):
-            runs["without"].append(await _phase(url, port, args.seconds, abuser=False))
-            runs["with"].append(await _phase(url, port, args.seconds, True, args.abuses))
+            for condition in ("without", "with"):
+                longest[:] = [0.0, 0.0, 1.0]
+                runs[condition].append(
+                    await _phase(url, port, args.seconds, condition == "with", args.abuses)
+                )
+                longest[2] = 0.0
+                slices[condition] = [
+                    max(a, b) for a, b in zip(slices[condition], longest[:2], strict=True)
+                ]
         kept = await _honest_documents(url)
     finally:
         _stop(procs)
     without, with_ = _summary(runs["without"]), _summary(runs["with"])
+    if args.watch_loop:  # the gateway's longest event-loop slices in each condition
+        for summary, condition in ((without, "without"), (with_, "with")):
+            cpu, wall = slices[condition]
+            summary["longest_loop_slice_ms"] = {"cpu": round(cpu, 2), "wall": round(wall, 2)}
     return {
         "seconds_per_phase": args.seconds,
         "rounds": args.rounds,
@@ -506,23 +568,36 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def _settled_cpu_s(pid: int) -> float:
-    """The gateway's CPU seconds once it is idle again (captures run after the answers)."""
+async def _settled_cpu_s(pid: int, idle_per_s: float) -> float:
+    """The gateway's CPU seconds once it is idle again (captures run after the answers):
+    over 0.3 s it used no more than ``idle_per_s`` (its CPU seconds a second when idle)
+    and 5 ms."""
     last = _cpu_s(pid)
     while True:
         await asyncio.sleep(0.3)
         now = _cpu_s(pid)
-        if now - last < 0.005:
+        if now - last < 0.005 + 0.3 * idle_per_s:
             return now
         last = now
 
 
+async def _idle_cpu_per_s(pid: int, seconds: float = 3.0) -> float:
+    """The gateway's CPU seconds a second while it serves nothing (timers, the slice
+    watcher's ticks)."""
+    start, t0 = _cpu_s(pid), time.perf_counter()
+    await asyncio.sleep(seconds)
+    return (_cpu_s(pid) - start) / (time.perf_counter() - t0)
+
+
 async def _cost(redis_url: str, limits: dict[str, int], requests: int) -> dict[str, Any]:
-    """Gateway CPU ms per abusive request of each kind, sent one at a time: with ``limits``
-    admitting them all (UNLIMITED) or, with the defaults, once the abuser's tokens are
-    spent (every one refused). CPU time, not wall time: a busy machine does not inflate
-    it, so it can be read on a shared one."""
-    procs, port = _start(redis_url, limits)
+    """Gateway CPU ms per request of each abusive kind (and, for scale, of the honest
+    clients' small chat), sent one at a time: with ``limits`` admitting them all
+    (UNLIMITED) or, with the defaults, once the abuser's tokens are spent (every one
+    refused); net of what the gateway uses idle meanwhile. CPU time, not wall time: a
+    busy machine does not inflate it, so it can be read on a shared one. With each, the
+    longest slice its requests held the event loop for (:func:`_watch_slices`)."""
+    longest = multiprocessing.get_context("spawn").Array("d", 3, lock=False)
+    procs, port = _start(redis_url, limits, longest)
     url = f"http://127.0.0.1:{port}"
     gateway = procs[1].pid
     headers = {"authorization": f"Bearer {ABUSER_KEY}", "content-type": "application/json"}
@@ -536,19 +611,34 @@ async def _cost(redis_url: str, limits: dict[str, int], requests: int) -> dict[s
                     await r.read()
                     return r.status
 
-            abuses = _abuses()
+            kinds = {
+                **_abuses(),
+                "small-chat": ("/v1/chat/completions", json.dumps(REQUEST).encode()),
+            }
             for _ in range(3):  # warm-up; with the default limits, spends the tokens
-                for path, body in abuses.values():
+                for path, body in kinds.values():
                     await send(path, body)
             if not limits:
-                while await send(*abuses["fenced-1MB"]) != 429:
+                while await send(*kinds["fenced-1MB"]) != 429:
                     pass
-            for name, (path, body) in abuses.items():
-                start = await _settled_cpu_s(gateway)
+            idle = await _idle_cpu_per_s(gateway)
+            result["idle_cpu_ms_per_s"] = round(1000 * idle, 2)
+            for name, (path, body) in kinds.items():
+                start = await _settled_cpu_s(gateway, idle)
+                t0 = time.perf_counter()
                 statuses = Counter([await send(path, body) for _ in range(requests)])
-                used = await _settled_cpu_s(gateway) - start
+                used = await _settled_cpu_s(gateway, idle) - start
+                used -= idle * (time.perf_counter() - t0)
+                longest[:] = [0.0, 0.0, 1.0]  # the same again, its slices watched
+                await asyncio.sleep(0.2)
+                for _ in range(requests):
+                    await send(path, body)
+                await asyncio.sleep(0.2)
+                longest[2] = 0.0
                 result[name] = {
                     "cpu_ms": round(1000 * used / requests, 2),
+                    "longest_loop_slice_cpu_ms": round(longest[0], 2),
+                    "longest_loop_slice_wall_ms": round(longest[1], 2),
                     "statuses": dict(statuses),
                 }
     finally:
@@ -577,6 +667,12 @@ def main() -> None:
     )
     parser.add_argument(
         "--redis-url", default=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+    )
+    parser.add_argument(
+        "--watch-loop",
+        action="store_true",
+        help="also report the gateway's longest event-loop slices in each condition (a "
+        "1 ms ticker in the gateway: costs it some CPU in both)",
     )
     parser.add_argument(
         "--cpu-per-request",

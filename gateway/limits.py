@@ -6,7 +6,11 @@ so replicas need no shared clock. With Redis configured the counters live there,
 script per admission (every key of a tenant shares one Redis Cluster hash tag), so the
 limits hold across gateway replicas; without Redis (the embedded default) they live in
 this process. When Redis does not answer, this process's counters stand in: a limiter
-must not turn a Redis outage into an outage of the gateway. A request the counts Redis
+must not turn a Redis outage into an outage of the gateway. A release whose answer does
+not come in time (or an admission answered too late, which Redis may have counted) is
+owed and retried in the background until Redis takes it: a slot left counted would
+refuse the tenant's requests until the count expired, so the count errs low (never below
+zero), never high. A request the counts Redis
 last answered already refuse (a full window) is refused without asking again
 (:class:`~gateway.limit_windows.Seen`): a client that keeps sending once refused costs no
 round trip.
@@ -43,6 +47,7 @@ from lookup.corpus.keys import digest
 log = logging.getLogger(__name__)
 
 IN_FLIGHT_TTL_S = 900.0  # a crashed replica's in-flight count fades after this
+RELEASE_RETRY_S = (0.5, 8.0)  # a release Redis did not take is retried after this, doubling
 BYTES_PER_TOKEN = 4
 
 # KEYS: in-flight, requests, tokens. ARGV: in-flight limit, request limit, token limit,
@@ -84,9 +89,11 @@ local ttl = redis.call('PTTL', KEYS[1])
 if ttl < 0 then redis.call('PEXPIRE', KEYS[1], ARGV[1]); ttl = tonumber(ARGV[1]) end
 return {count, ttl}
 """
+# KEYS: in-flight. ARGV: releases (never below zero). Returns the count released.
 _RELEASE = """
-if tonumber(redis.call('GET', KEYS[1]) or '0') > 0 then redis.call('DECR', KEYS[1]) end
-return 0
+local released = math.min(tonumber(redis.call('GET', KEYS[1]) or '0'), tonumber(ARGV[1]))
+if released > 0 then redis.call('DECRBY', KEYS[1], released) end
+return released
 """
 
 
@@ -119,6 +126,8 @@ class RateLimiter:
         self._local = Windows(clock)
         self._seen = Seen(clock)
         self._warned_at = -WINDOW_S
+        self._owed: dict[str, int] = {}  # tenant -> in-flight releases Redis has not taken
+        self._paying: asyncio.Task[None] | None = None
         self._admit: Any = redis.register_script(_ADMIT) if redis is not None else None
         self._release: Any = redis.register_script(_RELEASE) if redis is not None else None
         self._charge: Any = redis.register_script(_CHARGE) if redis is not None else None
@@ -129,12 +138,18 @@ class RateLimiter:
         return [base + kind for kind in kinds]
 
     async def _call(self, script: Any, keys: list[str], args: list[Any]) -> Any:
+        """The script's answer, or None when Redis did not give one."""
+        return (await self._attempt(script, keys, args))[0]
+
+    async def _attempt(self, script: Any, keys: list[str], args: list[Any]) -> tuple[Any, bool]:
+        """The script's answer, or None and whether it may have run all the same (the
+        call was sent, its answer came too late)."""
         try:  # a timeout scope, not ``wait_for``: no task created per call
             async with asyncio.timeout(self._timeout_s):
-                return await script(keys=keys, args=args)
+                return await script(keys=keys, args=args), False
         except (RedisError, OSError, TimeoutError) as exc:
             self._unavailable(exc)
-            return None
+            return None, isinstance(exc, TimeoutError)
 
     def _unavailable(self, exc: Exception) -> None:
         """Log that Redis did not answer, at most once a minute."""
@@ -161,7 +176,9 @@ class RateLimiter:
             ]
             keys = self._keys(tenant, "inflight", "requests", "tokens")
             asked_at = self._clock()
-            result = await self._call(self._admit, keys, args)
+            result, maybe_counted = await self._attempt(self._admit, keys, args)
+            if maybe_counted:  # in Redis's count perhaps: released there once it can be
+                self._owe(tenant)
             if result is not None:
                 kind, requests, used, ttl_r, ttl_t = (int(v) for v in result)
                 refused = (None, "concurrent", "requests", "tokens")[kind]
@@ -226,11 +243,31 @@ class RateLimiter:
         )
 
     async def release(self, lease: Lease) -> None:
-        """The request is over: it no longer counts as in flight."""
-        if lease.in_redis:
-            await self._call(self._release, self._keys(lease.tenant, "inflight"), [])
-        else:
+        """The request is over: it no longer counts as in flight. A release Redis does not
+        take is owed and retried in the background: a slot left counted would refuse the
+        tenant's requests until the count expires."""
+        if not lease.in_redis:
             self._local.release(lease.tenant)
+        elif await self._call(self._release, self._keys(lease.tenant, "inflight"), [1]) is None:
+            self._owe(lease.tenant)
+
+    def _owe(self, tenant: str) -> None:
+        self._owed[tenant] = self._owed.get(tenant, 0) + 1
+        if self._paying is None or self._paying.done():
+            self._paying = asyncio.get_running_loop().create_task(self._pay())
+
+    async def _pay(self) -> None:
+        """Retry the owed releases until Redis took them all (backing off while it does
+        not)."""
+        wait, longest = RELEASE_RETRY_S
+        while self._owed:
+            await asyncio.sleep(wait)
+            for tenant in list(self._owed):
+                owed = self._owed.pop(tenant)
+                keys = self._keys(tenant, "inflight")
+                if await self._call(self._release, keys, [owed]) is None:
+                    self._owed[tenant] = self._owed.get(tenant, 0) + owed
+            wait = min(2 * wait, longest) if self._owed else RELEASE_RETRY_S[0]
 
     async def _count(self, tenant: str, kind: str, limit: int) -> tuple[bool, int, float]:
         """One more in a tenant's ``kind`` window unless it passes ``limit`` (Redis,
@@ -276,6 +313,8 @@ class RateLimiter:
             )
 
     async def aclose(self) -> None:
+        if self._paying is not None:
+            self._paying.cancel()
         if self._redis is not None:
             await self._redis.aclose()
 

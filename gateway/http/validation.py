@@ -37,6 +37,7 @@ ModelT = TypeVar("ModelT", bound=BaseModel)
 MAX_DEPTH = 64
 VECTOR_BYTES = 64 * 1024  # longer texts are counted with numpy
 YIELD_BYTES = 256 * 1024  # longer bodies let the event loop run between parse steps
+WALK_VALUES = 4096  # a body of at most this many JSON values is walked for repeated keys
 _QUOTE, _BACKSLASH, _OPEN, _CLOSE = b'"\\{}'
 # a ``\u003a`` escape (a colon) in a string: an odd run of backslashes before ``u003a``
 _COLON_ESCAPE = re.compile(rb"(?<!\\)(?:\\\\)*\\u003[aA]")
@@ -98,15 +99,42 @@ def byte_counts(text: bytes, chars: bytes) -> list[int]:
 def _has_duplicate_keys(raw: bytes, data: Any, colons: int) -> bool:
     """Whether an object of ``raw`` (valid JSON, decoded as ``data``) repeats a key.
 
-    Outside strings, every colon of a JSON text separates one member; re-encoded, the
-    decoded value has one colon per member it kept, plus the colons of its strings (those
-    of ``raw``'s strings, and one per ``\\u003a`` escape). Two byte counts in C, whatever
-    the body holds; a repeated key leaves fewer members, so fewer colons. ``colons``: those
-    of ``raw``.
-    """
+    Outside strings, every colon of a JSON text separates one member; the decoded value
+    has one member per key it kept, and its strings hold the colons of ``raw``'s strings
+    plus one per ``\\u003a`` escape. A repeated key leaves fewer members, so fewer
+    colons. ``colons``: those of ``raw``. A value of at most ``WALK_VALUES`` values (a
+    long prompt in a small body) is walked, its strings' colons counted in C; a larger
+    one is re-encoded and its colons counted (two byte counts in C, whatever the body
+    holds, but a re-encoding of all of it)."""
     if b"\\u003" in raw:
         colons += len(_COLON_ESCAPE.findall(raw))
-    return colons > byte_counts(orjson.dumps(data), b":")[0]
+    decoded = _decoded_colons(data)
+    if decoded is None:
+        decoded = byte_counts(orjson.dumps(data), b":")[0]
+    return colons > decoded
+
+
+def _decoded_colons(data: Any) -> int | None:
+    """The colons ``data`` would have re-encoded (one per object member, plus those of
+    every key and string), or None when it holds more than ``WALK_VALUES`` values."""
+    colons, left = 0, WALK_VALUES
+    pending = [data]
+    while pending:
+        value = pending.pop()
+        if isinstance(value, str):
+            colons += value.count(":")
+        elif isinstance(value, dict | list):
+            left -= len(value)
+            if left < 0:
+                return None
+            if isinstance(value, list):
+                pending.extend(value)
+                continue
+            colons += len(value)
+            for key, item in value.items():
+                colons += key.count(":")
+                pending.append(item)
+    return colons
 
 
 def _decode(raw: bytes) -> Any:

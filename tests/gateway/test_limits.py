@@ -4,6 +4,7 @@ in this process (embedded default) and in Redis, shared by gateway replicas."""
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from gateway import limits
 from gateway.app import create_app
 from tests.gateway.conftest import ENVIRON, standin_settings
 from tests.gateway.servers import serve
@@ -191,14 +193,14 @@ def _redis_calls(app: Any, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     earlier requests' slots are left out: they may land after their response was read."""
     limiter = app.state.runtime.limiter
     calls: list[str] = []
-    real = limiter._call
+    real = limiter._attempt
 
     async def spy(script: Any, keys: list[str], args: list[Any]) -> Any:
         if script is not limiter._release:
             calls.append(keys[0].rsplit(":", 1)[1])
         return await real(script, keys, args)
 
-    monkeypatch.setattr(limiter, "_call", spy)
+    monkeypatch.setattr(limiter, "_attempt", spy)
     return calls
 
 
@@ -236,3 +238,47 @@ def test_audits_without_an_admin_key_are_counted_in_one_call(
     assert_limited(httpx.post(f"{url}/v1/audits", json=audit, headers=ALICE))
     assert_limited(chat(url, ALICE))  # the audits spent the window
     assert calls == ["requests"] * 3
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("lost_answer", ["release", "admission"])
+def test_a_slot_whose_redis_answer_came_too_late_is_released(
+    standin_server: tuple[StandIn, str],
+    redis_url: str,
+    redis_prefix: str,
+    redis_client: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    lost_answer: str,
+) -> None:
+    """A slow Redis (under load) answering a release, or an admission it counted, too
+    late must not leave the slot counted: with one request in flight allowed, that would
+    refuse every later request of the tenant until the count expired."""
+    monkeypatch.setattr(limits, "RELEASE_RETRY_S", (0.01, 0.05))
+    redis = {"url": redis_url, "prefix": redis_prefix, "timeout_s": 1.0}
+    settings = standin_settings(standin_server[1], limits={"concurrent": 1}, redis=redis)
+    app = create_app(settings, environ=ENVIRON)
+    limiter = app.state.runtime.limiter
+    real = limiter._attempt
+    lost: list[str] = []  # the in-flight key of the call whose answer was lost
+
+    async def late(script: Any, keys: list[str], args: list[Any]) -> tuple[Any, bool]:
+        if lost:
+            return await real(script, keys, args)
+        if lost_answer == "release" and script is limiter._release:
+            lost.append(keys[0])
+            return None, True  # not taken (or taken: the count errs low, never high)
+        if lost_answer == "admission" and script is limiter._admit:
+            await real(script, keys, args)  # counted in Redis...
+            lost.append(keys[0])
+            return None, True  # ...but the answer came too late
+        return await real(script, keys, args)
+
+    monkeypatch.setattr(limiter, "_attempt", late)
+    with serve(app) as url:
+        assert chat(url, ALICE).status_code == 200
+        deadline = time.monotonic() + 20
+        while not lost or int(redis_client.get(lost[0]) or 0):  # released again later
+            assert time.monotonic() < deadline, "the slot stayed counted"
+            time.sleep(0.01)
+        for _ in range(3):
+            assert chat(url, ALICE).status_code == 200

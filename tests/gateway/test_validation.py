@@ -7,6 +7,7 @@ import asyncio
 import json
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -60,12 +61,35 @@ def _refused_by_stdlib(text: str) -> bool:
 @given(JSON_TEXT)
 def test_repeated_keys_are_refused_exactly_when_there_are_some(text: str) -> None:
     refused = _refused_by_stdlib(text)
-    try:
-        assert parse_json(text.encode()) == json.loads(text)
-    except InvalidJSON as exc:
-        assert refused and "twice" in exc.message
-    else:
-        assert not refused
+    for walk_values in (validation.WALK_VALUES, 0):  # members counted by a walk, re-encoded
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(validation, "WALK_VALUES", walk_values)
+            try:
+                assert parse_json(text.encode()) == json.loads(text)
+            except InvalidJSON as exc:
+                assert refused and "twice" in exc.message
+            else:
+                assert not refused
+
+
+def test_a_long_prompt_is_not_re_encoded_to_look_for_repeated_keys(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A body of few values (one long string) is walked; many values are re-encoded."""
+    encoded: list[int] = []
+    real = orjson.dumps
+
+    def dumps(value: Any) -> bytes:
+        encoded.append(1)
+        return real(value)
+
+    monkeypatch.setattr(validation.orjson, "dumps", dumps)
+    prompt = json.dumps({"messages": [{"role": "user", "content": "x: " * YIELD_BYTES}]})
+    assert parse_json(prompt.encode()) == json.loads(prompt) and encoded == []
+    with pytest.raises(InvalidJSON, match="twice"):
+        parse_json(prompt[:-1].encode() + b', "messages": 1}')
+    many = json.dumps({"ids": [f"d{i}" for i in range(validation.WALK_VALUES)]})
+    assert parse_json(many.encode()) == json.loads(many) and encoded == [1]
 
 
 def test_a_repeated_key_is_named() -> None:
