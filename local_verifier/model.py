@@ -16,6 +16,8 @@ from torch import nn
 
 from local_verifier.config import ModelConfig
 from local_verifier.kernels import AttentionPlan, StepOps, step_ops
+from local_verifier.kernels.cpp import CppOps
+from local_verifier.kernels.fused import FusedStack, LayerWeights, fused_enabled
 from local_verifier.kv_cache import KVCache
 from local_verifier.kv_storage import KVStorage
 from local_verifier.linear import Linear
@@ -187,6 +189,7 @@ class Transformer(nn.Module):
         self.head = Linear(cfg.dim, cfg.vocab_size)
         # plain attributes, not buffers: dtype casts of the module must not round them
         self.rope_cos, self.rope_sin = rope_tables(cfg, torch.device("cpu"))
+        self._stack: tuple[FusedStack | None] | None = None  # built at first use
 
     @classmethod
     def from_config(
@@ -231,6 +234,43 @@ class Transformer(nn.Module):
         self.rope_cos = self.rope_cos.to(self.device)
         self.rope_sin = self.rope_sin.to(self.device)
         return self
+
+    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Transformer:
+        self._stack = None  # casts and moves may replace the parameters the stack points to
+        super()._apply(fn, *args, **kwargs)
+        return self
+
+    def fused_stack(self) -> FusedStack | None:
+        """The C++ layer stack this model's steps run on now: None on the torch backend,
+        with ``DRAFTGATE_FUSED=0`` or where it does not apply. Built once per parameter set."""
+        return self._fused(step_ops(self.device, self.dtype))
+
+    def _fused(self, ops: StepOps) -> FusedStack | None:
+        if not isinstance(ops, CppOps) or not fused_enabled():
+            return None
+        if self._stack is None:
+            layers = [
+                LayerWeights(
+                    attn_norm=b.attn_norm.weight,
+                    attn_eps=b.attn_norm.eps,
+                    wqkv=b.attn.wqkv.weight,
+                    bqkv=b.attn.wqkv.bias,
+                    wo=b.attn.wo.weight,
+                    ffn_norm=b.ffn_norm.weight,
+                    ffn_eps=b.ffn_norm.eps,
+                    w13=b.ffn.w13.weight,
+                    w2=b.ffn.w2.weight,
+                )
+                for b in self.layers
+            ]
+            cfg = self.config
+            self._stack = (
+                FusedStack.build(
+                    ops.library, layers, self.norm.weight, self.norm.eps, self.head.weight,
+                    cfg.n_heads, cfg.n_kv_heads,
+                ),
+            )  # fmt: skip
+        return self._stack[0]
 
     @torch.inference_mode()
     def step(self, seqs: Sequence[SeqStep], kv: KVStorage) -> list[torch.Tensor]:
@@ -277,6 +317,11 @@ class Transformer(nn.Module):
             counts.append(len(picked))
             start += t
         x = self.embed(tokens).to(self.dtype)
+        stack = self._fused(ops) if kv.k.is_contiguous() and kv.v.is_contiguous() else None
+        if stack is not None:  # the same kernels in the same order, in one C++ call
+            picked = torch.tensor(logit_rows, dtype=torch.long)
+            logits = stack.run(x, inputs.cos, inputs.sin, new_slots, plan, kv.k, kv.v, picked)
+            return list(logits.split(counts))
         for layer in self.layers:
             x = layer(x, kv, inputs)
         x = x[torch.tensor(logit_rows, dtype=torch.long, device=device)]
