@@ -13,7 +13,7 @@ Reports, in one process:
   table; half as many in bf16) over that bandwidth; the 1-row step as a fraction of it
   (floor / step);
 - ms per step of R rows (a chain verify of R rows after a 128-token context) for each R
-  (with ``--ab``, also on the fused C++ stack and the per-op path interleaved);
+  (with ``--ab N``, also on the fused C++ stack and the per-op path, N rounds interleaved);
 - where the time of a 1-row step and of a 512-row prompt chunk goes: ms per step in each
   kernel (linear layers, the vocabulary head, attention, RMSNorm, rotary + K/V store,
   SwiGLU), and the rest (Python, embedding, the attention plan); timed inside the fused C++
@@ -97,30 +97,37 @@ def step_ms(lm: LoadedModel, rows: list[int], repeats: int) -> dict[int, float]:
     return {r: round(statistics.median(t) * 1e3, 2) for r, t in times.items()}
 
 
-def fused_vs_per_op(lm: LoadedModel, rows: list[int], repeats: int) -> dict[str, dict[int, float]]:
-    """Median ms of the step of ``step_ms`` on the fused stack and on the per-op path
-    (``DRAFTGATE_FUSED=0``), interleaved in one process (the order alternating each round)."""
+def fused_vs_per_op(lm: LoadedModel, rows: list[int], rounds: int) -> dict[str, Any]:
+    """Median wall and process-CPU ms of the step of ``step_ms`` on the fused stack and on
+    the per-op path (``DRAFTGATE_FUSED=0``), interleaved in one process (the order
+    alternating each round; CPU time counts every thread, spinning ones included)."""
     model, cfg = lm.model, lm.config
     kv = KVStorage(cfg, CONTEXT + max(rows), lm.device, model.dtype)
     tokens = torch.arange(CONTEXT + max(rows)) % cfg.vocab_size
     context = torch.arange(CONTEXT)
     model.step([SeqStep(tokens[:CONTEXT], context, context, context[:0], logits="none")], kv)
     paths = {"fused": "1", "per_op": "0"}
-    times: dict[str, dict[int, list[float]]] = {p: {r: [] for r in rows} for p in paths}
-    for round_ in range(repeats + 1):  # the first is a warm-up
+    wall: dict[str, dict[int, list[float]]] = {p: {r: [] for r in rows} for p in paths}
+    cpu: dict[str, dict[int, list[float]]] = {p: {r: [] for r in rows} for p in paths}
+    for round_ in range(rounds + 1):  # the first is a warm-up
         for r in rows:
             new = torch.arange(CONTEXT, CONTEXT + r)
             step = SeqStep(tokens[CONTEXT : CONTEXT + r], new, new, context)
             for path in list(paths)[:: 1 if round_ % 2 else -1]:
                 with mock.patch.dict(os.environ, {FUSED_ENV: paths[path]}):
-                    start = time.perf_counter()
+                    start, start_cpu = time.perf_counter(), time.process_time()
                     model.step([step], kv)
                     if round_:
-                        times[path][r].append(time.perf_counter() - start)
-    return {
-        p: {r: round(statistics.median(t) * 1e3, 2) for r, t in by_rows.items()}
-        for p, by_rows in times.items()
-    }
+                        wall[path][r].append(time.perf_counter() - start)
+                        cpu[path][r].append(time.process_time() - start_cpu)
+
+    def median_ms(times: dict[str, dict[int, list[float]]]) -> dict[str, dict[int, float]]:
+        return {
+            p: {r: round(statistics.median(t) * 1e3, 2) for r, t in by_rows.items()}
+            for p, by_rows in times.items()
+        }
+
+    return {"wall_ms": median_ms(wall), "cpu_ms": median_ms(cpu), "rounds": rounds}
 
 
 class TimedOps:
@@ -292,7 +299,7 @@ def main() -> None:
     parser.add_argument("--prefill", default="1024,4096,8192", help="prompt lengths ('' = none)")
     parser.add_argument("--chunk", type=int, default=512, help="rows per prompt-processing step")
     parser.add_argument(
-        "--ab", action="store_true", help="also the fused stack vs the per-op path, interleaved"
+        "--ab", type=int, default=0, help="rounds of fused stack vs per-op path (0 = none)"
     )
     args = parser.parse_args()
 
@@ -309,7 +316,7 @@ def main() -> None:
     report["step_ms"] = steps
     print(f"ms per step by rows: {steps}", flush=True)
     if args.ab and lm.model.fused_stack() is not None:
-        report["step_ms_ab"] = fused_vs_per_op(lm, rows_per_step, args.repeats)
+        report["step_ms_ab"] = fused_vs_per_op(lm, rows_per_step, args.ab)
         print(f"ms per step, fused vs per-op interleaved: {report['step_ms_ab']}", flush=True)
     report["breakdown_ms"] = {
         "decode_1_row": breakdown(lm, 1, CONTEXT, args.repeats),
