@@ -261,8 +261,11 @@ inline void linear_tile(const float* x, int64_t ldx, const W* w, int64_t K, cons
       in_register(xv[r]);
     }
     for (int c = 0; c < C; ++c) {
-      if (Ahead && k % (64 / sizeof(W)) == 0)  // the next column tile, a cache line apart
-        _mm_prefetch(reinterpret_cast<const char*>(w + (c + C) * K + k), _MM_HINT_T0);
+      // the next column tile, a cache line apart: into L2 for a decode row's wide tile (16
+      // rows of 576 floats are more than a 32 KB L1, which T0 would thrash), else into L1
+      if (Ahead && k % (64 / sizeof(W)) == 0)
+        _mm_prefetch(reinterpret_cast<const char*>(w + (c + C) * K + k),
+                     C == kWideColTile ? _MM_HINT_T1 : _MM_HINT_T0);
       Vec wv = load(w + c * K + k);
       if constexpr (R > 1) in_register(wv);
       for (int r = 0; r < R; ++r) acc[r][c] = fmadd(xv[r], wv, acc[r][c]);
