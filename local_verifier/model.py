@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -168,6 +168,20 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.ffn = FeedForward(cfg)
 
+    def stack_weights(self) -> LayerWeights:
+        """The parameters as the fused C++ stack reads them."""
+        return LayerWeights(
+            attn_norm=self.attn_norm.weight,
+            attn_eps=self.attn_norm.eps,
+            wqkv=self.attn.wqkv.weight,
+            bqkv=self.attn.wqkv.bias,
+            wo=self.attn.wo.weight,
+            ffn_norm=self.ffn_norm.weight,
+            ffn_eps=self.ffn_norm.eps,
+            w13=self.ffn.w13.weight,
+            w2=self.ffn.w2.weight,
+        )
+
     def forward(self, x: torch.Tensor, kv: KVStorage, step: _StepInputs) -> torch.Tensor:
         ops = step.ops
         x = x + self.attn(ops.rms_norm(x, self.attn_norm.weight, self.attn_norm.eps), kv, step)
@@ -249,20 +263,7 @@ class Transformer(nn.Module):
         if not isinstance(ops, CppOps) or not fused_enabled():
             return None
         if self._stack is None:
-            layers = [
-                LayerWeights(
-                    attn_norm=b.attn_norm.weight,
-                    attn_eps=b.attn_norm.eps,
-                    wqkv=b.attn.wqkv.weight,
-                    bqkv=b.attn.wqkv.bias,
-                    wo=b.attn.wo.weight,
-                    ffn_norm=b.ffn_norm.weight,
-                    ffn_eps=b.ffn_norm.eps,
-                    w13=b.ffn.w13.weight,
-                    w2=b.ffn.w2.weight,
-                )
-                for b in self.layers
-            ]
+            layers = [cast(Block, b).stack_weights() for b in self.layers]
             cfg = self.config
             self._stack = (
                 FusedStack.build(
@@ -319,8 +320,8 @@ class Transformer(nn.Module):
         x = self.embed(tokens).to(self.dtype)
         stack = self._fused(ops) if kv.k.is_contiguous() and kv.v.is_contiguous() else None
         if stack is not None:  # the same kernels in the same order, in one C++ call
-            picked = torch.tensor(logit_rows, dtype=torch.long)
-            logits = stack.run(x, inputs.cos, inputs.sin, new_slots, plan, kv.k, kv.v, picked)
+            rows_out = torch.tensor(logit_rows, dtype=torch.long)
+            logits = stack.run(x, inputs.cos, inputs.sin, new_slots, plan, kv.k, kv.v, rows_out)
             return list(logits.split(counts))
         for layer in self.layers:
             x = layer(x, kv, inputs)
