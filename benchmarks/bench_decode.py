@@ -13,10 +13,12 @@ Reports, in one process:
   of a decode step: the bytes of every weight matrix a token reads (all but the embedding
   table; half as many in bf16) over that bandwidth; the 1-row step as a fraction of it
   (floor / step);
-- ms per step of R rows (a chain verify of R rows after a 128-token context) for each R;
+- ms per step of R rows (a chain verify of R rows after a 128-token context) for each R
+  (with ``--ab N``, also on the fused C++ stack and the per-op path, N rounds interleaved);
 - where the time of a 1-row step and of a 512-row prompt chunk goes: ms per step in each
   kernel (linear layers, the vocabulary head, attention, RMSNorm, rotary + K/V store,
-  SwiGLU), timed around each call, and the rest (Python, embedding, the attention plan);
+  SwiGLU), and the rest (Python, embedding, the attention plan); timed inside the fused C++
+  stack's call, or around each call on the per-op path (``DRAFTGATE_FUSED=0``);
 - prompt processing at each length (tokens/s, in chunks of ``--chunk`` rows, the growth of
   the process's peak RSS: flat memory means no n x n attention matrix);
 - per prompt: prefill seconds and decode tokens/s of ours and of transformers, interleaved
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import time
@@ -40,6 +43,7 @@ import torch
 import local_verifier.model
 from local_verifier.generate import PlainResult, generate_plain
 from local_verifier.kernels import StepOps
+from local_verifier.kernels.fused import FUSED_ENV, PROFILE_KINDS
 from local_verifier.kv_storage import KVStorage
 from local_verifier.loader import LoadedModel, load_model
 from local_verifier.model import SeqStep
@@ -108,6 +112,39 @@ def step_ms(lm: LoadedModel, rows: list[int], repeats: int) -> dict[int, float]:
     return {r: round(statistics.median(t) * 1e3, 2) for r, t in times.items()}
 
 
+def fused_vs_per_op(lm: LoadedModel, rows: list[int], rounds: int) -> dict[str, Any]:
+    """Median wall and process-CPU ms of the step of ``step_ms`` on the fused stack and on
+    the per-op path (``DRAFTGATE_FUSED=0``), interleaved in one process (the order
+    alternating each round; CPU time counts every thread, spinning ones included)."""
+    model, cfg = lm.model, lm.config
+    kv = KVStorage(cfg, CONTEXT + max(rows), lm.device, model.dtype)
+    tokens = torch.arange(CONTEXT + max(rows)) % cfg.vocab_size
+    context = torch.arange(CONTEXT)
+    model.step([SeqStep(tokens[:CONTEXT], context, context, context[:0], logits="none")], kv)
+    paths = {"fused": "1", "per_op": "0"}
+    wall: dict[str, dict[int, list[float]]] = {p: {r: [] for r in rows} for p in paths}
+    cpu: dict[str, dict[int, list[float]]] = {p: {r: [] for r in rows} for p in paths}
+    for round_ in range(rounds + 1):  # the first is a warm-up
+        for r in rows:
+            new = torch.arange(CONTEXT, CONTEXT + r)
+            step = SeqStep(tokens[CONTEXT : CONTEXT + r], new, new, context)
+            for path in list(paths)[:: 1 if round_ % 2 else -1]:
+                with mock.patch.dict(os.environ, {FUSED_ENV: paths[path]}):
+                    start, start_cpu = time.perf_counter(), time.process_time()
+                    model.step([step], kv)
+                    if round_:
+                        wall[path][r].append(time.perf_counter() - start)
+                        cpu[path][r].append(time.process_time() - start_cpu)
+
+    def median_ms(times: dict[str, dict[int, list[float]]]) -> dict[str, dict[int, float]]:
+        return {
+            p: {r: round(statistics.median(t) * 1e3, 2) for r, t in by_rows.items()}
+            for p, by_rows in times.items()
+        }
+
+    return {"wall_ms": median_ms(wall), "cpu_ms": median_ms(cpu), "rounds": rounds}
+
+
 class TimedOps:
     """Step kernels that add each call's seconds to ``seconds[kernel]`` (the head's linear
     apart, told by its output width)."""
@@ -132,7 +169,11 @@ class TimedOps:
 
 def breakdown(lm: LoadedModel, rows: int, context: int, repeats: int) -> dict[str, float]:
     """ms per step of ``rows`` new rows after ``context`` tokens, by kernel (median over
-    ``repeats``), with ``total`` and ``other`` (the rest: Python, embedding, the plan)."""
+    ``repeats``), with ``total`` and ``other`` (the rest: Python, embedding, the plan).
+
+    On the fused C++ stack the kernels are timed inside its one call (linear, head,
+    attention, row_ops = norms, rotary + K/V store, SwiGLU, residual adds); on the per-op
+    path around each call."""
     model, cfg = lm.model, lm.config
     kv = KVStorage(cfg, context + rows, lm.device, model.dtype)
     tokens = torch.arange(context + rows) % cfg.vocab_size
@@ -141,16 +182,25 @@ def breakdown(lm: LoadedModel, rows: int, context: int, repeats: int) -> dict[st
         model.step([SeqStep(tokens[:context], ctx, ctx, ctx[:0], logits="none")], kv)
     new = torch.arange(context, context + rows)
     step = SeqStep(tokens[context:], new, new, ctx, logits="last")
+    stack = model.fused_stack()
     real = local_verifier.model.step_ops
     runs: list[dict[str, float]] = []
     for _ in range(repeats + 1):  # the first is a warm-up
-        timed = TimedOps(real(lm.device, model.dtype), cfg.vocab_size)
-        with mock.patch.object(local_verifier.model, "step_ops", return_value=timed):
+        if stack is not None:
+            stack.profile = torch.zeros(len(PROFILE_KINDS), dtype=torch.float64)
             start = time.perf_counter()
             model.step([step], kv)
             total = time.perf_counter() - start
-        runs.append({**timed.seconds, "total": total})
-        runs[-1]["other"] = total - sum(timed.seconds.values())
+            seconds = dict(zip(PROFILE_KINDS, stack.profile.tolist(), strict=True))
+            stack.profile = None
+        else:
+            timed = TimedOps(real(lm.device, model.dtype), cfg.vocab_size)
+            with mock.patch.object(local_verifier.model, "step_ops", return_value=timed):
+                start = time.perf_counter()
+                model.step([step], kv)
+                total = time.perf_counter() - start
+            seconds = dict(timed.seconds)
+        runs.append({**seconds, "total": total, "other": total - sum(seconds.values())})
     return {k: round(statistics.median(r[k] for r in runs[1:]) * 1e3, 2) for k in runs[-1]}
 
 
@@ -263,6 +313,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--prefill", default="1024,4096,8192", help="prompt lengths ('' = none)")
     parser.add_argument("--chunk", type=int, default=512, help="rows per prompt-processing step")
+    parser.add_argument(
+        "--ab", type=int, default=0, help="rounds of fused stack vs per-op path (0 = none)"
+    )
     args = parser.parse_args()
 
     lm = load_model(args.model, device=args.device, dtype=args.dtype)
@@ -271,11 +324,15 @@ def main() -> None:
         "device": str(lm.device),
         "dtype": str(lm.dtype).removeprefix("torch."),
         "threads": torch.get_num_threads(),
+        "step_path": "fused" if lm.model.fused_stack() is not None else "per-op",
     }
     rows_per_step = [int(r) for r in args.rows.split(",") if r]
     steps = step_ms(lm, rows_per_step, args.repeats)
     report["step_ms"] = steps
     print(f"ms per step by rows: {steps}", flush=True)
+    if args.ab and lm.model.fused_stack() is not None:
+        report["step_ms_ab"] = fused_vs_per_op(lm, rows_per_step, args.ab)
+        print(f"ms per step, fused vs per-op interleaved: {report['step_ms_ab']}", flush=True)
     report["breakdown_ms"] = {
         "decode_1_row": breakdown(lm, 1, CONTEXT, args.repeats),
         f"prompt_chunk_{args.chunk}_rows": breakdown(lm, args.chunk, 0, max(args.repeats // 2, 1)),

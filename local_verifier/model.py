@@ -9,13 +9,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
 
 from local_verifier.config import ModelConfig
 from local_verifier.kernels import AttentionPlan, StepOps, step_ops
+from local_verifier.kernels.cpp import CppOps
+from local_verifier.kernels.fused import FusedStack, LayerWeights, fused_enabled
 from local_verifier.kv_cache import KVCache
 from local_verifier.kv_storage import KVStorage
 from local_verifier.linear import Linear
@@ -166,6 +168,20 @@ class Block(nn.Module):
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.ffn = FeedForward(cfg)
 
+    def stack_weights(self) -> LayerWeights:
+        """The parameters as the fused C++ stack reads them."""
+        return LayerWeights(
+            attn_norm=self.attn_norm.weight,
+            attn_eps=self.attn_norm.eps,
+            wqkv=self.attn.wqkv.weight,
+            bqkv=self.attn.wqkv.bias,
+            wo=self.attn.wo.weight,
+            ffn_norm=self.ffn_norm.weight,
+            ffn_eps=self.ffn_norm.eps,
+            w13=self.ffn.w13.weight,
+            w2=self.ffn.w2.weight,
+        )
+
     def forward(self, x: torch.Tensor, kv: KVStorage, step: _StepInputs) -> torch.Tensor:
         ops = step.ops
         x = x + self.attn(ops.rms_norm(x, self.attn_norm.weight, self.attn_norm.eps), kv, step)
@@ -187,6 +203,7 @@ class Transformer(nn.Module):
         self.head = Linear(cfg.dim, cfg.vocab_size)
         # plain attributes, not buffers: dtype casts of the module must not round them
         self.rope_cos, self.rope_sin = rope_tables(cfg, torch.device("cpu"))
+        self._stack: tuple[FusedStack | None] | None = None  # built at first use
 
     @classmethod
     def from_config(
@@ -231,6 +248,30 @@ class Transformer(nn.Module):
         self.rope_cos = self.rope_cos.to(self.device)
         self.rope_sin = self.rope_sin.to(self.device)
         return self
+
+    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Transformer:
+        self._stack = None  # casts and moves may replace the parameters the stack points to
+        super()._apply(fn, *args, **kwargs)
+        return self
+
+    def fused_stack(self) -> FusedStack | None:
+        """The C++ layer stack this model's steps run on now: None on the torch backend,
+        with ``DRAFTGATE_FUSED=0`` or where it does not apply. Built once per parameter set."""
+        return self._fused(step_ops(self.device, self.dtype))
+
+    def _fused(self, ops: StepOps) -> FusedStack | None:
+        if not isinstance(ops, CppOps) or not fused_enabled():
+            return None
+        if self._stack is None:
+            layers = [cast(Block, b).stack_weights() for b in self.layers]
+            cfg = self.config
+            self._stack = (
+                FusedStack.build(
+                    ops.library, layers, self.norm.weight, self.norm.eps, self.head.weight,
+                    cfg.n_heads, cfg.n_kv_heads,
+                ),
+            )  # fmt: skip
+        return self._stack[0]
 
     @torch.inference_mode()
     def step(self, seqs: Sequence[SeqStep], kv: KVStorage) -> list[torch.Tensor]:
@@ -277,6 +318,11 @@ class Transformer(nn.Module):
             counts.append(len(picked))
             start += t
         x = self.embed(tokens).to(self.dtype)
+        stack = self._fused(ops) if kv.k.is_contiguous() and kv.v.is_contiguous() else None
+        if stack is not None:  # the same kernels in the same order, in one C++ call
+            rows_out = torch.tensor(logit_rows, dtype=torch.long)
+            logits = stack.run(x, inputs.cos, inputs.sin, new_slots, plan, kv.k, kv.v, rows_out)
+            return list(logits.split(counts))
         for layer in self.layers:
             x = layer(x, kv, inputs)
         x = x[torch.tensor(logit_rows, dtype=torch.long, device=device)]

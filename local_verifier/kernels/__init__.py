@@ -7,7 +7,9 @@ logits and K/V are bitwise the same alone, batched, in a draft tree or in a prom
 - ``cpp``: C++ kernels compiled at first use (x86-64 with AVX2 + FMA, AVX-512 where the
   CPU has it; float32 activations; linear weights float32 or bfloat16, the bf16 target's,
   widened exactly in the kernel): fixed-order reductions, attention over each row's own key list with an online softmax in
-  key order.
+  key order. ``Transformer.step`` runs them as one C++ call per step (``fused.FusedStack``:
+  the same kernels in the same order, bitwise the same), or op by op through ``CppOps``
+  with ``DRAFTGATE_FUSED=0``.
 - ``torch``: stock torch ops on fixed-size row tiles (a row count the matrix product is
   row-independent at) and attention one row at a time over its own keys; used on CUDA/MPS
   and where the C++ build is unavailable. Invariant, slower.

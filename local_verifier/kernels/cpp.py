@@ -27,7 +27,14 @@ SIGNATURES = {
     "dg_rope_store": [_ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64],
     "dg_silu_mul": [_ptr, _ptr, _i64, _i64],
     "dg_attention": [_ptr] * 10 + [_i64] * 5 + [_int],
+    "dg_stack_new": [_i64] * 7 + [_int, _ptr, _ptr],
+    "dg_stack_free": [_ptr],
+    "dg_stack_step": [_ptr] * 5
+    + [_i64, _ptr, _ptr, _i64]
+    + [_ptr] * 6
+    + [_i64, _ptr, _i64, _ptr, _int, _ptr],
 }
+RESTYPES = {"dg_stack_new": _ptr}  # the rest return nothing
 
 _loaded: tuple[ctypes.CDLL | None, str] | None = None
 
@@ -65,7 +72,7 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     for name, argtypes in SIGNATURES.items():
         function = getattr(library, name)
         function.argtypes = argtypes
-        function.restype = None
+        function.restype = RESTYPES.get(name)
     return library, ""
 
 
@@ -87,7 +94,7 @@ class CppOps:
     name = "cpp"
 
     def __init__(self, library: ctypes.CDLL) -> None:
-        self._lib = library
+        self.library = library
         self._linear = {torch.float32: library.dg_linear, torch.bfloat16: library.dg_linear_bf16}
 
     def linear(
@@ -106,7 +113,7 @@ class CppOps:
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         x = _dense(x)
         y, w = torch.empty_like(x), _float32(weight)
-        self._lib.dg_rms_norm(x.data_ptr(), w.data_ptr(), y.data_ptr(), *x.shape, eps)
+        self.library.dg_rms_norm(x.data_ptr(), w.data_ptr(), y.data_ptr(), *x.shape, eps)
         return y
 
     def rope_store(
@@ -123,7 +130,7 @@ class CppOps:
         n, dim = qkv.shape[0], cos.shape[1]
         q = torch.empty(n, n_heads, dim)
         slots, cos, sin = _dense(new_slots), _dense(cos), _dense(sin)
-        self._lib.dg_rope_store(
+        self.library.dg_rope_store(
             qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), k_cache.data_ptr(),
             v_cache.data_ptr(), slots.data_ptr(), q.data_ptr(), n, n_heads, n_kv_heads, dim,
         )  # fmt: skip
@@ -132,7 +139,7 @@ class CppOps:
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         n, hidden = gate_up.shape[0], gate_up.shape[1] // 2
         y = torch.empty(n, hidden)
-        self._lib.dg_silu_mul(gate_up.data_ptr(), y.data_ptr(), n, hidden)
+        self.library.dg_silu_mul(gate_up.data_ptr(), y.data_ptr(), n, hidden)
         return y
 
     def attention(
@@ -150,7 +157,7 @@ class CppOps:
                 "query heads per kv head"
             )
         out = torch.empty_like(q)
-        self._lib.dg_attention(
+        self.library.dg_attention(
             q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), *plan.pointers(), out.data_ptr(),
             n, len(plan.ctx_len), heads, kv_heads, dim, torch.get_num_threads(),
         )  # fmt: skip

@@ -21,6 +21,8 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <mutex>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -300,15 +302,15 @@ inline void linear_cols(const float* x, int64_t ldx, int64_t rows, const W* w, i
 }
 
 // y [N, M] = x [N, K] @ w[M, K].T (+ bias [M] unless null), in row blocks of kRowBlock,
-// threads taking C output columns at a time, R rows per register tile (the tile's shape
-// never changes a sum).
+// the calling team (a team of one outside a parallel region) sharing each block's tiles of
+// C output columns, R rows per register tile (the tile's shape never changes a sum).
 template <int R, int C, typename W>
 void linear_blocks(const float* xp, const W* wp, const float* bp, float* yp, int64_t N,
-                   int64_t K, int64_t M, int threads) {
+                   int64_t K, int64_t M) {
   const int64_t tiles = (M + C - 1) / C;
   for (int64_t r0 = 0; r0 < N; r0 += kRowBlock) {
     const int64_t rows = std::min<int64_t>(kRowBlock, N - r0);
-#pragma omp parallel for schedule(static) num_threads(threads)
+#pragma omp for schedule(static)
     for (int64_t t = 0; t < tiles; ++t) {
       const int64_t m0 = t * C;
       const float* b = bp != nullptr ? bp + m0 : nullptr;
@@ -327,13 +329,71 @@ void linear_blocks(const float* xp, const W* wp, const float* bp, float* yp, int
 
 // A decode row reads kWideColTile weight rows at a time (more memory streams in flight,
 // which a bf16 weight's short rows need to keep the memory bus busy); more rows, kColTile.
+// Called by every thread of a team (or outside a parallel region); ends with a barrier.
+template <typename W>
+void linear_team(const float* xp, const W* wp, const float* bp, float* yp, int64_t N,
+                 int64_t K, int64_t M) {
+  if (N == 1)
+    linear_blocks<1, kWideColTile>(xp, wp, bp, yp, N, K, M);
+  else
+    linear_blocks<kRowTile, kColTile>(xp, wp, bp, yp, N, K, M);
+}
+
 template <typename W>
 void linear(const float* xp, const W* wp, const float* bp, float* yp, int64_t N, int64_t K,
             int64_t M, int threads) {
-  if (N == 1)
-    linear_blocks<1, kWideColTile>(xp, wp, bp, yp, N, K, M, threads);
-  else
-    linear_blocks<kRowTile, kColTile>(xp, wp, bp, yp, N, K, M, threads);
+#pragma omp parallel num_threads(threads)
+  linear_team(xp, wp, bp, yp, N, K, M);
+}
+
+// One row of the row-wise operations (the extern functions and the layer stack loop over
+// rows): the same operations on a row wherever it is called from.
+
+// y = w * (x / sqrt(mean(x^2) + eps)) for one row of D floats.
+inline void rms_norm_row(const float* xr, const float* wp, float* yr, int64_t D, float eps) {
+  Vec acc = zero();
+  int64_t d = 0;
+  for (; d + kLanes <= D; d += kLanes) {
+    const Vec v = load(xr + d);
+    acc = fmadd(v, v, acc);
+  }
+  if (d < D) {
+    const Vec v = load_first(xr + d, D - d);
+    acc = fmadd(v, v, acc);
+  }
+  const float scale = 1.0f / std::sqrt(lane_sum(acc) / static_cast<float>(D) + eps);
+  for (d = 0; d < D; ++d) yr[d] = wp[d] * (xr[d] * scale);
+}
+
+// Rotates the q and k heads of one row of qkv [(H + 2 KVH) * Dh] by its cos/sin [Dh];
+// the rotated q to q [H, Dh], the rotated k and the v to k_out / v_out [KVH, Dh].
+inline void rope_store_row(const float* row, const float* c, const float* s, float* k_out,
+                           float* v_out, float* q, int64_t n_heads, int64_t n_kv_heads,
+                           int64_t Dh) {
+  const int64_t half = Dh / 2;
+  for (int64_t h = 0; h < n_heads + n_kv_heads; ++h) {
+    const float* head = row + h * Dh;
+    float* out = h < n_heads ? q + h * Dh : k_out + (h - n_heads) * Dh;
+    for (int64_t d = 0; d < Dh; ++d) {
+      const float rolled = head[d < half ? d + half : d - half];
+      const float a = head[d] * c[d];
+      const float b = rolled * s[d];
+      out[d] = a + b;
+    }
+  }
+  const float* v = row + (n_heads + n_kv_heads) * Dh;
+  for (int64_t i = 0; i < n_kv_heads * Dh; ++i) v_out[i] = v[i];
+}
+
+// out [F] = silu(gate) * up for one row of gate_up [2 F] (gate first).
+inline void silu_mul_row(const float* g, float* out, int64_t F) {
+  const float* u = g + F;
+  for (int64_t f = 0; f < F; f += kLanes) {  // lane by lane: the same ops on every lane
+    const Mask live = first_lanes(std::min<int64_t>(kLanes, F - f));
+    const Vec gv = load(g + f, live);
+    const Vec silu = div(gv, add(set1(1.0f), vexp(sub(zero(), gv))));
+    store(out + f, live, mul(silu, load(u + f, live)));
+  }
 }
 
 // What attend_block needs of the call: the K/V storage and the head geometry.
@@ -434,22 +494,7 @@ void dg_linear_bf16(const float* xp, const uint16_t* wp, const float* bp, float*
 
 // Root-mean-square norm of each row of x [N, D]: w * (x / sqrt(mean(x^2) + eps)).
 void dg_rms_norm(const float* xp, const float* wp, float* yp, int64_t N, int64_t D, float eps) {
-  for (int64_t n = 0; n < N; ++n) {
-    const float* xr = xp + n * D;
-    Vec acc = zero();
-    int64_t d = 0;
-    for (; d + kLanes <= D; d += kLanes) {
-      const Vec v = load(xr + d);
-      acc = fmadd(v, v, acc);
-    }
-    if (d < D) {
-      const Vec v = load_first(xr + d, D - d);
-      acc = fmadd(v, v, acc);
-    }
-    const float scale =
-        1.0f / std::sqrt(lane_sum(acc) / static_cast<float>(D) + eps);
-    for (d = 0; d < D; ++d) yp[n * D + d] = wp[d] * (xr[d] * scale);
-  }
+  for (int64_t n = 0; n < N; ++n) rms_norm_row(xp + n * D, wp, yp + n * D, D, eps);
 }
 
 // Rotates the q and k heads of qkv [N, (H + 2 KVH) * Dh] by cos/sin [N, Dh] (the sign of
@@ -458,42 +503,15 @@ void dg_rms_norm(const float* xp, const float* wp, float* yp, int64_t N, int64_t
 void dg_rope_store(const float* src, const float* cp, const float* sp, float* kc, float* vc,
                    const int64_t* slots, float* qp, int64_t N, int64_t n_heads,
                    int64_t n_kv_heads, int64_t Dh) {
-  const int64_t half = Dh / 2, width = (n_heads + 2 * n_kv_heads) * Dh;
-  const int64_t kv_width = n_kv_heads * Dh;
-  for (int64_t n = 0; n < N; ++n) {
-    const float* row = src + n * width;
-    const float* c = cp + n * Dh;
-    const float* s = sp + n * Dh;
-    float* k_out = kc + slots[n] * kv_width;
-    for (int64_t h = 0; h < n_heads + n_kv_heads; ++h) {
-      const float* head = row + h * Dh;
-      float* out = h < n_heads ? qp + (n * n_heads + h) * Dh : k_out + (h - n_heads) * Dh;
-      for (int64_t d = 0; d < Dh; ++d) {
-        const float rolled = head[d < half ? d + half : d - half];
-        const float a = head[d] * c[d];
-        const float b = rolled * s[d];
-        out[d] = a + b;
-      }
-    }
-    const float* v = row + (n_heads + n_kv_heads) * Dh;
-    float* v_out = vc + slots[n] * kv_width;
-    for (int64_t i = 0; i < kv_width; ++i) v_out[i] = v[i];
-  }
+  const int64_t width = (n_heads + 2 * n_kv_heads) * Dh, kv_width = n_kv_heads * Dh;
+  for (int64_t n = 0; n < N; ++n)
+    rope_store_row(src + n * width, cp + n * Dh, sp + n * Dh, kc + slots[n] * kv_width,
+                   vc + slots[n] * kv_width, qp + n * n_heads * Dh, n_heads, n_kv_heads, Dh);
 }
 
 // yp [N, F] = silu(gate) * up for gp = gate_up [N, 2 * F] (gate first).
 void dg_silu_mul(const float* gp, float* yp, int64_t N, int64_t F) {
-  for (int64_t n = 0; n < N; ++n) {
-    const float* g = gp + n * 2 * F;
-    const float* u = g + F;
-    float* out = yp + n * F;
-    for (int64_t f = 0; f < F; f += kLanes) {  // lane by lane: the same ops on every lane
-      const Mask live = first_lanes(std::min<int64_t>(kLanes, F - f));
-      const Vec gv = load(g + f, live);
-      const Vec silu = div(gv, add(set1(1.0f), vexp(sub(zero(), gv))));
-      store(out + f, live, mul(silu, load(u + f, live)));
-    }
-  }
+  for (int64_t n = 0; n < N; ++n) silu_mul_row(gp + n * 2 * F, yp + n * F, F);
 }
 
 // Grouped-query attention of each row over its own key list, in that list's order.
@@ -582,6 +600,241 @@ void dg_attention(const float* qp, const float* kc, const float* vc, const int64
       }
     }
   }
+}
+
+}  // extern "C"
+
+// ---- The layer stack of a step in one call. ---------------------------------------------
+//
+// dg_stack_step runs what the per-op path (the functions above, called op by op) runs, in
+// the same order on the same values, so its logits and K/V are bitwise the same: per layer
+// rms_norm, qkv linear (+ bias), rope_store, attention, wo linear + residual, rms_norm, w13
+// linear, silu_mul, w2 linear + residual; then the picked rows' final norm and head. The
+// weights' addresses sit in a table built once per model; the activations in scratch owned
+// by the table, grown to the largest step. One parallel region per layer (from the wo of
+// the layer before to the rope of this one) plus attention's own.
+
+namespace {
+
+struct LayerWeights {  // float or bfloat16 (uint16_t bits), as the table's `bf16` says
+  const void *attn_norm, *wqkv, *bqkv, *wo, *ffn_norm, *w13, *w2;  // bqkv may be null
+  float attn_eps, ffn_eps;
+};
+
+struct Stack {
+  int64_t dim, H, KVH, Dh, F, V;
+  bool bf16;
+  const void *norm, *head;
+  float norm_eps;
+  std::vector<LayerWeights> layers;
+  std::vector<float> widened;         // bf16: the norms' and biases' float32 values, per step
+  std::vector<const float*> vectors;  // per layer attn_norm, ffn_norm, bqkv; then the norm
+  std::vector<float> scratch;         // a step's activations
+  std::mutex busy;                    // one step at a time uses the scratch
+};
+
+struct StepArgs {
+  float* x;  // [N, dim]: the rows' embeddings, then their hidden states
+  const float *cos, *sin;  // [N, Dh]
+  const int64_t* new_slots;
+  int64_t N;
+  float *kc, *vc;  // [L, S, KVH, Dh]
+  int64_t n_slots;
+  const int64_t *kp, *ks, *rs, *cl;  // the attention plan (see dg_attention)
+  const bool* mp;
+  const int64_t* ms;
+  int64_t n_seqs;
+  const int64_t* picked;  // [P]: the rows that get logits
+  int64_t P;
+  float* logits;  // [P, V]
+  int threads;
+  double* seconds;  // null, or where the step adds its seconds per kind of kernel
+};
+
+enum Kind { kLinearTime, kHeadTime, kAttentionTime, kRowOpsTime };
+
+// Seconds since the last mark added to seconds[kind], by the calling team's first thread.
+struct Clock {
+  double* seconds;
+  double last;
+  void mark(Kind kind) {
+    if (seconds == nullptr || omp_get_thread_num() != 0) return;
+    const double now = omp_get_wtime();
+    seconds[kind] += now - last;
+    last = now;
+  }
+};
+
+// Attention of one layer: dg_attention with its arguments (its own parallel region, so it
+// is called between the stack's regions, never inside one).
+void attention(const float* qp, const float* kc, const float* vc, const StepArgs& s, float* op,
+               int64_t H, int64_t KVH, int64_t Dh) {
+  dg_attention(qp, kc, vc, s.kp, s.ks, s.rs, s.cl, s.mp, s.ms, op, s.N, s.n_seqs, H, KVH, Dh,
+               s.threads);
+}
+
+// The float32 values of a parameter vector of n values (a bf16 one widened into out).
+template <typename W>
+const float* as_float(const void* p, int64_t n, float* out) {
+  if constexpr (std::is_same_v<W, float>) {
+    return static_cast<const float*>(p);
+  } else {
+    const uint16_t* bits = static_cast<const uint16_t*>(p);
+    for (int64_t i = 0; i < n; ++i) {
+      const uint32_t wide = static_cast<uint32_t>(bits[i]) << 16;
+      std::memcpy(out + i, &wide, sizeof(float));
+    }
+    return out;
+  }
+}
+
+inline void add_row(float* x, const float* t, int64_t D) {  // x + t, as torch's x + t
+  for (int64_t d = 0; d < D; ++d) x[d] = x[d] + t[d];
+}
+
+template <typename W>
+void stack_step(Stack& m, const StepArgs& s) {
+  const int64_t N = s.N, P = s.P, D = m.dim, H = m.H, KVH = m.KVH, Dh = m.Dh, F = m.F;
+  const int64_t L = static_cast<int64_t>(m.layers.size());
+  const int64_t QKV = (H + 2 * KVH) * Dh, HD = H * Dh, kv_width = KVH * Dh;
+  const int64_t layer_kv = s.n_slots * kv_width;
+  // the norms and biases as float32, re-read every step (a bf16 one widened)
+  int64_t used = 0;
+  for (int64_t l = 0; l < L; ++l) {
+    const LayerWeights& w = m.layers[l];
+    m.vectors[3 * l] = as_float<W>(w.attn_norm, D, m.widened.data() + used);
+    m.vectors[3 * l + 1] = as_float<W>(w.ffn_norm, D, m.widened.data() + used + D);
+    m.vectors[3 * l + 2] =
+        w.bqkv != nullptr ? as_float<W>(w.bqkv, QKV, m.widened.data() + used + 2 * D) : nullptr;
+    used += 2 * D + QKV;
+  }
+  m.vectors[3 * L] = as_float<W>(m.norm, D, m.widened.data() + used);
+
+  const int64_t sizes[] = {N * D, N * QKV, N * HD, N * HD, N * D, N * 2 * F, N * F, P * D, P * D};
+  int64_t total = 0;
+  for (const int64_t n : sizes) total += n;
+  if (static_cast<int64_t>(m.scratch.size()) < total) m.scratch.resize(total);
+  float* buffers[9];
+  float* next = m.scratch.data();
+  for (int i = 0; i < 9; ++i) {
+    buffers[i] = next;
+    next += sizes[i];
+  }
+  float *h = buffers[0], *qkv = buffers[1], *q = buffers[2], *att = buffers[3];
+  float *tmp = buffers[4], *gate_up = buffers[5], *act = buffers[6];
+  float *last = buffers[7], *normed = buffers[8];
+  float* x = s.x;
+  Clock clock{s.seconds, s.seconds != nullptr ? omp_get_wtime() : 0.0};
+
+  for (int64_t l = 0; l <= L; ++l) {
+#pragma omp parallel num_threads(s.threads)
+    {
+      if (l > 0) {  // the rest of layer l - 1, after its attention
+        const LayerWeights& w = m.layers[l - 1];
+        linear_team(att, static_cast<const W*>(w.wo), nullptr, tmp, N, HD, D);
+        clock.mark(kLinearTime);
+#pragma omp for schedule(static)
+        for (int64_t n = 0; n < N; ++n) {
+          add_row(x + n * D, tmp + n * D, D);
+          rms_norm_row(x + n * D, m.vectors[3 * (l - 1) + 1], h + n * D, D, w.ffn_eps);
+        }
+        clock.mark(kRowOpsTime);
+        linear_team(h, static_cast<const W*>(w.w13), nullptr, gate_up, N, D, 2 * F);
+        clock.mark(kLinearTime);
+#pragma omp for schedule(static)
+        for (int64_t n = 0; n < N; ++n) silu_mul_row(gate_up + n * 2 * F, act + n * F, F);
+        clock.mark(kRowOpsTime);
+        linear_team(act, static_cast<const W*>(w.w2), nullptr, tmp, N, F, D);
+        clock.mark(kLinearTime);
+      }
+      if (l < L) {  // layer l up to its attention
+        const LayerWeights& w = m.layers[l];
+#pragma omp for schedule(static)
+        for (int64_t n = 0; n < N; ++n) {
+          if (l > 0) add_row(x + n * D, tmp + n * D, D);
+          rms_norm_row(x + n * D, m.vectors[3 * l], h + n * D, D, w.attn_eps);
+        }
+        clock.mark(kRowOpsTime);
+        linear_team(h, static_cast<const W*>(w.wqkv), m.vectors[3 * l + 2], qkv, N, D, QKV);
+        clock.mark(kLinearTime);
+#pragma omp single
+        for (int64_t n = 0; n < N; ++n) {  // in row order, as dg_rope_store
+          const int64_t slot = s.new_slots[n] * kv_width + l * layer_kv;
+          rope_store_row(qkv + n * QKV, s.cos + n * Dh, s.sin + n * Dh, s.kc + slot,
+                         s.vc + slot, q + n * HD, H, KVH, Dh);
+        }
+        clock.mark(kRowOpsTime);
+      } else {  // the picked rows' final norm and the head
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < P; ++p) {
+          const int64_t r = s.picked[p];
+          std::memcpy(last + p * D, x + r * D, D * sizeof(float));
+          if (L > 0) add_row(last + p * D, tmp + r * D, D);
+          rms_norm_row(last + p * D, m.vectors[3 * L], normed + p * D, D, m.norm_eps);
+        }
+        clock.mark(kRowOpsTime);
+        linear_team(normed, static_cast<const W*>(m.head), nullptr, s.logits, P, D, m.V);
+        clock.mark(kHeadTime);
+      }
+    }
+    if (l < L) {
+      attention(q, s.kc + l * layer_kv, s.vc + l * layer_kv, s, att, H, KVH, Dh);
+      clock.mark(kAttentionTime);
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+// A layer stack's table: n_layers layers of dim, n_heads / n_kv_heads heads of head_dim,
+// hidden_dim and vocab; weights (float32, or bf16 bits when bf16) = the final norm, the head,
+// then per layer attn_norm, wqkv, bqkv (or null), wo, ffn_norm, w13, w2; eps = per layer
+// attn_norm's, ffn_norm's, then the final norm's. The weights must outlive the table.
+void* dg_stack_new(int64_t n_layers, int64_t dim, int64_t n_heads, int64_t n_kv_heads,
+                   int64_t head_dim, int64_t hidden_dim, int64_t vocab, int bf16,
+                   const void* const* weights, const float* eps) {
+  Stack* m = new Stack();
+  m->dim = dim;
+  m->H = n_heads;
+  m->KVH = n_kv_heads;
+  m->Dh = head_dim;
+  m->F = hidden_dim;
+  m->V = vocab;
+  m->bf16 = bf16 != 0;
+  m->norm = weights[0];
+  m->head = weights[1];
+  m->norm_eps = eps[2 * n_layers];
+  for (int64_t l = 0; l < n_layers; ++l) {
+    const void* const* w = weights + 2 + 7 * l;
+    m->layers.push_back({w[0], w[1], w[2], w[3], w[4], w[5], w[6], eps[2 * l], eps[2 * l + 1]});
+  }
+  const int64_t qkv = (n_heads + 2 * n_kv_heads) * head_dim;
+  m->widened.resize(n_layers * (2 * dim + qkv) + dim);
+  m->vectors.resize(3 * n_layers + 1);
+  return m;
+}
+
+void dg_stack_free(void* stack) { delete static_cast<Stack*>(stack); }
+
+// One forward step of the stack over N rows (see StepArgs; the attention plan's arrays as
+// dg_attention's): writes every row's K/V to its slot in each layer of kc/vc and the picked
+// rows' logits; x is overwritten. seconds, unless null, gets the step's seconds added per
+// kind: linear layers, the head, attention, the row-wise operations.
+void dg_stack_step(void* stack, float* x, const float* cos, const float* sin,
+                   const int64_t* new_slots, int64_t N, float* kc, float* vc, int64_t n_slots,
+                   const int64_t* kp, const int64_t* ks, const int64_t* rs, const int64_t* cl,
+                   const bool* mp, const int64_t* ms, int64_t n_seqs, const int64_t* picked,
+                   int64_t P, float* logits, int threads, double* seconds) {
+  Stack& m = *static_cast<Stack*>(stack);
+  const StepArgs s{x,  cos, sin, new_slots, N,  kc,     vc,     n_slots, kp,      ks,     rs,
+                   cl, mp,  ms,  n_seqs,    picked, P, logits, threads, seconds};
+  const std::lock_guard<std::mutex> hold(m.busy);
+  if (m.bf16)
+    stack_step<uint16_t>(m, s);
+  else
+    stack_step<float>(m, s);
 }
 
 }  // extern "C"

@@ -1,0 +1,126 @@
+"""The layer stack of a step in one C++ call (``dg_stack_step``): the per-op path's kernels
+in the same order on the same values, so bitwise the same logits and K/V, without Python,
+ctypes and allocation per op. Used by ``Transformer.step`` on the C++ backend unless
+``DRAFTGATE_FUSED=0`` (then it runs op by op through ``CppOps``)."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from local_verifier.kernels.cpp import MAX_GROUP, MAX_HEAD_DIM
+from local_verifier.kernels.plan import AttentionPlan
+
+FUSED_ENV = "DRAFTGATE_FUSED"  # "0": the C++ backend runs a step op by op
+PROFILE_KINDS = ("linear", "head", "attention", "row_ops")  # the entries of ``profile``
+
+
+def fused_enabled() -> bool:
+    """Whether the C++ backend runs steps through the fused stack (``DRAFTGATE_FUSED``)."""
+    return os.environ.get(FUSED_ENV, "1") != "0"
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    """One block's parameters, as the stack reads them."""
+
+    attn_norm: torch.Tensor
+    attn_eps: float
+    wqkv: torch.Tensor
+    bqkv: torch.Tensor | None
+    wo: torch.Tensor
+    ffn_norm: torch.Tensor
+    ffn_eps: float
+    w13: torch.Tensor
+    w2: torch.Tensor
+
+    def tensors(self) -> list[torch.Tensor | None]:
+        """In the table's order."""
+        return [self.attn_norm, self.wqkv, self.bqkv, self.wo, self.ffn_norm, self.w13, self.w2]
+
+
+class FusedStack:
+    """A model's weight table in the C++ library, built once. It holds the parameters'
+    addresses: values copied into them in place are read by the next step, but parameters
+    replaced by new tensors are not seen (a model drops its stack when it is cast or
+    moved). ``profile``, unless None, is a float64 [4] tensor each step adds its seconds
+    per ``PROFILE_KINDS`` to."""
+
+    def __init__(
+        self,
+        library: ctypes.CDLL,
+        layers: Sequence[LayerWeights],
+        norm: torch.Tensor,
+        norm_eps: float,
+        head: torch.Tensor,
+        n_heads: int,
+        n_kv_heads: int,
+    ) -> None:
+        self._lib = library
+        self._params = [norm, head, *(t for w in layers for t in w.tensors())]  # kept alive
+        self.vocab, dim = head.shape
+        pointers = [None if t is None else t.data_ptr() for t in self._params]
+        eps = [e for w in layers for e in (w.attn_eps, w.ffn_eps)] + [norm_eps]
+        self._handle = library.dg_stack_new(
+            len(layers), dim, n_heads, n_kv_heads, layers[0].wo.shape[1] // n_heads,
+            layers[0].w2.shape[1], self.vocab, head.dtype == torch.bfloat16,
+            (ctypes.c_void_p * len(pointers))(*pointers), (ctypes.c_float * len(eps))(*eps),
+        )  # fmt: skip
+        weakref.finalize(self, library.dg_stack_free, self._handle)
+        self.profile: torch.Tensor | None = None
+
+    @classmethod
+    def build(
+        cls,
+        library: ctypes.CDLL,
+        layers: Sequence[LayerWeights],
+        norm: torch.Tensor,
+        norm_eps: float,
+        head: torch.Tensor,
+        n_heads: int,
+        n_kv_heads: int,
+    ) -> FusedStack | None:
+        """The stack, or None where it does not apply (parameters not all contiguous float32
+        or all bfloat16, or a head geometry the C++ attention does not take: the per-op path
+        then runs, or says why it cannot)."""
+        tensors = [norm, head, *(t for w in layers for t in w.tensors() if t is not None)]
+        dtype = head.dtype
+        if dtype not in (torch.float32, torch.bfloat16) or not layers:
+            return None
+        if any(
+            t.dtype != dtype or t.device.type != "cpu" or not t.is_contiguous() for t in tensors
+        ):
+            return None
+        head_dim = layers[0].wo.shape[1] // n_heads
+        if head_dim > MAX_HEAD_DIM or n_heads % n_kv_heads or n_heads // n_kv_heads > MAX_GROUP:
+            return None
+        return cls(library, layers, norm, norm_eps, head, n_heads, n_kv_heads)
+
+    def run(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        new_slots: torch.Tensor,
+        plan: AttentionPlan,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        picked: torch.Tensor,
+    ) -> torch.Tensor:
+        """float32 logits [P, vocab] of the ``picked`` rows (long [P]) of a step over the
+        rows of ``x`` (float32 [N, dim] embeddings, overwritten); writes each row's K/V to
+        its slot of every layer of ``k``/``v`` (contiguous float32 [L, S, KVH, Dh])."""
+        logits = torch.empty(picked.shape[0], self.vocab)
+        profile = None if self.profile is None else self.profile.data_ptr()
+        self._lib.dg_stack_step(
+            self._handle, x.data_ptr(), cos.data_ptr(), sin.data_ptr(), new_slots.data_ptr(),
+            x.shape[0], k.data_ptr(), v.data_ptr(), k.shape[1], *plan.pointers(),
+            len(plan.ctx_len), picked.data_ptr(), picked.shape[0], logits.data_ptr(),
+            torch.get_num_threads(), profile,
+        )  # fmt: skip
+        return logits

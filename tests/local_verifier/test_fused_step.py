@@ -1,0 +1,170 @@
+"""The fused C++ layer stack (one call per step) against the per-op C++ path
+(``DRAFTGATE_FUSED=0``): bitwise the same logits and K/V for prompt chunks, decode rows,
+chains, trees and several sequences in one step, with float32 and bfloat16 weights."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+
+from local_verifier.config import ModelConfig
+from local_verifier.kernels import BACKEND_ENV
+from local_verifier.kernels.cpp import CppOps, load_library
+from local_verifier.kernels.fused import FUSED_ENV
+from local_verifier.kv_storage import KVStorage
+from local_verifier.loader import LoadedModel, load_model
+from local_verifier.model import SeqStep, Transformer
+
+LIBRARY, WHY = load_library()
+pytestmark = pytest.mark.skipif(LIBRARY is None, reason=f"no C++ kernels here: {WHY}")
+
+# dim 37, head_dim 12 and hidden 75 end every reduction in a partial vector
+CFG = ModelConfig(
+    vocab_size=101,
+    dim=37,
+    n_layers=3,
+    n_heads=6,
+    n_kv_heads=2,
+    head_dim=12,
+    hidden_dim=75,
+    max_seq_len=512,
+    qkv_bias=True,
+)
+Script = list[list[SeqStep]]
+
+
+def _tokens(n: int, seed: int, vocab: int) -> torch.Tensor:
+    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def _rows(tokens: torch.Tensor, first_slot: int, context: int, **kw: Any) -> SeqStep:
+    """Rows in slots [first_slot, ...) after the context slots [0, context)."""
+    n = len(tokens)
+    return SeqStep(
+        tokens=tokens,
+        positions=torch.arange(context, context + n),
+        new_slots=torch.arange(first_slot, first_slot + n),
+        context_slots=torch.arange(context),
+        **kw,
+    )
+
+
+def _tree(tokens: torch.Tensor, first_slot: int, context: int) -> SeqStep:
+    """A draft tree: row i's parent is (i - 1) // 2."""
+    n = len(tokens)
+    mask, depth = torch.zeros(n, n, dtype=torch.bool), [0] * n
+    for i in range(n):
+        mask[i, i] = True
+        if i:
+            mask[i] |= mask[(i - 1) // 2]
+            depth[i] = depth[(i - 1) // 2] + 1
+    step = _rows(tokens, first_slot, context, mask=mask)
+    step.positions = torch.tensor([context + d for d in depth])
+    return step
+
+
+def _chunk(tokens: torch.Tensor, start: int) -> SeqStep:
+    """Rows [start, start + len) of a prompt kept in slots 300...: the chunk after the
+    earlier ones."""
+    n = len(tokens)
+    return SeqStep(
+        tokens=tokens,
+        positions=torch.arange(start, start + n),
+        new_slots=torch.arange(300 + start, 300 + start + n),
+        context_slots=torch.arange(300, 300 + start),
+        logits="last",
+    )
+
+
+def _script(vocab: int, prompt: int) -> Script:
+    """The steps every comparison runs: a prompt, a decode row, a chain, a tree, several
+    sequences in one step (logits all, last and none), then a prompt in chunks of 7."""
+    chunked = _tokens(42, 10, vocab)
+    return [
+        [_rows(_tokens(prompt, 1, vocab), 0, 0)],
+        [_rows(_tokens(1, 2, vocab), prompt, prompt)],
+        [_rows(_tokens(5, 3, vocab), prompt + 1, prompt + 1)],
+        [_tree(_tokens(8, 4, vocab), 100, prompt + 1)],
+        [
+            _rows(_tokens(13, 5, vocab), 120, 0, logits="last"),
+            _rows(_tokens(1, 6, vocab), 140, 10),
+            _rows(_tokens(3, 7, vocab), 141, 10, logits="none"),
+            _tree(_tokens(8, 8, vocab), 150, prompt + 1),
+            _rows(_tokens(4, 9, vocab), 160, 0),
+        ],
+        *([_chunk(chunked[i : i + 7], i)] for i in range(0, 42, 7)),
+    ]
+
+
+def _not_called(*args: object) -> None:
+    raise AssertionError("the fused step called a per-op kernel")
+
+
+def _run(
+    model: Transformer, script: Script, fused: bool, mp: pytest.MonkeyPatch, threads: int = 0
+) -> tuple[list[list[torch.Tensor]], KVStorage]:
+    """Each step's logits and the K/V storage after the script, on one path."""
+    kv = KVStorage(model.config, 400, "cpu", model.dtype)
+    before = torch.get_num_threads()
+    with mp.context() as m:
+        m.setenv(BACKEND_ENV, "cpp")
+        m.setenv(FUSED_ENV, "1" if fused else "0")
+        if fused:
+            for kernel in ("linear", "rms_norm", "rope_store", "silu_mul", "attention"):
+                m.setattr(CppOps, kernel, _not_called)
+        torch.set_num_threads(threads or before)
+        try:
+            outs = [model.step(seqs, kv) for seqs in script]
+        finally:
+            torch.set_num_threads(before)
+        assert (model.fused_stack() is not None) == fused
+    return outs, kv
+
+
+def _assert_same(
+    model: Transformer, script: Script, mp: pytest.MonkeyPatch, threads: int = 0
+) -> None:
+    (ours, kv), (per_op, kv_ref) = (_run(model, script, f, mp, threads) for f in (True, False))
+    for i, (a, b) in enumerate(zip(ours, per_op, strict=True)):
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True)), f"step {i}"
+    assert torch.equal(kv.k, kv_ref.k) and torch.equal(kv.v, kv_ref.v)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_fused_step_is_bitwise_the_per_op_step(
+    dtype: torch.dtype, threads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = Transformer.from_config(CFG, "cpu", dtype)
+    _assert_same(model, _script(CFG.vocab_size, 70), monkeypatch, threads)  # 70: two row blocks
+
+
+def test_the_stack_follows_casts_and_in_place_weight_changes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    model = Transformer.from_config(CFG, "cpu", torch.float32)
+    script = _script(CFG.vocab_size, 20)[:3]
+    _assert_same(model, script, monkeypatch)
+    with torch.no_grad():  # copied into the same storage: the stack reads them next step
+        for p in model.parameters():
+            p.mul_(1.5)
+    _assert_same(model, script, monkeypatch)
+    model.to(torch.bfloat16)  # new parameters: a new stack
+    _assert_same(model, script, monkeypatch)
+
+
+@pytest.fixture(scope="module")
+def smollm2_bf16() -> Iterator[LoadedModel]:
+    yield load_model("smollm2-135m", device="cpu", dtype="bf16", tune_threads=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_smollm2_fused_step_is_bitwise_the_per_op_step(
+    dtype: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lm: LoadedModel = request.getfixturevalue("smollm2" if dtype == "fp32" else "smollm2_bf16")
+    _assert_same(lm.model, _script(lm.config.vocab_size, 40), monkeypatch)
