@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import os
 import statistics
 import sys
 import time
@@ -30,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_decode import CONTEXT, read_bandwidth  # noqa: E402
 from local_verifier.kernels import cpp, step_ops  # noqa: E402
+from local_verifier.kernels.fused import FUSED_ENV  # noqa: E402
 from local_verifier.kv_storage import KVStorage  # noqa: E402
 from local_verifier.linear import Linear  # noqa: E402
 from local_verifier.loader import LoadedModel, load_model  # noqa: E402
@@ -71,7 +73,9 @@ def one_pass(kernel: ctypes._CFuncPtr, weights: list[torch.Tensor], x: torch.Ten
 
 def decode_steps(lm: LoadedModel, sides: dict[str, Kernels], repeats: int) -> dict[str, list]:
     """Seconds of 1-row decode steps (after a ``CONTEXT``-token context) with each side's
-    linear kernels swapped into the step's ops, alternating side by step."""
+    linear kernels swapped into the step's ops, alternating side by step. The steps run op
+    by op (``DRAFTGATE_FUSED=0``): the fused stack calls its own library's kernels."""
+    os.environ[FUSED_ENV] = "0"
     model, cfg = lm.model, lm.config
     ops = step_ops(lm.device, model.dtype)
     if not isinstance(ops, cpp.CppOps):
