@@ -16,8 +16,9 @@ Reports, in one process:
 - where the time of a 1-row step and of a 512-row prompt chunk goes: ms per step in each
   kernel (linear layers, the vocabulary head, attention, RMSNorm, rotary + K/V store,
   SwiGLU), timed around each call, and the rest (Python, embedding, the attention plan);
-- prompt processing at each length (tokens/s, in chunks of ``--chunk`` rows, the growth of
-  the process's peak RSS: flat memory means no n x n attention matrix);
+- prompt processing at each length (tokens/s, in chunks of ``--chunk`` rows, the share of
+  the time in the attention kernel, the growth of the process's peak RSS: flat memory
+  means no n x n attention matrix);
 - per prompt: prefill seconds and decode tokens/s of ours and of transformers, interleaved
   (order alternating), and whether the greedy token ids are identical.
 """
@@ -140,23 +141,26 @@ def breakdown(lm: LoadedModel, rows: int, context: int, repeats: int) -> dict[st
 
 
 def prefill(lm: LoadedModel, length: int, chunk: int) -> dict[str, float]:
-    """Tokens/s of processing a ``length``-token prompt in ``chunk``-row steps, and the
-    growth of the peak RSS (MiB) it caused."""
+    """Tokens/s of processing a ``length``-token prompt in ``chunk``-row steps, the share
+    of that time in the attention kernel, and the growth of the peak RSS (MiB) it caused."""
     cfg = lm.config
     kv = KVStorage(cfg, length, lm.device, lm.model.dtype)
     tokens = torch.arange(length) % cfg.vocab_size
+    timed = TimedOps(local_verifier.model.step_ops(lm.device, lm.model.dtype), cfg.vocab_size)
     peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     start = time.perf_counter()
-    for begin in range(0, length, chunk):
-        new = torch.arange(begin, min(begin + chunk, length))
-        step = SeqStep(tokens[new], new, new, torch.arange(begin), logits="last")
-        lm.model.step([step], kv)
+    with mock.patch.object(local_verifier.model, "step_ops", return_value=timed):
+        for begin in range(0, length, chunk):
+            new = torch.arange(begin, min(begin + chunk, length))
+            step = SeqStep(tokens[new], new, new, torch.arange(begin), logits="last")
+            lm.model.step([step], kv)
     seconds = time.perf_counter() - start
     grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak_before
     return {
         "tokens": length,
         "seconds": round(seconds, 2),
         "tok_s": round(length / seconds, 1),
+        "attention_share": round(timed.seconds["attention"] / seconds, 3),
         "peak_rss_growth_mib": round(grown / 1024, 1),
     }
 
