@@ -16,9 +16,10 @@ Reports, in one process:
 - where the time of a 1-row step and of a 512-row prompt chunk goes: ms per step in each
   kernel (linear layers, the vocabulary head, attention, RMSNorm, rotary + K/V store,
   SwiGLU), timed around each call, and the rest (Python, embedding, the attention plan);
-- prompt processing at each length (tokens/s, in chunks of ``--chunk`` rows, the share of
-  the time in the attention kernel, the growth of the process's peak RSS: flat memory
-  means no n x n attention matrix);
+- prompt processing at each length (tokens/s, in chunks of ``--chunk`` rows; tokens per
+  CPU second of the process, the fairer figure on a shared machine with one thread; the
+  share of the time in the attention kernel; the growth of the process's peak RSS: flat
+  memory means no n x n attention matrix);
 - per prompt: prefill seconds and decode tokens/s of ours and of transformers, interleaved
   (order alternating), and whether the greedy token ids are identical.
 """
@@ -148,18 +149,19 @@ def prefill(lm: LoadedModel, length: int, chunk: int) -> dict[str, float]:
     tokens = torch.arange(length) % cfg.vocab_size
     timed = TimedOps(local_verifier.model.step_ops(lm.device, lm.model.dtype), cfg.vocab_size)
     peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     with mock.patch.object(local_verifier.model, "step_ops", return_value=timed):
         for begin in range(0, length, chunk):
             new = torch.arange(begin, min(begin + chunk, length))
             step = SeqStep(tokens[new], new, new, torch.arange(begin), logits="last")
             lm.model.step([step], kv)
-    seconds = time.perf_counter() - start
+    seconds, cpu_s = time.perf_counter() - start, time.process_time() - cpu
     grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak_before
     return {
         "tokens": length,
         "seconds": round(seconds, 2),
         "tok_s": round(length / seconds, 1),
+        "tok_per_cpu_s": round(length / cpu_s, 1),
         "attention_share": round(timed.seconds["attention"] / seconds, 3),
         "peak_rss_growth_mib": round(grown / 1024, 1),
     }
