@@ -19,8 +19,10 @@ Reports, in one process:
   kernel (linear layers, the vocabulary head, attention, RMSNorm, rotary + K/V store,
   SwiGLU), and the rest (Python, embedding, the attention plan); timed inside the fused C++
   stack's call, or around each call on the per-op path (``DRAFTGATE_FUSED=0``);
-- prompt processing at each length (tokens/s, in chunks of ``--chunk`` rows, the growth of
-  the process's peak RSS: flat memory means no n x n attention matrix);
+- prompt processing at each length (tokens/s, in chunks of ``--chunk`` rows; tokens per
+  CPU second of the process, the fairer figure on a shared machine with one thread; the
+  share of the time in the attention kernel; the growth of the process's peak RSS: flat
+  memory means no n x n attention matrix);
 - per prompt: prefill seconds and decode tokens/s of ours and of transformers, interleaved
   (order alternating), and whether the greedy token ids are identical.
 """
@@ -28,6 +30,7 @@ Reports, in one process:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -205,23 +208,37 @@ def breakdown(lm: LoadedModel, rows: int, context: int, repeats: int) -> dict[st
 
 
 def prefill(lm: LoadedModel, length: int, chunk: int) -> dict[str, float]:
-    """Tokens/s of processing a ``length``-token prompt in ``chunk``-row steps, and the
-    growth of the peak RSS (MiB) it caused."""
+    """Tokens/s of processing a ``length``-token prompt in ``chunk``-row steps, the share
+    of that time in the attention kernel, and the growth of the peak RSS (MiB) it caused."""
     cfg = lm.config
     kv = KVStorage(cfg, length, lm.device, lm.model.dtype)
     tokens = torch.arange(length) % cfg.vocab_size
+    stack = lm.model.fused_stack()
+    timed = TimedOps(local_verifier.model.step_ops(lm.device, lm.model.dtype), cfg.vocab_size)
     peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    start = time.perf_counter()
-    for begin in range(0, length, chunk):
-        new = torch.arange(begin, min(begin + chunk, length))
-        step = SeqStep(tokens[new], new, new, torch.arange(begin), logits="last")
-        lm.model.step([step], kv)
-    seconds = time.perf_counter() - start
+    start, cpu = time.perf_counter(), time.process_time()
+    with contextlib.ExitStack() as timing:
+        if stack is not None:  # timed inside the fused call
+            stack.profile = torch.zeros(len(PROFILE_KINDS), dtype=torch.float64)
+        else:  # around each per-op call
+            timing.enter_context(
+                mock.patch.object(local_verifier.model, "step_ops", return_value=timed)
+            )
+        for begin in range(0, length, chunk):
+            new = torch.arange(begin, min(begin + chunk, length))
+            step = SeqStep(tokens[new], new, new, torch.arange(begin), logits="last")
+            lm.model.step([step], kv)
+    seconds, cpu_s = time.perf_counter() - start, time.process_time() - cpu
+    if stack is not None:
+        timed.seconds.update(zip(PROFILE_KINDS, stack.profile.tolist(), strict=True))
+        stack.profile = None
     grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak_before
     return {
         "tokens": length,
         "seconds": round(seconds, 2),
         "tok_s": round(length / seconds, 1),
+        "tok_per_cpu_s": round(length / cpu_s, 1),
+        "attention_share": round(timed.seconds["attention"] / seconds, 3),
         "peak_rss_growth_mib": round(grown / 1024, 1),
     }
 

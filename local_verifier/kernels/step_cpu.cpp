@@ -7,7 +7,8 @@
 // Every output element is computed by one fixed sequence of IEEE operations that depends
 // only on that element's own inputs: never on the number of rows in the call, on a row's
 // position, on the other rows, or on the thread count. Reductions run kLanes-lane partial
-// sums in index order, then one fixed lane tree (lane_sum). Built with -ffp-contract=off,
+// sums in index order, then one fixed lane tree (lane_sum); an attention score is one FMA
+// chain in head_dim order (see "Attention" below). Built with -ffp-contract=off,
 // so the only fused multiply-adds are the explicit ones, used identically on every path.
 //
 // A plain C ABI over raw float32/int64 pointers (loaded with ctypes): no torch headers, so
@@ -47,6 +48,8 @@ using Mask = __mmask16;  // the live lanes of a partial vector
 constexpr int kRowTile = 4;       // rows sharing one pass over a weight tile
 constexpr int kColTile = 4;       // output columns per register tile
 constexpr int kWideColTile = 16;  // output columns per register tile of a single row
+constexpr int kScoreTile = 8;     // query vectors per register tile of attention scores
+constexpr int kValueRegs = 28;    // registers for a register tile of attention outputs
 
 inline Mask first_lanes(int64_t n) { return static_cast<Mask>((1u << n) - 1u); }
 inline Vec zero() { return _mm512_setzero_ps(); }
@@ -82,6 +85,36 @@ inline Vec load_first(const uint16_t* p, int64_t n) {
 // max(top, v) in the lanes of m, top elsewhere; the largest lane (max is exact, any order).
 inline Vec max_masked(Vec top, Mask m, Vec v) { return _mm512_mask_max_ps(top, m, top, v); }
 inline float max_lane(Vec v) { return _mm512_reduce_max_ps(v); }
+inline Vec keep(Mask m, Vec v) { return _mm512_maskz_mov_ps(m, v); }  // v in m, else 0
+
+// Transposes the 16 x 16 matrix of rows v[0..16): v[i] lane j becomes v[j] lane i.
+inline void transpose(Vec v[kLanes]) {
+  Vec t[kLanes];
+  for (int i = 0; i < 8; ++i) {  // per 128-bit lane: r0[0] r1[0] r0[1] r1[1] / [2] and [3]
+    t[2 * i] = _mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {  // v[4i + e], 128-bit lane L: rows 4i..4i+3, element 4L + e
+    const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 2]);
+    const __m512d c = _mm512_castps_pd(t[4 * i + 1]), d = _mm512_castps_pd(t[4 * i + 3]);
+    v[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+    v[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+    v[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(c, d));
+    v[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(c, d));
+  }
+  for (int e = 0; e < 4; ++e) {  // 128-bit lanes 0 and 2, then 1 and 3, of rows 0-7 and 8-15
+    t[e] = _mm512_shuffle_f32x4(v[e], v[4 + e], 0x88);
+    t[4 + e] = _mm512_shuffle_f32x4(v[e], v[4 + e], 0xDD);
+    t[8 + e] = _mm512_shuffle_f32x4(v[8 + e], v[12 + e], 0x88);
+    t[12 + e] = _mm512_shuffle_f32x4(v[8 + e], v[12 + e], 0xDD);
+  }
+  for (int e = 0; e < 4; ++e) {  // element 4L + e of all 16 rows
+    v[e] = _mm512_shuffle_f32x4(t[e], t[8 + e], 0x88);
+    v[8 + e] = _mm512_shuffle_f32x4(t[e], t[8 + e], 0xDD);
+    v[4 + e] = _mm512_shuffle_f32x4(t[4 + e], t[12 + e], 0x88);
+    v[12 + e] = _mm512_shuffle_f32x4(t[4 + e], t[12 + e], 0xDD);
+  }
+}
 
 inline Vec round_nearest(Vec x) {
   return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -129,6 +162,8 @@ using Mask = __m256i;  // the live lanes of a partial vector: all ones, else zer
 constexpr int kRowTile = 3;      // 3 x 4 accumulators + 3 rows + 1 weight = 16 registers
 constexpr int kColTile = 4;
 constexpr int kWideColTile = 8;
+constexpr int kScoreTile = 2;    // 2 x 4 accumulators + 4 keys + 1 query = 13 registers
+constexpr int kValueRegs = 14;
 
 inline Mask first_lanes(int64_t n) {
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(n)),
@@ -178,6 +213,27 @@ inline float max_lane(Vec v) {
   a = _mm_max_ps(a, _mm_movehl_ps(a, a));
   return _mm_cvtss_f32(_mm_max_ss(a, _mm_movehdup_ps(a)));
 }
+inline Vec keep(Mask m, Vec v) { return _mm256_and_ps(v, _mm256_castsi256_ps(m)); }
+
+// Transposes the 8 x 8 matrix of rows v[0..8): v[i] lane j becomes v[j] lane i.
+inline void transpose(Vec v[kLanes]) {
+  Vec t[kLanes];
+  for (int i = 0; i < 4; ++i) {  // per 128-bit lane: r0[0] r1[0] r0[1] r1[1] / [2] and [3]
+    t[2 * i] = _mm256_unpacklo_ps(v[2 * i], v[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(v[2 * i], v[2 * i + 1]);
+  }
+  for (int i = 0; i < 2; ++i) {  // v[4i + e], 128-bit lane L: rows 4i..4i+3, element 4L + e
+    v[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+    v[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+    v[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+    v[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+  }
+  for (int e = 0; e < 4; ++e) {
+    t[e] = _mm256_permute2f128_ps(v[e], v[4 + e], 0x20);
+    t[4 + e] = _mm256_permute2f128_ps(v[e], v[4 + e], 0x31);
+  }
+  for (int i = 0; i < kLanes; ++i) v[i] = t[i];
+}
 
 inline Vec round_nearest(Vec x) {
   return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -222,10 +278,10 @@ inline Vec load_first(const float* p, int64_t n) { return load(p, first_lanes(n)
 constexpr int kRowBlock = 64;  // rows whose inputs stay in cache while W streams
 constexpr int kKeyBlock = 32;  // keys per online-softmax block (in a row's key order)
 static_assert(kKeyBlock % kLanes == 0, "scores are computed kLanes keys at a time");
-constexpr int kQueryTile = 16; // rows of one sequence sharing each read of a key block
+constexpr int kQueryTile = 64;  // the most rows of one sequence sharing each key block
+constexpr int kMinQueryTile = 8;
 constexpr int kMaxHeadDim = 256;
 constexpr int kMaxChunks = kMaxHeadDim / kLanes;  // vectors per head
-constexpr int kMaxGroup = 16;  // query heads per kv head
 
 // exp(x) for float lanes: x = n ln2 + r, degree-6 polynomial for exp(r), scaled by 2^n.
 // Explicit operations only, so the result is a fixed function of x (underflows to 0 for
@@ -396,7 +452,19 @@ inline void silu_mul_row(const float* g, float* out, int64_t F) {
   }
 }
 
-// What attend_block needs of the call: the K/V storage and the head geometry.
+// ---- Attention. ---------------------------------------------------------------------------
+//
+// A row's attention is one fixed function of its query and its allowed keys in list order.
+// The keys are cut into blocks of kKeyBlock; for each block, in order:
+//   score[j] = scale * (((q[0] k_j[0] + 0) + q[1] k_j[1]) + ...)  (FMAs in head_dim order)
+//   m' = max(m, max_j score[j]),  corr = exp(m - m'),  p[j] = exp(score[j] - m')
+//   sum = sum corr + p[0:kLanes] + p[kLanes:2 kLanes] + ...  (kLanes partial sums)
+//   acc = acc corr, then acc += p[j] v_j key by key (FMAs)
+// and the output is acc / lane_sum(sum). Lanes never mix except in max (exact) and the
+// final lane_sum, so neither the rows sharing a block nor where a row sits in its vectors
+// change a bit of the row.
+
+// What the attention kernels need of the call: the K/V storage and the head geometry.
 struct Heads {
   const float* kc;
   const float* vc;
@@ -411,62 +479,157 @@ inline Vec load_chunk(const Heads& a, const float* p, int c) {
   return c + 1 < CH ? load(p + c * kLanes) : load(p + c * kLanes, a.tail);
 }
 
-// Folds the keys of slots block[0..nb) (nb <= kKeyBlock) into one row's online softmax for
-// the G query heads of kv head g: q and acc hold G x CH x kLanes floats, m_run/l_run G. CH
-// (= a.chunks) is a template argument only so that the accumulators live in registers.
+// The online-softmax state of the rows of a tile (rows of one sequence, one kv head): query
+// vector v = t G + h is query head h of row t; a vector of a head is width floats.
+struct Tile {
+  int64_t width;  // chunks * kLanes
+  float* q;       // [rows G][width] the queries, zero past head_dim
+  float* acc;     // [rows G][width] the output accumulators
+  float* m;       // [rows G] the running max
+  float* corr;    // [rows G] this block's new max, then its rescaling
+  float* sum;     // [rows G][kLanes] the partial sums of the probabilities
+  float* p;       // [rows G][kKeyBlock] this block's scores, then probabilities
+  float* kt;      // [width][kKeyBlock] this block's keys, transposed
+};
+
+constexpr int kKeyVecs = kKeyBlock / kLanes;
+
+// kt[d][j] = dimension d of key j = slot block[j] (zero for j >= nb).
 template <int CH>
-void attend_block(const Heads& a, int64_t g, const float* q, float* acc, float* m_run,
-                  float* l_run, const int64_t* block, int64_t nb) {
-  alignas(64) float score[kMaxGroup][kKeyBlock];
-  alignas(64) float prob[kMaxGroup][kKeyBlock];
-  float m_new[kMaxGroup], corr[kMaxGroup], l_new[kMaxGroup];
-  const int64_t G = a.G, Dh = a.Dh;
-  for (int64_t h = 0; h < G; ++h) {
-    Vec qh[CH];
-    for (int c = 0; c < CH; ++c) qh[c] = load(q + (h * CH + c) * kLanes);
-    for (int64_t b0 = 0; b0 < nb; b0 += kLanes) {  // score = lane_sum(q . k) * scale
-      Vec dot[kLanes];
-      const int64_t keys = std::min<int64_t>(kLanes, nb - b0);
-      for (int64_t j = 0; j < kLanes; ++j) {
-        const float* kr = a.kc + (block[b0 + std::min(j, keys - 1)] * a.KVH + g) * Dh;
-        dot[j] = zero();  // lanes past the block's keys: a copy, never read
-        for (int c = 0; c < CH; ++c) dot[j] = fmadd(qh[c], load_chunk<CH>(a, kr, c), dot[j]);
-      }
-      store(score[h] + b0, mul(lane_sums(dot), set1(a.scale)));
+void transpose_keys(const Heads& a, int64_t g, const int64_t* block, int64_t nb, float* kt) {
+  for (int64_t j0 = 0; j0 < kKeyBlock; j0 += kLanes) {
+    Vec v[kLanes];
+    for (int c = 0; c < CH; ++c) {
+      for (int64_t j = 0; j < kLanes; ++j)
+        v[j] = j0 + j < nb ? load_chunk<CH>(a, a.kc + (block[j0 + j] * a.KVH + g) * a.Dh, c)
+                           : zero();
+      if (j0 < nb) transpose(v);
+      for (int d = 0; d < kLanes; ++d) store(kt + (c * kLanes + d) * kKeyBlock + j0, v[d]);
     }
-  }
-  for (int64_t h = 0; h < G; ++h) {
-    Vec top = set1(m_run[h]);  // max is exact: any order gives the same
-    for (int64_t b = 0; b < nb; b += kLanes)
-      top = max_masked(top, first_lanes(std::min<int64_t>(kLanes, nb - b)), load(score[h] + b));
-    m_new[h] = max_lane(top);
-    const Vec mv = set1(m_new[h]);
-    for (int64_t b = 0; b < nb; b += kLanes) {
-      const Mask live = first_lanes(std::min<int64_t>(kLanes, nb - b));
-      store(prob[h] + b, live, vexp(sub(load(score[h] + b, live), mv)));
-    }
-    corr[h] = first(vexp(set1(m_run[h] - m_new[h])));
-    l_new[h] = l_run[h] * corr[h];
-  }
-  for (int64_t b = 0; b < nb; ++b)  // each head's sum in key order; the heads interleaved
-    for (int64_t h = 0; h < G; ++h) l_new[h] += prob[h][b];
-  for (int64_t h = 0; h < G; ++h) {
-    Vec acc_h[CH];
-    const Vec cv = set1(corr[h]);
-    for (int c = 0; c < CH; ++c) acc_h[c] = mul(load(acc + (h * CH + c) * kLanes), cv);
-    for (int64_t b = 0; b < nb; ++b) {
-      const float* vr = a.vc + (block[b] * a.KVH + g) * Dh;
-      const Vec pv = set1(prob[h][b]);
-      for (int c = 0; c < CH; ++c) acc_h[c] = fmadd(pv, load_chunk<CH>(a, vr, c), acc_h[c]);
-    }
-    for (int c = 0; c < CH; ++c) store(acc + (h * CH + c) * kLanes, acc_h[c]);
-    m_run[h] = m_new[h];
-    l_run[h] = l_new[h];
   }
 }
 
-using AttendBlock = void (*)(const Heads&, int64_t, const float*, float*, float*, float*,
-                             const int64_t*, int64_t);
+// p[n][j] = scale * sum over d in order of q[n][d] kt[d][j] for N query vectors.
+template <int N>
+inline void score_tile(const float* q, int64_t width, const float* kt, int64_t Dh, float scale,
+                       float* p) {
+  Vec acc[N][kKeyVecs];
+  for (int n = 0; n < N; ++n)
+    for (int k = 0; k < kKeyVecs; ++k) acc[n][k] = zero();
+  for (int64_t d = 0; d < Dh; ++d) {
+    Vec kv[kKeyVecs];
+    for (int k = 0; k < kKeyVecs; ++k) {
+      kv[k] = load(kt + d * kKeyBlock + k * kLanes);
+      if constexpr (N > 1) in_register(kv[k]);
+    }
+    for (int n = 0; n < N; ++n) {
+      const Vec qd = set1(q[n * width + d]);
+      for (int k = 0; k < kKeyVecs; ++k) acc[n][k] = fmadd(qd, kv[k], acc[n][k]);
+    }
+  }
+  const Vec sv = set1(scale);
+  for (int n = 0; n < N; ++n)
+    for (int k = 0; k < kKeyVecs; ++k) store(p + n * kKeyBlock + k * kLanes, mul(acc[n][k], sv));
+}
+
+// score_tile over count query vectors, N at a time, then the rest in smaller tiles.
+template <int N>
+void scores(const float* q, int64_t width, const float* kt, int64_t Dh, float scale, float* p,
+            int64_t count) {
+  int64_t n = 0;
+  for (; n + N <= count; n += N)
+    score_tile<N>(q + n * width, width, kt, Dh, scale, p + n * kKeyBlock);
+  if constexpr (N > 1)
+    if (n < count) scores<N - 1>(q + n * width, width, kt, Dh, scale, p + n * kKeyBlock, count - n);
+}
+
+// acc[n] = acc[n] corr[n], then += p[n][b] v_b for b < nb (>= 1) in order, for N query
+// vectors of one row (its keys are slots block[0..nb)).
+template <int N, int CH>
+inline void value_tile(const Heads& a, int64_t g, const int64_t* block, int64_t nb,
+                       const float* p, const float* corr, float* acc, int64_t width) {
+  Vec o[N][CH];
+  for (int n = 0; n < N; ++n) {
+    const Vec cv = set1(corr[n]);
+    for (int c = 0; c < CH; ++c) o[n][c] = mul(load(acc + n * width + c * kLanes), cv);
+  }
+  const float* vc = a.vc + g * a.Dh;
+  const int64_t stride = a.KVH * a.Dh;
+  const Mask tail = a.tail;
+  int64_t b = 0;
+  do {  // nb >= 1; no zero-trip path, so that GCC keeps o in registers, unspilled
+    const float* vr = vc + block[b] * stride;
+    Vec vv[CH];
+    for (int c = 0; c < CH; ++c) {
+      vv[c] = c + 1 < CH ? load(vr + c * kLanes) : load(vr + c * kLanes, tail);
+      if constexpr (N > 1) in_register(vv[c]);
+    }
+    for (int n = 0; n < N; ++n) {
+      const Vec pb = set1(p[n * kKeyBlock + b]);
+      for (int c = 0; c < CH; ++c) o[n][c] = fmadd(pb, vv[c], o[n][c]);
+    }
+  } while (++b < nb);
+  for (int n = 0; n < N; ++n)
+    for (int c = 0; c < CH; ++c) store(acc + n * width + c * kLanes, o[n][c]);
+}
+
+// value_tile over count query vectors of one row, N at a time, then the rest.
+template <int N, int CH>
+void values(const Heads& a, int64_t g, const int64_t* block, int64_t nb, const float* p,
+            const float* corr, float* acc, int64_t width, int64_t count) {
+  int64_t n = 0;
+  for (; n + N <= count; n += N)
+    value_tile<N, CH>(a, g, block, nb, p + n * kKeyBlock, corr + n, acc + n * width, width);
+  if constexpr (N > 1)
+    if (n < count)
+      values<N - 1, CH>(a, g, block, nb, p + n * kKeyBlock, corr + n, acc + n * width, width,
+                        count - n);
+}
+
+// Folds the key block of slots block[0..nb) into rows [t0, t1) of the tile, row t allowing
+// the first live[t] (1..nb) keys of it: the keys are transposed once, every row's scores
+// computed from them kScoreTile query vectors at a time.
+template <int CH>
+void attend_block(const Heads& a, int64_t g, const Tile& tile, int64_t t0, int64_t t1,
+                  const int64_t* block, int64_t nb, const int64_t* live) {
+  const int64_t G = a.G, width = tile.width, v0 = t0 * G, v1 = t1 * G;
+  transpose_keys<CH>(a, g, block, nb, tile.kt);
+  scores<kScoreTile>(tile.q + v0 * width, width, tile.kt, a.Dh, a.scale,
+                     tile.p + v0 * kKeyBlock, v1 - v0);
+  const auto keys = [&](int64_t v, int k) {  // the live lanes of vector k of v's scores
+    return first_lanes(std::clamp<int64_t>(live[v / G] - k * kLanes, 0, kLanes));
+  };
+  for (int64_t v = v0; v < v1; ++v) {  // the new max (exact in any order)
+    Vec top = set1(tile.m[v]);
+    for (int k = 0; k < kKeyVecs; ++k)
+      top = max_masked(top, keys(v, k), load(tile.p + v * kKeyBlock + k * kLanes));
+    tile.corr[v] = max_lane(top);
+  }
+  for (int64_t v = v0; v < v1; v += kLanes) {  // corr = exp(m - m'), then m = m'
+    const Mask in = first_lanes(std::min<int64_t>(kLanes, v1 - v));
+    const Vec m_new = load(tile.corr + v, in);
+    store(tile.corr + v, in, vexp(sub(load(tile.m + v, in), m_new)));
+    store(tile.m + v, in, m_new);
+  }
+  for (int64_t v = v0; v < v1; ++v) {
+    const Vec mv = set1(tile.m[v]);
+    Vec s = mul(load(tile.sum + v * kLanes), set1(tile.corr[v]));
+    for (int k = 0; k * kLanes < live[v / G]; ++k) {  // vectors of no live key would add 0
+      float* pk = tile.p + v * kKeyBlock + k * kLanes;
+      const Vec prob = keep(keys(v, k), vexp(sub(load(pk), mv)));
+      store(pk, prob);
+      s = add(s, prob);
+    }
+    store(tile.sum + v * kLanes, s);
+  }
+  constexpr int kValueTile = std::max(1, (kValueRegs - CH) / CH);  // + the CH chunks of v
+  for (int64_t t = t0; t < t1; ++t)
+    values<kValueTile, CH>(a, g, block, live[t], tile.p + t * G * kKeyBlock, tile.corr + t * G,
+                           tile.acc + t * G * width, width, G);
+}
+
+using AttendBlock = void (*)(const Heads&, int64_t, const Tile&, int64_t, int64_t,
+                             const int64_t*, int64_t, const int64_t*);
 
 template <int... CH>
 constexpr std::array<AttendBlock, sizeof...(CH)> attend_blocks(std::integer_sequence<int, CH...>) {
@@ -521,11 +684,13 @@ void dg_silu_mul(const float* gp, float* yp, int64_t N, int64_t F) {
 // slots (ctx_len[s] of them) then its new rows' slots. Row i of s attends to every context
 // key, then to new row j when mask[i, j] (masks[mask_start[s] + i * T + j]) or, with
 // mask_start[s] < 0, when j <= i. A row's allowed keys, in list order, are cut into blocks
-// of kKeyBlock, each folded into an online softmax by attend_block: the same operations
-// for that row whatever else the call holds. Rows of one sequence are taken kQueryTile at a
-// time: the leading blocks every row of the tile allows in full are read once for the tile
-// (the K/V stay in cache), then each row goes on alone.
-// Needs head_dim <= kMaxHeadDim and at most kMaxGroup query heads per kv head (checked by the caller).
+// of kKeyBlock, each folded into an online softmax (see "Attention" above): the same
+// operations for that row whatever else the call holds. Rows of one sequence are taken
+// in tiles of up to kQueryTile per kv head: a block of the list that several rows of the tile
+// allow (a prefix of it for each: the context, and every block under the causal mask) is
+// transposed once and folded into all of them; a masked row's own keys after the context's
+// whole blocks are gathered and folded into it alone.
+// Needs head_dim <= kMaxHeadDim (checked by the caller).
 void dg_attention(const float* qp, const float* kc, const float* vc, const int64_t* kp,
                   const int64_t* ks, const int64_t* rs, const int64_t* cl, const bool* mp,
                   const int64_t* ms, float* op, int64_t N, int64_t n_seqs, int64_t H,
@@ -543,61 +708,78 @@ void dg_attention(const float* qp, const float* kc, const float* vc, const int64
     int64_t s, g, first, last;  // rows [first, last) of sequence s, kv head g
   };
   std::vector<Item> items;
-  for (int64_t s = 0; s < n_seqs; ++s)
-    for (int64_t r = rs[s]; r < rs[s + 1]; r += kQueryTile)
+  for (int64_t s = 0; s < n_seqs; ++s) {  // tiles of about 2 per thread (no bit depends on it)
+    const int64_t tile = std::clamp<int64_t>((rs[s + 1] - rs[s]) / (2 * std::max(threads, 1)),
+                                             kMinQueryTile, kQueryTile);
+    for (int64_t r = rs[s]; r < rs[s + 1]; r += tile)
       for (int64_t g = 0; g < KVH; ++g)
-        items.push_back({s, g, r, std::min<int64_t>(r + kQueryTile, rs[s + 1])});
-  const int64_t width = a.G * a.chunks * kLanes;  // floats per row: its query, its accumulators
+        items.push_back({s, g, r, std::min<int64_t>(r + tile, rs[s + 1])});
+  }
+  std::reverse(items.begin(), items.end());  // a sequence's longest rows first
+  const int64_t G = a.G, width = a.chunks * kLanes;
   const AttendBlock attend_block = kAttendBlock[a.chunks - 1];
   const auto lanes = [&](int64_t c) { return c + 1 < a.chunks ? first_lanes(kLanes) : a.tail; };
 
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
   for (size_t it = 0; it < items.size(); ++it) {
     const Item& item = items[it];
-    const int64_t s = item.s, g = item.g, rows = item.last - item.first;
+    const int64_t s = item.s, g = item.g, rows = item.last - item.first, n = rows * G;
     const int64_t T = rs[s + 1] - rs[s], C = cl[s], end = C + T;
-    const int64_t* list = kp + ks[s];
-    std::vector<float> qv(rows * width, 0.0f), acc(rows * width, 0.0f);
-    std::vector<float> m_run(rows * a.G, -std::numeric_limits<float>::infinity());
-    std::vector<float> l_run(rows * a.G, 0.0f);
-    for (int64_t t = 0; t < rows; ++t)
-      for (int64_t h = 0; h < a.G; ++h)
-        for (int64_t c = 0; c < a.chunks; ++c)
-          store(&qv[t * width + (h * a.chunks + c) * kLanes],
-                load(qp + ((item.first + t) * H + g * a.G + h) * Dh + c * kLanes, lanes(c)));
-    // keys [0, shared) are allowed to every row of the tile: the context, and under the
-    // causal mask the new rows up to the tile's first
     const int64_t first_i = item.first - rs[s];
-    const int64_t shared = ms[s] >= 0 ? C : C + first_i + 1;
-    const int64_t full = shared / kKeyBlock * kKeyBlock;
-    for (int64_t b = 0; b < full; b += kKeyBlock)
-      for (int64_t t = 0; t < rows; ++t)
-        attend_block(a, g, &qv[t * width], &acc[t * width], &m_run[t * a.G], &l_run[t * a.G],
-                     list + b, kKeyBlock);
-    for (int64_t t = 0; t < rows; ++t) {
-      const int64_t i = first_i + t;
-      const bool* mask = ms[s] >= 0 ? mp + ms[s] + i * T : nullptr;
-      int64_t block[kKeyBlock];
-      int64_t next = full;  // next index of the key list to consider
-      while (next < end) {
-        int64_t nb = 0;
-        while (nb < kKeyBlock && next < end) {
-          const int64_t j = next - C;
-          const bool allowed = j < 0 || (mask != nullptr ? mask[j] : j <= i);
-          if (allowed) block[nb++] = list[next];
-          ++next;
-        }
-        if (nb > 0)
-          attend_block(a, g, &qv[t * width], &acc[t * width], &m_run[t * a.G],
-                       &l_run[t * a.G], block, nb);
-      }
-      const int64_t r = item.first + t;
-      for (int64_t h = 0; h < a.G; ++h) {
-        const Vec inv = set1(1.0f / l_run[t * a.G + h]);
+    const int64_t* list = kp + ks[s];
+    std::vector<float> buffer(n * (2 * width + 2 + kLanes + kKeyBlock) + width * kKeyBlock);
+    Tile tile;
+    tile.width = width;
+    tile.q = buffer.data();
+    tile.acc = tile.q + n * width;
+    tile.m = tile.acc + n * width;
+    tile.corr = tile.m + n;
+    tile.sum = tile.corr + n;
+    tile.p = tile.sum + n * kLanes;
+    tile.kt = tile.p + n * kKeyBlock;
+    std::fill(tile.m, tile.m + n, -std::numeric_limits<float>::infinity());
+    for (int64_t t = 0; t < rows; ++t)
+      for (int64_t h = 0; h < G; ++h)
         for (int64_t c = 0; c < a.chunks; ++c)
-          store(op + (r * H + g * a.G + h) * Dh + c * kLanes, lanes(c),
-                mul(load(&acc[t * width + (h * a.chunks + c) * kLanes]), inv));
+          store(tile.q + (t * G + h) * width + c * kLanes,
+                load(qp + ((item.first + t) * H + g * G + h) * Dh + c * kLanes, lanes(c)));
+    int64_t live[kQueryTile];
+    if (ms[s] < 0) {  // causal: row t allows the list's first C + first_i + t + 1 keys
+      const int64_t stop = C + first_i + rows;
+      for (int64_t b = 0; b < stop; b += kKeyBlock) {
+        int64_t t0 = rows;  // the tile's first row with keys in this block
+        for (int64_t t = rows - 1; t >= 0; --t) {
+          live[t] = std::clamp<int64_t>(C + first_i + t + 1 - b, 0, kKeyBlock);
+          if (live[t] > 0) t0 = t;
+        }
+        attend_block(a, g, tile, t0, rows, list + b, live[rows - 1], live);
       }
+    } else {  // the context's whole blocks together, then each row's own keys
+      const int64_t full = C / kKeyBlock * kKeyBlock;
+      std::fill(live, live + rows, int64_t{kKeyBlock});
+      for (int64_t b = 0; b < full; b += kKeyBlock)
+        attend_block(a, g, tile, 0, rows, list + b, kKeyBlock, live);
+      for (int64_t t = 0; t < rows; ++t) {
+        const bool* mask = mp + ms[s] + (first_i + t) * T;
+        int64_t block[kKeyBlock];
+        int64_t next = full;  // next index of the key list to consider
+        while (next < end) {
+          int64_t nb = 0;
+          while (nb < kKeyBlock && next < end) {
+            if (next < C || mask[next - C]) block[nb++] = list[next];
+            ++next;
+          }
+          live[t] = nb;
+          if (nb > 0) attend_block(a, g, tile, t, t + 1, block, nb, live);
+        }
+      }
+    }
+    for (int64_t v = 0; v < n; ++v) {
+      const int64_t r = item.first + v / G, h = v % G;
+      const Vec inv = set1(1.0f / lane_sum(load(tile.sum + v * kLanes)));
+      for (int64_t c = 0; c < a.chunks; ++c)
+        store(op + (r * H + g * G + h) * Dh + c * kLanes, lanes(c),
+              mul(load(tile.acc + v * width + c * kLanes), inv));
     }
   }
 }

@@ -64,3 +64,66 @@ def test_attention_rows_alone_equal_rows_together(cpp: CppOps) -> None:
         assert torch.equal(cpp.attention(q[i : i + 1], k_cache, v_cache, alone)[0], together[i]), i
     expected = TorchOps().attention(q, k_cache, v_cache, plan)
     torch.testing.assert_close(together, expected, atol=1e-5, rtol=1e-5)
+
+
+def _kv(slots: int, kv_heads: int, dim: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return _randn(slots, kv_heads, dim, seed=seed), _randn(slots, kv_heads, dim, seed=seed + 1)
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "dim"),
+    [(9, 3, 64), (5, 1, 20), (4, 4, 12)],  # SmolLM2's geometry; partial head_dim; 1 head per kv
+)
+def test_long_causal_prompt_in_any_chunks_equals_rows_alone(
+    cpp: CppOps, heads: int, kv_heads: int, dim: int
+) -> None:
+    """A 110-row prompt after 70 context keys (tiles of rows and blocks of keys cross at
+    every offset): all at once, in chunks of 1, 7 and 64, and row by row alone agree
+    bitwise, and with the torch kernels closely."""
+    ctx, rows = 70, 110
+    k_cache, v_cache = _kv(300, kv_heads, dim, seed=11)
+    q = _randn(rows, heads, dim, seed=13)
+    keys = torch.randperm(300, generator=torch.Generator().manual_seed(14))[: ctx + rows]
+    plan = AttentionPlan.build([keys[:ctx]], [keys[ctx:]], [None])
+    together = cpp.attention(q, k_cache, v_cache, plan)
+    for chunk in (1, 7, 64):
+        for start in range(0, rows, chunk):
+            stop = min(start + chunk, rows)
+            part = AttentionPlan.build(
+                [keys[: ctx + start]], [keys[ctx + start : ctx + stop]], [None]
+            )
+            out = cpp.attention(q[start:stop], k_cache, v_cache, part)
+            assert torch.equal(out, together[start:stop]), (chunk, start)
+    expected = TorchOps().attention(q, k_cache, v_cache, plan)
+    torch.testing.assert_close(together, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("ctx", [45, 70, 96])
+def test_tree_rows_under_a_mask_equal_their_paths_alone(cpp: CppOps, ctx: int) -> None:
+    """A 40-row draft tree after ctx context keys (a whole number of blocks, or not): each
+    row equals a causal row over the context and its ancestors, alone and batched with a
+    decode row and a prompt chunk of other sequences."""
+    heads, kv_heads, dim, rows = 9, 3, 64, 40
+    k_cache, v_cache = _kv(400, kv_heads, dim, seed=21)
+    gen = torch.Generator().manual_seed(22)
+    mask = torch.zeros(rows, rows, dtype=torch.bool)
+    for i in range(rows):
+        mask[i, i] = True
+        if i and torch.rand(1, generator=gen) > 0.2:
+            mask[i] |= mask[int(torch.randint(0, i, (1,), generator=gen))]
+    q = _randn(rows + 1 + 20, heads, dim, seed=23)
+    context, new = torch.arange(ctx), torch.arange(200, 200 + rows)
+    plan = AttentionPlan.build(
+        [torch.arange(300, 330), context, torch.arange(340, 350)],
+        [torch.tensor([330]), new, torch.arange(350, 370)],
+        [None, mask, None],
+    )
+    tree = AttentionPlan.build([context], [new], [mask])
+    alone = cpp.attention(q[1 : rows + 1], k_cache, v_cache, tree)
+    assert torch.equal(cpp.attention(q, k_cache, v_cache, plan)[1 : rows + 1], alone)
+    for i in range(rows):
+        path = new[mask[i]]
+        chain = AttentionPlan.build([torch.cat([context, path[:-1]])], [path[-1:]], [None])
+        assert torch.equal(cpp.attention(q[1 + i : 2 + i], k_cache, v_cache, chain)[0], alone[i]), i
+    expected = TorchOps().attention(q[1 : rows + 1], k_cache, v_cache, tree)
+    torch.testing.assert_close(alone, expected, atol=1e-5, rtol=1e-5)

@@ -1,0 +1,84 @@
+"""The C++ attention kernel alone, on SmolLM2-135M's head geometry (9 query heads, 3 kv
+heads, head_dim 64; one layer's K/V) and random data:
+
+    python benchmarks/bench_attention.py [--repeats 3] [--baseline OLD_step_cpu.cpp]
+
+Per case (a 512-row causal prompt chunk after 0..7680 context keys: the chunks of 1k, 4k
+and 8k prompts; decode rows after long contexts): the best wall ms and process CPU ms of a
+call over ``--repeats`` (CPU time is the fairer figure on a shared machine; run with
+OMP_WAIT_POLICY=passive so that idle threads do not spin) and GFLOP per CPU second (4
+flops per query head, key and head dimension). ``--baseline`` builds another version of ``step_cpu.cpp`` and times it
+interleaved with this one (same process, same data), with the largest output difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import time
+from pathlib import Path
+
+import torch
+
+from local_verifier.kernels import cpp
+from local_verifier.kernels.plan import AttentionPlan
+from lookup.shared_library import build
+
+HEADS, KV_HEADS, DIM, SLOTS = 9, 3, 64, 8192
+CASES = [(512, c) for c in (0, 512, 1536, 3584, 7680)] + [(1, 1023), (1, 4095), (1, 8191)]
+
+
+def kernels(source: Path) -> cpp.CppOps:
+    """The C++ kernels built from ``source``."""
+    path, why = build(source, cpp.CFLAGS, sorted(cpp._cpu_flags()))
+    if path is None:
+        raise RuntimeError(why)
+    library = ctypes.CDLL(str(path))
+    for name, argtypes in cpp.SIGNATURES.items():
+        function = getattr(library, name)
+        function.argtypes = argtypes
+        function.restype = None
+    return cpp.CppOps(library)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--baseline", type=Path, help="another step_cpu.cpp to time against")
+    parser.add_argument("--threads", type=int, default=0, help="0 = torch's default")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    sides = {"this": kernels(cpp.SOURCE)}
+    if args.baseline:
+        sides["baseline"] = kernels(args.baseline)
+    gen = torch.Generator().manual_seed(0)
+    k_cache = torch.randn(SLOTS, KV_HEADS, DIM, generator=gen)
+    v_cache = torch.randn(SLOTS, KV_HEADS, DIM, generator=gen)
+    print(f"threads {torch.get_num_threads()}")
+    for rows, ctx in CASES:
+        q = torch.randn(rows, HEADS, DIM, generator=gen)
+        plan = AttentionPlan.build([torch.arange(ctx)], [torch.arange(ctx, ctx + rows)], [None])
+        outs = {side: ops.attention(q, k_cache, v_cache, plan) for side, ops in sides.items()}
+        wall: dict[str, float] = dict.fromkeys(sides, float("inf"))
+        cpu_s = dict(wall)
+        for _ in range(args.repeats):  # interleaved: load changes hit both alike
+            for side, ops in sides.items():
+                start, cpu = time.perf_counter(), time.process_time()
+                ops.attention(q, k_cache, v_cache, plan)
+                wall[side] = min(wall[side], time.perf_counter() - start)
+                cpu_s[side] = min(cpu_s[side], time.process_time() - cpu)
+        flops = rows * (ctx + (rows + 1) / 2) * HEADS * DIM * 4
+        line = f"rows {rows:4d} context {ctx:5d}"
+        for side in sides:
+            line += f" | {side} {wall[side] * 1e3:8.2f} ms wall {cpu_s[side] * 1e3:8.2f} ms cpu"
+        if "baseline" in sides:
+            diff = float((outs["this"] - outs["baseline"]).abs().max())
+            ratio = cpu_s["this"] / cpu_s["baseline"]
+            line += f" | cpu this / baseline {ratio:.2f} | max diff {diff:.1e}"
+        line += f" | this {flops / cpu_s['this'] / 1e9:6.1f} GFLOP per cpu s"
+        print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()
