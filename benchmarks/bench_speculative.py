@@ -365,7 +365,10 @@ def main() -> None:
     if args.ids:
         records = [r for r in records if r["id"] in set(args.ids)]
     lm = load_model(args.model)
-    engine = Engine(lm)
+    # recall runs each prompt twice through the engine (named, then recall, or the reverse):
+    # without prefix reuse both process it cold, as plain decoding does, and neither is
+    # credited with the other's cached prompt
+    engine = Engine(lm, prefix_cache=not args.recall)
     if args.recall or args.structured:
         warm = lm.tokenizer.encode(
             lm.tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}])
