@@ -267,7 +267,7 @@ class RateLimiter:
                 keys = self._keys(tenant, "inflight")
                 if await self._call(self._release, keys, [owed]) is None:
                     self._owed[tenant] = self._owed.get(tenant, 0) + owed
-            wait = min(2 * wait, longest) if self._owed else RELEASE_RETRY_S[0]
+            wait = min(2 * wait, longest)
 
     async def _count(self, tenant: str, kind: str, limit: int) -> tuple[bool, int, float]:
         """One more in a tenant's ``kind`` window unless it passes ``limit`` (Redis,
