@@ -14,17 +14,18 @@ keep improving even while the controller decides not to verify the drafts.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from operator import itemgetter, mul
+from typing import Any
 
 import numpy as np
 
 from lookup.acceptance import AcceptanceModel, bucket
 from lookup.draft import Draft, Source
 from lookup.index import TokenIndex
-from lookup.native import MAX_CANDIDATES, TreeBuilder, tree_builder, writable_address
+from lookup.native import address, drafter_block, load_library
 from lookup.tracks import Track
 
 
@@ -35,7 +36,7 @@ class DrafterConfig:
     candidates: int = 8  # occurrences kept per source
     max_match: int = 32  # match lengths are counted up to this (the longest bucket)
     tree_candidates: int = 4  # distinct continuations merged into a tree
-    native_trees: bool = True  # trees by the compiled builder when it loads (same drafts)
+    native_trees: bool = True  # trees by the compiled proposal when it loads (same drafts)
 
 
 _Ints = list[int] | np.ndarray  # a tree's parents, sources or match lengths
@@ -98,10 +99,19 @@ class Drafter:
         # match lengths of a tree's nodes (None: the last proposal is a chain)
         self._last_children: dict[int, list[int]] | None = None
         self._cursor: int | None = None  # the node the committed tokens have reached
-        self._native = config.native_trees and config.tree_candidates <= MAX_CANDIDATES
-        if self._native:  # loaded here, not in a proposal (a thread's first is slow)
-            self._native = tree_builder() is not None
-        self._rates_address = 0  # of the acceptance rates, for the compiled tree builder
+        # the compiled tree proposal (loaded here, not in a proposal: the first is slow)
+        self._native: Callable[..., tuple[Any, ...]] | None = None
+        library = load_library()[0] if config.native_trees else None
+        if library is not None:
+            self._block = drafter_block(
+                self._tracks,
+                self._context,
+                self._n_prompt,
+                self.acceptance.rows,
+                config.tree_candidates,
+            )
+            self._block_address = address(self._block)
+            self._native = library.dg_propose
 
     # -- committing tokens -------------------------------------------------------------
 
@@ -178,6 +188,9 @@ class Drafter:
 
     def propose(self, max_tokens: int, max_width: int = 1) -> Draft:
         """A chain (``max_width == 1``) or a small tree of at most ``max_tokens`` nodes."""
+        native = self._native
+        if max_width > 1 and native is not None and max_tokens > 0:
+            return self._native_tree(native, max_tokens, max_width)
         ranked = self._ranked() if max_tokens > 0 else []
         if not ranked:
             self._cursor = None
@@ -188,31 +201,26 @@ class Drafter:
         if len(candidates) == 1:
             _, source, pos, track = candidates[0]
             return self._copy(track, pos, source, max_tokens)
-        candidates = candidates[: self.config.tree_candidates]
-        builder = tree_builder() if self._native else None
-        if builder is not None:
-            return self._native_tree(builder, candidates, max_tokens, max_width)
-        return self._tree(candidates, max_tokens, max_width)
+        return self._tree(candidates[: self.config.tree_candidates], max_tokens, max_width)
 
     def _native_tree(
-        self, builder: TreeBuilder, candidates: list[Candidate], max_nodes: int, max_width: int
+        self, native: Callable[..., tuple[Any, ...]], max_nodes: int, max_width: int
     ) -> Draft:
-        """:meth:`_tree`, compiled."""
-        context = self._context
-        slots: list[int] = []
-        for _, source, pos, track in candidates:
-            index = track.index
-            slots += index.addresses()
-            slots += (pos, index is context, source, track.match)
-        if not self._rates_address:
-            self._rates_address = writable_address(self.acceptance.rows)
-        n = builder.build(self._rates_address, max_nodes, max_width, slots)
-        tokens, parents = builder.tokens[:n].copy(), builder.parents[:n].copy()
-        sources = builder.sources[:n].copy()
-        self._last_tokens, self._last_tree = tokens, (parents, sources, builder.match[:n].copy())
-        self._last_children = None
-        self._cursor = -1
-        return Draft(tokens, parents, builder.scores[:n].copy(), sources)
+        """:meth:`propose` of a tree, compiled: one call ranks the tracks, collects the
+        candidates and builds the tree (or names the one candidate to copy a chain from)."""
+        _, _, tail, tail_len = self._context.addresses()
+        out = native(self._block_address, self._tracks, tail, tail_len, max_nodes, max_width)
+        if len(out) == 5:
+            tokens, parents, scores, sources, match = out
+            self._last_tokens, self._last_tree = tokens, (parents, sources, match)
+            self._last_children = None
+            self._cursor = -1
+            return Draft(tokens, parents, scores, sources)
+        if out:
+            track, pos, source = out
+            return self._copy(self._tracks[track], pos, source, max_nodes)
+        self._cursor = None
+        return Draft.empty()
 
     def _ranked(self) -> list[tuple[float, int, int]]:
         """(minus the estimated rate, source, track number) of each track with an occurrence

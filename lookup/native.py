@@ -1,8 +1,10 @@
-"""The compiled tree builder (``tree.cpp``): built with g++ at first use, cached per
-machine, called through ctypes with one pointer. Without a compiler the drafter builds
-trees in Python, with identical results.
+"""The compiled tree proposal (``tree.cpp``): built with g++ at first use, cached per
+machine, called through ctypes once per tree proposal. Without a compiler (or without the
+Python and numpy headers it is built against) the drafter proposes trees in Python, with
+identical results.
 
-The library is loaded as a ``ctypes.PyDLL``: a call keeps the GIL. A build takes a few
+The library is loaded as a ``ctypes.PyDLL``: a call keeps the GIL, which it needs (it reads
+the drafter's tracks and returns numpy arrays through the C APIs). A proposal takes a few
 microseconds; releasing the GIL around it (``ctypes.CDLL``) let any other busy Python
 thread (the gateway's event loop) take it, and the proposal then waited up to the
 interpreter's switch interval (5 ms) to get it back."""
@@ -12,23 +14,28 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
-import struct
+import sysconfig
 import threading
-from collections.abc import Callable
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from lookup.acceptance import BUCKET_EDGES, BUCKET_OF
+from lookup.draft import Source
+from lookup.index import TokenIndex
 from lookup.shared_library import build
+from lookup.tracks import Track
 
 SOURCE = Path(__file__).with_name("tree.cpp")
 DISABLE_ENV = "DRAFTGATE_NO_NATIVE_TREES"  # set (non-empty): trees are built in Python
-CFLAGS = ["-O2", "-ffp-contract=off", "-std=c++17", "-fPIC"]
-MAX_CANDIDATES = 8  # kMaxCandidates in tree.cpp
+INCLUDES = [f"-I{sysconfig.get_paths()['include']}", f"-I{np.get_include()}"]
+CFLAGS = ["-O2", "-ffp-contract=off", "-std=c++17", "-fPIC", *INCLUDES]
+# what else the library depends on: the interpreter's and numpy's ABIs
+MACHINE = [platform.machine(), str(sysconfig.get_config_var("EXT_SUFFIX")), np.__version__]
 
-HEADER = 12  # kHeaderSlots: sizes and output addresses, then rates, count, max nodes, width
-SLOTS = 8  # kCandidateSlots: static, its length, tail, its length, pos, periodic, source, match
+HEADER = 7  # kHeaderSlots: tracks, prompt length, rates, buckets, bucket_of, its length, candidates
+TRACK_SLOTS = 6  # kTrackSlots: static, its length, tail, its length, source, context
 
 _loaded: tuple[ctypes.CDLL | None, str] | None = None
 _lock = threading.Lock()
@@ -47,16 +54,21 @@ def load_library() -> tuple[ctypes.CDLL | None, str]:
 def _load() -> tuple[ctypes.CDLL | None, str]:
     if os.environ.get(DISABLE_ENV):
         return None, f"disabled by {DISABLE_ENV}"
-    path, reason = build(SOURCE, CFLAGS, [platform.machine()])
+    path, reason = build(SOURCE, CFLAGS, MACHINE)
     if path is None:
         return None, reason
     try:
         library = ctypes.PyDLL(str(path))  # keeps the GIL (see the module docstring)
     except OSError as exc:
         return None, f"loading failed: {exc}"
-    library.dg_tree.argtypes = [ctypes.c_void_p]
-    library.dg_tree.restype = ctypes.c_int64
-    return library, ""
+    library.dg_init.restype = ctypes.c_int
+    library.dg_propose.argtypes = [ctypes.c_void_p, ctypes.py_object, *[ctypes.c_int64] * 4]
+    library.dg_propose.restype = ctypes.py_object
+    try:
+        failed = library.dg_init() != 0
+    except Exception as exc:  # numpy's C API did not load (raised from the call)
+        return None, f"initialisation failed: {exc}"
+    return (None, "initialisation failed") if failed else (library, "")
 
 
 def address(array: np.ndarray) -> int:
@@ -66,75 +78,34 @@ def address(array: np.ndarray) -> int:
 
 RATE_BUCKETS = len(BUCKET_EDGES) + 1  # columns of the acceptance rates
 _BUCKET_OF = np.asarray(BUCKET_OF, np.int64)
-_BUCKET_OF_ADDRESS = address(_BUCKET_OF)
-_INTS = HEADER + SLOTS * MAX_CANDIDATES  # int64 slots of the block
-_FIXED = HEADER - 4  # slots set once per buffer (the rest are set per call)
-_PACKERS: dict[int, Callable[..., None]] = {}  # writers of the per-call slots, by length
 
 
-def _packer(slots: int) -> Callable[..., None]:
-    pack = _PACKERS[slots] = struct.Struct(f"={4 + slots}q").pack_into
-    return pack
-
-
-class TreeBuilder:
-    """Calls into the compiled builder: the parameter block and the output arrays in one
-    buffer, allocated once (grown for larger drafts). One per thread (:func:`tree_builder`)."""
-
-    def __init__(self, library: ctypes.CDLL, capacity: int = 64) -> None:
-        self._call = library.dg_tree
-        self._allocate(capacity)
-
-    def _allocate(self, capacity: int) -> None:
-        """One buffer: the block, then tokens and match (int64), scores (float32), parents
-        (int32), sources (int8)."""
-        ints = _INTS + 2 * capacity  # 8-byte entries up to the scores
-        buffer = np.zeros(8 * ints + 9 * capacity, np.uint8)
-        self._buffer, base, self.capacity = buffer, address(buffer), capacity
-        self._pointer = base  # the block comes first
-        whole = buffer[: 8 * ints].view(np.int64)
-        self.tokens = whole[_INTS : _INTS + capacity]
-        self.match = whole[_INTS + capacity :]
-        floats = 8 * ints
-        self.scores = buffer[floats : floats + 4 * capacity].view(np.float32)
-        self.parents = buffer[floats + 4 * capacity : floats + 8 * capacity].view(np.int32)
-        self.sources = buffer[floats + 8 * capacity :].view(np.int8)
-        whole[:_FIXED] = (
-            RATE_BUCKETS,
-            _BUCKET_OF_ADDRESS,
-            len(_BUCKET_OF),
-            base + 8 * _INTS,
-            base + floats + 4 * capacity,
-            base + floats,
-            base + floats + 8 * capacity,
-            base + 8 * (_INTS + capacity),
-        )
-
-    def build(self, rates: int, max_nodes: int, max_width: int, slots: list[int]) -> int:
-        """Put the draft in the first n entries of ``tokens``, ``parents``, ``scores``,
-        ``sources`` and ``match``; returns n. ``rates``: the address of the acceptance rates
-        (float64 [source, bucket], C-contiguous); ``slots``: ``SLOTS`` values per candidate
-        (at most ``MAX_CANDIDATES``, see tree.cpp)."""
-        if max_nodes > self.capacity:
-            self._allocate(max(max_nodes, 2 * self.capacity))
-        pack = _PACKERS.get(len(slots)) or _packer(len(slots))
-        pack(self._buffer, 8 * _FIXED, rates, len(slots) // SLOTS, max_nodes, max_width, *slots)
-        n: int = self._call(self._pointer)
-        return n
-
-
-_local = threading.local()
-
-
-def tree_builder() -> TreeBuilder | None:
-    """This thread's builder, or None when the library is unavailable."""
-    builder: TreeBuilder | None = getattr(_local, "builder", None)
-    if builder is None:
-        library, _ = load_library()
-        if library is None:
-            return None
-        builder = _local.builder = TreeBuilder(library)
-    return builder
+def drafter_block(
+    tracks: Sequence[Track],
+    context: TokenIndex,
+    n_prompt: int,
+    rates: np.ndarray,
+    candidates: int,
+) -> np.ndarray:
+    """The int64 block ``dg_propose`` reads a drafter from (see tree.cpp), written once: the
+    rates (float64 [source, bucket], C-contiguous, updated in place), each track's tokens
+    (only the context may be appended to later: its tail is passed with each call)."""
+    block = np.zeros(HEADER + TRACK_SLOTS * len(tracks), np.int64)
+    block[:HEADER] = (
+        len(tracks),
+        n_prompt,
+        writable_address(rates),
+        RATE_BUCKETS,
+        address(_BUCKET_OF),
+        len(_BUCKET_OF),
+        candidates,
+    )
+    for i, track in enumerate(tracks):
+        start = HEADER + TRACK_SLOTS * i
+        is_context = track.index is context
+        source = Source.PROMPT if is_context else track.source
+        block[start : start + TRACK_SLOTS] = (*track.index.addresses(), source, is_context)
+    return block
 
 
 def writable_address(array: np.ndarray) -> int:

@@ -1,51 +1,52 @@
-// The drafter's tree builder (lookup.drafter.Drafter._tree) compiled: the same trie, the
-// same IEEE double operations in the same order, the same node order, so its drafts are
-// identical bit for bit to the Python builder's (which stays the reference and fallback).
+// A tree proposal of the drafter (lookup.drafter.Drafter.propose with max_width > 1)
+// compiled, in one call: ranks the tracks (Drafter._ranked), collects the candidates
+// (Drafter._candidates), builds the trie (Drafter._tree) and returns the draft's arrays. The
+// same comparisons, the same IEEE double operations in the same order and the same node
+// order as the Python code, which stays the reference and the fallback, so the drafts are
+// identical bit for bit. Built with -ffp-contract=off and without fast-math, so nothing is
+// fused or reordered.
 //
-// One call, one argument: a block of int64 slots (layout below, written by lookup.native)
-// holding the addresses of the rates table and of the output arrays, the sizes, and the
-// continuation sources of up to kMaxCandidates candidates. Built with -ffp-contract=off and
-// without fast-math, so nothing is fused or reordered.
+// Loaded with ctypes.PyDLL (the GIL is held throughout): it reads the tracks' positions and
+// match lengths from the Python objects and returns new numpy arrays (numpy's C API).
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#define NPY_NO_DEPRECATED_API NPY_1_7_API_VERSION
+#include <numpy/arrayobject.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <vector>
 
 namespace {
 
-constexpr int kMaxCandidates = 8;
+constexpr int64_t kOutput = 2;  // Source.OUTPUT (Source.PROMPT is 1)
+constexpr int64_t kPrompt = 1;
 
-// block layout: header, then kCandidateSlots per candidate
+// a drafter's block (int64 slots, written once by lookup.native): header, then per track
 enum Header : int {
+  kTracks,       // tracks (the Python list passed with each call has as many)
+  kPromptLen,    // the context's tokens before the output
+  kRates,        // double[sources][buckets]: the acceptance rates (updated in place)
   kBuckets,      // buckets per source
   kBucketOf,     // int64[bucket_len]: the bucket of each match length below bucket_len
   kBucketLen,
-  kOutTokens,    // int64[max_nodes]
-  kOutParents,   // int32[max_nodes]
-  kOutScores,    // float[max_nodes]
-  kOutSources,   // int8[max_nodes]
-  kOutMatch,     // int64[max_nodes]
-  kRates,        // double[sources][buckets]: the acceptance rates (set per call from here)
-  kCount,        // candidates (each one's rate is the rate of its source and match)
-  kMaxNodes,     // nodes in the draft at most
-  kMaxWidth,     // children per node at most
+  kCandidates,   // tree candidates: occurrences merged into a tree
   kHeaderSlots,
 };
 
-enum Slot : int {
+enum TrackSlot : int {
   kStatic,       // int64*: the source's static tokens
   kStaticLen,
-  kTail,         // int64*: tokens after them (the context's output)
+  kTail,         // int64*: tokens after them (unused for the context: passed per call)
   kTailLen,
-  kPos,          // where the continuation starts
-  kPeriodic,     // 1: a short continuation repeats (copies from the context)
-  kSource,
-  kMatch,        // the candidate's match length
-  kCandidateSlots,
+  kSource,       // the track's source (the context's is the prompt's)
+  kContext,      // 1: the context (prompt then output; its copies repeat periodically)
+  kTrackSlots,
 };
 
 template <typename T>
-T* at(const int64_t* block, int slot) {
-  return reinterpret_cast<T*>(static_cast<intptr_t>(block[slot]));
+const T* at(const int64_t* slots, int slot) {
+  return reinterpret_cast<const T*>(static_cast<intptr_t>(slots[slot]));
 }
 
 struct Trie {
@@ -87,16 +88,64 @@ struct Trie {
   }
 };
 
-}  // namespace
 
-extern "C" int64_t dg_tree(const int64_t* block) {
-  const int count = static_cast<int>(std::min<int64_t>(block[kCount], kMaxCandidates));
-  const int64_t max_nodes = block[kMaxNodes];
-  const size_t max_width = static_cast<size_t>(block[kMaxWidth]);
-  const double* rates = at<const double>(block, kRates);
-  const int64_t buckets = block[kBuckets];
-  const int64_t* bucket_of = at<const int64_t>(block, kBucketOf);
-  const int64_t bucket_len = block[kBucketLen];
+struct Ranked {  // Drafter._ranked's tuple: (minus the rate, source, track)
+  double neg;
+  int64_t source;
+  int64_t track;
+};
+
+struct Candidate {  // Drafter's Candidate, with what the trie reads of its track
+  double neg;
+  int64_t source, pos, track, match;
+  const int64_t *stat, *tail;
+  int64_t n_static, size;
+  bool periodic;
+};
+
+bool by_rank(const Candidate& a, const Candidate& b) {  // drafter._rank: rate, then source
+  return a.neg < b.neg || (a.neg == b.neg && a.source < b.source);
+}
+
+PyObject* positions_name = nullptr;
+PyObject* match_name = nullptr;
+
+// the tracks' positions (flattened) and match lengths, read from the Python objects
+bool read_tracks(PyObject* tracks, int64_t count, std::vector<int64_t>& flat,
+                 std::vector<int64_t>& starts, std::vector<int64_t>& match) {
+  if (!PyList_Check(tracks) || PyList_GET_SIZE(tracks) != count) {
+    PyErr_SetString(PyExc_ValueError, "the tracks changed since the block was written");
+    return false;
+  }
+  flat.clear(), starts.clear(), match.clear();
+  for (int64_t i = 0; i < count; ++i) {
+    PyObject* track = PyList_GET_ITEM(tracks, i);
+    PyObject* m = PyObject_GetAttr(track, match_name);
+    if (m == nullptr) return false;
+    match.push_back(PyLong_AsLongLong(m));
+    Py_DECREF(m);
+    PyObject* positions = PyObject_GetAttr(track, positions_name);
+    if (positions == nullptr) return false;
+    starts.push_back(static_cast<int64_t>(flat.size()));
+    if (!PyList_Check(positions)) {
+      Py_DECREF(positions);
+      PyErr_SetString(PyExc_TypeError, "a track's positions must be a list");
+      return false;
+    }
+    for (Py_ssize_t j = 0; j < PyList_GET_SIZE(positions); ++j) {
+      flat.push_back(PyLong_AsLongLong(PyList_GET_ITEM(positions, j)));
+    }
+    Py_DECREF(positions);
+    if (PyErr_Occurred()) return false;
+  }
+  starts.push_back(static_cast<int64_t>(flat.size()));
+  return true;
+}
+
+// Drafter._tree over candidates (best first): writes the draft into the arrays; their size
+PyObject* build(const std::vector<Candidate>& cands, int64_t max_nodes, size_t max_width,
+                const double* rates, int64_t buckets, const int64_t* bucket_of,
+                int64_t bucket_len) {
   // reused between calls (each thread its own): no allocation once they have grown
   thread_local Trie t;
   thread_local std::vector<int64_t> tokens;
@@ -107,21 +156,18 @@ extern "C" int64_t dg_tree(const int64_t* block) {
   auto rate = [&](int64_t src, int64_t m) {
     return rates[src * buckets + (m < bucket_len ? bucket_of[m] : buckets - 1)];
   };
-  for (int c = 0; c < count; ++c) {
-    const int64_t* slots = block + kHeaderSlots + c * kCandidateSlots;
-    const int64_t* stat = at<const int64_t>(slots, kStatic);
-    const int64_t* tail = at<const int64_t>(slots, kTail);
-    const int64_t n_static = slots[kStaticLen], size = n_static + slots[kTailLen];
-    const int64_t pos = slots[kPos], src = slots[kSource], m0 = slots[kMatch];
+  for (size_t c = 0; c < cands.size(); ++c) {
+    const Candidate& cand = cands[c];
+    const int64_t pos = cand.pos, src = cand.source, m0 = cand.match;
     const double neg = -rate(src, m0);
     // alternatives rarely win deep nodes: copy half as far for them
     const int64_t length = c == 0 ? max_nodes : (max_nodes + 1) / 2;
-    const int64_t avail = std::max<int64_t>(std::min(length, size - pos), 0);
-    const int64_t n = slots[kPeriodic] && avail > 0 ? length : avail;
+    const int64_t avail = std::max<int64_t>(std::min(length, cand.size - pos), 0);
+    const int64_t n = cand.periodic && avail > 0 ? length : avail;
     tokens.resize(n);
     for (int64_t j = 0; j < n; ++j) {
       const int64_t i = pos + j % avail;
-      tokens[j] = i < n_static ? stat[i] : tail[i - n_static];
+      tokens[j] = i < cand.n_static ? cand.stat[i] : cand.tail[i - cand.n_static];
     }
     int node = -1;
     int64_t d = 0;
@@ -178,11 +224,28 @@ extern "C" int64_t dg_tree(const int64_t* block) {
                    [&](int a, int b) { return t.depth[a] < t.depth[b]; });
   where.assign(size, -1);
   for (size_t j = 0; j < order.size(); ++j) where[order[j]] = static_cast<int>(j);
-  int64_t* out_tokens = at<int64_t>(block, kOutTokens);
-  int32_t* out_parents = at<int32_t>(block, kOutParents);
-  float* out_scores = at<float>(block, kOutScores);
-  int8_t* out_sources = at<int8_t>(block, kOutSources);
-  int64_t* out_match = at<int64_t>(block, kOutMatch);
+  npy_intp n = static_cast<npy_intp>(order.size());
+  PyObject* arrays[5] = {
+      PyArray_SimpleNew(1, &n, NPY_INT64),    // tokens
+      PyArray_SimpleNew(1, &n, NPY_INT32),    // parents
+      PyArray_SimpleNew(1, &n, NPY_FLOAT32),  // scores
+      PyArray_SimpleNew(1, &n, NPY_INT8),     // sources
+      PyArray_SimpleNew(1, &n, NPY_INT64),    // match lengths
+  };
+  PyObject* out = PyTuple_New(5);
+  for (int a = 0; a < 5; ++a) {
+    if (arrays[a] == nullptr || out == nullptr) {
+      for (PyObject* array : arrays) Py_XDECREF(array);
+      Py_XDECREF(out);
+      return nullptr;
+    }
+  }
+  auto data = [&](int a) { return PyArray_DATA(reinterpret_cast<PyArrayObject*>(arrays[a])); };
+  auto* out_tokens = static_cast<int64_t*>(data(0));
+  auto* out_parents = static_cast<int32_t*>(data(1));
+  auto* out_scores = static_cast<float*>(data(2));
+  auto* out_sources = static_cast<int8_t*>(data(3));
+  auto* out_match = static_cast<int64_t*>(data(4));
   for (size_t j = 0; j < order.size(); ++j) {
     const int i = order[j];
     out_tokens[j] = t.tok[i];
@@ -191,5 +254,91 @@ extern "C" int64_t dg_tree(const int64_t* block) {
     out_sources[j] = static_cast<int8_t>(t.source[i]);
     out_match[j] = t.match[i];
   }
-  return static_cast<int64_t>(order.size());
+  for (int a = 0; a < 5; ++a) PyTuple_SET_ITEM(out, a, arrays[a]);
+  return out;
+}
+
+}  // namespace
+
+// Once per process, before dg_propose: numpy's C API and the attribute names. 0 on success.
+extern "C" int dg_init() {
+  if (_import_array() < 0) return -1;
+  positions_name = PyUnicode_InternFromString("positions");
+  match_name = PyUnicode_InternFromString("match");
+  return positions_name != nullptr && match_name != nullptr ? 0 : -1;
+}
+
+// One tree proposal: ``block`` the drafter's (see Header), ``tracks`` its Track list, the
+// context's appended tokens (address and count), the draft's size and width at most.
+// Returns () when no track has an occurrence to copy from, (track, pos, source) when there
+// is one candidate (the drafter copies a chain), else the tree's (tokens, parents, scores,
+// sources, match lengths) as new arrays.
+extern "C" PyObject* dg_propose(const int64_t* block, PyObject* tracks, int64_t context_tail,
+                                int64_t context_tail_len, int64_t max_nodes,
+                                int64_t max_width) {
+  thread_local std::vector<int64_t> flat, starts, match;
+  thread_local std::vector<Ranked> ranked;
+  thread_local std::vector<Candidate> cands, occ;
+  const int64_t count = block[kTracks], n_prompt = block[kPromptLen];
+  const double* rates = at<double>(block, kRates);
+  const int64_t buckets = block[kBuckets];
+  const int64_t* bucket_of = at<int64_t>(block, kBucketOf);
+  const int64_t bucket_len = block[kBucketLen];
+  const size_t at_least = static_cast<size_t>(block[kCandidates]);
+  if (!read_tracks(tracks, count, flat, starts, match)) return nullptr;
+  auto rate = [&](int64_t src, int64_t m) {
+    return rates[src * buckets + (m < bucket_len ? bucket_of[m] : buckets - 1)];
+  };
+  auto slots = [&](int64_t i) { return block + kHeaderSlots + i * kTrackSlots; };
+  auto size_of = [&](int64_t i) {
+    const int64_t* s = slots(i);
+    return s[kStaticLen] + (s[kContext] ? context_tail_len : s[kTailLen]);
+  };
+  ranked.clear();  // Drafter._ranked
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t size = size_of(i);
+    const int64_t* first = std::find_if(flat.data() + starts[i], flat.data() + starts[i + 1],
+                                        [&](int64_t p) { return p < size; });
+    if (first == flat.data() + starts[i + 1]) continue;
+    int64_t source = slots(i)[kSource];
+    if (slots(i)[kContext] && *first >= n_prompt) source = kOutput;
+    ranked.push_back({-rate(source, match[i]), source, i});
+  }
+  if (ranked.empty()) return PyTuple_New(0);
+  std::sort(ranked.begin(), ranked.end(), [](const Ranked& a, const Ranked& b) {
+    return a.neg < b.neg || (a.neg == b.neg && (a.source < b.source ||
+                                                (a.source == b.source && a.track < b.track)));
+  });
+  cands.clear();  // Drafter._candidates
+  for (const Ranked& r : ranked) {
+    const int64_t* s = slots(r.track);
+    const bool context = s[kContext] != 0;
+    const int64_t size = size_of(r.track), m = match[r.track];
+    Candidate base{r.neg, r.source, 0, r.track, m, at<int64_t>(s, kStatic),
+                   context ? reinterpret_cast<const int64_t*>(context_tail) : at<int64_t>(s, kTail),
+                   s[kStaticLen], size, context};
+    occ.clear();  // Drafter._occurrences
+    const int64_t other = r.source == kOutput ? kPrompt : kOutput;
+    const double other_neg = -rate(other, m);
+    for (int64_t j = starts[r.track]; j < starts[r.track + 1]; ++j) {
+      const int64_t p = flat[j];
+      if (p >= size) continue;
+      Candidate c = base;
+      c.pos = p;
+      if (context && (p >= n_prompt) != (r.source == kOutput)) c.neg = other_neg, c.source = other;
+      occ.push_back(c);
+    }
+    if (context && occ.size() > 1) std::stable_sort(occ.begin(), occ.end(), by_rank);
+    cands.insert(cands.end(), occ.begin(), occ.end());
+    if (cands.size() >= at_least) break;
+  }
+  if (cands.size() > 1) std::stable_sort(cands.begin(), cands.end(), by_rank);
+  if (cands.size() == 1) {
+    return Py_BuildValue("(LLL)", static_cast<long long>(cands[0].track),
+                         static_cast<long long>(cands[0].pos),
+                         static_cast<long long>(cands[0].source));
+  }
+  if (cands.size() > at_least) cands.resize(at_least);
+  return build(cands, max_nodes, static_cast<size_t>(max_width), rates, buckets, bucket_of,
+               bucket_len);
 }
