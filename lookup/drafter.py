@@ -209,7 +209,7 @@ class Drafter:
         """:meth:`propose` of a tree, compiled: one call ranks the tracks, collects the
         candidates and builds the tree (or names the one candidate to copy a chain from)."""
         _, _, tail, tail_len = self._context.addresses()
-        out = native(self._block_address, self._tracks, tail, tail_len, max_nodes, max_width)
+        out = native((self._block_address, self._tracks, tail, tail_len, max_nodes, max_width))
         if len(out) == 5:
             tokens, parents, scores, sources, match = out
             self._last_tokens, self._last_tree = tokens, (parents, sources, match)

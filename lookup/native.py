@@ -62,7 +62,7 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     except OSError as exc:
         return None, f"loading failed: {exc}"
     library.dg_init.restype = ctypes.c_int
-    library.dg_propose.argtypes = [ctypes.c_void_p, ctypes.py_object, *[ctypes.c_int64] * 4]
+    library.dg_propose.argtypes = [ctypes.py_object]  # one tuple: ctypes converts no ints
     library.dg_propose.restype = ctypes.py_object
     try:
         failed = library.dg_init() != 0

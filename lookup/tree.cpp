@@ -49,17 +49,17 @@ const T* at(const int64_t* slots, int slot) {
   return reinterpret_cast<const T*>(static_cast<intptr_t>(slots[slot]));
 }
 
+struct Node {
+  int64_t tok, depth, source, match;
+  int parent, first_kid = -1, next_kid = -1, last_kid = -1;
+  double weight, rate, score = 0.0;
+};
+
 struct Trie {
-  std::vector<int64_t> tok, depth, source, match;
-  std::vector<int> parent, first_kid, next_kid, last_kid;
-  std::vector<double> weight, rate, score;
+  std::vector<Node> nodes;  // parents precede children
   std::vector<int> root_kids;
 
-  void clear() {
-    for (auto* v : {&tok, &depth, &source, &match}) v->clear();
-    for (auto* v : {&parent, &first_kid, &next_kid, &last_kid, &root_kids}) v->clear();
-    for (auto* v : {&weight, &rate, &score}) v->clear();
-  }
+  void clear() { nodes.clear(), root_kids.clear(); }
 
   // children in creation order: the root's in root_kids, the others linked
   template <typename F>
@@ -68,26 +68,37 @@ struct Trie {
       for (int k : root_kids) f(k);
       return;
     }
-    for (int k = first_kid[node]; k >= 0; k = next_kid[k]) f(k);
+    for (int k = nodes[node].first_kid; k >= 0; k = nodes[k].next_kid) f(k);
   }
 
   int add(int64_t token, int par, int64_t d, double w, double r, int64_t src, int64_t m) {
-    int node = static_cast<int>(tok.size());
-    tok.push_back(token), depth.push_back(d), source.push_back(src), match.push_back(m);
-    parent.push_back(par), weight.push_back(w), rate.push_back(r);
-    first_kid.push_back(-1), next_kid.push_back(-1), last_kid.push_back(-1);
+    const int node = static_cast<int>(nodes.size());
+    Node added;
+    added.tok = token, added.depth = d, added.source = src, added.match = m;
+    added.parent = par, added.weight = w, added.rate = r;
+    nodes.push_back(added);
     if (par < 0) {
       root_kids.push_back(node);
-    } else if (last_kid[par] < 0) {
-      first_kid[par] = last_kid[par] = node;
+    } else if (nodes[par].last_kid < 0) {
+      nodes[par].first_kid = nodes[par].last_kid = node;
     } else {
-      next_kid[last_kid[par]] = node;
-      last_kid[par] = node;
+      nodes[nodes[par].last_kid].next_kid = node;
+      nodes[par].last_kid = node;
     }
     return node;
   }
 };
 
+// a stable insertion sort: the ranges are a few entries (std::stable_sort allocates)
+template <typename T, typename Less>
+void stable_sort_small(std::vector<T>& v, Less less) {
+  for (size_t i = 1; i < v.size(); ++i) {
+    T x = v[i];
+    size_t j = i;
+    for (; j > 0 && less(x, v[j - 1]); --j) v[j] = v[j - 1];
+    v[j] = x;
+  }
+}
 
 struct Ranked {  // Drafter._ranked's tuple: (minus the rate, source, track)
   double neg;
@@ -105,6 +116,24 @@ struct Candidate {  // Drafter's Candidate, with what the trie reads of its trac
 
 bool by_rank(const Candidate& a, const Candidate& b) {  // drafter._rank: rate, then source
   return a.neg < b.neg || (a.neg == b.neg && a.source < b.source);
+}
+
+// working memory, reused between calls (each thread its own): no allocation once grown
+struct Scratch {
+  Trie t;
+  std::vector<int64_t> tokens, flat, starts, match;
+  std::vector<double> totals;
+  std::vector<char> kept;
+  std::vector<int> kids, order, where;
+  std::vector<Ranked> ranked;
+  std::vector<Candidate> cands, occ;
+};
+
+// this thread's scratch, its address looked up once per call (not at every use: the
+// compiler repeats a thread_local's lookup, a call into the dynamic loader, after each call)
+__attribute__((noinline)) Scratch& thread_scratch() {
+  thread_local Scratch scratch;
+  return scratch;
 }
 
 PyObject* positions_name = nullptr;
@@ -142,16 +171,15 @@ bool read_tracks(PyObject* tracks, int64_t count, std::vector<int64_t>& flat,
   return true;
 }
 
-// Drafter._tree over candidates (best first): writes the draft into the arrays; their size
-PyObject* build(const std::vector<Candidate>& cands, int64_t max_nodes, size_t max_width,
-                const double* rates, int64_t buckets, const int64_t* bucket_of,
-                int64_t bucket_len) {
-  // reused between calls (each thread its own): no allocation once they have grown
-  thread_local Trie t;
-  thread_local std::vector<int64_t> tokens;
-  thread_local std::vector<double> totals;
-  thread_local std::vector<char> kept;
-  thread_local std::vector<int> kids, order, where;
+// Drafter._tree over the candidates (best first): the draft's arrays
+PyObject* build(Scratch& s, int64_t max_nodes, size_t max_width, const double* rates,
+                int64_t buckets, const int64_t* bucket_of, int64_t bucket_len) {
+  const std::vector<Candidate>& cands = s.cands;
+  Trie& t = s.t;
+  std::vector<int64_t>& tokens = s.tokens;
+  std::vector<double>& totals = s.totals;
+  std::vector<char>& kept = s.kept;
+  std::vector<int>&kids = s.kids, &order = s.order, &where = s.where;
   t.clear();
   auto rate = [&](int64_t src, int64_t m) {
     return rates[src * buckets + (m < bucket_len ? bucket_of[m] : buckets - 1)];
@@ -174,33 +202,33 @@ PyObject* build(const std::vector<Candidate>& cands, int64_t max_nodes, size_t m
     for (; d < n; ++d) {  // follow the nodes an earlier continuation made
       int child = -1;
       t.each_kid(node, [&](int k) {
-        if (child < 0 && t.tok[k] == tokens[d]) child = k;
+        if (child < 0 && t.nodes[k].tok == tokens[d]) child = k;
       });
       if (child < 0) break;
-      t.weight[child] -= neg;
+      t.nodes[child].weight -= neg;
       node = child;
     }
     for (; d < n; ++d) {
       node = t.add(tokens[d], node, d, 0.0 - neg, rate(src, m0 + d), src, m0 + d);
     }
   }
-  const int size = static_cast<int>(t.tok.size());
-  t.score.assign(size, 0.0);
+  std::vector<Node>& nodes = t.nodes;
+  const int size = static_cast<int>(nodes.size());
   totals.assign(size + 1, -1.0);  // [node + 1]: its children's summed weight
   for (int i = 0; i < size; ++i) {  // parents precede children
-    const int p = t.parent[i];
+    const int p = nodes[i].parent;
     double& total = totals[p + 1];
     if (total < 0.0) {
       total = 0.0;
-      t.each_kid(p, [&](int k) { total += t.weight[k]; });
+      t.each_kid(p, [&](int k) { total += nodes[k].weight; });
     }
-    const double base = p < 0 ? 1.0 : t.score[p];
-    t.score[i] = base * t.rate[i] * (t.weight[i] / total);
+    const double base = p < 0 ? 1.0 : nodes[p].score;
+    nodes[i].score = base * nodes[i].rate * (nodes[i].weight / total);
   }
   // best-first expansion is a sort (scores never grow along a path): the best nodes whose
   // ancestors each rank among their siblings' max_width best
   auto better = [&](int a, int b) {
-    return t.score[a] > t.score[b] || (t.score[a] == t.score[b] && a < b);
+    return nodes[a].score > nodes[b].score || (nodes[a].score == nodes[b].score && a < b);
   };
   kept.assign(size, 0);
   for (int p = -1; p < size; ++p) {
@@ -219,9 +247,11 @@ PyObject* build(const std::vector<Candidate>& cands, int64_t max_nodes, size_t m
   }
   std::sort(order.begin(), order.end(), better);
   if (static_cast<int64_t>(order.size()) > max_nodes) order.resize(max_nodes);
-  // parents before children, siblings by decreasing score
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int a, int b) { return t.depth[a] < t.depth[b]; });
+  // parents before children, siblings by decreasing score (``better`` is a total order, so
+  // this is the stable sort by depth of the order above)
+  std::sort(order.begin(), order.end(), [&](int a, int b) {
+    return nodes[a].depth < nodes[b].depth || (nodes[a].depth == nodes[b].depth && better(a, b));
+  });
   where.assign(size, -1);
   for (size_t j = 0; j < order.size(); ++j) where[order[j]] = static_cast<int>(j);
   npy_intp n = static_cast<npy_intp>(order.size());
@@ -247,12 +277,12 @@ PyObject* build(const std::vector<Candidate>& cands, int64_t max_nodes, size_t m
   auto* out_sources = static_cast<int8_t*>(data(3));
   auto* out_match = static_cast<int64_t*>(data(4));
   for (size_t j = 0; j < order.size(); ++j) {
-    const int i = order[j];
-    out_tokens[j] = t.tok[i];
-    out_parents[j] = t.parent[i] < 0 ? -1 : where[t.parent[i]];
-    out_scores[j] = static_cast<float>(t.score[i]);
-    out_sources[j] = static_cast<int8_t>(t.source[i]);
-    out_match[j] = t.match[i];
+    const Node& node = nodes[order[j]];
+    out_tokens[j] = node.tok;
+    out_parents[j] = node.parent < 0 ? -1 : where[node.parent];
+    out_scores[j] = static_cast<float>(node.score);
+    out_sources[j] = static_cast<int8_t>(node.source);
+    out_match[j] = node.match;
   }
   for (int a = 0; a < 5; ++a) PyTuple_SET_ITEM(out, a, arrays[a]);
   return out;
@@ -268,17 +298,29 @@ extern "C" int dg_init() {
   return positions_name != nullptr && match_name != nullptr ? 0 : -1;
 }
 
-// One tree proposal: ``block`` the drafter's (see Header), ``tracks`` its Track list, the
-// context's appended tokens (address and count), the draft's size and width at most.
-// Returns () when no track has an occurrence to copy from, (track, pos, source) when there
-// is one candidate (the drafter copies a chain), else the tree's (tokens, parents, scores,
-// sources, match lengths) as new arrays.
-extern "C" PyObject* dg_propose(const int64_t* block, PyObject* tracks, int64_t context_tail,
-                                int64_t context_tail_len, int64_t max_nodes,
-                                int64_t max_width) {
-  thread_local std::vector<int64_t> flat, starts, match;
-  thread_local std::vector<Ranked> ranked;
-  thread_local std::vector<Candidate> cands, occ;
+// One tree proposal; ``args``: (the address of the drafter's block (see Header), its Track
+// list, the address and count of the context's appended tokens, the draft's size and width
+// at most). Returns () when no track has an occurrence to copy from, (track, pos, source)
+// when there is one candidate (the drafter copies a chain), else the tree's (tokens,
+// parents, scores, sources, match lengths) as new arrays.
+extern "C" PyObject* dg_propose(PyObject* args) {
+  int64_t ints[6];
+  if (!PyTuple_Check(args) || PyTuple_GET_SIZE(args) != 6) {
+    PyErr_SetString(PyExc_TypeError, "dg_propose takes a tuple of 6");
+    return nullptr;
+  }
+  for (int i = 0; i < 6; ++i) {
+    ints[i] = i == 1 ? 0 : PyLong_AsLongLong(PyTuple_GET_ITEM(args, i));
+  }
+  if (PyErr_Occurred()) return nullptr;
+  const int64_t* block = reinterpret_cast<const int64_t*>(static_cast<intptr_t>(ints[0]));
+  PyObject* tracks = PyTuple_GET_ITEM(args, 1);
+  const int64_t context_tail = ints[2], context_tail_len = ints[3];
+  const int64_t max_nodes = ints[4], max_width = ints[5];
+  Scratch& s = thread_scratch();
+  std::vector<int64_t>&flat = s.flat, &starts = s.starts, &match = s.match;
+  std::vector<Ranked>& ranked = s.ranked;
+  std::vector<Candidate>&cands = s.cands, &occ = s.occ;
   const int64_t count = block[kTracks], n_prompt = block[kPromptLen];
   const double* rates = at<double>(block, kRates);
   const int64_t buckets = block[kBuckets];
@@ -291,8 +333,8 @@ extern "C" PyObject* dg_propose(const int64_t* block, PyObject* tracks, int64_t 
   };
   auto slots = [&](int64_t i) { return block + kHeaderSlots + i * kTrackSlots; };
   auto size_of = [&](int64_t i) {
-    const int64_t* s = slots(i);
-    return s[kStaticLen] + (s[kContext] ? context_tail_len : s[kTailLen]);
+    const int64_t* track = slots(i);
+    return track[kStaticLen] + (track[kContext] ? context_tail_len : track[kTailLen]);
   };
   ranked.clear();  // Drafter._ranked
   for (int64_t i = 0; i < count; ++i) {
@@ -311,12 +353,13 @@ extern "C" PyObject* dg_propose(const int64_t* block, PyObject* tracks, int64_t 
   });
   cands.clear();  // Drafter._candidates
   for (const Ranked& r : ranked) {
-    const int64_t* s = slots(r.track);
-    const bool context = s[kContext] != 0;
+    const int64_t* track = slots(r.track);
+    const bool context = track[kContext] != 0;
     const int64_t size = size_of(r.track), m = match[r.track];
-    Candidate base{r.neg, r.source, 0, r.track, m, at<int64_t>(s, kStatic),
-                   context ? reinterpret_cast<const int64_t*>(context_tail) : at<int64_t>(s, kTail),
-                   s[kStaticLen], size, context};
+    const int64_t* tail = context ? reinterpret_cast<const int64_t*>(context_tail)
+                                  : at<int64_t>(track, kTail);
+    Candidate base{r.neg,  r.source, 0, r.track, m, at<int64_t>(track, kStatic),
+                   tail,   track[kStaticLen], size, context};
     occ.clear();  // Drafter._occurrences
     const int64_t other = r.source == kOutput ? kPrompt : kOutput;
     const double other_neg = -rate(other, m);
@@ -328,17 +371,17 @@ extern "C" PyObject* dg_propose(const int64_t* block, PyObject* tracks, int64_t 
       if (context && (p >= n_prompt) != (r.source == kOutput)) c.neg = other_neg, c.source = other;
       occ.push_back(c);
     }
-    if (context && occ.size() > 1) std::stable_sort(occ.begin(), occ.end(), by_rank);
+    if (context) stable_sort_small(occ, by_rank);
     cands.insert(cands.end(), occ.begin(), occ.end());
     if (cands.size() >= at_least) break;
   }
-  if (cands.size() > 1) std::stable_sort(cands.begin(), cands.end(), by_rank);
+  stable_sort_small(cands, by_rank);
   if (cands.size() == 1) {
     return Py_BuildValue("(LLL)", static_cast<long long>(cands[0].track),
                          static_cast<long long>(cands[0].pos),
                          static_cast<long long>(cands[0].source));
   }
   if (cands.size() > at_least) cands.resize(at_least);
-  return build(cands, max_nodes, static_cast<size_t>(max_width), rates, buckets, bucket_of,
+  return build(s, max_nodes, static_cast<size_t>(max_width), rates, buckets, bucket_of,
                bucket_len);
 }
