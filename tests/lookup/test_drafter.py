@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import heapq
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -364,3 +365,79 @@ def test_the_compiled_builder_keeps_the_gil() -> None:
     _require_compiled_trees()
     library, _ = load_library()
     assert isinstance(library, ctypes.PyDLL)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    alphabet=st.integers(2, 6),
+    tree_candidates=st.integers(2, 12),
+    cap=st.integers(1, 10),
+)
+def test_the_compiled_proposal_ranks_and_collects_like_python(
+    seed: int, alphabet: int, tree_candidates: int, cap: int
+) -> None:
+    """The one compiled call ranks the tracks and collects the candidates as ``_ranked``
+    and ``_candidates`` do: equal rates tie-broken by source and track, a context track's
+    occurrences split between the prompt and the output, more candidates than one
+    track holds, one candidate (a chain copied in Python) and none (empty)."""
+    _require_compiled_trees()
+    rng = np.random.default_rng(seed)
+    docs = [build_index(rng.integers(0, alphabet, int(rng.integers(1, 30)))) for _ in range(4)]
+    kinds = [Source.RETRIEVED, Source.DOCUMENT, Source.ANSWER, Source.RETRIEVED]
+    prompt = rng.integers(0, alphabet, int(rng.integers(0, 30))).tolist()
+    drafters = [
+        Drafter(
+            prompt,
+            documents=docs,
+            config=DrafterConfig(candidates=cap, tree_candidates=tree_candidates, native_trees=n),
+            document_sources=kinds,
+        )
+        for n in (1, 0)
+    ]
+    assert drafters[0]._native is not None and drafters[1]._native is None
+    kinds_seen = set()
+    for _ in range(30):
+        size, width = int(rng.integers(1, 20)), int(rng.integers(2, 5))
+        native, python = (d.propose(size, width) for d in drafters)
+        kinds_seen.add(0 if not len(python) else 1 if python.is_chain else 2)
+        for field in ("tokens", "parents", "scores", "source"):
+            a, b = getattr(native, field), getattr(python, field)
+            assert a.dtype == b.dtype and np.array_equal(a, b)
+        commit = rng.integers(0, alphabet, int(rng.integers(1, 4))).tolist()
+        for d in drafters:
+            d.extend(commit)
+        assert drafters[0].acceptance.table == drafters[1].acceptance.table
+    assert 2 in kinds_seen or alphabet > 4  # small alphabets always make trees
+
+
+def test_compiled_tree_arrays_are_the_drafts_own() -> None:
+    """Each proposal returns new arrays that own their data: drafts kept by the caller are
+    not overwritten by later proposals, and no reference to them is leaked."""
+    _require_compiled_trees()
+    rng = np.random.default_rng(3)
+    docs = [build_index(rng.integers(0, 3, 50)) for _ in range(4)]
+    drafter = Drafter(rng.integers(0, 3, 20).tolist(), documents=docs)
+    kept: list[tuple[Draft, list[int], list[float]]] = []
+    for _ in range(40):
+        draft = drafter.propose(12, 3)
+        if not draft.is_chain:
+            assert draft.tokens.flags.owndata and draft.scores.flags.owndata
+            # the draft and the drafter's last proposal hold them, nothing else
+            refs = sys.getrefcount(draft.tokens), sys.getrefcount(draft.scores)
+            assert refs == (3, 2)
+            kept.append((draft, draft.tokens.tolist(), draft.scores.tolist()))
+        drafter.extend(rng.integers(0, 3, 2).tolist())
+    assert len(kept) > 10
+    for draft, tokens, scores in kept:
+        assert draft.tokens.tolist() == tokens and draft.scores.tolist() == scores
+
+
+def test_the_compiled_proposal_rejects_a_changed_track_list() -> None:
+    """The drafter's block is written for its tracks: a call with another list raises
+    instead of reading past the block."""
+    _require_compiled_trees()
+    drafter = Drafter([1, 2, 3, 1, 2], documents=[build_index(np.array([1, 2, 4]))])
+    assert drafter._native is not None
+    with pytest.raises(ValueError, match="tracks changed"):
+        drafter._native((drafter._block_address, drafter._tracks[:1], 0, 0, 8, 3))
