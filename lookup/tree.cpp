@@ -100,6 +100,17 @@ void stable_sort_small(std::vector<T>& v, Less less) {
   }
 }
 
+struct Rates {  // AcceptanceModel.rate over the drafter's rates table
+  const double* table;  // [source][bucket]
+  int64_t buckets;
+  const int64_t* bucket_of;  // the bucket of each match length below bucket_len
+  int64_t bucket_len;
+
+  double operator()(int64_t src, int64_t m) const {
+    return table[src * buckets + (m < bucket_len ? bucket_of[m] : buckets - 1)];
+  }
+};
+
 struct Ranked {  // Drafter._ranked's tuple: (minus the rate, source, track)
   double neg;
   int64_t source;
@@ -153,6 +164,7 @@ bool read_tracks(PyObject* tracks, int64_t count, std::vector<int64_t>& flat,
     if (m == nullptr) return false;
     match.push_back(PyLong_AsLongLong(m));
     Py_DECREF(m);
+    if (PyErr_Occurred()) return false;
     PyObject* positions = PyObject_GetAttr(track, positions_name);
     if (positions == nullptr) return false;
     starts.push_back(static_cast<int64_t>(flat.size()));
@@ -172,8 +184,7 @@ bool read_tracks(PyObject* tracks, int64_t count, std::vector<int64_t>& flat,
 }
 
 // Drafter._tree over the candidates (best first): the draft's arrays
-PyObject* build(Scratch& s, int64_t max_nodes, size_t max_width, const double* rates,
-                int64_t buckets, const int64_t* bucket_of, int64_t bucket_len) {
+PyObject* build(Scratch& s, int64_t max_nodes, size_t max_width, const Rates& rate) {
   const std::vector<Candidate>& cands = s.cands;
   Trie& t = s.t;
   std::vector<int64_t>& tokens = s.tokens;
@@ -181,9 +192,6 @@ PyObject* build(Scratch& s, int64_t max_nodes, size_t max_width, const double* r
   std::vector<char>& kept = s.kept;
   std::vector<int>&kids = s.kids, &order = s.order, &where = s.where;
   t.clear();
-  auto rate = [&](int64_t src, int64_t m) {
-    return rates[src * buckets + (m < bucket_len ? bucket_of[m] : buckets - 1)];
-  };
   for (size_t c = 0; c < cands.size(); ++c) {
     const Candidate& cand = cands[c];
     const int64_t pos = cand.pos, src = cand.source, m0 = cand.match;
@@ -322,15 +330,10 @@ extern "C" PyObject* dg_propose(PyObject* args) {
   std::vector<Ranked>& ranked = s.ranked;
   std::vector<Candidate>&cands = s.cands, &occ = s.occ;
   const int64_t count = block[kTracks], n_prompt = block[kPromptLen];
-  const double* rates = at<double>(block, kRates);
-  const int64_t buckets = block[kBuckets];
-  const int64_t* bucket_of = at<int64_t>(block, kBucketOf);
-  const int64_t bucket_len = block[kBucketLen];
+  const Rates rate{at<double>(block, kRates), block[kBuckets], at<int64_t>(block, kBucketOf),
+                   block[kBucketLen]};
   const size_t at_least = static_cast<size_t>(block[kCandidates]);
   if (!read_tracks(tracks, count, flat, starts, match)) return nullptr;
-  auto rate = [&](int64_t src, int64_t m) {
-    return rates[src * buckets + (m < bucket_len ? bucket_of[m] : buckets - 1)];
-  };
   auto slots = [&](int64_t i) { return block + kHeaderSlots + i * kTrackSlots; };
   auto size_of = [&](int64_t i) {
     const int64_t* track = slots(i);
@@ -358,8 +361,8 @@ extern "C" PyObject* dg_propose(PyObject* args) {
     const int64_t size = size_of(r.track), m = match[r.track];
     const int64_t* tail = context ? reinterpret_cast<const int64_t*>(context_tail)
                                   : at<int64_t>(track, kTail);
-    Candidate base{r.neg,  r.source, 0, r.track, m, at<int64_t>(track, kStatic),
-                   tail,   track[kStaticLen], size, context};
+    const Candidate base{r.neg, r.source, 0, r.track, m, at<int64_t>(track, kStatic),
+                         tail, track[kStaticLen], size, context};
     occ.clear();  // Drafter._occurrences
     const int64_t other = r.source == kOutput ? kPrompt : kOutput;
     const double other_neg = -rate(other, m);
@@ -382,6 +385,5 @@ extern "C" PyObject* dg_propose(PyObject* args) {
                          static_cast<long long>(cands[0].source));
   }
   if (cands.size() > at_least) cands.resize(at_least);
-  return build(s, max_nodes, static_cast<size_t>(max_width), rates, buckets, bucket_of,
-               bucket_len);
+  return build(s, max_nodes, static_cast<size_t>(max_width), rate);
 }
