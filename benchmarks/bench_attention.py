@@ -1,7 +1,7 @@
 """The C++ attention kernel alone, on SmolLM2-135M's head geometry (9 query heads, 3 kv
 heads, head_dim 64; one layer's K/V) and random data:
 
-    python benchmarks/bench_attention.py [--repeats 3] [--baseline OLD_step_cpu.cpp]
+    python benchmarks/bench_attention.py [--repeats 3] [--baseline OLD_step_cpu.cpp] [--cold]
 
 Per case (a 512-row causal prompt chunk after 0..7680 context keys: the chunks of 1k, 4k
 and 8k prompts; decode rows after long contexts): the best wall ms and process CPU ms of a
@@ -9,6 +9,9 @@ call over ``--repeats`` (CPU time is the fairer figure on a shared machine; run 
 OMP_WAIT_POLICY=passive so that idle threads do not spin) and GFLOP per CPU second (4
 flops per query head, key and head dimension). ``--baseline`` builds another version of ``step_cpu.cpp`` and times it
 interleaved with this one (same process, same data), with the largest output difference.
+``--cold`` times each call on another of 30 layers' K/V after a 256 MiB read, as in a decode
+step, whose weights stream through the caches between two layers' attention (the default
+re-reads one layer's K/V from the cache).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from local_verifier.kernels.plan import AttentionPlan
 from lookup.shared_library import build
 
 HEADS, KV_HEADS, DIM, SLOTS = 9, 3, 64, 8192
+COLD_LAYERS, COLD_READ = 30, 256 * 2**20  # --cold: K/V sets, bytes read between calls
 CASES = [(512, c) for c in (0, 512, 1536, 3584, 7680)] + [(1, 1023), (1, 4095), (1, 8191)]
 
 
@@ -48,6 +52,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--baseline", type=Path, help="another step_cpu.cpp to time against")
     parser.add_argument("--threads", type=int, default=0, help="0 = torch's default")
+    parser.add_argument("--cold", action="store_true", help="K/V from memory, not the cache")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -55,19 +60,25 @@ def main() -> None:
     if args.baseline:
         sides["baseline"] = kernels(args.baseline)
     gen = torch.Generator().manual_seed(0)
-    k_cache = torch.randn(SLOTS, KV_HEADS, DIM, generator=gen)
-    v_cache = torch.randn(SLOTS, KV_HEADS, DIM, generator=gen)
+    layers = COLD_LAYERS if args.cold else 1
+    k_cache = torch.randn(layers, SLOTS, KV_HEADS, DIM, generator=gen)
+    v_cache = torch.randn(layers, SLOTS, KV_HEADS, DIM, generator=gen)
+    evict = torch.ones(COLD_READ // 4) if args.cold else None
+    calls = 0
     print(f"threads {torch.get_num_threads()}")
     for rows, ctx in CASES:
         q = torch.randn(rows, HEADS, DIM, generator=gen)
         plan = AttentionPlan.build([torch.arange(ctx)], [torch.arange(ctx, ctx + rows)], [None])
-        outs = {side: ops.attention(q, k_cache, v_cache, plan) for side, ops in sides.items()}
+        outs = {side: ops.attention(q, k_cache[0], v_cache[0], plan) for side, ops in sides.items()}
         wall: dict[str, float] = dict.fromkeys(sides, float("inf"))
         cpu_s = dict(wall)
         for _ in range(args.repeats):  # interleaved: load changes hit both alike
             for side, ops in sides.items():
+                layer, calls = calls % layers, calls + 1
+                if evict is not None:
+                    evict.sum()
                 start, cpu = time.perf_counter(), time.process_time()
-                ops.attention(q, k_cache, v_cache, plan)
+                ops.attention(q, k_cache[layer], v_cache[layer], plan)
                 wall[side] = min(wall[side], time.perf_counter() - start)
                 cpu_s[side] = min(cpu_s[side], time.process_time() - cpu)
         flops = rows * (ctx + (rows + 1) / 2) * HEADS * DIM * 4

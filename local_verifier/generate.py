@@ -11,7 +11,13 @@ import torch
 from local_verifier.errors import PromptTooLong
 from local_verifier.loader import LoadedModel
 from local_verifier.output import OutputAssembler, TextDelta
-from local_verifier.sampling import SamplingParams, make_generator, sample, target_probs
+from local_verifier.sampling import (
+    SamplingParams,
+    greedy_token,
+    make_generator,
+    sample,
+    target_probs,
+)
 
 
 @dataclass(frozen=True)
@@ -64,7 +70,7 @@ def _decode(
 
     def pick(logits: torch.Tensor) -> int:
         if params.greedy:
-            return int(logits.argmax())
+            return greedy_token(logits)
         return sample(target_probs(logits, params), generator)
 
     start = time.perf_counter()

@@ -191,6 +191,11 @@ class Block(nn.Module):
         return out
 
 
+def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
+    """``torch.cat(parts)``, without the copy for one part (a decode step's one sequence)."""
+    return parts[0].contiguous() if len(parts) == 1 else torch.cat(parts)
+
+
 class Transformer(nn.Module):
     """Llama-family decoder: ``step(seqs, kv)`` over many sequences' rows at once."""
 
@@ -281,21 +286,23 @@ class Transformer(nn.Module):
         Writes every row's K/V to its ``new_slots`` (rejected draft rows are simply
         overwritten later). See ``SeqStep`` for what a row attends to.
         """
-        device = self.device
-        ops = step_ops(device, self.dtype)
-        tokens = torch.cat([s.tokens for s in seqs]).to(device)
-        positions = torch.cat([s.positions for s in seqs]).to(device)
-        new_slots = torch.cat([s.new_slots for s in seqs]).to(device)
+        device, dtype = self.device, self.dtype
+        ops = step_ops(device, dtype)
+        tokens = _joined([s.tokens for s in seqs]).to(device)
+        positions = _joined([s.positions for s in seqs]).to(device)
+        new_slots = _joined([s.new_slots for s in seqs]).to(device)
         plan = AttentionPlan.build(
             [s.context_slots for s in seqs], [s.new_slots for s in seqs], [s.mask for s in seqs]
         )
-        if kv.k.dtype != self.dtype or kv.k.device != device:
+        if kv.k.dtype != dtype or kv.k.device != device:
             raise ValueError(
                 f"the K/V storage holds {kv.k.dtype} on {kv.k.device}; this model's step "
-                f"writes {self.dtype} on {device}"
+                f"writes {dtype} on {device}"
             )
-        if plan.keys.numel() and not 0 <= int(plan.keys.min()) <= int(plan.keys.max()) < kv.n_slots:
-            raise IndexError(f"a slot outside the storage's {kv.n_slots} slots")
+        if plan.keys.numel():
+            lowest, highest = (int(end) for end in plan.keys.aminmax())
+            if not 0 <= lowest <= highest < kv.n_slots:
+                raise IndexError(f"a slot outside the storage's {kv.n_slots} slots")
         inputs = _StepInputs(
             ops, self.rope_cos[positions], self.rope_sin[positions], new_slots, plan
         )
@@ -317,7 +324,7 @@ class Transformer(nn.Module):
             logit_rows.extend(picked)
             counts.append(len(picked))
             start += t
-        x = self.embed(tokens).to(self.dtype)
+        x = self.embed(tokens).to(dtype)
         stack = self._fused(ops) if kv.k.is_contiguous() and kv.v.is_contiguous() else None
         if stack is not None:  # the same kernels in the same order, in one C++ call
             rows_out = torch.tensor(logit_rows, dtype=torch.long)

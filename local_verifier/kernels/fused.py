@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from local_verifier.kernels.cpp import MAX_GROUP, MAX_HEAD_DIM
+from local_verifier.kernels.cpp import MAX_HEAD_DIM
 from local_verifier.kernels.plan import AttentionPlan
 
 FUSED_ENV = "DRAFTGATE_FUSED"  # "0": the C++ backend runs a step op by op
@@ -97,7 +97,7 @@ class FusedStack:
         ):
             return None
         head_dim = layers[0].wo.shape[1] // n_heads
-        if head_dim > MAX_HEAD_DIM or n_heads % n_kv_heads or n_heads // n_kv_heads > MAX_GROUP:
+        if head_dim > MAX_HEAD_DIM or n_heads % n_kv_heads:
             return None
         return cls(library, layers, norm, norm_eps, head, n_heads, n_kv_heads)
 

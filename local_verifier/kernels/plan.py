@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import torch
@@ -32,6 +33,7 @@ class AttentionPlan:
     ) -> AttentionPlan:
         """The plan for sequences given by their context slots, new slots and masks."""
         rows = [len(s) for s in new_slots]
+        contexts = [len(c) for c in context_slots]
         keys = [t for c, n in zip(context_slots, new_slots, strict=True) for t in (c, n)]
         starts, flat, offset = [], [], 0
         for mask in masks:
@@ -43,9 +45,9 @@ class AttentionPlan:
             offset += flat[-1].numel()
         return cls(
             keys=torch.cat([k.to("cpu", torch.long) for k in keys]),
-            key_start=_offsets([len(c) + n for c, n in zip(context_slots, rows, strict=True)]),
+            key_start=_offsets([c + n for c, n in zip(contexts, rows, strict=True)]),
             row_start=_offsets(rows),
-            ctx_len=torch.tensor([len(c) for c in context_slots], dtype=torch.long),
+            ctx_len=torch.tensor(contexts, dtype=torch.long),
             masks=torch.cat(flat) if flat else torch.zeros(0, dtype=torch.bool),
             mask_start=torch.tensor(starts, dtype=torch.long),
         )
@@ -76,6 +78,4 @@ class AttentionPlan:
 
 
 def _offsets(counts: list[int]) -> torch.Tensor:
-    out = torch.zeros(len(counts) + 1, dtype=torch.long)
-    out[1:] = torch.tensor(counts, dtype=torch.long).cumsum(0)
-    return out
+    return torch.tensor([0, *itertools.accumulate(counts)], dtype=torch.long)

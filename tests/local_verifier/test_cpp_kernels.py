@@ -72,7 +72,8 @@ def _kv(slots: int, kv_heads: int, dim: int, seed: int) -> tuple[torch.Tensor, t
 
 @pytest.mark.parametrize(
     ("heads", "kv_heads", "dim"),
-    [(9, 3, 64), (5, 1, 20), (4, 4, 12)],  # SmolLM2's geometry; partial head_dim; 1 head per kv
+    # SmolLM2's geometry; partial head_dim; 1 head per kv head; 20 per kv head (no group limit)
+    [(9, 3, 64), (5, 1, 20), (4, 4, 12), (40, 2, 12)],
 )
 def test_long_causal_prompt_in_any_chunks_equals_rows_alone(
     cpp: CppOps, heads: int, kv_heads: int, dim: int

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from local_verifier.sampling import SamplingParams, make_generator, sample, target_probs
+from local_verifier.sampling import (
+    SamplingParams,
+    greedy_token,
+    make_generator,
+    sample,
+    target_probs,
+)
 
 
 @pytest.mark.parametrize(
@@ -29,6 +35,23 @@ def test_invalid_values_raise(kwargs: dict) -> None:
 def test_greedy_is_one_hot_at_argmax() -> None:
     probs = target_probs(torch.tensor([0.1, 3.0, 2.0]), SamplingParams())
     assert probs.tolist() == [0.0, 1.0, 0.0]
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        [1.0, 3.0, 3.0, 2.0],  # ties: the first
+        [1.0, float("nan"), 3.0, float("nan")],  # NaN counts as the largest, the first one
+        [-0.0, 0.0, -1.0],
+        [float("-inf"), float("-inf")],
+    ],
+)
+def test_greedy_token_is_torch_argmax(values: list[float]) -> None:
+    logits = torch.tensor(values)
+    assert greedy_token(logits) == int(logits.argmax())
+    row = torch.randn(49152, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():  # a step's logits are inference tensors
+        assert greedy_token(row.clone()) == int(row.argmax())
 
 
 def test_temperature_top_k_top_p() -> None:
