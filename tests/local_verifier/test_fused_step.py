@@ -189,8 +189,9 @@ def test_packed_bf16_weights_give_bitwise_the_row_major_steps(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """bf16 weights packed on the C++ backend (fused and per-op) against the same model
-    row-major (``DRAFTGATE_PACKED=0``): the same logits and K/V. The layout follows the
-    backend: row-major again for the torch kernels and after a cast (fp32 stays row-major)."""
+    row-major (``DRAFTGATE_PACKED=0``): the same logits and K/V. State dicts are row-major;
+    the layout follows the backend: row-major again for the torch kernels and after a cast
+    (fp32 stays row-major)."""
     model = Transformer.from_config(PACKED_CFG, "cpu", torch.bfloat16)
     script = _script(PACKED_CFG.vocab_size, 40)
     wqkv, head = model.layers[0].attn.wqkv, model.head  # type: ignore[union-attr]
@@ -201,6 +202,11 @@ def test_packed_bf16_weights_give_bitwise_the_row_major_steps(
     _assert_same(model, script, monkeypatch)  # packed, fused and per-op alike
     packed, kv = _run(model, script, True, monkeypatch)
     assert is_packed(wqkv.weight) and not is_packed(head.weight)
+    saved = model.state_dict()  # row-major, and loaded into the packed model packed
+    assert saved["layers.0.attn.wqkv.weight"].shape == (80, 48)
+    model.load_state_dict({k: v.clone() for k, v in saved.items()})
+    assert is_packed(wqkv.weight)
+    assert all(torch.equal(v, saved[k]) for k, v in model.state_dict().items())
     for i, (a, b) in enumerate(zip(packed, row_major, strict=True)):
         assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True)), f"step {i}"
     assert torch.equal(kv.k, kv_ref.k) and torch.equal(kv.v, kv_ref.v)
