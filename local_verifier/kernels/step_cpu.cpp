@@ -313,12 +313,9 @@ constexpr int64_t kPack = 16;
 static_assert(kPack % kLanes == 0 && kPack % kWideColTile == 0 && kPack % kColTile == 0,
               "a register tile's columns and vectors lie within one packed tile");
 
-#ifndef DG_PACK_AHEAD
-#define DG_PACK_AHEAD 512
-#endif
-// Bytes a packed decode row's stream is prefetched ahead (into L2); measured best of 0.5-16
-// KB for bf16 on Zen 4 (benchmarks/RESULTS.md, "Packed weights").
-constexpr int64_t kPackAhead = DG_PACK_AHEAD;
+// Bytes a packed decode row's stream is prefetched ahead (into L2): 256 B-4 KB measured
+// alike for bf16 on Zen 4, a whole tile ahead slower (benchmarks/RESULTS.md, "Packed weights").
+constexpr int64_t kPackAhead = 512;
 
 // Column m of w (its first value).
 template <bool Packed, typename W>
