@@ -1,17 +1,19 @@
 """The linear kernels alone: one decode step's weight stream, with no Python model around it.
 
     python benchmarks/bench_gemv.py [--model smollm2-135m] [--rows 1,4,16] [--repeats 7] \
-        [--threads N] [--baseline OTHER_step_cpu.cpp] [--json OUT.json]
+        [--threads N] [--baseline OTHER_step_cpu.cpp] [--steps] [--json OUT.json]
 
 Loads the model's linear weights (every layer's, then the vocabulary head: far more than
-the caches, so they come from memory) in float32 and in bf16, and times one pass of
-``dg_linear`` / ``dg_linear_bf16`` over all of them, in the model's order, for R rows.
-``--baseline`` builds another version of ``step_cpu.cpp`` (e.g. ``git show
-main:local_verifier/kernels/step_cpu.cpp > /tmp/main.cpp``) into the same process, and the
-two libraries are timed in turn (order alternating), so that the machine's load hits both
-alike; then whole 1-row decode steps of the model, each library's linear kernels swapped
-into the step in turn. Reports ms per pass (best and median of ``--repeats``), the GB/s of weights streamed
-(best pass), and the machine's read bandwidth (``bench_decode.read_bandwidth``).
+the caches, so they come from memory) in float32 and in bf16, row-major and packed (both
+held for the comparison), and times one pass of the linear kernels over all of them, in
+the model's order, for R rows: sides "packed" and "row-major" (this library), and with
+``--baseline`` another version of ``step_cpu.cpp`` (e.g. ``git show
+main:local_verifier/kernels/step_cpu.cpp > /tmp/main.cpp``, on packed weights if it has
+the packed kernels) built into the same process. The sides are timed in turn (order
+alternating), so that the machine's load hits them alike. ``--steps``: then whole 1-row
+decode steps of two copies of the bf16 model, one packed and one row-major, alternating.
+Reports ms per pass (best and median of ``--repeats``), the GB/s of weights streamed (best
+pass), and the machine's read bandwidth (``bench_decode.read_bandwidth``).
 """
 
 from __future__ import annotations
@@ -30,25 +32,32 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_decode import CONTEXT, read_bandwidth  # noqa: E402
-from local_verifier.kernels import cpp, step_ops  # noqa: E402
-from local_verifier.kernels.fused import FUSED_ENV  # noqa: E402
+from local_verifier.kernels import cpp  # noqa: E402
+from local_verifier.kernels.packing import PACK, PACKED_ENV, dense_shape, pack  # noqa: E402
 from local_verifier.kv_storage import KVStorage  # noqa: E402
 from local_verifier.linear import Linear  # noqa: E402
 from local_verifier.loader import LoadedModel, load_model  # noqa: E402
 from local_verifier.model import SeqStep  # noqa: E402
 from lookup.shared_library import build  # noqa: E402
 
-Kernels = dict[torch.dtype, ctypes._CFuncPtr]
+Kernels = dict[tuple[torch.dtype, bool], ctypes._CFuncPtr]  # (dtype, packed) -> kernel
+ENTRY_POINTS = {
+    (torch.float32, False): "dg_linear",
+    (torch.bfloat16, False): "dg_linear_bf16",
+    (torch.float32, True): "dg_linear_packed",
+    (torch.bfloat16, True): "dg_linear_packed_bf16",
+}
 
 
 def kernels(library: ctypes.CDLL) -> Kernels:
-    """The two linear entry points of a step library, typed."""
+    """The linear entry points a step library has (an older one: row-major only), typed."""
     found = {}
-    for dtype, name in ((torch.float32, "dg_linear"), (torch.bfloat16, "dg_linear_bf16")):
-        function = getattr(library, name)
-        function.argtypes = cpp.SIGNATURES[name]
-        function.restype = None
-        found[dtype] = function
+    for key, name in ENTRY_POINTS.items():
+        function = getattr(library, name, None)
+        if function is not None:
+            function.argtypes = cpp.SIGNATURES[name]
+            function.restype = None
+            found[key] = function
     return found
 
 
@@ -63,37 +72,62 @@ def baseline(source: Path) -> Kernels:
 def one_pass(kernel: ctypes._CFuncPtr, weights: list[torch.Tensor], x: torch.Tensor) -> float:
     """Seconds of y = x @ w.T for every w in turn (x's first in_features columns)."""
     threads, n = torch.get_num_threads(), x.shape[0]
-    y = torch.empty(n, max(w.shape[0] for w in weights))
+    y = torch.empty(n, max(dense_shape(w)[0] for w in weights))
     start = time.perf_counter()
     for w in weights:
-        m, k = w.shape
+        m, k = dense_shape(w)
         kernel(x.data_ptr(), w.data_ptr(), None, y.data_ptr(), n, k, m, threads)
     return time.perf_counter() - start
 
 
-def decode_steps(lm: LoadedModel, sides: dict[str, Kernels], repeats: int) -> dict[str, list]:
-    """Seconds of 1-row decode steps (after a ``CONTEXT``-token context) with each side's
-    linear kernels swapped into the step's ops, alternating side by step. The steps run op
-    by op (``DRAFTGATE_FUSED=0``): the fused stack calls its own library's kernels."""
-    os.environ[FUSED_ENV] = "0"
-    model, cfg = lm.model, lm.config
-    ops = step_ops(lm.device, model.dtype)
-    if not isinstance(ops, cpp.CppOps):
-        raise SystemExit(f"the step runs {ops.name} kernels, not the C++ ones")
-    kv = KVStorage(cfg, CONTEXT + 1, lm.device, model.dtype)
-    tokens = torch.arange(CONTEXT + 1) % cfg.vocab_size
-    context, new = torch.arange(CONTEXT), torch.arange(CONTEXT, CONTEXT + 1)
-    model.step([SeqStep(tokens[:CONTEXT], context, context, context[:0], logits="none")], kv)
-    seconds: dict[str, list] = {side: [] for side in sides}
-    dtype = model.weight_dtype
-    for i in range(repeats + 1):  # the first round is a warm-up
+Sides = dict[str, tuple[Kernels, bool]]  # name -> (kernels, on packed weights)
+
+
+def passes(
+    sides: Sides,
+    layouts: dict[bool, list[torch.Tensor]],
+    dtype: torch.dtype,
+    x: torch.Tensor,
+    repeats: int,
+) -> dict[str, list[float]]:
+    """Seconds of ``repeats`` passes per side, the sides in turn (order alternating)."""
+
+    def timed(side: str) -> float:
+        found, packed = sides[side]
+        return one_pass(found[dtype, packed], layouts[packed], x)
+
+    for side in sides:  # warm-up
+        timed(side)
+    seconds: dict[str, list[float]] = {side: [] for side in sides}
+    for i in range(repeats):
         for side in list(sides)[:: 1 if i % 2 == 0 else -1]:
-            ops._linear[dtype] = sides[side][dtype]
+            seconds[side].append(timed(side))
+    return seconds
+
+
+def decode_steps(models: dict[str, LoadedModel], repeats: int) -> dict[str, list]:
+    """Seconds of 1-row decode steps (after a ``CONTEXT``-token context) of each model, its
+    weights packed or not as ``models``' key says (``DRAFTGATE_PACKED`` set per step),
+    alternating model by step (order reversed every round)."""
+    seconds: dict[str, list] = {side: [] for side in models}
+    runs = {}
+    for side, lm in models.items():
+        os.environ[PACKED_ENV] = "1" if side == "packed" else "0"
+        model, cfg = lm.model, lm.config
+        kv = KVStorage(cfg, CONTEXT + 1, lm.device, model.dtype)
+        tokens = torch.arange(CONTEXT + 1) % cfg.vocab_size
+        context, new = torch.arange(CONTEXT), torch.arange(CONTEXT, CONTEXT + 1)
+        model.step([SeqStep(tokens[:CONTEXT], context, context, context[:0], logits="none")], kv)
+        runs[side] = (model, kv, SeqStep(tokens[CONTEXT:], new, new, context))
+    for i in range(repeats + 1):  # the first round is a warm-up
+        for side in list(models)[:: 1 if i % 2 == 0 else -1]:
+            os.environ[PACKED_ENV] = "1" if side == "packed" else "0"
+            model, kv, step = runs[side]
             start = time.perf_counter()
-            model.step([SeqStep(tokens[CONTEXT:], new, new, context)], kv)
+            model.step([step], kv)
             if i:
                 seconds[side].append(time.perf_counter() - start)
-    ops._linear[dtype] = sides["this"][dtype]
+    os.environ.pop(PACKED_ENV)
     return seconds
 
 
@@ -105,30 +139,34 @@ def main() -> None:
     parser.add_argument("--baseline", type=Path, default=None, help="another step_cpu.cpp")
     parser.add_argument("--threads", type=int, default=0, help="0: what the loader chose")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--steps", action="store_true", help="also whole 1-row decode steps")
     args = parser.parse_args()
 
     library, reason = cpp.load_library()
     if library is None:
         raise SystemExit(f"no C++ kernels: {reason}")
-    sides = {"this": kernels(library)}
+    this = kernels(library)
+    sides: Sides = {"packed": (this, True), "row-major": (this, False)}
     if args.baseline is not None:
-        sides["baseline"] = baseline(args.baseline)
+        other = baseline(args.baseline)
+        sides["baseline"] = (other, (torch.float32, True) in other)
     report: dict = {"passes": []}
     for dtype in (torch.float32, torch.bfloat16):
-        lm = load_model(args.model, dtype="bf16" if dtype == torch.bfloat16 else "float32")
+        spec = "bf16" if dtype == torch.bfloat16 else "float32"
+        os.environ[PACKED_ENV] = "0"
+        lm = load_model(args.model, dtype=spec)
+        os.environ.pop(PACKED_ENV)
         if args.threads:
             torch.set_num_threads(args.threads)
         weights = [m.weight.detach() for m in lm.model.modules() if isinstance(m, Linear)]
+        tiled = [w.shape[0] % PACK == 0 and w.shape[1] % PACK == 0 for w in weights]
+        packed = [pack(w) if t else w for w, t in zip(weights, tiled, strict=True)]
+        layouts = {False: weights, True: packed}  # float32 too (the model packs bf16 only)
         gb = sum(w.numel() * w.element_size() for w in weights) / 1e9
         widest = max(w.shape[1] for w in weights)
         for rows in [int(r) for r in args.rows.split(",") if r]:
             x = torch.randn(rows, widest) * 0.1
-            seconds: dict[str, list[float]] = {side: [] for side in sides}
-            for side in sides:  # warm-up
-                one_pass(sides[side][dtype], weights, x)
-            for i in range(args.repeats):
-                for side in list(sides)[:: 1 if i % 2 == 0 else -1]:
-                    seconds[side].append(one_pass(sides[side][dtype], weights, x))
+            seconds = passes(sides, layouts, dtype, x, args.repeats)
             for side, s in seconds.items():
                 entry = {
                     "side": side,
@@ -141,8 +179,10 @@ def main() -> None:
                 }
                 report["passes"].append(entry)
                 print(json.dumps(entry), flush=True)
-        if len(sides) > 1:
-            steps = decode_steps(lm, sides, 3 * args.repeats)
+        del layouts, packed
+        if args.steps and dtype == torch.bfloat16:  # the model packs bf16 weights only
+            packed_lm = load_model(args.model, dtype=spec, tune_threads=False)
+            steps = decode_steps({"packed": packed_lm, "row-major": lm}, 3 * args.repeats)
             for side, s in steps.items():
                 entry = {
                     "side": side,
@@ -152,6 +192,7 @@ def main() -> None:
                 }
                 report["passes"].append(entry)
                 print(json.dumps(entry), flush=True)
+            del packed_lm
         del lm, weights
     report["threads"] = torch.get_num_threads()
     probes = read_bandwidth()

@@ -18,6 +18,7 @@ from local_verifier.config import ModelConfig
 from local_verifier.kernels import AttentionPlan, StepOps, step_ops
 from local_verifier.kernels.cpp import CppOps
 from local_verifier.kernels.fused import FusedStack, LayerWeights, fused_enabled
+from local_verifier.kernels.packing import packing_enabled
 from local_verifier.kv_cache import KVCache
 from local_verifier.kv_storage import KVStorage
 from local_verifier.linear import Linear
@@ -209,6 +210,7 @@ class Transformer(nn.Module):
         # plain attributes, not buffers: dtype casts of the module must not round them
         self.rope_cos, self.rope_sin = rope_tables(cfg, torch.device("cpu"))
         self._stack: tuple[FusedStack | None] | None = None  # built at first use
+        self._packed = False  # whether the linear weights are packed (where they can be)
 
     @classmethod
     def from_config(
@@ -256,13 +258,30 @@ class Transformer(nn.Module):
 
     def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Transformer:
         self._stack = None  # casts and moves may replace the parameters the stack points to
+        self._set_packed(False)  # the next step packs what the new dtype and device call for
         super()._apply(fn, *args, **kwargs)
         return self
 
     def fused_stack(self) -> FusedStack | None:
         """The C++ layer stack this model's steps run on now: None on the torch backend,
         with ``DRAFTGATE_FUSED=0`` or where it does not apply. Built once per parameter set."""
-        return self._fused(step_ops(self.device, self.dtype))
+        ops = step_ops(self.device, self.dtype)
+        self._use_layout(ops)
+        return self._fused(ops)
+
+    def _use_layout(self, ops: StepOps) -> None:
+        """Packs the linear weights for the C++ kernels (unless ``DRAFTGATE_PACKED=0``),
+        row-major for the others: in place, one matrix at a time, so one copy stays resident."""
+        self._set_packed(isinstance(ops, CppOps) and packing_enabled())
+
+    def _set_packed(self, packed: bool) -> None:
+        if packed == self._packed:
+            return
+        self._stack = None  # it holds the old tensors
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.set_packed(packed)
+        self._packed = packed
 
     def _fused(self, ops: StepOps) -> FusedStack | None:
         if not isinstance(ops, CppOps) or not fused_enabled():
@@ -288,6 +307,7 @@ class Transformer(nn.Module):
         """
         device, dtype = self.device, self.dtype
         ops = step_ops(device, dtype)
+        self._use_layout(ops)
         tokens = _joined([s.tokens for s in seqs]).to(device)
         positions = _joined([s.positions for s in seqs]).to(device)
         new_slots = _joined([s.new_slots for s in seqs]).to(device)
@@ -403,6 +423,7 @@ class Transformer(nn.Module):
                 [take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")]
             )
             params[ours + "ffn.w2.weight"] = take(p + "mlp.down_proj.weight")
+        self._set_packed(False)  # the checkpoint's layout
         own = dict(self.named_parameters())
         missing = set(own) - set(params)
         if missing:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from local_verifier.kernels.packing import PACK, is_packed
 from local_verifier.kernels.plan import AttentionPlan
 from lookup.shared_library import build
 
@@ -22,11 +23,13 @@ _i64, _f32, _int, _ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_int, ctypes.c_
 SIGNATURES = {
     "dg_linear": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int],
     "dg_linear_bf16": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int],
+    "dg_linear_packed": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int],
+    "dg_linear_packed_bf16": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int],
     "dg_rms_norm": [_ptr, _ptr, _ptr, _i64, _i64, _f32],
     "dg_rope_store": [_ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64],
     "dg_silu_mul": [_ptr, _ptr, _i64, _i64],
     "dg_attention": [_ptr] * 10 + [_i64] * 5 + [_int],
-    "dg_stack_new": [_i64] * 7 + [_int, _ptr, _ptr],
+    "dg_stack_new": [_i64] * 7 + [_int, _ptr, _ptr, _ptr],
     "dg_stack_free": [_ptr],
     "dg_stack_step": [_ptr] * 5
     + [_i64, _ptr, _ptr, _i64]
@@ -88,22 +91,29 @@ def _dense(t: torch.Tensor) -> torch.Tensor:
 
 class CppOps:
     """The C++ kernels on float32 CPU activations; linear weights in float32 or bfloat16
-    (widened exactly inside the kernel, so the bytes read per token halve)."""
+    (widened exactly inside the kernel, so the bytes read per token halve), row-major or
+    packed (``kernels.packing``: bitwise the same y)."""
 
     name = "cpp"
 
     def __init__(self, library: ctypes.CDLL) -> None:
         self.library = library
-        self._linear = {torch.float32: library.dg_linear, torch.bfloat16: library.dg_linear_bf16}
+        self._linear = {
+            (torch.float32, False): library.dg_linear,
+            (torch.bfloat16, False): library.dg_linear_bf16,
+            (torch.float32, True): library.dg_linear_packed,
+            (torch.bfloat16, True): library.dg_linear_packed_bf16,
+        }
 
     def linear(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor:
-        kernel = self._linear.get(weight.dtype)
+        packed = is_packed(weight)
+        kernel = self._linear.get((weight.dtype, packed))
         if kernel is None:
             raise TypeError(f"C++ linear weights are float32 or bfloat16, not {weight.dtype}")
         x, w = _dense(x), _dense(weight)
-        (n, k), m = x.shape, w.shape[0]
+        (n, k), m = x.shape, w.shape[0] * (PACK if packed else 1)
         y, b = torch.empty(n, m), None if bias is None else _float32(bias)  # alive for the call
         b_ptr = None if b is None else b.data_ptr()
         kernel(x.data_ptr(), w.data_ptr(), b_ptr, y.data_ptr(), n, k, m, torch.get_num_threads())

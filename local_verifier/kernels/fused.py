@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from local_verifier.kernels.cpp import MAX_HEAD_DIM
+from local_verifier.kernels.packing import dense_shape, is_packed
 from local_verifier.kernels.plan import AttentionPlan
 
 FUSED_ENV = "DRAFTGATE_FUSED"  # "0": the C++ backend runs a step op by op
@@ -63,13 +64,15 @@ class FusedStack:
     ) -> None:
         self._lib = library
         self._params = [norm, head, *(t for w in layers for t in w.tensors())]  # kept alive
-        self.vocab, dim = head.shape
+        self.vocab, dim = dense_shape(head)
         pointers = [None if t is None else t.data_ptr() for t in self._params]
+        packed = [t is not None and is_packed(t) for t in self._params]
         eps = [e for w in layers for e in (w.attn_eps, w.ffn_eps)] + [norm_eps]
         self._handle = library.dg_stack_new(
-            len(layers), dim, n_heads, n_kv_heads, layers[0].wo.shape[1] // n_heads,
-            layers[0].w2.shape[1], self.vocab, head.dtype == torch.bfloat16,
-            (ctypes.c_void_p * len(pointers))(*pointers), (ctypes.c_float * len(eps))(*eps),
+            len(layers), dim, n_heads, n_kv_heads, _head_dim(layers[0], n_heads),
+            dense_shape(layers[0].w2)[1], self.vocab, head.dtype == torch.bfloat16,
+            (ctypes.c_void_p * len(pointers))(*pointers), (ctypes.c_int * len(packed))(*packed),
+            (ctypes.c_float * len(eps))(*eps),
         )  # fmt: skip
         weakref.finalize(self, library.dg_stack_free, self._handle)
         self.profile: torch.Tensor | None = None
@@ -96,7 +99,7 @@ class FusedStack:
             t.dtype != dtype or t.device.type != "cpu" or not t.is_contiguous() for t in tensors
         ):
             return None
-        head_dim = layers[0].wo.shape[1] // n_heads
+        head_dim = _head_dim(layers[0], n_heads)
         if head_dim > MAX_HEAD_DIM or n_heads % n_kv_heads:
             return None
         return cls(library, layers, norm, norm_eps, head, n_heads, n_kv_heads)
@@ -124,3 +127,7 @@ class FusedStack:
             torch.get_num_threads(), profile,
         )  # fmt: skip
         return logits
+
+
+def _head_dim(layer: LayerWeights, n_heads: int) -> int:
+    return dense_shape(layer.wo)[1] // n_heads

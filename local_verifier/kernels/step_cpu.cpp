@@ -301,27 +301,65 @@ inline Vec vexp(Vec x) {
   return times_pow2(p, n);
 }
 
-// y[r][c] = sum_k x[r][k] * w[c][k] (+ bias[c]) for an R x C register tile; W is float
-// or uint16_t (bfloat16 bits): the same operations on the widened values.
-template <int R, int C, bool Ahead, typename W>
-inline void linear_tile(const float* x, int64_t ldx, const W* w, int64_t K, const float* bias,
-                        float* y, int64_t ldy) {
+// ---- Linear layers. -----------------------------------------------------------------------
+//
+// A weight [M, K] is read in one of two layouts, the same values summed in the same order:
+// row-major, or packed: tiles of kPack output columns, each tile's values in blocks of kPack
+// values of k, [M / kPack][K / kPack][kPack columns][kPack k], so that a tile, and a thread's
+// run of tiles, is one sequential stream (a decode row's tile in row-major order is kPack
+// streams of K values, too short for the hardware prefetcher, bf16's most). Packed needs M
+// and K multiples of kPack; one register tile's columns lie in one packed tile.
+constexpr int64_t kPack = 16;
+static_assert(kPack % kLanes == 0 && kPack % kWideColTile == 0 && kPack % kColTile == 0,
+              "a register tile's columns and vectors lie within one packed tile");
+
+// Bytes a packed decode row's stream is prefetched ahead (into L2): 256 B-4 KB measured
+// alike for bf16 on Zen 4, a whole tile ahead slower (benchmarks/RESULTS.md, "Packed weights").
+constexpr int64_t kPackAhead = 512;
+
+// Column m of w (its first value).
+template <bool Packed, typename W>
+inline const W* column(const W* w, int64_t m, int64_t K) {
+  return Packed ? w + m / kPack * kPack * K + m % kPack * kPack : w + m * K;
+}
+
+// y[r][c] = sum_k x[r][k] * w[c][k] (+ bias[c]) for an R x C register tile whose first
+// column is at w; W is float or uint16_t (bfloat16 bits): the same operations on the
+// widened values. With Ahead, the lines `ahead` values past the ones read go to L2.
+template <int R, int C, bool Ahead, bool Packed, typename W>
+inline void linear_tile(const float* x, int64_t ldx, const W* w, int64_t K, int64_t ahead,
+                        const float* bias, float* y, int64_t ldy) {
+  constexpr int64_t kBlock = Packed ? kPack * kPack : kPack;  // from k's block to the next
+  const int64_t col = Packed ? kPack : K;                     // from a column to the next
   Vec acc[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = zero();
   int64_t k = 0;
-  for (; k + kLanes <= K; k += kLanes) {
+  for (const W* wb = w; k + kPack <= K; k += kPack, wb += kBlock)
+    for (int s = 0; s < kPack; s += kLanes) {
+      Vec xv[R];
+      for (int r = 0; r < R; ++r) {
+        xv[r] = load(x + r * ldx + k + s);
+        in_register(xv[r]);
+      }
+      for (int c = 0; c < C; ++c) {
+        const W* p = wb + c * col + s;
+        // into L2: a decode row's tile (16 x 576 floats = 36 KB) does not fit the 32-48 KB
+        // L1 beside the current one, and L1 prefetches evicted lines before their use
+        if (Ahead && ((Packed ? c * kPack + s : k + s) * sizeof(W)) % 64 == 0)
+          _mm_prefetch(reinterpret_cast<const char*>(p + ahead), _MM_HINT_T1);
+        Vec wv = load(p);
+        if constexpr (R > 1) in_register(wv);
+        for (int r = 0; r < R; ++r) acc[r][c] = fmadd(xv[r], wv, acc[r][c]);
+      }
+    }
+  for (; k + kLanes <= K; k += kLanes) {  // the rest of a row-major K
     Vec xv[R];
     for (int r = 0; r < R; ++r) {
       xv[r] = load(x + r * ldx + k);
       in_register(xv[r]);
     }
     for (int c = 0; c < C; ++c) {
-      // the next column tile, a cache line apart, into L2: a decode row's tile (16 x 576
-      // floats = 36 KB) does not fit the 32-48 KB L1 beside the current one, and L1
-      // prefetches evicted lines before their use (the weight stream ran at half speed)
-      if (Ahead && k % (64 / sizeof(W)) == 0)
-        _mm_prefetch(reinterpret_cast<const char*>(w + (c + C) * K + k), _MM_HINT_T1);
       Vec wv = load(w + c * K + k);
       if constexpr (R > 1) in_register(wv);
       for (int r = 0; r < R; ++r) acc[r][c] = fmadd(xv[r], wv, acc[r][c]);
@@ -343,27 +381,32 @@ inline void linear_tile(const float* x, int64_t ldx, const W* w, int64_t K, cons
 }
 
 // linear_tile over every row of x (R at a time, then the remainder in smaller tiles).
-template <int R, int C, typename W>
+template <int R, int C, bool Packed, typename W>
 inline void linear_cols(const float* x, int64_t ldx, int64_t rows, const W* w, int64_t K,
-                        const float* bias, float* y, int64_t ldy) {
+                        int64_t ahead, const float* bias, float* y, int64_t ldy) {
   int64_t r = 0;
-  if (R <= rows) {  // the first row tile fetches the next column tile's weights
-    linear_tile<R, C, true>(x, ldx, w, K, bias, y, ldy);
+  if (R <= rows) {  // the first row tile fetches the weights ahead
+    linear_tile<R, C, true, Packed>(x, ldx, w, K, ahead, bias, y, ldy);
     r = R;
   }
   for (; r + R <= rows; r += R)
-    linear_tile<R, C, false>(x + r * ldx, ldx, w, K, bias, y + r * ldy, ldy);
+    linear_tile<R, C, false, Packed>(x + r * ldx, ldx, w, K, ahead, bias, y + r * ldy, ldy);
   if constexpr (R > 1)
-    if (r < rows) linear_cols<R - 1, C>(x + r * ldx, ldx, rows - r, w, K, bias, y + r * ldy, ldy);
+    if (r < rows)
+      linear_cols<R - 1, C, Packed>(x + r * ldx, ldx, rows - r, w, K, ahead, bias, y + r * ldy,
+                                    ldy);
 }
 
 // y [N, M] = x [N, K] @ w[M, K].T (+ bias [M] unless null), in row blocks of kRowBlock,
 // the calling team (a team of one outside a parallel region) sharing each block's tiles of
-// C output columns, R rows per register tile (the tile's shape never changes a sum).
-template <int R, int C, typename W>
+// C output columns, R rows per register tile (the tile's shape never changes a sum). The
+// first row tile prefetches: row-major, the next column tile's values at the same k; packed,
+// a decode row's stream kPackAhead bytes ahead, more rows' the next packed tile's values.
+template <int R, int C, bool Packed, typename W>
 void linear_blocks(const float* xp, const W* wp, const float* bp, float* yp, int64_t N,
                    int64_t K, int64_t M) {
   const int64_t tiles = (M + C - 1) / C;
+  const int64_t ahead = !Packed ? C * K : R == 1 ? kPackAhead / int64_t{sizeof(W)} : kPack * K;
   for (int64_t r0 = 0; r0 < N; r0 += kRowBlock) {
     const int64_t rows = std::min<int64_t>(kRowBlock, N - r0);
 #pragma omp for schedule(static)
@@ -373,33 +416,37 @@ void linear_blocks(const float* xp, const W* wp, const float* bp, float* yp, int
       const float* xr = xp + r0 * K;
       float* yr = yp + r0 * M + m0;
       if (m0 + C <= M) {
-        linear_cols<R, C>(xr, K, rows, wp + m0 * K, K, b, yr, M);
-      } else {
+        linear_cols<R, C, Packed>(xr, K, rows, column<Packed>(wp, m0, K), K, ahead, b, yr, M);
+      } else {  // row-major only (a packed M is a multiple of C)
         for (int64_t m = m0; m < M; ++m)
-          linear_cols<R, 1>(xr, K, rows, wp + m * K, K, b != nullptr ? bp + m : nullptr,
-                            yr + (m - m0), M);
+          linear_cols<R, 1, Packed>(xr, K, rows, column<Packed>(wp, m, K), K, ahead,
+                                    b != nullptr ? bp + m : nullptr, yr + (m - m0), M);
       }
     }
   }
 }
 
-// A decode row reads kWideColTile weight rows at a time (more memory streams in flight,
+// A decode row reads kWideColTile weight columns at a time (more memory streams in flight,
 // which a bf16 weight's short rows need to keep the memory bus busy); more rows, kColTile.
 // Called by every thread of a team (or outside a parallel region); ends with a barrier.
 template <typename W>
-void linear_team(const float* xp, const W* wp, const float* bp, float* yp, int64_t N,
-                 int64_t K, int64_t M) {
-  if (N == 1)
-    linear_blocks<1, kWideColTile>(xp, wp, bp, yp, N, K, M);
+void linear_team(const float* xp, const W* wp, bool packed, const float* bp, float* yp,
+                 int64_t N, int64_t K, int64_t M) {
+  if (N == 1 && packed)
+    linear_blocks<1, kWideColTile, true>(xp, wp, bp, yp, N, K, M);
+  else if (N == 1)
+    linear_blocks<1, kWideColTile, false>(xp, wp, bp, yp, N, K, M);
+  else if (packed)
+    linear_blocks<kRowTile, kColTile, true>(xp, wp, bp, yp, N, K, M);
   else
-    linear_blocks<kRowTile, kColTile>(xp, wp, bp, yp, N, K, M);
+    linear_blocks<kRowTile, kColTile, false>(xp, wp, bp, yp, N, K, M);
 }
 
 template <typename W>
-void linear(const float* xp, const W* wp, const float* bp, float* yp, int64_t N, int64_t K,
-            int64_t M, int threads) {
+void linear(const float* xp, const W* wp, bool packed, const float* bp, float* yp, int64_t N,
+            int64_t K, int64_t M, int threads) {
 #pragma omp parallel num_threads(threads)
-  linear_team(xp, wp, bp, yp, N, K, M);
+  linear_team(xp, wp, packed, bp, yp, N, K, M);
 }
 
 // One row of the row-wise operations (the extern functions and the layer stack loop over
@@ -646,13 +693,24 @@ extern "C" {
 // y [N, M] = x [N, K] @ w[M, K].T (+ bias [M] unless null), w float32.
 void dg_linear(const float* xp, const float* wp, const float* bp, float* yp, int64_t N, int64_t K,
                int64_t M, int threads) {
-  linear(xp, wp, bp, yp, N, K, M, threads);
+  linear(xp, wp, false, bp, yp, N, K, M, threads);
 }
 
 // The same with w bfloat16 (raw bits): bitwise what dg_linear gives on w widened to float32.
 void dg_linear_bf16(const float* xp, const uint16_t* wp, const float* bp, float* yp, int64_t N,
                     int64_t K, int64_t M, int threads) {
-  linear(xp, wp, bp, yp, N, K, M, threads);
+  linear(xp, wp, false, bp, yp, N, K, M, threads);
+}
+
+// dg_linear and dg_linear_bf16 on a packed w (see "Linear layers"): bitwise the same y.
+void dg_linear_packed(const float* xp, const float* wp, const float* bp, float* yp, int64_t N,
+                      int64_t K, int64_t M, int threads) {
+  linear(xp, wp, true, bp, yp, N, K, M, threads);
+}
+
+void dg_linear_packed_bf16(const float* xp, const uint16_t* wp, const float* bp, float* yp,
+                           int64_t N, int64_t K, int64_t M, int threads) {
+  linear(xp, wp, true, bp, yp, N, K, M, threads);
 }
 
 // Root-mean-square norm of each row of x [N, D]: w * (x / sqrt(mean(x^2) + eps)).
@@ -798,15 +856,22 @@ void dg_attention(const float* qp, const float* kc, const float* vc, const int64
 
 namespace {
 
+struct Matrix {  // a linear layer's weight and its layout (see "Linear layers")
+  const void* w;
+  bool packed;
+};
+
 struct LayerWeights {  // float or bfloat16 (uint16_t bits), as the table's `bf16` says
-  const void *attn_norm, *wqkv, *bqkv, *wo, *ffn_norm, *w13, *w2;  // bqkv may be null
+  const void *attn_norm, *bqkv, *ffn_norm;  // bqkv may be null
+  Matrix wqkv, wo, w13, w2;
   float attn_eps, ffn_eps;
 };
 
 struct Stack {
   int64_t dim, H, KVH, Dh, F, V;
   bool bf16;
-  const void *norm, *head;
+  const void* norm;
+  Matrix head;
   float norm_eps;
   std::vector<LayerWeights> layers;
   std::vector<float> widened;         // bf16: the norms' and biases' float32 values, per step
@@ -853,6 +918,13 @@ void attention(const float* qp, const float* kc, const float* vc, const StepArgs
                int64_t H, int64_t KVH, int64_t Dh) {
   dg_attention(qp, kc, vc, s.kp, s.ks, s.rs, s.cl, s.mp, s.ms, op, s.N, s.n_seqs, H, KVH, Dh,
                s.threads);
+}
+
+// linear_team over a matrix of the table.
+template <typename W>
+void linear_team(const float* xp, const Matrix& w, const float* bp, float* yp, int64_t N,
+                 int64_t K, int64_t M) {
+  linear_team(xp, static_cast<const W*>(w.w), w.packed, bp, yp, N, K, M);
 }
 
 // The float32 values of a parameter vector of n values (a bf16 one widened into out).
@@ -913,7 +985,7 @@ void stack_step(Stack& m, const StepArgs& s) {
     {
       if (l > 0) {  // the rest of layer l - 1, after its attention
         const LayerWeights& w = m.layers[l - 1];
-        linear_team(att, static_cast<const W*>(w.wo), nullptr, tmp, N, HD, D);
+        linear_team<W>(att, w.wo, nullptr, tmp, N, HD, D);
         clock.mark(kLinearTime);
 #pragma omp for schedule(static)
         for (int64_t n = 0; n < N; ++n) {
@@ -921,12 +993,12 @@ void stack_step(Stack& m, const StepArgs& s) {
           rms_norm_row(x + n * D, m.vectors[3 * (l - 1) + 1], h + n * D, D, w.ffn_eps);
         }
         clock.mark(kRowOpsTime);
-        linear_team(h, static_cast<const W*>(w.w13), nullptr, gate_up, N, D, 2 * F);
+        linear_team<W>(h, w.w13, nullptr, gate_up, N, D, 2 * F);
         clock.mark(kLinearTime);
 #pragma omp for schedule(static)
         for (int64_t n = 0; n < N; ++n) silu_mul_row(gate_up + n * 2 * F, act + n * F, F);
         clock.mark(kRowOpsTime);
-        linear_team(act, static_cast<const W*>(w.w2), nullptr, tmp, N, F, D);
+        linear_team<W>(act, w.w2, nullptr, tmp, N, F, D);
         clock.mark(kLinearTime);
       }
       if (l < L) {  // layer l up to its attention
@@ -937,7 +1009,7 @@ void stack_step(Stack& m, const StepArgs& s) {
           rms_norm_row(x + n * D, m.vectors[3 * l], h + n * D, D, w.attn_eps);
         }
         clock.mark(kRowOpsTime);
-        linear_team(h, static_cast<const W*>(w.wqkv), m.vectors[3 * l + 2], qkv, N, D, QKV);
+        linear_team<W>(h, w.wqkv, m.vectors[3 * l + 2], qkv, N, D, QKV);
         clock.mark(kLinearTime);
 #pragma omp single
         for (int64_t n = 0; n < N; ++n) {  // in row order, as dg_rope_store
@@ -955,7 +1027,7 @@ void stack_step(Stack& m, const StepArgs& s) {
           rms_norm_row(last + p * D, m.vectors[3 * L], normed + p * D, D, m.norm_eps);
         }
         clock.mark(kRowOpsTime);
-        linear_team(normed, static_cast<const W*>(m.head), nullptr, s.logits, P, D, m.V);
+        linear_team<W>(normed, m.head, nullptr, s.logits, P, D, m.V);
         clock.mark(kHeadTime);
       }
     }
@@ -972,11 +1044,12 @@ extern "C" {
 
 // A layer stack's table: n_layers layers of dim, n_heads / n_kv_heads heads of head_dim,
 // hidden_dim and vocab; weights (float32, or bf16 bits when bf16) = the final norm, the head,
-// then per layer attn_norm, wqkv, bqkv (or null), wo, ffn_norm, w13, w2; eps = per layer
-// attn_norm's, ffn_norm's, then the final norm's. The weights must outlive the table.
+// then per layer attn_norm, wqkv, bqkv (or null), wo, ffn_norm, w13, w2; packed[i]: whether
+// weights[i] (a linear layer's) is packed; eps = per layer attn_norm's, ffn_norm's, then the
+// final norm's. The weights must outlive the table.
 void* dg_stack_new(int64_t n_layers, int64_t dim, int64_t n_heads, int64_t n_kv_heads,
                    int64_t head_dim, int64_t hidden_dim, int64_t vocab, int bf16,
-                   const void* const* weights, const float* eps) {
+                   const void* const* weights, const int* packed, const float* eps) {
   Stack* m = new Stack();
   m->dim = dim;
   m->H = n_heads;
@@ -986,11 +1059,13 @@ void* dg_stack_new(int64_t n_layers, int64_t dim, int64_t n_heads, int64_t n_kv_
   m->V = vocab;
   m->bf16 = bf16 != 0;
   m->norm = weights[0];
-  m->head = weights[1];
+  m->head = {weights[1], packed[1] != 0};
   m->norm_eps = eps[2 * n_layers];
   for (int64_t l = 0; l < n_layers; ++l) {
     const void* const* w = weights + 2 + 7 * l;
-    m->layers.push_back({w[0], w[1], w[2], w[3], w[4], w[5], w[6], eps[2 * l], eps[2 * l + 1]});
+    const int* p = packed + 2 + 7 * l;
+    m->layers.push_back({w[0], w[2], w[4], {w[1], p[1] != 0}, {w[3], p[3] != 0},
+                         {w[5], p[5] != 0}, {w[6], p[6] != 0}, eps[2 * l], eps[2 * l + 1]});
   }
   const int64_t qkv = (n_heads + 2 * n_kv_heads) * head_dim;
   m->widened.resize(n_layers * (2 * dim + qkv) + dim);

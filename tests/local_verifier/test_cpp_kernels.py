@@ -1,6 +1,7 @@
 """The C++ step kernels called directly, on shapes whose reductions end in a partial vector
 (37 is no multiple of 8 or 16; head_dim 12 neither): each row's output is bitwise the same
-alone as in a call of many rows, and close to the torch kernels."""
+alone as in a call of many rows, and close to the torch kernels; a packed weight gives
+bitwise the row-major one's outputs."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 import torch
 
 from local_verifier.kernels.cpp import CppOps, load_library
+from local_verifier.kernels.packing import PACK, pack, unpack
 from local_verifier.kernels.plan import AttentionPlan
 from local_verifier.kernels.torch_ops import TorchOps
 
@@ -128,3 +130,23 @@ def test_tree_rows_under_a_mask_equal_their_paths_alone(cpp: CppOps, ctx: int) -
         assert torch.equal(cpp.attention(q[1 + i : 2 + i], k_cache, v_cache, chain)[0], alone[i]), i
     expected = TorchOps().attention(q[1 : rows + 1], k_cache, v_cache, tree)
     torch.testing.assert_close(alone, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_linear_is_bitwise_the_row_major_one(
+    cpp: CppOps, dtype: torch.dtype, threads: int
+) -> None:
+    """Both layouts, every tile and remainder shape of the row count (1..70: two row blocks)."""
+    x, w = _randn(70, 48, seed=11), _randn(80, 48, seed=12).to(dtype)
+    b = _randn(80, seed=13)
+    packed = pack(w)
+    assert packed.shape == (5, 3, PACK, PACK) and torch.equal(unpack(packed), w)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for n in (1, 2, 3, 4, 5, 16, 17, 64, 65, 70):
+            assert torch.equal(cpp.linear(x[:n], packed, b), cpp.linear(x[:n], w, b)), n
+            assert torch.equal(cpp.linear(x[:n], packed, None), cpp.linear(x[:n], w, None)), n
+    finally:
+        torch.set_num_threads(before)

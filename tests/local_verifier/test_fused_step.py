@@ -14,6 +14,7 @@ from local_verifier.config import ModelConfig
 from local_verifier.kernels import BACKEND_ENV
 from local_verifier.kernels.cpp import CppOps, load_library
 from local_verifier.kernels.fused import FUSED_ENV
+from local_verifier.kernels.packing import PACKED_ENV, is_packed
 from local_verifier.kv_storage import KVStorage
 from local_verifier.loader import LoadedModel, load_model
 from local_verifier.model import SeqStep, Transformer
@@ -168,3 +169,53 @@ def test_smollm2_fused_step_is_bitwise_the_per_op_step(
 ) -> None:
     lm: LoadedModel = request.getfixturevalue("smollm2" if dtype == "fp32" else "smollm2_bf16")
     _assert_same(lm.model, _script(lm.config.vocab_size, 40), monkeypatch)
+
+
+# every linear weight but the head (vocab 101) packable: both layouts in one stack
+PACKED_CFG = ModelConfig(
+    vocab_size=101,
+    dim=48,
+    n_layers=2,
+    n_heads=6,
+    n_kv_heads=2,
+    head_dim=8,
+    hidden_dim=80,
+    max_seq_len=512,
+    qkv_bias=True,
+)
+
+
+def test_packed_bf16_weights_give_bitwise_the_row_major_steps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """bf16 weights packed on the C++ backend (fused and per-op) against the same model
+    row-major (``DRAFTGATE_PACKED=0``): the same logits and K/V. State dicts are row-major;
+    the layout follows the backend: row-major again for the torch kernels and after a cast
+    (fp32 stays row-major)."""
+    model = Transformer.from_config(PACKED_CFG, "cpu", torch.bfloat16)
+    script = _script(PACKED_CFG.vocab_size, 40)
+    wqkv, head = model.layers[0].attn.wqkv, model.head  # type: ignore[union-attr]
+    with monkeypatch.context() as m:
+        m.setenv(PACKED_ENV, "0")
+        row_major, kv_ref = _run(model, script, True, m)
+    assert not is_packed(wqkv.weight)
+    _assert_same(model, script, monkeypatch)  # packed, fused and per-op alike
+    packed, kv = _run(model, script, True, monkeypatch)
+    assert is_packed(wqkv.weight) and not is_packed(head.weight)
+    saved = model.state_dict()  # row-major, and loaded into the packed model packed
+    assert saved["layers.0.attn.wqkv.weight"].shape == (80, 48)
+    model.load_state_dict({k: v.clone() for k, v in saved.items()})
+    assert is_packed(wqkv.weight)
+    assert all(torch.equal(v, saved[k]) for k, v in model.state_dict().items())
+    for i, (a, b) in enumerate(zip(packed, row_major, strict=True)):
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True)), f"step {i}"
+    assert torch.equal(kv.k, kv_ref.k) and torch.equal(kv.v, kv_ref.v)
+    with monkeypatch.context() as m:
+        m.setenv(BACKEND_ENV, "torch")
+        model.step(script[1], KVStorage(model.config, 400, "cpu", model.dtype))
+    assert not is_packed(wqkv.weight)
+    _run(model, script[:2], True, monkeypatch)
+    model.to(torch.float32)
+    assert not is_packed(wqkv.weight) and wqkv.weight.shape == (80, 48)
+    _run(model, script[:2], True, monkeypatch)
+    assert not is_packed(wqkv.weight)
