@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable
@@ -60,3 +61,71 @@ def configure_threads(workload: Callable[[], object], repeats: int = 3) -> int:
     chosen = min(best, key=best.__getitem__)
     torch.set_num_threads(chosen)
     return chosen
+
+
+class ThreadTuner:
+    """Keeps choosing torch's CPU thread count while an engine serves, by measured steps.
+
+    ``configure_threads`` decides once, at load, under whatever else ran then: a machine
+    busy for those few seconds leaves a server on one thread for good (a batched step then
+    costs ~1.3x). Here every ``explore_every`` steps the next ``explore_steps`` forwards run
+    on another candidate count, each forward's time is compared with what the cost table
+    expects for its rows, and the count whose recent steps ran fastest against it is kept.
+    A step's values do not depend on the thread count (the kernels' sums are fixed per
+    row), so switching never changes an answer.
+    """
+
+    def __init__(
+        self,
+        candidates: list[int],
+        explore_every: int = 128,
+        explore_steps: int = 4,
+        decay: float = 0.25,
+        margin: float = 0.03,
+    ) -> None:
+        if not candidates or min(candidates) < 1:
+            raise ValueError("candidates must be thread counts >= 1")
+        self.candidates = sorted(set(candidates))
+        current = torch.get_num_threads()
+        self.chosen = current if current in self.candidates else self.candidates[-1]
+        self.explore_every = explore_every
+        self.explore_steps = explore_steps
+        self.decay = decay
+        self.margin = margin
+        self.score: dict[int, float | None] = dict.fromkeys(self.candidates)
+        """Per count: the running mean of log(step seconds / expected seconds)."""
+        self._steps = max(explore_every - 16, 0)  # the first trial comes soon after start-up
+        self._trial: int | None = None
+        self._trial_left = 0
+
+    def apply(self) -> int:
+        """Set the thread count for the coming forward (returns it)."""
+        self._steps += 1
+        if self._trial is None and len(self.candidates) > 1 and self._steps >= self.explore_every:
+            others = [n for n in self.candidates if n != self.chosen]
+            self._trial = others[(self._steps // self.explore_every) % len(others)]
+            self._trial_left = self.explore_steps
+            self._steps = 0
+        threads = self.chosen if self._trial is None else self._trial
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+        return threads
+
+    def observe(self, ratio: float) -> bool:
+        """Record the forward just run: its seconds over the expected seconds. Returns
+        whether it ran on the chosen count (a trial step's time says nothing about the
+        cost table)."""
+        threads = self.chosen if self._trial is None else self._trial
+        if ratio > 0:
+            x = math.log(ratio)
+            old = self.score[threads]
+            self.score[threads] = x if old is None else old + self.decay * (x - old)
+        if self._trial is None:
+            return True
+        self._trial_left -= 1
+        if self._trial_left <= 0:
+            trial, chosen = self.score[self._trial], self.score[self.chosen]
+            if trial is not None and (chosen is None or trial < chosen - self.margin):
+                self.chosen = self._trial
+            self._trial = None
+        return False

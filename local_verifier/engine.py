@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from local_verifier.devices import ThreadTuner, available_cpus
 from local_verifier.errors import EngineBusy, PromptTooLong
 from local_verifier.grammar import GrammarCompiler, check_grammar
 from local_verifier.kv_pool import DEFAULT_BLOCK_SIZE, KVPool
@@ -178,6 +179,7 @@ class Engine:
             max_batch,
             prefix_cache,
             clock=time.perf_counter if measured else None,
+            threads=_thread_tuner(model_.device) if measured else None,
         )
         self._max_outstanding = max_batch + max_queue
         self._cond = threading.Condition()
@@ -441,6 +443,12 @@ class Engine:
             document_sources=req.document_sources,
             prompt_index=self.prompt_indexes.index(prompt_ids, req.tenant),
         )
+
+
+def _thread_tuner(device: Any) -> ThreadTuner | None:
+    """On a CPU with more than one core: the online choice between one thread and all."""
+    cpus = available_cpus()
+    return ThreadTuner([1, cpus]) if device.type == "cpu" and cpus > 1 else None
 
 
 def _drain(items: queue.SimpleQueue[Any], handle: Handle) -> Iterator[TextDelta | GenerationStats]:

@@ -20,6 +20,7 @@ from typing import Protocol
 
 import torch
 
+from local_verifier.devices import ThreadTuner
 from local_verifier.grammar import Constraint
 from local_verifier.kv_pool import BlockTable, KVPool, block_keys, chain_key, root_key
 from local_verifier.logits_processors import Penalties, adjust_rows
@@ -147,15 +148,18 @@ class Scheduler:
         max_batch: int = 16,
         prefix_cache: bool = True,
         clock: Callable[[], float] | None = time.perf_counter,
+        threads: ThreadTuner | None = None,
     ) -> None:
         """``row_costs[r]``: the start-up measured seconds of a step of r rows; the draft plan
         uses them as kept up to date by the forwards run, timed with ``clock`` (None: as
-        given, never updated)."""
+        given, never updated). ``threads``: chooses the CPU thread count from the timed
+        forwards (needs ``clock``)."""
         self.model = model
         self.pool = pool
         self.tokenizer = tokenizer
         self.costs = LiveCosts(row_costs)
         self.clock = clock
+        self.threads = threads if clock is not None else None
         self.token_budget = token_budget
         self.max_batch = max_batch
         self.prefix_cache = prefix_cache
@@ -263,10 +267,12 @@ class Scheduler:
             seqs.append(self._verify_rows(req, draft))
             rows.append(_Row(req, draft))
         clock = self.clock
+        if self.threads is not None:
+            self.threads.apply()
         forward = 0.0 if clock is None else clock()
         logits = self.model.step(seqs, self.pool.storage)
         if clock is not None:
-            self.costs.observe(sum(len(s.tokens) for s in seqs), clock() - forward)
+            self._timed(sum(len(s.tokens) for s in seqs), clock() - forward)
         for row, seq, out in zip(rows, seqs, logits, strict=True):
             try:
                 if row.draft is None:
@@ -275,6 +281,13 @@ class Scheduler:
                     self._after_verify(row.request, row.draft, out)
             except Exception as exc:  # one request's failure ends only that request
                 self._finish(row.request, exc)
+
+    def _timed(self, rows: int, seconds: float) -> None:
+        """Feed a forward's time to the thread choice and (on the chosen count) the costs."""
+        table = self.costs.table
+        ratio = seconds / table[rows] if rows < len(table) else 0.0
+        if self.threads is None or self.threads.observe(ratio):
+            self.costs.observe(rows, seconds)
 
     def _chunk(self, req: Request, end: int) -> SeqStep:
         assert req.table is not None

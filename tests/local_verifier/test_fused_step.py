@@ -143,6 +143,19 @@ def test_fused_step_is_bitwise_the_per_op_step(
     _assert_same(model, _script(CFG.vocab_size, 70), monkeypatch, threads)  # 70: two row blocks
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_the_fused_step_is_the_same_on_one_thread_and_two(
+    dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the engine switches its thread count while serving (devices.ThreadTuner)
+    model = Transformer.from_config(CFG, "cpu", dtype)
+    script = _script(CFG.vocab_size, 70)
+    (one, kv_one), (two, kv_two) = (_run(model, script, True, monkeypatch, t) for t in (1, 2))
+    for i, (a, b) in enumerate(zip(one, two, strict=True)):
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True)), f"step {i}"
+    assert torch.equal(kv_one.k, kv_two.k) and torch.equal(kv_one.v, kv_two.v)
+
+
 def test_the_stack_follows_casts_and_in_place_weight_changes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
