@@ -17,7 +17,8 @@ from local_verifier.loader import LoadedModel
 
 MODEL = "tiny"
 MESSAGES: list[Any] = [{"role": "user", "content": "x = 1\ny = 2\nz = x + y\nprint(z)\n" * 2}]
-SAMPLED: dict[str, Any] = {"temperature": 1.0, "seed": 7, "max_tokens": 12}
+SAMPLED: dict[str, Any] = {"temperature": 1.0, "seed": 25, "max_tokens": 12}  # a seed whose
+# text tokenizes back to its tokens, so its prediction is accepted
 
 
 @pytest.fixture(scope="module")

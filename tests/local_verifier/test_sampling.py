@@ -8,6 +8,7 @@ import torch
 from local_verifier.sampling import (
     SamplingParams,
     greedy_token,
+    inverse_cdf,
     make_generator,
     sample,
     target_probs,
@@ -77,3 +78,24 @@ def test_sampling_follows_probs_and_seed_repeats() -> None:
     assert 0.75 < draws.count(2) / len(draws) < 0.85
     again = make_generator(123)
     assert [sample(probs, again) for _ in range(2000)] == draws
+
+
+@pytest.mark.parametrize(
+    ("u", "expected"),
+    [(0.0, 1), (0.25 - 1e-12, 1), (0.25, 3), (0.999999, 3), (1 - 2**-53, 3)],
+)
+def test_inverse_cdf_skips_zero_tokens(u: float, expected: int) -> None:
+    """Token i answers a uniform in [cdf[i-1], cdf[i]); zero-probability tokens (0, 2, 4)
+    never, the last possible token also when u * total rounds up to the total."""
+    probs = torch.tensor([0.0, 0.25, 0.0, 0.75, 0.0])
+    assert inverse_cdf(probs, torch.tensor(u, dtype=torch.float64)) == expected
+
+
+def test_sample_draws_one_uniform_per_token() -> None:
+    """Each draw consumes exactly one float64 uniform of the request's generator."""
+    probs = torch.softmax(torch.randn(49152, generator=make_generator(5)), 0)
+    a, b = make_generator(9), make_generator(9)
+    for _ in range(20):
+        sample(probs, a)
+        torch.rand((), dtype=torch.float64, generator=b)
+    assert torch.equal(a.get_state(), b.get_state())
