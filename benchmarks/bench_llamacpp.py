@@ -131,7 +131,7 @@ def run_llama(
             raise RuntimeError(f"no lookup timings in llama.cpp's output:\n{log[-2000:]}")
         prefill_s, decode_s, tokens = float(enc.group(2)), float(dec.group(2)), int(dec.group(1))
         prompt_tokens = int(enc.group(1))
-        out, prompt_text = done.stdout.lstrip("\n"), prompt.read_text()
+        out, prompt_text = done.stdout.lstrip("\n"), prompt.read_text().removesuffix("\n")
         text = out[len(prompt_text) :] if out.startswith(prompt_text) else out
     else:
         prefill_s, prompt_tokens = _seconds("prompt eval time", log)
@@ -176,7 +176,7 @@ def prefill_rates(
     entries = []
     for n, length in enumerate(lengths):
         ids = long_text(lm, records, length)
-        prompt_file.write_text(lm.tokenizer.decode(ids))
+        prompt_file.write_text(lm.tokenizer.decode(ids) + "\n")  # -f drops one newline
         sides: dict[str, dict[str, Any]] = {}
         for side in ("ours", "llama") if n % 2 == 0 else ("llama", "ours"):
             if side == "ours":
@@ -246,7 +246,7 @@ def main() -> None:
     for n, record in enumerate(records):
         text = lm.tokenizer.apply_chat_template(record["messages"])
         ids = lm.tokenizer.encode(text)
-        prompt_file.write_text(text)
+        prompt_file.write_text(text + "\n")  # llama.cpp's -f drops one trailing newline
         limit = min(args.max_tokens, record.get("max_tokens") or args.max_tokens)
         req = GenerationRequest(
             prompt_ids=ids,
