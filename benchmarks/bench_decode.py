@@ -207,12 +207,16 @@ def breakdown(lm: LoadedModel, rows: int, context: int, repeats: int) -> dict[st
     return {k: round(statistics.median(r[k] for r in runs[1:]) * 1e3, 2) for k in runs[-1]}
 
 
-def prefill(lm: LoadedModel, length: int, chunk: int) -> dict[str, float]:
-    """Tokens/s of processing a ``length``-token prompt in ``chunk``-row steps, the share
-    of that time in the attention kernel, and the growth of the peak RSS (MiB) it caused."""
+def prefill(
+    lm: LoadedModel, length: int, chunk: int, tokens: torch.Tensor | None = None
+) -> dict[str, float]:
+    """Tokens/s of processing a ``length``-token prompt (``tokens``, or ids counting up) in
+    ``chunk``-row steps, the share of that time in the attention kernel, and the growth of
+    the peak RSS (MiB) it caused."""
     cfg = lm.config
     kv = KVStorage(cfg, length, lm.device, lm.model.dtype)
-    tokens = torch.arange(length) % cfg.vocab_size
+    if tokens is None:
+        tokens = torch.arange(length) % cfg.vocab_size
     stack = lm.model.fused_stack()
     timed = TimedOps(local_verifier.model.step_ops(lm.device, lm.model.dtype), cfg.vocab_size)
     peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

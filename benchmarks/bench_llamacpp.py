@@ -2,23 +2,37 @@
 
     python benchmarks/bench_llamacpp.py --build-dir /tmp/llamacpp [--sdist FILE] \
         [--category code_edit] [--limit 10] [--max-tokens 256] [--threads 2] \
+        [--dtype bf16] [--llama-quant Q4_1,Q8_0,F32] [--prefill 1024,4096,8192] \
         [--json /tmp/bench_llamacpp.json]
 
 Builds llama.cpp from the source that llama-cpp-python's PyPI sdist vendors (the sdist is
 fetched with ``pip download`` unless ``--sdist`` names it; the build is kept in
-``--build-dir`` and reused), converts the SmolLM2 GGUF this project serves to F32 with
-``llama-quantize --allow-requantize`` (the same dequantized weights draftgate computes with),
-then runs, per prompt and interleaved, greedy, ``--max-tokens`` tokens:
+``--build-dir`` and reused), converts the SmolLM2 GGUF this project serves to each of
+``--llama-quant`` with ``llama-quantize --allow-requantize`` (F32 by default: the same
+dequantized weights draftgate computes with), then runs, per prompt and interleaved,
+greedy, ``--max-tokens`` tokens:
 
-- ``llama_plain``: ``llama-completion`` (plain decoding);
-- ``llama_lookup``: ``llama-lookup`` (prompt-lookup n-gram drafts, llama.cpp's own mode);
-- ``plain``: draftgate's plain decoding;
+- ``llama_plain``: ``llama-completion`` (plain decoding) on the first ``--llama-quant``;
+- ``llama_lookup``: ``llama-lookup`` (prompt-lookup n-gram drafts, llama.cpp's own mode)
+  on the first ``--llama-quant``;
+- ``llama_plain_<quant>``: ``llama-completion`` on each further ``--llama-quant``;
+- ``plain``: draftgate's plain decoding (``--dtype``: float32, or the bf16 target);
 - ``speculative``: draftgate's engine with the workload's prediction and documents.
 
 Each side's time is its own prompt processing plus decoding (llama.cpp's printed timings;
-model loading excluded on both sides). Reported: tokens/s per side, prompt processing
-tokens/s, and whether each side's text agrees with draftgate's plain text (the
-shorter a prefix of the longer: llama-lookup may overshoot the limit by part of a draft).
+model loading excluded on both sides). llama.cpp runs with ``--no-repack`` unless
+``--llama-repack``: its repacked quantized weights take its AMX int8 path, which dies with
+SIGILL/SIGSEGV on the 2-core Sapphire Rapids VM this was written on (F32 is never repacked). Reported: tokens/s per side, decode tokens/s (the
+tokens after the first over the time after the prompt pass), prompt processing tokens/s,
+and whether each side's text agrees with draftgate's plain text (the shorter a prefix of
+the longer: llama-lookup may overshoot the limit by part of a draft).
+
+``--prefill`` then measures prompt processing alone at each length, interleaved: one
+real text (the workload's messages and documents, repeated as needed) cut to exactly N
+of our tokens; ours through ``bench_decode.prefill`` (``--chunk``-row steps, the engine's
+prompt budget by default), llama.cpp's ``llama-completion`` on that text decoded (its own
+token count reported beside ours), and each side's rate at the longest length over its
+rate at the shortest.
 """
 
 from __future__ import annotations
@@ -30,12 +44,16 @@ import statistics
 import subprocess
 import sys
 import tarfile
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import torch
+from bench_decode import prefill
 from bench_speculative import WORKLOAD, document, run_plain, run_speculative
 
-from local_verifier.engine import Engine, GenerationRequest
+from local_verifier.engine import TOKEN_BUDGET, Engine, GenerationRequest
 from local_verifier.loader import LoadedModel, load_model, smollm2_path
 
 SDIST = "llama-cpp-python==0.3.36"
@@ -72,12 +90,13 @@ def build(build_dir: Path, sdist: Path | None) -> Path:
     return bin_dir
 
 
-def f32_weights(bin_dir: Path, build_dir: Path) -> Path:
-    """SmolLM2's GGUF dequantized to F32 by llama.cpp's own quantize tool."""
-    out = build_dir / "smollm2-f32.gguf"
+def quant_weights(bin_dir: Path, build_dir: Path, quant: str) -> Path:
+    """SmolLM2's GGUF converted to ``quant`` (F32, Q8_0, Q4_1, ...) by llama.cpp's own
+    quantize tool."""
+    out = build_dir / f"smollm2-{quant.lower()}.gguf"
     if not out.exists():
         quantize = [str(bin_dir / "llama-quantize"), "--allow-requantize"]
-        subprocess.run([*quantize, str(smollm2_path()), str(out), "F32"], check=True)
+        subprocess.run([*quantize, str(smollm2_path()), str(out), quant], check=True)
     return out
 
 
@@ -90,11 +109,19 @@ def _seconds(pattern: str, log: str) -> tuple[float, int]:
 
 
 def run_llama(
-    binary: Path, weights: Path, prompt: Path, limit: int, threads: int, extra: list[str]
+    binary: Path,
+    weights: Path,
+    prompt: Path,
+    limit: int,
+    threads: int,
+    extra: list[str],
+    context: int = 8192,
+    repack: bool = False,
 ) -> dict[str, Any]:
-    """One greedy llama.cpp run: its text, prompt seconds, decode seconds and tokens."""
+    """One greedy llama.cpp run: its text, prompt tokens and seconds, decode seconds, tokens."""
     cmd = [str(binary), "-m", str(weights), "-f", str(prompt), "-n", str(limit), "--temp", "0"]
-    cmd += ["-t", str(threads), "-c", "8192", "--no-escape", *extra]
+    cmd += ["-t", str(threads), "-c", str(context), "--no-escape", *extra]
+    cmd += [] if repack else ["--no-repack"]
     done = subprocess.run(cmd, capture_output=True, text=True, check=True)
     log = done.stderr
     if binary.name == "llama-lookup":
@@ -103,17 +130,20 @@ def run_llama(
         if enc is None or dec is None:
             raise RuntimeError(f"no lookup timings in llama.cpp's output:\n{log[-2000:]}")
         prefill_s, decode_s, tokens = float(enc.group(2)), float(dec.group(2)), int(dec.group(1))
-        out, prompt_text = done.stdout.lstrip("\n"), prompt.read_text()
+        prompt_tokens = int(enc.group(1))
+        out, prompt_text = done.stdout.lstrip("\n"), prompt.read_text().removesuffix("\n")
         text = out[len(prompt_text) :] if out.startswith(prompt_text) else out
     else:
-        prefill_s, _ = _seconds("prompt eval time", log)
+        prefill_s, prompt_tokens = _seconds("prompt eval time", log)
         decode_s, runs = _seconds(r"(?<!prompt )eval time", log)
         tokens = runs + 1  # the first token comes from the prompt pass
         text = done.stdout.removesuffix("\n").removesuffix(" [end of text]")
     return {
         "text": text.strip(),
         "tokens": tokens,
+        "prompt_tokens": prompt_tokens,
         "prefill_s": prefill_s,
+        "decode_s": decode_s,
         "wall": prefill_s + decode_s,
     }
 
@@ -122,6 +152,51 @@ def _same(text: str, reference: str) -> bool:
     """Whether ``text`` agrees with ``reference`` (llama-lookup may run past the token limit
     by part of a draft, so the shorter text must be a prefix of the longer one)."""
     return bool(text and reference) and (text.startswith(reference) or reference.startswith(text))
+
+
+def long_text(lm: LoadedModel, records: list[dict[str, Any]], length: int) -> list[int]:
+    """The first ``length`` of our token ids of the records' messages and documents, one
+    after another, repeated as needed (real text, no chat template)."""
+    parts = [str(m["content"]) for r in records for m in r["messages"]]
+    parts += [d["text"] for r in records for d in r.get("documents") or []]
+    ids = lm.tokenizer.encode("\n\n".join(parts))
+    return (ids * (length // len(ids) + 1))[:length]
+
+
+def prefill_rates(
+    lm: LoadedModel,
+    records: list[dict[str, Any]],
+    lengths: list[int],
+    chunk: int,
+    llama: Callable[..., dict[str, Any]],
+    prompt_file: Path,
+) -> list[dict[str, Any]]:
+    """Prompt processing tokens/s of ours and of llama.cpp (``llama(context=...)`` runs it
+    on ``prompt_file``) on the same text at each length, interleaved (order alternating)."""
+    entries = []
+    for n, length in enumerate(lengths):
+        ids = long_text(lm, records, length)
+        prompt_file.write_text(lm.tokenizer.decode(ids) + "\n")  # -f drops one newline
+        sides: dict[str, dict[str, Any]] = {}
+        for side in ("ours", "llama") if n % 2 == 0 else ("llama", "ours"):
+            if side == "ours":
+                sides[side] = prefill(lm, length, chunk, torch.tensor(ids))
+            else:
+                run = llama(context=length + 64)
+                sides[side] = {
+                    "tokens": run["prompt_tokens"],
+                    "seconds": round(run["prefill_s"], 2),
+                    "tok_s": round(run["prompt_tokens"] / run["prefill_s"], 1),
+                }
+        entry = {
+            "length": length,
+            "ours": sides["ours"],
+            "llama": sides["llama"],
+            "ours_vs_llama": round(sides["ours"]["tok_s"] / sides["llama"]["tok_s"], 3),
+        }
+        entries.append(entry)
+        print(json.dumps(entry), flush=True)
+    return entries
 
 
 def main() -> None:
@@ -134,21 +209,44 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--dtype", default=None, help="ours: float32 (CPU default) or bf16")
+    parser.add_argument(
+        "--llama-quant",
+        default="F32",
+        help="llama.cpp's weights, comma-separated: the first for llama_plain and "
+        "llama_lookup, each further one adds a llama_plain_<quant> side",
+    )
+    parser.add_argument(
+        "--llama-repack",
+        action="store_true",
+        help="let llama.cpp repack quantized weights (its AMX int8 path: faults on some VMs)",
+    )
+    parser.add_argument("--prefill", default="", help="prompt lengths, e.g. 1024,4096,8192")
+    parser.add_argument("--chunk", type=int, default=TOKEN_BUDGET, help="our prompt rows/step")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
 
     bin_dir = build(args.build_dir, args.sdist)
-    weights = f32_weights(bin_dir, args.build_dir)
-    lm: LoadedModel = load_model(args.model)
+    quants = [q for q in args.llama_quant.split(",") if q]
+    weights = {q: quant_weights(bin_dir, args.build_dir, q) for q in quants}
+    extra_sides = {f"llama_plain_{q.lower()}": q for q in quants[1:]}
+    sides = (*SIDES, *extra_sides)
+    completion_sides = ("llama_plain", *extra_sides)
+    lm: LoadedModel = load_model(args.model, dtype=args.dtype)
     engine = Engine(lm)
-    records = [json.loads(x) for x in args.workload.read_text().splitlines() if x.strip()]
-    records = [r for r in records if r["category"] == args.category][: args.limit]
+    every = [json.loads(x) for x in args.workload.read_text().splitlines() if x.strip()]
+    records = [r for r in every if r["category"] == args.category][: args.limit]
     prompt_file = args.build_dir / "prompt.txt"
+    warm = lm.tokenizer.encode(
+        lm.tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}])
+    )
+    run_plain(lm, warm, 8)
+    run_speculative(engine, GenerationRequest(prompt_ids=warm, max_tokens=8))
     rows = []
     for n, record in enumerate(records):
         text = lm.tokenizer.apply_chat_template(record["messages"])
         ids = lm.tokenizer.encode(text)
-        prompt_file.write_text(text)
+        prompt_file.write_text(text + "\n")  # llama.cpp's -f drops one trailing newline
         limit = min(args.max_tokens, record.get("max_tokens") or args.max_tokens)
         req = GenerationRequest(
             prompt_ids=ids,
@@ -157,7 +255,7 @@ def main() -> None:
             documents=[document(lm, d["text"]) for d in record.get("documents") or []],
         )
         runs: dict[str, dict[str, Any]] = {}
-        for side in SIDES if n % 2 == 0 else SIDES[::-1]:  # alternate to spread drift
+        for side in sides if n % 2 == 0 else sides[::-1]:  # alternate to spread drift
             if side == "plain":
                 runs[side] = run_plain(lm, ids, limit)
             elif side == "speculative":
@@ -168,36 +266,77 @@ def main() -> None:
                 )
                 extra = ["--spec-draft-n-max", "16"] if side == "llama_lookup" else ["-no-cnv"]
                 extra += [] if side == "llama_lookup" else ["--no-display-prompt", "--no-warmup"]
-                runs[side] = run_llama(binary, weights, prompt_file, limit, args.threads, extra)
+                w = weights[extra_sides.get(side, quants[0])]
+                runs[side] = run_llama(
+                    binary, w, prompt_file, limit, args.threads, extra, repack=args.llama_repack
+                )
         for side in ("plain", "speculative"):
             runs[side]["tokens"] = len(runs[side]["ids"])
+        runs["plain"]["decode_s"] = runs["plain"]["decode"]
+        runs["speculative"]["decode_s"] = (
+            runs["speculative"]["wall"] - runs["speculative"]["prefill"]
+        )
         reference = runs["plain"]["text"].strip()
         row = {
             "id": record["id"],
             "prompt_tokens": len(ids),
-            "tokens": {s: runs[s]["tokens"] for s in SIDES},
-            "tps": {s: round(runs[s]["tokens"] / runs[s]["wall"], 2) for s in SIDES},
+            "tokens": {s: runs[s]["tokens"] for s in sides},
+            "tps": {s: round(runs[s]["tokens"] / runs[s]["wall"], 2) for s in sides},
+            "decode_s": {s: round(runs[s]["decode_s"], 4) for s in sides},
+            "decode_tps": {
+                s: round(max(runs[s]["tokens"] - 1, 0) / runs[s]["decode_s"], 2) for s in sides
+            },
             "prefill_tps": {s: round(len(ids) / runs[s]["prefill"], 1) for s in ("plain",)}
-            | {s: round(len(ids) / runs[s]["prefill_s"], 1) for s in ("llama_plain",)},
-            "identical_to_plain": {s: _same(runs[s]["text"].strip(), reference) for s in SIDES},
+            | {s: round(len(ids) / runs[s]["prefill_s"], 1) for s in completion_sides},
+            "llama_prompt_tokens": runs["llama_plain"]["prompt_tokens"],
+            "identical_to_plain": {s: _same(runs[s]["text"].strip(), reference) for s in sides},
         }
         rows.append(row)
         print(json.dumps(row), flush=True)
-    summary = {
+    summary: dict[str, Any] = {
         "tps": {
             s: round(
                 sum(r["tokens"][s] for r in rows) / sum(r["tokens"][s] / r["tps"][s] for r in rows),
                 2,
             )
-            for s in SIDES
+            for s in sides
+        },
+        "decode_tps": {
+            s: round(
+                sum(max(r["tokens"][s] - 1, 0) for r in rows) / sum(r["decode_s"][s] for r in rows),
+                2,
+            )
+            for s in sides
         },
         "prefill_tps_median": {
             s: statistics.median(r["prefill_tps"][s] for r in rows)
-            for s in ("plain", "llama_plain")
+            for s in ("plain", *completion_sides)
         },
-        "identical_to_plain": {s: sum(r["identical_to_plain"][s] for r in rows) for s in SIDES},
+        "identical_to_plain": {s: sum(r["identical_to_plain"][s] for r in rows) for s in sides},
         "prompts": len(rows),
+        "dtype": str(lm.dtype).removeprefix("torch."),
+        "llama_quant": quants,
     }
+    lengths = sorted(int(n) for n in args.prefill.split(",") if n)
+    if lengths:
+        completion = (bin_dir / "llama-completion", weights[quants[0]], prompt_file, 1)
+        llama = partial(
+            run_llama,
+            *completion,
+            args.threads,
+            ["-no-cnv", "--no-display-prompt"],
+            repack=args.llama_repack,
+        )
+        entries = prefill_rates(lm, every, lengths, args.chunk, llama, prompt_file)
+        summary["prefill"] = entries
+        summary["prefill_chunk"] = args.chunk
+        if len(entries) > 1:
+            short, long = entries[0], entries[-1]
+            summary["prefill_long_vs_short"] = {
+                "lengths": [short["length"], long["length"]],
+                "ours": round(long["ours"]["tok_s"] / short["ours"]["tok_s"], 3),
+                "llama": round(long["llama"]["tok_s"] / short["llama"]["tok_s"], 3),
+            }
     print(json.dumps(summary, indent=1))
     if args.json:
         args.json.write_text(json.dumps({"summary": summary, "prompts": rows}, indent=1))

@@ -67,7 +67,13 @@ def run_plain(lm: LoadedModel, ids: list[int], limit: int) -> dict[str, Any]:
     result = items[-1]
     assert isinstance(result, PlainResult)
     text = "".join(i.text for i in items[:-1] if isinstance(i, TextDelta))
-    return {"ids": result.token_ids, "text": text, "wall": wall, "prefill": result.prefill_s}
+    return {
+        "ids": result.token_ids,
+        "text": text,
+        "wall": wall,
+        "prefill": result.prefill_s,
+        "decode": result.decode_s,
+    }
 
 
 def run_speculative(engine: Engine, req: GenerationRequest) -> dict[str, Any]:
