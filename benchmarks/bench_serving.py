@@ -1,7 +1,7 @@
 """Serving throughput and latency of the embedded default under concurrent clients.
 
     python benchmarks/bench_serving.py --workload PATH --concurrency 1,4,8 --max-tokens N --json OUT
-        [--categories code_edit,chat] [--limit N] [--samplings greedy,seeded]
+        [--categories code_edit,chat] [--limit N] [--samplings greedy,seeded] [--dtype bf16]
 
 Starts ``draftgate serve``'s app (the embedded default, SmolLM2-135M) in a child process
 and drives it over HTTP with the real ``openai`` async client, streaming, closed loop:
@@ -9,7 +9,8 @@ and drives it over HTTP with the real ``openai`` async client, streaming, closed
 item once per level. Each level runs with drafts off and on, greedy and seeded sampling.
 ``identical`` is the share of answers equal to the same item's answer at concurrency 1
 without drafts (same sampling). ``--limit`` keeps N items taken in turn from each category
-(so a short run stays mixed), ``--categories`` only those categories. JSON: ``{"levels": [{"sampling", "concurrency", "drafts",
+(so a short run stays mixed), ``--categories`` only those categories, ``--dtype`` sets the
+local endpoint's dtype (default: the embedded default's). JSON: ``{"levels": [{"sampling", "concurrency", "drafts",
 "output_tok_s", "req_s", "ttft_ms": {p50, p99}, "tpot_ms": {p50, p99}, "e2e_ms": {p50, p99},
 "identical"}]}``.
 """
@@ -42,13 +43,14 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _run_gateway(port: int) -> None:
-    """The gateway as ``draftgate serve`` runs it with the embedded default."""
+def _run_gateway(port: int, dtype: str | None) -> None:
+    """The gateway as ``draftgate serve [--dtype DTYPE]`` runs it with the embedded default."""
     sys.path.insert(0, str(ROOT))
     from gateway.app import create_app
     from gateway.cli.serve import run_server, verifier_settings
 
-    run_server(create_app(verifier_settings(MODEL), environ={}), "127.0.0.1", port)
+    settings = verifier_settings(MODEL, dtype=dtype)
+    run_server(create_app(settings, environ={}), "127.0.0.1", port)
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -186,6 +188,7 @@ def main() -> None:
     parser.add_argument("--categories", help="comma-separated categories (default: all)")
     parser.add_argument("--limit", type=int, help="at most N items, categories in turn")
     parser.add_argument("--samplings", default=",".join(SAMPLINGS), help="greedy,seeded")
+    parser.add_argument("--dtype", help="the local endpoint's dtype (default: the embedded's)")
     args = parser.parse_args()
     lines = Path(args.workload).read_text().splitlines()
     items = select_items([json.loads(line) for line in lines if line], args.categories, args.limit)
@@ -197,7 +200,7 @@ def main() -> None:
         levels = [1, *levels]  # the reference answers come from concurrency 1
     port = _free_port()
     server = multiprocessing.get_context("spawn").Process(
-        target=_run_gateway, args=(port,), daemon=True
+        target=_run_gateway, args=(port, args.dtype), daemon=True
     )
     server.start()
     try:
@@ -206,7 +209,8 @@ def main() -> None:
     finally:
         server.terminate()
         server.join(10)
-    Path(args.json).write_text(json.dumps({"levels": rows}, indent=2) + "\n")
+    result = {"dtype": args.dtype or "default", "levels": rows}
+    Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":
