@@ -158,7 +158,7 @@ def test_the_amx_kernels_run_exactly_where_the_cpu_has_them(
     cpp: CppOps, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """GCC 12+ with -march=native builds them wherever the CPU has AMX-BF16."""
-    assert AMX == ({"amx_tile", "amx_bf16"} <= _cpu_flags())
+    assert ({"amx_tile", "amx_bf16"} <= _cpu_flags()) == AMX
     assert cpp.amx() == AMX
     monkeypatch.setenv(AMX_ENV, "0")
     assert not cpp.amx()
