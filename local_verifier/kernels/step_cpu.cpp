@@ -506,8 +506,8 @@ inline void amx_store(float c[][16][16], int64_t rows, const float* bias, float*
     }
 }
 
-// RT row tiles (of xb, ldx values apart) x CT column tiles (w: the first one's stream) over
-// all of K; y's rows live, the last row tile's `last` rows.
+// RT row tiles of xb (rows of K values) x CT column tiles (w: the first one's stream) over
+// all of K, into y: 16 rows of each row tile but the last's `last`.
 template <int RT, int CT>
 inline void amx_tile(const uint16_t* xb, int64_t K, const uint16_t* w, int64_t last,
                      const float* bias, float* y, int64_t ldy) {
@@ -1096,7 +1096,8 @@ void linear_team(const float* xp, const Matrix& w, const float* bp, float* yp, i
                  int64_t K, int64_t M) {
 #if DG_AMX
   if constexpr (std::is_same_v<W, uint16_t>)
-    if (w.layout == kAmxPacked) return amx_linear_team(xp, static_cast<const W*>(w.w), bp, yp, N, K, M);
+    if (w.layout == kAmxPacked)
+      return amx_linear_team(xp, static_cast<const W*>(w.w), bp, yp, N, K, M);
 #endif
   linear_team(xp, static_cast<const W*>(w.w), w.layout == kPacked, bp, yp, N, K, M);
 }
@@ -1219,8 +1220,8 @@ extern "C" {
 // A layer stack's table: n_layers layers of dim, n_heads / n_kv_heads heads of head_dim,
 // hidden_dim and vocab; weights (float32, or bf16 bits when bf16) = the final norm, the head,
 // then per layer attn_norm, wqkv, bqkv (or null), wo, ffn_norm, w13, w2; layouts[i]: the
-// Layout of weights[i] (a linear layer's; kAmxPacked only where dg_amx_available); eps = per layer attn_norm's, ffn_norm's, then the
-// final norm's. The weights must outlive the table.
+// Layout of weights[i] (a linear layer's; kAmxPacked only where dg_amx_available); eps = per
+// layer attn_norm's, ffn_norm's, then the final norm's. The weights must outlive the table.
 void* dg_stack_new(int64_t n_layers, int64_t dim, int64_t n_heads, int64_t n_kv_heads,
                    int64_t head_dim, int64_t hidden_dim, int64_t vocab, int bf16,
                    const void* const* weights, const int* layouts, const float* eps) {
