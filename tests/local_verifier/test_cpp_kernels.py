@@ -159,6 +159,7 @@ def test_the_amx_kernels_run_exactly_where_the_cpu_has_them(
 ) -> None:
     """GCC 12+ with -march=native builds them wherever the CPU has AMX-BF16."""
     assert ({"amx_tile", "amx_bf16"} <= _cpu_flags()) == AMX
+    monkeypatch.setenv(AMX_ENV, "1")
     assert cpp.amx() == AMX
     monkeypatch.setenv(AMX_ENV, "0")
     assert not cpp.amx()

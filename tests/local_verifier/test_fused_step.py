@@ -15,7 +15,7 @@ from local_verifier.config import ModelConfig
 from local_verifier.kernels import BACKEND_ENV
 from local_verifier.kernels.cpp import CppOps, load_library
 from local_verifier.kernels.fused import FUSED_ENV
-from local_verifier.kernels.packing import AMX_ENV, PACKED_ENV, is_packed, layout_of
+from local_verifier.kernels.packing import AMX_ENV, PACKED_ENV, amx_wanted, is_packed, layout_of
 from local_verifier.kv_storage import KVStorage
 from local_verifier.linear import Linear
 from local_verifier.loader import LoadedModel, load_model
@@ -164,7 +164,8 @@ def test_fused_step_is_bitwise_the_per_op_step(
     model = Transformer.from_config(cfg, "cpu", dtype)
     _assert_same(model, _script(cfg.vocab_size, 70), monkeypatch, threads)  # 70: two row blocks
     if cfg is AMX_CFG:
-        assert all(layout_of(w) == ("amx" if AMX else "packed") for w in _linear_weights(model))
+        expected = "amx" if AMX and amx_wanted() else "packed"
+        assert all(layout_of(w) == expected for w in _linear_weights(model))
 
 
 @pytest.mark.parametrize(("cfg", "dtype"), MODELS, ids=MODEL_IDS)
@@ -262,6 +263,7 @@ def test_packed_bf16_weights_give_bitwise_the_row_major_steps(
 def test_amx_weights_follow_the_switch_and_save_row_major(monkeypatch: pytest.MonkeyPatch) -> None:
     """``DRAFTGATE_AMX=0`` repacks the weights for the float32 kernels (a different but
     close y) and back; state dicts are row-major and load into the AMX layout."""
+    monkeypatch.setenv(AMX_ENV, "1")
     model = Transformer.from_config(AMX_CFG, "cpu", torch.bfloat16)
     script = _script(AMX_CFG.vocab_size, 40)
     amx, kv = _run(model, script, True, monkeypatch)
