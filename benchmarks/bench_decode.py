@@ -47,6 +47,7 @@ import local_verifier.model
 from local_verifier.generate import PlainResult, generate_plain
 from local_verifier.kernels import StepOps
 from local_verifier.kernels.fused import FUSED_ENV, PROFILE_KINDS
+from local_verifier.kernels.packing import layout_of
 from local_verifier.kv_storage import KVStorage
 from local_verifier.loader import LoadedModel, load_model
 from local_verifier.model import SeqStep
@@ -273,12 +274,13 @@ def compare_with_transformers(
     lm: LoadedModel, rows: list[dict[str, Any]], max_tokens: int
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Per-prompt entries and the summary of ours vs transformers, greedy."""
-    hf = load_reference(lm.name, lm.dtype)
     eos = sorted(lm.tokenizer.eos_ids)
     tok = lm.tokenizer
     prompts = [tok.encode(tok.apply_chat_template(r["messages"])) for r in rows]
     warm = prompts[0][:32]
     run_ours(lm, warm, 4)
+    # on the AMX kernels (weights in their layout after a step) linear inputs round to bf16
+    hf = load_reference(lm.name, lm.dtype, layout_of(lm.model.head.weight) == "amx")
     run_hf(hf, warm, 4, eos)
     results = []
     for i, (row, prompt) in enumerate(zip(rows, prompts, strict=True)):

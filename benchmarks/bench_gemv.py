@@ -6,7 +6,8 @@
 Loads the model's linear weights (every layer's, then the vocabulary head: far more than
 the caches, so they come from memory) in float32 and in bf16, row-major and packed (both
 held for the comparison), and times one pass of the linear kernels over all of them, in
-the model's order, for R rows: sides "packed" and "row-major" (this library), and with
+the model's order, for R rows: sides "packed" and "row-major" (this library; "amx", bf16
+only, where the CPU has the AMX kernels: the bf16 weights in their layout), and with
 ``--baseline`` another version of ``step_cpu.cpp`` (e.g. ``git show
 main:local_verifier/kernels/step_cpu.cpp > /tmp/main.cpp``, on packed weights if it has
 the packed kernels) built into the same process. The sides are timed in turn (order
@@ -33,29 +34,38 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_decode import CONTEXT, read_bandwidth  # noqa: E402
 from local_verifier.kernels import cpp  # noqa: E402
-from local_verifier.kernels.packing import PACK, PACKED_ENV, dense_shape, pack  # noqa: E402
+from local_verifier.kernels.packing import (  # noqa: E402
+    PACKED_ENV,
+    Layout,
+    dense_shape,
+    pack,
+    packable,
+)
 from local_verifier.kv_storage import KVStorage  # noqa: E402
 from local_verifier.linear import Linear  # noqa: E402
 from local_verifier.loader import LoadedModel, load_model  # noqa: E402
 from local_verifier.model import SeqStep  # noqa: E402
 from lookup.shared_library import build  # noqa: E402
 
-Kernels = dict[tuple[torch.dtype, bool], ctypes._CFuncPtr]  # (dtype, packed) -> kernel
-ENTRY_POINTS = {
-    (torch.float32, False): "dg_linear",
-    (torch.bfloat16, False): "dg_linear_bf16",
-    (torch.float32, True): "dg_linear_packed",
-    (torch.bfloat16, True): "dg_linear_packed_bf16",
+Kernels = dict[tuple[torch.dtype, Layout], ctypes._CFuncPtr]  # (dtype, layout) -> kernel
+ENTRY_POINTS: dict[tuple[torch.dtype, Layout], str] = {
+    (torch.float32, "row"): "dg_linear",
+    (torch.bfloat16, "row"): "dg_linear_bf16",
+    (torch.float32, "packed"): "dg_linear_packed",
+    (torch.bfloat16, "packed"): "dg_linear_packed_bf16",
+    (torch.bfloat16, "amx"): "dg_linear_amx",
 }
 
 
 def kernels(library: ctypes.CDLL) -> Kernels:
-    """The linear entry points a step library has (an older one: row-major only), typed."""
+    """The linear entry points a step library has (an older one: row-major only; AMX only
+    where it runs them), typed."""
     found = {}
+    amx = getattr(library, "dg_amx_available", lambda: 0)() == 1
     for key, name in ENTRY_POINTS.items():
         function = getattr(library, name, None)
-        if function is not None:
-            function.argtypes = cpp.SIGNATURES[name]
+        if function is not None and (key[1] != "amx" or amx):
+            function.argtypes = {**cpp.SIGNATURES, **cpp.AMX_SIGNATURES}[name]
             function.restype = None
             found[key] = function
     return found
@@ -80,21 +90,23 @@ def one_pass(kernel: ctypes._CFuncPtr, weights: list[torch.Tensor], x: torch.Ten
     return time.perf_counter() - start
 
 
-Sides = dict[str, tuple[Kernels, bool]]  # name -> (kernels, on packed weights)
+Sides = dict[str, tuple[Kernels, Layout]]  # name -> (kernels, the weights' layout)
 
 
 def passes(
     sides: Sides,
-    layouts: dict[bool, list[torch.Tensor]],
+    layouts: dict[Layout, list[torch.Tensor]],
     dtype: torch.dtype,
     x: torch.Tensor,
     repeats: int,
 ) -> dict[str, list[float]]:
-    """Seconds of ``repeats`` passes per side, the sides in turn (order alternating)."""
+    """Seconds of ``repeats`` passes per side that has a kernel for ``dtype``, the sides in
+    turn (order alternating)."""
+    sides = {name: side for name, side in sides.items() if (dtype, side[1]) in side[0]}
 
     def timed(side: str) -> float:
-        found, packed = sides[side]
-        return one_pass(found[dtype, packed], layouts[packed], x)
+        found, layout = sides[side]
+        return one_pass(found[dtype, layout], layouts[layout], x)
 
     for side in sides:  # warm-up
         timed(side)
@@ -146,10 +158,10 @@ def main() -> None:
     if library is None:
         raise SystemExit(f"no C++ kernels: {reason}")
     this = kernels(library)
-    sides: Sides = {"packed": (this, True), "row-major": (this, False)}
+    sides: Sides = {"packed": (this, "packed"), "row-major": (this, "row"), "amx": (this, "amx")}
     if args.baseline is not None:
         other = baseline(args.baseline)
-        sides["baseline"] = (other, (torch.float32, True) in other)
+        sides["baseline"] = (other, "packed" if (torch.float32, "packed") in other else "row")
     report: dict = {"passes": []}
     for dtype in (torch.float32, torch.bfloat16):
         spec = "bf16" if dtype == torch.bfloat16 else "float32"
@@ -159,9 +171,11 @@ def main() -> None:
         if args.threads:
             torch.set_num_threads(args.threads)
         weights = [m.weight.detach() for m in lm.model.modules() if isinstance(m, Linear)]
-        tiled = [w.shape[0] % PACK == 0 and w.shape[1] % PACK == 0 for w in weights]
+        # float32 packed too (the model packs bf16 only)
+        tiled = [w.shape[0] % 16 == 0 and w.shape[1] % 16 == 0 for w in weights]
         packed = [pack(w) if t else w for w, t in zip(weights, tiled, strict=True)]
-        layouts = {False: weights, True: packed}  # float32 too (the model packs bf16 only)
+        amx = [pack(w, "amx") if packable(w, "amx") else w for w in weights]
+        layouts: dict[Layout, list[torch.Tensor]] = {"row": weights, "packed": packed, "amx": amx}
         gb = sum(w.numel() * w.element_size() for w in weights) / 1e9
         widest = max(w.shape[1] for w in weights)
         for rows in [int(r) for r in args.rows.split(",") if r]:
@@ -179,7 +193,7 @@ def main() -> None:
                 }
                 report["passes"].append(entry)
                 print(json.dumps(entry), flush=True)
-        del layouts, packed
+        del layouts, packed, amx
         if args.steps and dtype == torch.bfloat16:  # the model packs bf16 weights only
             packed_lm = load_model(args.model, dtype=spec, tune_threads=False)
             steps = decode_steps({"packed": packed_lm, "row-major": lm}, 3 * args.repeats)

@@ -7,13 +7,20 @@ from typing import Any
 import torch
 from torch import nn
 
-from local_verifier.kernels.packing import is_packed, pack, packable, unpack
+from local_verifier.kernels.packing import Layout, is_packed, layout_of, pack, packable, unpack
+
+# the layouts a weight is held in for a wanted one, the first it is packable to
+_FALLBACKS: dict[Layout, list[Layout]] = {
+    "amx": ["amx", "packed", "row"],
+    "packed": ["packed", "row"],
+    "row": ["row"],
+}
 
 
 class Linear(nn.Module):
     """Weight [out_features, in_features] and optional bias [out_features]. The C++ backend
-    holds a bf16 weight packed (``kernels.packing``: the same values, one copy); state dicts
-    hold it row-major either way."""
+    holds a bf16 weight packed (``kernels.packing``: the same values, one copy; for the AMX
+    kernels where they run); state dicts hold it row-major either way."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__()
@@ -23,13 +30,13 @@ class Linear(nn.Module):
         self.register_load_state_dict_pre_hook(_loaded_as_held)
 
     @torch.no_grad()
-    def set_packed(self, packed: bool) -> None:
-        """Holds the weight packed (where ``packable``) or row-major, in place."""
-        w = self.weight.data
-        if packed and packable(w):
-            self.weight.data = pack(w)
-        elif not packed and is_packed(w):
-            self.weight.data = unpack(w)
+    def set_layout(self, layout: Layout) -> None:
+        """Holds the weight in ``layout`` where ``packable`` (``amx`` else ``packed``), else
+        row-major; in place."""
+        w = unpack(self.weight.data)
+        fits = [c for c in _FALLBACKS[layout] if packable(w, c)]
+        if layout_of(self.weight.data) != fits[0]:
+            self.weight.data = pack(w, fits[0])
 
 
 def _saved_row_major(module: Linear, state: dict[str, Any], prefix: str, *_: Any) -> None:
@@ -41,4 +48,4 @@ def _saved_row_major(module: Linear, state: dict[str, Any], prefix: str, *_: Any
 def _loaded_as_held(module: Linear, state: dict[str, Any], prefix: str, *_: Any) -> None:
     key = prefix + "weight"
     if key in state and is_packed(module.weight) and not is_packed(state[key]):
-        state[key] = pack(state[key])
+        state[key] = pack(state[key], layout_of(module.weight))

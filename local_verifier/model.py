@@ -18,7 +18,7 @@ from local_verifier.config import ModelConfig
 from local_verifier.kernels import AttentionPlan, StepOps, step_ops
 from local_verifier.kernels.cpp import CppOps
 from local_verifier.kernels.fused import FusedStack, LayerWeights, fused_enabled
-from local_verifier.kernels.packing import packing_enabled
+from local_verifier.kernels.packing import Layout, packing_enabled
 from local_verifier.kv_cache import KVCache
 from local_verifier.kv_storage import KVStorage
 from local_verifier.linear import Linear
@@ -210,7 +210,7 @@ class Transformer(nn.Module):
         # plain attributes, not buffers: dtype casts of the module must not round them
         self.rope_cos, self.rope_sin = rope_tables(cfg, torch.device("cpu"))
         self._stack: tuple[FusedStack | None] | None = None  # built at first use
-        self._packed = False  # whether the linear weights are packed (where they can be)
+        self._layout: Layout = "row"  # the linear weights' layout (where they can take it)
 
     @classmethod
     def from_config(
@@ -258,7 +258,7 @@ class Transformer(nn.Module):
 
     def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Transformer:
         self._stack = None  # casts and moves may replace the parameters the stack points to
-        self._set_packed(False)  # the next step packs what the new dtype and device call for
+        self._set_layout("row")  # the next step packs what the new dtype and device call for
         super()._apply(fn, *args, **kwargs)
         return self
 
@@ -270,18 +270,22 @@ class Transformer(nn.Module):
         return self._fused(ops)
 
     def _use_layout(self, ops: StepOps) -> None:
-        """Packs the linear weights for the C++ kernels (unless ``DRAFTGATE_PACKED=0``),
-        row-major for the others: in place, one matrix at a time, so one copy stays resident."""
-        self._set_packed(isinstance(ops, CppOps) and packing_enabled())
+        """Packs the linear weights for the C++ kernels (unless ``DRAFTGATE_PACKED=0``; for
+        the AMX kernels where ``CppOps.amx``), row-major for the others: in place, one matrix
+        at a time, so one copy stays resident."""
+        layout: Layout = "row"
+        if isinstance(ops, CppOps) and packing_enabled():
+            layout = "amx" if ops.amx() else "packed"
+        self._set_layout(layout)
 
-    def _set_packed(self, packed: bool) -> None:
-        if packed == self._packed:
+    def _set_layout(self, layout: Layout) -> None:
+        if layout == self._layout:
             return
         self._stack = None  # it holds the old tensors
         for module in self.modules():
             if isinstance(module, Linear):
-                module.set_packed(packed)
-        self._packed = packed
+                module.set_layout(layout)
+        self._layout = layout
 
     def _fused(self, ops: StepOps) -> FusedStack | None:
         if not isinstance(ops, CppOps) or not fused_enabled():
@@ -423,7 +427,7 @@ class Transformer(nn.Module):
                 [take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")]
             )
             params[ours + "ffn.w2.weight"] = take(p + "mlp.down_proj.weight")
-        self._set_packed(False)  # the checkpoint's layout
+        self._set_layout("row")  # the checkpoint's layout
         own = dict(self.named_parameters())
         missing = set(own) - set(params)
         if missing:

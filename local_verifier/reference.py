@@ -10,18 +10,30 @@ import torch
 from local_verifier.loader import resolve_spec
 
 
-def load_reference(spec: str, weight_dtype: torch.dtype = torch.float32) -> Any:
+def load_reference(
+    spec: str, weight_dtype: torch.dtype = torch.float32, round_linear_inputs: bool = False
+) -> Any:
     """transformers' fp32 model for ``spec`` (a path or alias); a GGUF file is read and
     dequantized by transformers itself, so its layout and numerics are the reference's.
 
     With ``weight_dtype=torch.bfloat16`` every weight is rounded to bf16 (computing in
-    fp32 still): what the bf16 target computes on the CPU."""
+    fp32 still): what the bf16 target computes on a CPU without AMX. With
+    ``round_linear_inputs`` too, every linear layer's input is rounded to bf16 first: what
+    it computes on the AMX kernels (``kernels.packing``)."""
     model = _fp32_model(spec)
     if weight_dtype != torch.float32:
         with torch.no_grad():
             for p in model.parameters():
                 p.copy_(p.to(weight_dtype))
+    if round_linear_inputs:
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.register_forward_pre_hook(_bf16_rounded_input)
     return model
+
+
+def _bf16_rounded_input(module: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    return (args[0].to(torch.bfloat16).float(), *args[1:])
 
 
 def _fp32_model(spec: str) -> Any:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from local_verifier.kernels.packing import PACK, is_packed
+from local_verifier.kernels.packing import amx_wanted, dense_shape, layout_of
 from local_verifier.kernels.plan import AttentionPlan
 from lookup.shared_library import build
 
@@ -25,6 +25,7 @@ SIGNATURES = {
     "dg_linear_bf16": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int],
     "dg_linear_packed": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int],
     "dg_linear_packed_bf16": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int],
+    "dg_amx_available": [],
     "dg_rms_norm": [_ptr, _ptr, _ptr, _i64, _i64, _f32],
     "dg_rope_store": [_ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64],
     "dg_silu_mul": [_ptr, _ptr, _i64, _i64],
@@ -36,7 +37,8 @@ SIGNATURES = {
     + [_ptr] * 6
     + [_i64, _ptr, _i64, _ptr, _int, _ptr],
 }
-RESTYPES = {"dg_stack_new": _ptr}  # the rest return nothing
+AMX_SIGNATURES = {"dg_linear_amx": SIGNATURES["dg_linear_bf16"]}  # where dg_amx_available
+RESTYPES = {"dg_stack_new": _ptr, "dg_amx_available": _int}  # the rest return nothing
 
 _loaded: tuple[ctypes.CDLL | None, str] | None = None
 
@@ -75,6 +77,10 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
         function = getattr(library, name)
         function.argtypes = argtypes
         function.restype = RESTYPES.get(name)
+    for name, argtypes in AMX_SIGNATURES.items() if library.dg_amx_available() else ():
+        function = getattr(library, name)
+        function.argtypes = argtypes
+        function.restype = RESTYPES.get(name)
     return library, ""
 
 
@@ -92,28 +98,36 @@ def _dense(t: torch.Tensor) -> torch.Tensor:
 class CppOps:
     """The C++ kernels on float32 CPU activations; linear weights in float32 or bfloat16
     (widened exactly inside the kernel, so the bytes read per token halve), row-major or
-    packed (``kernels.packing``: bitwise the same y)."""
+    packed (``kernels.packing``: bitwise the same y); or bfloat16 in the ``amx`` layout,
+    for the AMX tile kernels (inputs rounded to bfloat16) on CPUs that have them."""
 
     name = "cpp"
 
     def __init__(self, library: ctypes.CDLL) -> None:
         self.library = library
+        self._amx_available = library.dg_amx_available() == 1
         self._linear = {
-            (torch.float32, False): library.dg_linear,
-            (torch.bfloat16, False): library.dg_linear_bf16,
-            (torch.float32, True): library.dg_linear_packed,
-            (torch.bfloat16, True): library.dg_linear_packed_bf16,
+            (torch.float32, "row"): library.dg_linear,
+            (torch.bfloat16, "row"): library.dg_linear_bf16,
+            (torch.float32, "packed"): library.dg_linear_packed,
+            (torch.bfloat16, "packed"): library.dg_linear_packed_bf16,
         }
+        if self._amx_available:
+            self._linear[torch.bfloat16, "amx"] = library.dg_linear_amx
+
+    def amx(self) -> bool:
+        """Whether bf16 weights are packed for the AMX kernels: this process may run them
+        (built for and granted the CPU's AMX tiles) and ``DRAFTGATE_AMX`` is not 0."""
+        return self._amx_available and amx_wanted()
 
     def linear(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor:
-        packed = is_packed(weight)
-        kernel = self._linear.get((weight.dtype, packed))
+        kernel = self._linear.get((weight.dtype, layout_of(weight)))
         if kernel is None:
-            raise TypeError(f"C++ linear weights are float32 or bfloat16, not {weight.dtype}")
+            raise TypeError(f"no C++ linear kernel for {weight.dtype} in {layout_of(weight)}")
         x, w = _dense(x), _dense(weight)
-        (n, k), m = x.shape, w.shape[0] * (PACK if packed else 1)
+        (n, k), m = x.shape, dense_shape(w)[0]
         y, b = torch.empty(n, m), None if bias is None else _float32(bias)  # alive for the call
         b_ptr = None if b is None else b.data_ptr()
         kernel(x.data_ptr(), w.data_ptr(), b_ptr, y.data_ptr(), n, k, m, torch.get_num_threads())

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 import torch
 
 from local_verifier.kernels.cpp import MAX_HEAD_DIM
-from local_verifier.kernels.packing import dense_shape, is_packed
+from local_verifier.kernels.packing import dense_shape, layout_of
 from local_verifier.kernels.plan import AttentionPlan
 
 FUSED_ENV = "DRAFTGATE_FUSED"  # "0": the C++ backend runs a step op by op
+LAYOUT_CODES = {"row": 0, "packed": 1, "amx": 2}  # a weight's layout, as dg_stack_new takes it
 PROFILE_KINDS = ("linear", "head", "attention", "row_ops")  # the entries of ``profile``
 
 
@@ -66,12 +67,12 @@ class FusedStack:
         self._params = [norm, head, *(t for w in layers for t in w.tensors())]  # kept alive
         self.vocab, dim = dense_shape(head)
         pointers = [None if t is None else t.data_ptr() for t in self._params]
-        packed = [t is not None and is_packed(t) for t in self._params]
+        layouts = [0 if t is None else LAYOUT_CODES[layout_of(t)] for t in self._params]
         eps = [e for w in layers for e in (w.attn_eps, w.ffn_eps)] + [norm_eps]
         self._handle = library.dg_stack_new(
             len(layers), dim, n_heads, n_kv_heads, _head_dim(layers[0], n_heads),
             dense_shape(layers[0].w2)[1], self.vocab, head.dtype == torch.bfloat16,
-            (ctypes.c_void_p * len(pointers))(*pointers), (ctypes.c_int * len(packed))(*packed),
+            (ctypes.c_void_p * len(pointers))(*pointers), (ctypes.c_int * len(layouts))(*layouts),
             (ctypes.c_float * len(eps))(*eps),
         )  # fmt: skip
         weakref.finalize(self, library.dg_stack_free, self._handle)

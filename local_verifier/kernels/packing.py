@@ -1,17 +1,30 @@
-"""The packed layout of a linear weight for the C++ kernels (``step_cpu.cpp``, "Linear
-layers"): tiles of ``PACK`` output columns, each tile's values in blocks of ``PACK`` values
-of k, ``[M / PACK, K / PACK, PACK, PACK]``, so that a tile, and a thread's run of tiles, is
-one sequential stream. The same values in another order: packing and unpacking are exact,
-and the kernels sum every output in the same order in both layouts (bitwise the same y)."""
+"""The packed layouts of a linear weight for the C++ kernels (``step_cpu.cpp``, "Linear
+layers"), the same values in another order (packing and unpacking are exact):
+
+- ``packed``: tiles of ``PACK`` output columns, each tile's values in blocks of ``PACK``
+  values of k, ``[M / PACK, K / PACK, PACK, PACK]``, so that a tile, and a thread's run of
+  tiles, is one sequential stream. The kernels sum every output in the same order as on
+  the row-major weight (bitwise the same y).
+- ``amx``: a bf16 weight for the AMX tile kernels (CPUs with AMX-BF16), tiles of ``PACK``
+  output columns along k in blocks of ``AMX_K``, each block in the tiles' pairwise (VNNI)
+  order: ``[M / PACK, K / AMX_K, AMX_K / 2, PACK, 2]``. Those kernels round a linear's
+  input to bf16 and sum in their own order (see ``step_cpu.cpp``, "Linear layers on AMX
+  tiles"): a different y from the row-major weight's, the same for every row count."""
 
 from __future__ import annotations
 
 import os
+from typing import Literal
 
 import torch
 
 PACK = 16
+AMX_K = 32
 PACKED_ENV = "DRAFTGATE_PACKED"  # "0": the C++ backend reads linear weights row-major
+AMX_ENV = "DRAFTGATE_AMX"  # "0": no AMX kernels, bf16 weights packed for the float32 ones
+
+Layout = Literal["row", "packed", "amx"]
+_LAYOUTS: dict[int, Layout] = {4: "packed", 5: "amx"}
 
 
 def packing_enabled() -> bool:
@@ -19,37 +32,61 @@ def packing_enabled() -> bool:
     return os.environ.get(PACKED_ENV, "1") != "0"
 
 
+def amx_wanted() -> bool:
+    """Whether bf16 weights use the AMX kernels where the CPU has them (``DRAFTGATE_AMX``)."""
+    return os.environ.get(AMX_ENV, "1") != "0"
+
+
+def layout_of(weight: torch.Tensor) -> Layout:
+    """The layout a weight (or a vector: ``row``) is held in, by its number of dimensions."""
+    return _LAYOUTS.get(weight.dim(), "row")
+
+
 def is_packed(weight: torch.Tensor) -> bool:
-    """Whether ``weight`` is a packed [M / PACK, K / PACK, PACK, PACK] weight."""
-    return weight.dim() == 4
+    """Whether ``weight`` is held in a packed layout (``packed`` or ``amx``)."""
+    return weight.dim() > 2
 
 
-def packable(weight: torch.Tensor) -> bool:
-    """Whether a row-major [M, K] weight is held packed: bfloat16 (a float32 weight streams
-    faster row-major, 16 rows at a time: benchmarks/RESULTS.md, "Packed weights"), M and K
-    multiples of ``PACK``."""
+def packable(weight: torch.Tensor, layout: Layout) -> bool:
+    """Whether a row-major [M, K] weight is held in ``layout`` (``row`` always): bfloat16
+    (a float32 weight streams faster row-major, 16 rows at a time: benchmarks/RESULTS.md,
+    "Packed weights"), M a multiple of ``PACK``, K of ``PACK`` (``AMX_K`` for ``amx``)."""
+    if layout == "row":
+        return True
+    k_block = AMX_K if layout == "amx" else PACK
     return (
         weight.dtype == torch.bfloat16
         and weight.dim() == 2
         and weight.shape[0] % PACK == 0
-        and weight.shape[1] % PACK == 0
+        and weight.shape[1] % k_block == 0
     )
 
 
 def dense_shape(weight: torch.Tensor) -> tuple[int, int]:
-    """(M, K) of a weight in either layout."""
-    if is_packed(weight):
-        return weight.shape[0] * PACK, weight.shape[1] * PACK
-    m, k = weight.shape
-    return m, k
+    """(M, K) of a weight in any layout."""
+    layout = layout_of(weight)
+    if layout == "row":
+        m, k = weight.shape
+        return m, k
+    return weight.shape[0] * PACK, weight.shape[1] * (AMX_K if layout == "amx" else PACK)
 
 
-def pack(weight: torch.Tensor) -> torch.Tensor:
-    """The packed copy of a row-major weight whose M and K are multiples of ``PACK``."""
+def pack(weight: torch.Tensor, layout: Layout = "packed") -> torch.Tensor:
+    """The ``layout`` copy of a row-major weight that is ``packable`` to it."""
     m, k = weight.shape
-    return weight.reshape(m // PACK, PACK, k // PACK, PACK).permute(0, 2, 1, 3).contiguous()
+    if layout == "amx":
+        tiles = weight.reshape(m // PACK, PACK, k // AMX_K, AMX_K // 2, 2)
+        return tiles.permute(0, 2, 3, 1, 4).contiguous()
+    if layout == "packed":
+        return weight.reshape(m // PACK, PACK, k // PACK, PACK).permute(0, 2, 1, 3).contiguous()
+    return weight
 
 
 def unpack(weight: torch.Tensor) -> torch.Tensor:
-    """The row-major copy of a packed weight."""
-    return weight.permute(0, 2, 1, 3).reshape(dense_shape(weight))
+    """The row-major copy of a weight in any layout (itself if row-major)."""
+    layout = layout_of(weight)
+    if layout == "amx":
+        return weight.permute(0, 3, 1, 2, 4).reshape(dense_shape(weight))
+    if layout == "packed":
+        return weight.permute(0, 2, 1, 3).reshape(dense_shape(weight))
+    return weight

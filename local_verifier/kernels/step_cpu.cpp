@@ -13,8 +13,11 @@
 //
 // A plain C ABI over raw float32/int64 pointers (loaded with ctypes): no torch headers, so
 // the build takes seconds. Callers pass contiguous tensors and allocate the outputs.
+#include <cpuid.h>
 #include <immintrin.h>
 #include <omp.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -34,6 +37,13 @@
 #define DG_AVX512 0
 #else
 #error "step_cpu.cpp needs AVX-512 (F, DQ, BW, VL) or AVX2 and FMA"
+#endif
+// AMX-BF16 tiles for AMX-packed bf16 weights, where the compiler targets them (-march=native
+// on a CPU with AMX); used only where amx_usable() (see "Linear layers on AMX tiles").
+#if DG_AVX512 && defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+#define DG_AMX 1
+#else
+#define DG_AMX 0
 #endif
 
 namespace {
@@ -449,6 +459,145 @@ void linear(const float* xp, const W* wp, bool packed, const float* bp, float* y
   linear_team(xp, wp, packed, bp, yp, N, K, M);
 }
 
+// ---- Linear layers on AMX tiles (bfloat16 weights, Intel AMX-BF16). ----------------------
+//
+// Where the CPU has AMX, a bf16 weight packed for it is applied by one arithmetic path for
+// every row count: the input row rounded to bfloat16 (round-to-nearest-even,
+// vcvtneps2bf16), tdpbf16ps over k blocks of kAmxK values in k order into a float32 tile
+// that starts at zero, then + bias[c] in float32. An element of a tile product depends only
+// on its row of A and on B, so a row's y is the same in every row tile, at any position
+// (the rows of a partial tile are zero), in any column grouping and on any thread. The
+// layout, [M / 16][K / kAmxK][kAmxK / 2 pairs of k][16 columns][2], puts one tile of B
+// (1 KB) after another along k: a column tile is one sequential stream.
+#if DG_AMX
+constexpr int64_t kAmxK = 32;         // k values per tile of B (16 pairs)
+constexpr int64_t kAmxRowBlock = 256;  // rows rounded to bf16 at a time, per thread
+constexpr int kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;  // Linux arch_prctl
+
+// Tiles 0-3: C (2 row tiles x 2 column tiles), 4-5: A, 6-7: B; each 16 rows of 64 bytes.
+inline void amx_configure() {
+  alignas(64) uint8_t cfg[64] = {};
+  cfg[0] = 1;  // palette 1
+  for (int t = 0; t < 8; ++t) {
+    cfg[16 + 2 * t] = 64;  // bytes per row
+    cfg[48 + t] = 16;      // rows
+  }
+  _tile_loadconfig(cfg);
+}
+
+// rows x K floats rounded to bf16 (round to nearest even) into xb [rows][K].
+inline void amx_round_rows(const float* x, int64_t rows, int64_t K, uint16_t* xb) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t k = 0; k < K; k += 16) {
+      const __m256bh b = _mm512_cvtneps_pbh(_mm512_loadu_ps(x + r * K + k));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xb + r * K + k), (__m256i)b);
+    }
+}
+
+// C tiles to y: the first `rows` rows of each, + bias in float32 unless null.
+template <int CT>
+inline void amx_store(float c[][16][16], int64_t rows, const float* bias, float* y,
+                      int64_t ldy) {
+  for (int ct = 0; ct < CT; ++ct)
+    for (int64_t r = 0; r < rows; ++r) {
+      __m512 v = _mm512_load_ps(c[ct][r]);
+      if (bias != nullptr) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + 16 * ct));
+      _mm512_storeu_ps(y + r * ldy + 16 * ct, v);
+    }
+}
+
+// RT row tiles of xb (rows of K values) x CT column tiles (w: the first one's stream) over
+// all of K, into y: 16 rows of each row tile but the last's `last`.
+template <int RT, int CT>
+inline void amx_tile(const uint16_t* xb, int64_t K, const uint16_t* w, int64_t last,
+                     const float* bias, float* y, int64_t ldy) {
+  const int64_t stride = K * 16;  // values from a column tile's stream to the next
+  _tile_zero(0);
+  if (CT > 1) _tile_zero(1);
+  if (RT > 1) _tile_zero(2);
+  if (RT > 1 && CT > 1) _tile_zero(3);
+  for (int64_t k = 0; k < K; k += kAmxK) {
+    const uint16_t* b = w + k * 16;
+    _tile_loadd(6, b, 64);
+    if (CT > 1) _tile_loadd(7, b + stride, 64);
+    _tile_loadd(4, xb + k, K * 2);
+    if (RT > 1) _tile_loadd(5, xb + 16 * K + k, K * 2);
+    _tile_dpbf16ps(0, 4, 6);
+    if (CT > 1) _tile_dpbf16ps(1, 4, 7);
+    if (RT > 1) _tile_dpbf16ps(2, 5, 6);
+    if (RT > 1 && CT > 1) _tile_dpbf16ps(3, 5, 7);
+  }
+  alignas(64) float c[CT][16][16];
+  _tile_stored(0, c[0], 64);
+  if (CT > 1) _tile_stored(1, c[CT - 1], 64);
+  amx_store<CT>(c, RT > 1 ? 16 : last, bias, y, ldy);
+  if (RT > 1) {
+    _tile_stored(2, c[0], 64);
+    if (CT > 1) _tile_stored(3, c[CT - 1], 64);
+    amx_store<CT>(c, last, bias, y + 16 * ldy, ldy);
+  }
+}
+
+// The first rows of xb hold values up to this index, zeros after it (per thread).
+thread_local int64_t amx_dirty = 0;
+thread_local std::vector<uint16_t> amx_rows;  // a row block rounded to bf16, zero padded
+
+// y [N, M] = bf16(x) [N, K] @ w.T (+ bias [M] unless null) for an AMX-packed w (M a
+// multiple of 16, K of kAmxK): each thread rounds the row block itself and takes its share
+// of the column tiles, two at a time. Called by every thread of a team (or outside a
+// parallel region); ends with a barrier.
+inline void amx_linear_team(const float* xp, const uint16_t* wp, const float* bp, float* yp,
+                            int64_t N, int64_t K, int64_t M) {
+  amx_configure();
+  const int64_t tiles = M / 16, units = (tiles + 1) / 2;
+  for (int64_t r0 = 0; r0 < N; r0 += kAmxRowBlock) {
+    const int64_t rows = std::min(kAmxRowBlock, N - r0), pad = (rows + 15) / 16 * 16;
+    if (static_cast<int64_t>(amx_rows.size()) < pad * K) amx_rows.resize(pad * K);
+    uint16_t* xb = amx_rows.data();
+    amx_round_rows(xp + r0 * K, rows, K, xb);
+    if (amx_dirty > rows * K)
+      std::memset(xb + rows * K, 0,
+                  static_cast<size_t>(std::min(amx_dirty, pad * K) - rows * K) * sizeof(uint16_t));
+    amx_dirty = amx_dirty > pad * K ? amx_dirty : rows * K;
+#pragma omp for schedule(static)
+    for (int64_t u = 0; u < units; ++u) {
+      const int64_t t = 2 * u;
+      const uint16_t* w = wp + t * 16 * K;
+      const float* b = bp != nullptr ? bp + t * 16 : nullptr;
+      float* y = yp + r0 * M + t * 16;
+      for (int64_t r = 0; r < rows; r += 32) {
+        const uint16_t* xr = xb + r * K;
+        float* yr = y + r * M;
+        if (r + 16 < rows) {
+          const int64_t last = std::min<int64_t>(16, rows - r - 16);
+          if (t + 1 < tiles)
+            amx_tile<2, 2>(xr, K, w, last, b, yr, M);
+          else
+            amx_tile<2, 1>(xr, K, w, last, b, yr, M);
+        } else if (t + 1 < tiles) {
+          amx_tile<1, 2>(xr, K, w, rows - r, b, yr, M);
+        } else {
+          amx_tile<1, 1>(xr, K, w, rows - r, b, yr, M);
+        }
+      }
+    }
+  }
+  _tile_release();
+}
+
+// Whether this process may run the AMX kernels: built with them, the CPU has AMX-BF16,
+// and Linux grants the tile state (asked once).
+bool amx_usable() {
+  static const bool usable = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return false;
+    if ((d & (1u << 22)) == 0 || (d & (1u << 24)) == 0) return false;  // AMX-BF16, AMX-TILE
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return usable;
+}
+#endif
+
 // One row of the row-wise operations (the extern functions and the layer stack loop over
 // rows): the same operations on a row wherever it is called from.
 
@@ -713,6 +862,25 @@ void dg_linear_packed_bf16(const float* xp, const uint16_t* wp, const float* bp,
   linear(xp, wp, true, bp, yp, N, K, M, threads);
 }
 
+// 1 where this process runs the AMX kernels (dg_linear_amx and AMX-packed stack weights).
+int dg_amx_available() {
+#if DG_AMX
+  return amx_usable() ? 1 : 0;
+#else
+  return 0;
+#endif
+}
+
+#if DG_AMX
+// y [N, M] = bf16(x) [N, K] @ w.T (+ bias [M] unless null) for an AMX-packed bf16 w (see
+// "Linear layers on AMX tiles"); only where dg_amx_available().
+void dg_linear_amx(const float* xp, const uint16_t* wp, const float* bp, float* yp, int64_t N,
+                   int64_t K, int64_t M, int threads) {
+#pragma omp parallel num_threads(threads)
+  amx_linear_team(xp, wp, bp, yp, N, K, M);
+}
+#endif
+
 // Root-mean-square norm of each row of x [N, D]: w * (x / sqrt(mean(x^2) + eps)).
 void dg_rms_norm(const float* xp, const float* wp, float* yp, int64_t N, int64_t D, float eps) {
   for (int64_t n = 0; n < N; ++n) rms_norm_row(xp + n * D, wp, yp + n * D, D, eps);
@@ -856,9 +1024,11 @@ void dg_attention(const float* qp, const float* kc, const float* vc, const int64
 
 namespace {
 
+enum Layout { kRowMajor = 0, kPacked = 1, kAmxPacked = 2 };  // as fused.py's LAYOUT_CODES
+
 struct Matrix {  // a linear layer's weight and its layout (see "Linear layers")
   const void* w;
-  bool packed;
+  int layout;
 };
 
 struct LayerWeights {  // float or bfloat16 (uint16_t bits), as the table's `bf16` says
@@ -924,7 +1094,12 @@ void attention(const float* qp, const float* kc, const float* vc, const StepArgs
 template <typename W>
 void linear_team(const float* xp, const Matrix& w, const float* bp, float* yp, int64_t N,
                  int64_t K, int64_t M) {
-  linear_team(xp, static_cast<const W*>(w.w), w.packed, bp, yp, N, K, M);
+#if DG_AMX
+  if constexpr (std::is_same_v<W, uint16_t>)
+    if (w.layout == kAmxPacked)
+      return amx_linear_team(xp, static_cast<const W*>(w.w), bp, yp, N, K, M);
+#endif
+  linear_team(xp, static_cast<const W*>(w.w), w.layout == kPacked, bp, yp, N, K, M);
 }
 
 // The float32 values of a parameter vector of n values (a bf16 one widened into out).
@@ -1044,12 +1219,12 @@ extern "C" {
 
 // A layer stack's table: n_layers layers of dim, n_heads / n_kv_heads heads of head_dim,
 // hidden_dim and vocab; weights (float32, or bf16 bits when bf16) = the final norm, the head,
-// then per layer attn_norm, wqkv, bqkv (or null), wo, ffn_norm, w13, w2; packed[i]: whether
-// weights[i] (a linear layer's) is packed; eps = per layer attn_norm's, ffn_norm's, then the
-// final norm's. The weights must outlive the table.
+// then per layer attn_norm, wqkv, bqkv (or null), wo, ffn_norm, w13, w2; layouts[i]: the
+// Layout of weights[i] (a linear layer's; kAmxPacked only where dg_amx_available); eps = per
+// layer attn_norm's, ffn_norm's, then the final norm's. The weights must outlive the table.
 void* dg_stack_new(int64_t n_layers, int64_t dim, int64_t n_heads, int64_t n_kv_heads,
                    int64_t head_dim, int64_t hidden_dim, int64_t vocab, int bf16,
-                   const void* const* weights, const int* packed, const float* eps) {
+                   const void* const* weights, const int* layouts, const float* eps) {
   Stack* m = new Stack();
   m->dim = dim;
   m->H = n_heads;
@@ -1059,13 +1234,13 @@ void* dg_stack_new(int64_t n_layers, int64_t dim, int64_t n_heads, int64_t n_kv_
   m->V = vocab;
   m->bf16 = bf16 != 0;
   m->norm = weights[0];
-  m->head = {weights[1], packed[1] != 0};
+  m->head = {weights[1], layouts[1]};
   m->norm_eps = eps[2 * n_layers];
   for (int64_t l = 0; l < n_layers; ++l) {
     const void* const* w = weights + 2 + 7 * l;
-    const int* p = packed + 2 + 7 * l;
-    m->layers.push_back({w[0], w[2], w[4], {w[1], p[1] != 0}, {w[3], p[3] != 0},
-                         {w[5], p[5] != 0}, {w[6], p[6] != 0}, eps[2 * l], eps[2 * l + 1]});
+    const int* p = layouts + 2 + 7 * l;
+    m->layers.push_back({w[0], w[2], w[4], {w[1], p[1]}, {w[3], p[3]}, {w[5], p[5]}, {w[6], p[6]},
+                         eps[2 * l], eps[2 * l + 1]});
   }
   const int64_t qkv = (n_heads + 2 * n_kv_heads) * head_dim;
   m->widened.resize(n_layers * (2 * dim + qkv) + dim);

@@ -3,7 +3,8 @@ the other rows of its step, on how its draft is shaped, or on how its prompt was
 
 Device and dtype come from ``DRAFTGATE_TEST_DEVICE`` (default cpu) and
 ``DRAFTGATE_TEST_DTYPE`` (default float32); every available kernel backend is checked, and
-on the CPU also the bf16 target (bfloat16 weights, float32 activations) in the C++ kernels.
+on the CPU also the bf16 target (bfloat16 weights, float32 activations) in the C++ kernels:
+on CPUs with AMX, the tiny model's bf16 linear layers all run on the AMX kernels.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 from local_verifier.config import ModelConfig
 from local_verifier.kernels import BACKEND_ENV
 from local_verifier.kernels.cpp import load_library
+from local_verifier.kernels.packing import AMX_ENV, layout_of
 from local_verifier.kv_storage import KVStorage
 from local_verifier.loader import LoadedModel
 from local_verifier.model import SeqStep, Transformer
@@ -25,15 +27,18 @@ DEVICE = torch.device(os.environ.get("DRAFTGATE_TEST_DEVICE", "cpu"))
 DTYPE = getattr(torch, os.environ.get("DRAFTGATE_TEST_DTYPE", "float32"))
 LIBRARY, WHY = load_library()
 CPP = DEVICE.type == "cpu" and torch.float32 == DTYPE and LIBRARY is not None
+AMX = CPP and LIBRARY is not None and LIBRARY.dg_amx_available() == 1
 BACKENDS = ["cpp", "torch"] if CPP else ["torch"]
 # (kernel backend, weight dtype) pairs every invariance test runs on
 CASES = [(b, DTYPE) for b in BACKENDS] + ([("cpp", torch.bfloat16)] if CPP else [])
 
+# dims multiples of 32 and a vocabulary of 16: every bf16 linear weight AMX-packed (where
+# the CPU has AMX), 11 column tiles in the head
 CFG = ModelConfig(
-    vocab_size=101,
-    dim=48,
+    vocab_size=176,
+    dim=64,
     n_layers=2,
-    n_heads=6,
+    n_heads=8,
     n_kv_heads=2,
     head_dim=8,
     hidden_dim=96,
@@ -200,7 +205,11 @@ def test_backends_agree_with_each_other_closely() -> None:
 
 
 @pytest.mark.skipif(not CPP, reason=f"no C++ kernels in this run: {WHY or f'{DEVICE}/{DTYPE}'}")
-def test_bf16_target_is_the_float32_step_on_bf16_rounded_weights() -> None:
+def test_bf16_target_is_the_float32_step_on_bf16_rounded_weights(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without AMX kernels (``DRAFTGATE_AMX=0``, or a CPU without AMX)."""
+    monkeypatch.setenv(AMX_ENV, "0")
     bf16 = _model(torch.bfloat16)
     rounded = Transformer.from_config(CFG, DEVICE, torch.float32)
     rounded.load_state_dict({k: v.float() for k, v in bf16.state_dict().items()})
@@ -216,6 +225,22 @@ def test_bf16_target_is_the_float32_step_on_bf16_rounded_weights() -> None:
         outs.append((model.step([prompt, decode], kv), kv.k.clone()))
     (a, ka), (b, kb) = outs
     assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True)) and torch.equal(ka, kb)
+
+
+@pytest.mark.skipif(not AMX, reason="no AMX-BF16 here")
+def test_bf16_target_on_amx_takes_the_amx_kernels_and_is_close_to_the_fp32_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Linear inputs rounded to bf16: close to, not bitwise, the float32 kernels' step."""
+    monkeypatch.setenv(BACKEND_ENV, "cpp")
+    bf16, outs = _model(torch.bfloat16), []
+    for amx in ("1", "0"):
+        monkeypatch.setenv(AMX_ENV, amx)
+        kv = _kv(bf16, 64)
+        outs.append(bf16.step([_rows(_tokens(40, 20), list(range(40)), [])], kv)[0])
+        assert layout_of(bf16.head.weight) == ("amx" if amx == "1" else "packed")
+    assert not torch.equal(outs[0], outs[1])
+    torch.testing.assert_close(outs[0], outs[1], atol=0.05, rtol=0.05)
 
 
 @pytest.mark.slow

@@ -1,5 +1,7 @@
 """The bf16 target (bf16 weights, float32 activations on the CPU) against transformers
-computing in fp32 on the same bf16-rounded weights: what the target is defined to compute."""
+computing in fp32 on the same bf16-rounded weights, and where the bf16 target runs on the
+AMX kernels (a CPU with AMX-BF16, ``DRAFTGATE_AMX`` not 0) with every linear layer's input
+rounded to bf16 too: what the target is defined to compute on this machine."""
 
 from __future__ import annotations
 
@@ -12,11 +14,15 @@ import pytest
 import torch
 
 from local_verifier.generate import PlainResult, generate_plain
+from local_verifier.kernels.cpp import load_library
+from local_verifier.kernels.packing import amx_wanted, layout_of
 from local_verifier.loader import LoadedModel, load_model
 from local_verifier.reference import load_reference
 from local_verifier.sampling import SamplingParams
 
 pytestmark = pytest.mark.slow
+LIBRARY, _ = load_library()
+AMX = LIBRARY is not None and LIBRARY.dg_amx_available() == 1 and amx_wanted()
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +32,7 @@ def smollm2_bf16() -> Iterator[LoadedModel]:
 
 @pytest.fixture(scope="module")
 def hf_bf16_rounded() -> Iterator[Any]:
-    yield load_reference("smollm2-135m", torch.bfloat16)
+    yield load_reference("smollm2-135m", torch.bfloat16, round_linear_inputs=AMX)
 
 
 def test_bf16_target_stores_bf16_weights_and_float32_kv(smollm2_bf16: LoadedModel) -> None:
@@ -46,6 +52,7 @@ def test_greedy_64_tokens_match_transformers_on_bf16_weights(
     prompt = tok.encode(tok.apply_chat_template(row["messages"]))
     *_, result = generate_plain(smollm2_bf16, prompt, SamplingParams(), max_tokens=64)
     assert isinstance(result, PlainResult)
+    assert layout_of(smollm2_bf16.model.head.weight) == ("amx" if AMX else "packed")
     ours = result.token_ids
     full = prompt + ours + ([min(tok.eos_ids)] if len(ours) < 64 else [])
     with torch.no_grad():

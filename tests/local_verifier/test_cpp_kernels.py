@@ -1,20 +1,22 @@
 """The C++ step kernels called directly, on shapes whose reductions end in a partial vector
 (37 is no multiple of 8 or 16; head_dim 12 neither): each row's output is bitwise the same
 alone as in a call of many rows, and close to the torch kernels; a packed weight gives
-bitwise the row-major one's outputs."""
+bitwise the row-major one's outputs; the AMX kernels (where the CPU has them) give each
+row the same bits for every row count and thread count."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from local_verifier.kernels.cpp import CppOps, load_library
-from local_verifier.kernels.packing import PACK, pack, unpack
+from local_verifier.kernels.cpp import CppOps, _cpu_flags, load_library
+from local_verifier.kernels.packing import AMX_ENV, AMX_K, PACK, layout_of, pack, unpack
 from local_verifier.kernels.plan import AttentionPlan
 from local_verifier.kernels.torch_ops import TorchOps
 
 LIBRARY, WHY = load_library()
 pytestmark = pytest.mark.skipif(LIBRARY is None, reason=f"no C++ kernels here: {WHY}")
+AMX = LIBRARY is not None and LIBRARY.dg_amx_available() == 1
 
 
 @pytest.fixture
@@ -150,3 +152,41 @@ def test_packed_linear_is_bitwise_the_row_major_one(
             assert torch.equal(cpp.linear(x[:n], packed, None), cpp.linear(x[:n], w, None)), n
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_amx_kernels_run_exactly_where_the_cpu_has_them(
+    cpp: CppOps, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GCC 12+ with -march=native builds them wherever the CPU has AMX-BF16."""
+    assert ({"amx_tile", "amx_bf16"} <= _cpu_flags()) == AMX
+    monkeypatch.setenv(AMX_ENV, "1")
+    assert cpp.amx() == AMX
+    monkeypatch.setenv(AMX_ENV, "0")
+    assert not cpp.amx()
+
+
+@pytest.mark.skipif(not AMX, reason="no AMX-BF16 here")
+def test_amx_linear_is_invariant_across_row_and_thread_counts(cpp: CppOps) -> None:
+    """Rows 1..70 (every row tile shape), 300 (two row blocks), on 1 and 2 threads, 5 column
+    tiles (an odd one out): each row's bits alone; the input rounded to bf16 first."""
+    x, w = _randn(300, 3 * AMX_K, seed=21), _randn(5 * PACK, 3 * AMX_K, seed=22).bfloat16()
+    b = _randn(5 * PACK, seed=23)
+    packed = pack(w, "amx")
+    assert layout_of(packed) == "amx" and torch.equal(unpack(packed), w)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        together = cpp.linear(x, packed, b)
+        assert torch.equal(cpp.linear(x, packed, None) + b, together)  # bias added last
+        assert torch.equal(cpp.linear(x.bfloat16().float(), packed, b), together)
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            for n in range(1, 71):
+                assert torch.equal(cpp.linear(x[:n], packed, b), together[:n]), (threads, n)
+            for i in range(0, 300, 23):
+                assert torch.equal(cpp.linear(x[i : i + 1], packed, b)[0], together[i]), i
+            assert torch.equal(cpp.linear(x, packed, b), together)
+    finally:
+        torch.set_num_threads(before)
+    expected = x.bfloat16().float() @ w.float().T + b
+    torch.testing.assert_close(together, expected, atol=1e-5, rtol=1e-5)

@@ -1,6 +1,7 @@
 """The fused C++ layer stack (one call per step) against the per-op C++ path
 (``DRAFTGATE_FUSED=0``): bitwise the same logits and K/V for prompt chunks, decode rows,
-chains, trees and several sequences in one step, with float32 and bfloat16 weights."""
+chains, trees and several sequences in one step, with float32 and bfloat16 weights (on
+CPUs with AMX, a bf16 model whose linear weights all take the AMX kernels too)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from local_verifier.config import ModelConfig
 from local_verifier.kernels import BACKEND_ENV
 from local_verifier.kernels.cpp import CppOps, load_library
 from local_verifier.kernels.fused import FUSED_ENV
-from local_verifier.kernels.packing import PACKED_ENV, is_packed
+from local_verifier.kernels.packing import AMX_ENV, PACKED_ENV, amx_wanted, is_packed, layout_of
 from local_verifier.kv_storage import KVStorage
+from local_verifier.linear import Linear
 from local_verifier.loader import LoadedModel, load_model
 from local_verifier.model import SeqStep, Transformer
 
@@ -34,6 +36,22 @@ CFG = ModelConfig(
     max_seq_len=512,
     qkv_bias=True,
 )
+# dims multiples of 32, vocabulary of 16 (11 column tiles): every bf16 linear weight AMX-packed
+AMX_CFG = ModelConfig(
+    vocab_size=176,
+    dim=64,
+    n_layers=2,
+    n_heads=8,
+    n_kv_heads=2,
+    head_dim=8,
+    hidden_dim=96,
+    max_seq_len=512,
+    qkv_bias=True,
+)
+AMX = LIBRARY is not None and LIBRARY.dg_amx_available() == 1
+# (config, weight dtype) of the fused-vs-per-op comparisons
+MODELS = [(CFG, torch.float32), (CFG, torch.bfloat16), (AMX_CFG, torch.bfloat16)]
+MODEL_IDS = ["fp32", "bf16", "bf16-amx"]
 Script = list[list[SeqStep]]
 
 
@@ -125,6 +143,10 @@ def _run(
     return outs, kv
 
 
+def _linear_weights(model: Transformer) -> list[torch.Tensor]:
+    return [m.weight for m in model.modules() if isinstance(m, Linear)]
+
+
 def _assert_same(
     model: Transformer, script: Script, mp: pytest.MonkeyPatch, threads: int = 0
 ) -> None:
@@ -135,21 +157,24 @@ def _assert_same(
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize(("cfg", "dtype"), MODELS, ids=MODEL_IDS)
 def test_fused_step_is_bitwise_the_per_op_step(
-    dtype: torch.dtype, threads: int, monkeypatch: pytest.MonkeyPatch
+    cfg: ModelConfig, dtype: torch.dtype, threads: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    model = Transformer.from_config(CFG, "cpu", dtype)
-    _assert_same(model, _script(CFG.vocab_size, 70), monkeypatch, threads)  # 70: two row blocks
+    model = Transformer.from_config(cfg, "cpu", dtype)
+    _assert_same(model, _script(cfg.vocab_size, 70), monkeypatch, threads)  # 70: two row blocks
+    if cfg is AMX_CFG:
+        expected = "amx" if AMX and amx_wanted() else "packed"
+        assert all(layout_of(w) == expected for w in _linear_weights(model))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize(("cfg", "dtype"), MODELS, ids=MODEL_IDS)
 def test_the_fused_step_is_the_same_on_one_thread_and_two(
-    dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+    cfg: ModelConfig, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # the engine switches its thread count while serving (devices.ThreadTuner)
-    model = Transformer.from_config(CFG, "cpu", dtype)
-    script = _script(CFG.vocab_size, 70)
+    model = Transformer.from_config(cfg, "cpu", dtype)
+    script = _script(cfg.vocab_size, 70)
     (one, kv_one), (two, kv_two) = (_run(model, script, True, monkeypatch, t) for t in (1, 2))
     for i, (a, b) in enumerate(zip(one, two, strict=True)):
         assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True)), f"step {i}"
@@ -232,3 +257,30 @@ def test_packed_bf16_weights_give_bitwise_the_row_major_steps(
     assert not is_packed(wqkv.weight) and wqkv.weight.shape == (80, 48)
     _run(model, script[:2], True, monkeypatch)
     assert not is_packed(wqkv.weight)
+
+
+@pytest.mark.skipif(not AMX, reason="no AMX-BF16 here")
+def test_amx_weights_follow_the_switch_and_save_row_major(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``DRAFTGATE_AMX=0`` repacks the weights for the float32 kernels (a different but
+    close y) and back; state dicts are row-major and load into the AMX layout."""
+    monkeypatch.setenv(AMX_ENV, "1")
+    model = Transformer.from_config(AMX_CFG, "cpu", torch.bfloat16)
+    script = _script(AMX_CFG.vocab_size, 40)
+    amx, kv = _run(model, script, True, monkeypatch)
+    assert all(layout_of(w) == "amx" for w in _linear_weights(model))
+    with monkeypatch.context() as m:
+        m.setenv(AMX_ENV, "0")
+        fp32, _ = _run(model, script, True, m)
+        assert all(layout_of(w) == "packed" for w in _linear_weights(model))
+    for a, b in zip(amx, fp32, strict=True):
+        for x, y in zip(a, b, strict=True):
+            torch.testing.assert_close(x, y, atol=0.05, rtol=0.05)
+    saved = model.state_dict()
+    assert saved["layers.0.attn.wqkv.weight"].shape == (96, 64)
+    model.load_state_dict({k: v.clone() for k, v in saved.items()})
+    again, kv_again = _run(model, script, True, monkeypatch)
+    assert all(layout_of(w) == "amx" for w in _linear_weights(model))
+    assert all(torch.equal(v, saved[k]) for k, v in model.state_dict().items())
+    for i, (a, b) in enumerate(zip(amx, again, strict=True)):
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True)), f"step {i}"
+    assert torch.equal(kv.k, kv_again.k) and torch.equal(kv.v, kv_again.v)
