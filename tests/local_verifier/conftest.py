@@ -10,8 +10,23 @@ from typing import Any
 import pytest
 import torch
 
+from local_verifier.config import ModelConfig
 from local_verifier.loader import LoadedModel, load_model, smollm2_path
 from local_verifier.reference import load_reference
+
+# dims multiples of 32 and a vocabulary of 16 x 11: every bf16 linear weight AMX-packed
+# (where the CPU has AMX), 11 column tiles in the head
+AMX_TINY_CFG = ModelConfig(
+    vocab_size=176,
+    dim=64,
+    n_layers=2,
+    n_heads=8,
+    n_kv_heads=2,
+    head_dim=8,
+    hidden_dim=96,
+    max_seq_len=512,
+    qkv_bias=True,
+)
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"

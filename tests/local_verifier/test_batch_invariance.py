@@ -15,13 +15,13 @@ import os
 import pytest
 import torch
 
-from local_verifier.config import ModelConfig
 from local_verifier.kernels import BACKEND_ENV
 from local_verifier.kernels.cpp import load_library
 from local_verifier.kernels.packing import AMX_ENV, layout_of
 from local_verifier.kv_storage import KVStorage
 from local_verifier.loader import LoadedModel
 from local_verifier.model import SeqStep, Transformer
+from tests.local_verifier.conftest import AMX_TINY_CFG
 
 DEVICE = torch.device(os.environ.get("DRAFTGATE_TEST_DEVICE", "cpu"))
 DTYPE = getattr(torch, os.environ.get("DRAFTGATE_TEST_DTYPE", "float32"))
@@ -32,19 +32,7 @@ BACKENDS = ["cpp", "torch"] if CPP else ["torch"]
 # (kernel backend, weight dtype) pairs every invariance test runs on
 CASES = [(b, DTYPE) for b in BACKENDS] + ([("cpp", torch.bfloat16)] if CPP else [])
 
-# dims multiples of 32 and a vocabulary of 16: every bf16 linear weight AMX-packed (where
-# the CPU has AMX), 11 column tiles in the head
-CFG = ModelConfig(
-    vocab_size=176,
-    dim=64,
-    n_layers=2,
-    n_heads=8,
-    n_kv_heads=2,
-    head_dim=8,
-    hidden_dim=96,
-    max_seq_len=512,
-    qkv_bias=True,
-)
+CFG = AMX_TINY_CFG  # every bf16 linear weight AMX-packed where the CPU has AMX
 
 
 @functools.cache

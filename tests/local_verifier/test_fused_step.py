@@ -20,6 +20,7 @@ from local_verifier.kv_storage import KVStorage
 from local_verifier.linear import Linear
 from local_verifier.loader import LoadedModel, load_model
 from local_verifier.model import SeqStep, Transformer
+from tests.local_verifier.conftest import AMX_TINY_CFG
 
 LIBRARY, WHY = load_library()
 pytestmark = pytest.mark.skipif(LIBRARY is None, reason=f"no C++ kernels here: {WHY}")
@@ -36,18 +37,7 @@ CFG = ModelConfig(
     max_seq_len=512,
     qkv_bias=True,
 )
-# dims multiples of 32, vocabulary of 16 (11 column tiles): every bf16 linear weight AMX-packed
-AMX_CFG = ModelConfig(
-    vocab_size=176,
-    dim=64,
-    n_layers=2,
-    n_heads=8,
-    n_kv_heads=2,
-    head_dim=8,
-    hidden_dim=96,
-    max_seq_len=512,
-    qkv_bias=True,
-)
+AMX_CFG = AMX_TINY_CFG
 AMX = LIBRARY is not None and LIBRARY.dg_amx_available() == 1
 # (config, weight dtype) of the fused-vs-per-op comparisons
 MODELS = [(CFG, torch.float32), (CFG, torch.bfloat16), (AMX_CFG, torch.bfloat16)]
