@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from local_verifier.devices import cpu_flags
 from local_verifier.kernels import cpp
 from local_verifier.kernels.plan import AttentionPlan
 from lookup.shared_library import build
@@ -34,7 +35,7 @@ CASES = [(512, c) for c in (0, 512, 1536, 3584, 7680)] + [(1, 1023), (1, 4095), 
 
 def kernels(source: Path) -> cpp.CppOps:
     """The C++ kernels built from ``source``."""
-    path, why = build(source, cpp.CFLAGS, sorted(cpp._cpu_flags()))
+    path, why = build(source, cpp.CFLAGS, sorted(cpu_flags()))
     if path is None:
         raise RuntimeError(why)
     library = ctypes.CDLL(str(path))

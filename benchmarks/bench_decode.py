@@ -329,7 +329,11 @@ def main() -> None:
     parser.add_argument("--json", type=Path, required=True)
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--device", default=None)
-    parser.add_argument("--dtype", default=None, help="float32 (CPU default) or bf16 (target)")
+    parser.add_argument(
+        "--dtype",
+        default=None,
+        help="float32 or bf16 (default: the machine's, see devices.default_dtype)",
+    )
     parser.add_argument("--limit", type=int, default=0, help="first N prompts only (0 = all)")
     parser.add_argument("--category", action="append", default=[], help="only these categories")
     parser.add_argument("--rows", default="1,4,16,64", help="rows per timed step")

@@ -33,6 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_decode import CONTEXT, read_bandwidth  # noqa: E402
+from local_verifier.devices import cpu_flags  # noqa: E402
 from local_verifier.kernels import cpp  # noqa: E402
 from local_verifier.kernels.packing import (  # noqa: E402
     PACKED_ENV,
@@ -73,7 +74,7 @@ def kernels(library: ctypes.CDLL) -> Kernels:
 
 def baseline(source: Path) -> Kernels:
     """The linear kernels of another ``step_cpu.cpp``, built with the project's flags."""
-    path, reason = build(source, cpp.CFLAGS, sorted(cpp._cpu_flags()))
+    path, reason = build(source, cpp.CFLAGS, sorted(cpu_flags()))
     if path is None:
         raise SystemExit(f"baseline {source}: {reason}")
     return kernels(ctypes.CDLL(str(path)))

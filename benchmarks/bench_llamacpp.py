@@ -209,7 +209,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--dtype", default=None, help="ours: float32 (CPU default) or bf16")
+    parser.add_argument(
+        "--dtype", default=None, help="ours: float32 or bf16 (default: the machine's)"
+    )
     parser.add_argument(
         "--llama-quant",
         default="F32",

@@ -6,6 +6,7 @@ import math
 import os
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -26,10 +27,37 @@ def resolve_device(device: str | None) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+"""CPU flags of bf16 arithmetic in hardware: where one is present the bf16 target is the
+CPU default (half the bytes per token, and AMX tiles for batched rows)."""
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags as Linux lists them (empty elsewhere)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def default_dtype(device: torch.device, flags: set[str] | None = None) -> torch.dtype:
+    """bf16 on CUDA and on CPUs with native bf16 arithmetic (``flags``: this CPU's unless
+    given), else fp32."""
+    if device.type == "cuda":
+        return torch.bfloat16
+    if device.type == "cpu" and (cpu_flags() if flags is None else flags) & set(NATIVE_BF16_FLAGS):
+        return torch.bfloat16
+    return torch.float32
+
+
 def resolve_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
-    """``dtype`` by name, else bf16 on CUDA and fp32 on CPU."""
+    """``dtype`` by name, else ``default_dtype(device)``."""
     if dtype is None:
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return default_dtype(device)
     try:
         return DTYPES[dtype.lower()]
     except KeyError:

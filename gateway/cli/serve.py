@@ -135,7 +135,8 @@ def verifier_command(
     port: int = typer.Option(8001, help="Port to bind."),
     device: str | None = typer.Option(None, help="torch device (default: best available)."),
     dtype: str | None = typer.Option(
-        None, help="float32 (CPU default) or bf16: a different target (CUDA default)."
+        None,
+        help="float32 or bf16 (a different target); default: bf16 on CUDA and CPUs with bf16 arithmetic, else float32.",
     ),
     max_batch: int | None = typer.Option(
         None, "--max-batch", min=1, help="Requests running at once (default 16); more wait."

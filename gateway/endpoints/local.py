@@ -318,7 +318,12 @@ class LocalEndpoint:
                 max_batch=config.max_batch or MAX_BATCH,
                 prefix_cache=config.prefix_cache,
             )
-            log.info("local endpoint %s: %s loaded", self.config.name, self._engine.name)
+            log.info(
+                "local endpoint %s: %s loaded (%s weights)",
+                self.config.name,
+                self._engine.name,
+                str(self._engine.lm.dtype).removeprefix("torch."),
+            )
         except Exception as exc:  # a load failure is reported to every request
             self._load_error = f"{type(exc).__name__}: {exc}"
             log.error("local endpoint %s: %s", self.config.name, self._load_error)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from local_verifier.devices import cpu_flags
 from local_verifier.kernels.packing import amx_wanted, dense_shape, layout_of
 from local_verifier.kernels.plan import AttentionPlan
 from lookup.shared_library import build
@@ -43,17 +44,6 @@ RESTYPES = {"dg_stack_new": _ptr, "dg_amx_available": _int}  # the rest return n
 _loaded: tuple[ctypes.CDLL | None, str] | None = None
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
-
-
 def load_library() -> tuple[ctypes.CDLL | None, str]:
     """(the compiled library, "") or (None, why it is unavailable). Loaded once per process."""
     global _loaded
@@ -65,7 +55,7 @@ def load_library() -> tuple[ctypes.CDLL | None, str]:
 def _load() -> tuple[ctypes.CDLL | None, str]:
     if platform.system() != "Linux" or platform.machine() != "x86_64":
         return None, f"needs Linux on x86-64, this is {platform.system()} {platform.machine()}"
-    flags = _cpu_flags()
+    flags = cpu_flags()
     missing = [f for f in REQUIRED_CPU_FLAGS if f not in flags]
     if missing:
         return None, f"the CPU lacks {', '.join(missing)}"

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from local_verifier.kernels.cpp import CppOps, _cpu_flags, load_library
+from local_verifier.devices import cpu_flags
+from local_verifier.kernels.cpp import CppOps, load_library
 from local_verifier.kernels.packing import AMX_ENV, AMX_K, PACK, layout_of, pack, unpack
 from local_verifier.kernels.plan import AttentionPlan
 from local_verifier.kernels.torch_ops import TorchOps
@@ -158,7 +159,7 @@ def test_the_amx_kernels_run_exactly_where_the_cpu_has_them(
     cpp: CppOps, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """GCC 12+ with -march=native builds them wherever the CPU has AMX-BF16."""
-    assert ({"amx_tile", "amx_bf16"} <= _cpu_flags()) == AMX
+    assert ({"amx_tile", "amx_bf16"} <= cpu_flags()) == AMX
     monkeypatch.setenv(AMX_ENV, "1")
     assert cpp.amx() == AMX
     monkeypatch.setenv(AMX_ENV, "0")

@@ -1,0 +1,34 @@
+"""The target's default precision and the CPU flags it is chosen by."""
+
+import pytest
+import torch
+
+from local_verifier.devices import cpu_flags, default_dtype, resolve_dtype
+
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        ({"avx2", "fma"}, torch.float32),
+        ({"avx2", "fma", "avx512f", "avx512_bf16"}, torch.bfloat16),
+        ({"avx512f", "amx_tile", "amx_bf16"}, torch.bfloat16),
+        (set(), torch.float32),
+    ],
+)
+def test_cpu_default_is_bf16_only_with_native_bf16(flags: set[str], expected: torch.dtype) -> None:
+    assert default_dtype(CPU, flags) == expected
+
+
+def test_cuda_default_is_bf16_whatever_the_cpu() -> None:
+    assert default_dtype(torch.device("cuda"), set()) == torch.bfloat16
+
+
+def test_resolve_dtype_defaults_to_this_cpu_and_takes_names() -> None:
+    native = bool(cpu_flags() & {"amx_bf16", "avx512_bf16"})
+    assert resolve_dtype(None, CPU) == (torch.bfloat16 if native else torch.float32)
+    assert resolve_dtype("fp32", CPU) == torch.float32
+    assert resolve_dtype("BF16", CPU) == torch.bfloat16
+    with pytest.raises(ValueError, match="unsupported dtype 'int8'"):
+        resolve_dtype("int8", CPU)
