@@ -542,9 +542,17 @@ inline void amx_tile(const uint16_t* xb, int64_t K, const uint16_t* w, int64_t l
 thread_local int64_t amx_dirty = 0;
 thread_local std::vector<uint16_t> amx_rows;  // a row block rounded to bf16, zero padded
 
+// Prefetches the tile of B (1 KB, 16 lines) at b into L1: tileloadd alone keeps too few
+// misses in flight when memory is slow (1 row: ~30% below a plain read of the same bytes).
+inline void amx_prefetch_tile(const uint16_t* b) {
+  const char* p = reinterpret_cast<const char*>(b);
+  for (int line = 0; line < 1024; line += 64) _mm_prefetch(p + line, _MM_HINT_T0);
+}
+
 // One row tile (rows <= 16, the rest zero) of xb x CT column tiles (w: the first one's
 // stream) over all of K, into y (+ bias): tiles 0 to CT - 1 are C, 7 is A, and 5 and 6 take
-// turns as B, so the CT chains of tdpbf16ps overlap and each A load serves CT of them.
+// turns as B, so the CT chains of tdpbf16ps overlap and each A load serves CT of them. Each
+// stream's next k block is prefetched (past the last one: the next stream's first, harmless).
 template <int CT>
 inline void amx_row_tile(const uint16_t* xb, int64_t K, const uint16_t* w, int64_t rows,
                          const float* bias, float* y, int64_t ldy) {
@@ -556,6 +564,7 @@ inline void amx_row_tile(const uint16_t* xb, int64_t K, const uint16_t* w, int64
   if constexpr (CT > 3) _tile_zero(3);
   for (int64_t k = 0; k < K; k += kAmxK) {
     const uint16_t* b = w + k * 16;
+    for (int j = 0; j < CT; ++j) amx_prefetch_tile(b + j * stride + kAmxK * 16);
     _tile_loadd(7, xb + k, K * 2);
     _tile_loadd(5, b, 64);
     _tile_dpbf16ps(0, 7, 5);
