@@ -13,6 +13,7 @@ layers"), the same values in another order (packing and unpacking are exact):
 
 from __future__ import annotations
 
+import mmap
 import os
 from typing import Literal
 
@@ -75,10 +76,11 @@ def pack(weight: torch.Tensor, layout: Layout = "packed") -> torch.Tensor:
     """The ``layout`` copy of a row-major weight that is ``packable`` to it."""
     m, k = weight.shape
     if layout == "amx":
-        tiles = weight.reshape(m // PACK, PACK, k // AMX_K, AMX_K // 2, 2)
-        return tiles.permute(0, 2, 3, 1, 4).contiguous()
+        tiles = weight.reshape(m // PACK, PACK, k // AMX_K, AMX_K // 2, 2).permute(0, 2, 3, 1, 4)
+        return _ARENA.empty(tiles.shape, weight.dtype).copy_(tiles)
     if layout == "packed":
-        return weight.reshape(m // PACK, PACK, k // PACK, PACK).permute(0, 2, 1, 3).contiguous()
+        tiles = weight.reshape(m // PACK, PACK, k // PACK, PACK).permute(0, 2, 1, 3)
+        return _ARENA.empty(tiles.shape, weight.dtype).copy_(tiles)
     return weight
 
 
@@ -90,3 +92,42 @@ def unpack(weight: torch.Tensor) -> torch.Tensor:
     if layout == "packed":
         return weight.permute(0, 2, 1, 3).reshape(dense_shape(weight))
     return weight
+
+
+class _HugePageArena:
+    """Memory for packed weights in anonymous mappings that ask for transparent huge pages
+    (Linux): a step streams every weight once, and 2 MB pages spare it a TLB miss per 4 KB
+    (about 10% of a 1-row step's streaming time). Small weights share a chunk."""
+
+    CHUNK = 32 << 20  # bytes per shared mapping, a multiple of HUGE
+    HUGE = 2 << 20
+    ALIGN = 4096  # each weight starts on a page
+
+    def __init__(self) -> None:
+        self._chunk: tuple[mmap.mmap, int] | None = None  # the mapping, its next free offset
+
+    def empty(self, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        size = shape.numel() * dtype.itemsize
+        if not hasattr(mmap, "MADV_HUGEPAGE") or size == 0:
+            return torch.empty(shape, dtype=dtype)
+        span = -(-size // self.ALIGN) * self.ALIGN
+        if span > self.CHUNK // 4:
+            buffer, offset = self._map(-(-span // self.HUGE) * self.HUGE)
+        else:
+            if self._chunk is None or self._chunk[1] + span > self.CHUNK:
+                self._chunk = self._map(self.CHUNK)
+            buffer, offset = self._chunk
+            self._chunk = (buffer, offset + span)
+        flat = torch.frombuffer(buffer, dtype=torch.uint8, count=size, offset=offset)
+        return flat.view(dtype).view(shape)
+
+    def _map(self, size: int) -> tuple[mmap.mmap, int]:
+        """A private anonymous mapping of size bytes from a huge page boundary (its offset)."""
+        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+        mapping = mmap.mmap(-1, size + self.HUGE, flags=flags)
+        mapping.madvise(mmap.MADV_HUGEPAGE)
+        address = torch.frombuffer(mapping, dtype=torch.uint8, count=1).data_ptr()
+        return mapping, -address % self.HUGE
+
+
+_ARENA = _HugePageArena()
