@@ -474,7 +474,7 @@ void linear(const float* xp, const W* wp, bool packed, const float* bp, float* y
 // tiles for many rows").
 #if DG_AMX
 constexpr int64_t kAmxK = 32;          // k values per tile of A or B (16 pairs)
-constexpr int64_t kAmxRowBlock = 256;  // rows rounded to bf16 at a time, by the team
+constexpr int64_t kAmxRowBlock = 256;  // rows rounded to bf16 at a time, per thread
 constexpr int kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;  // Linux arch_prctl
 
 // Tiles 0-3: C (2 row tiles x 2 column tiles), 4-5: A, 6-7: B; each 16 rows of 64 bytes.
@@ -571,30 +571,23 @@ inline void amx_tile(const uint16_t* xb, int64_t K, const uint16_t* w, int64_t l
     amx_store<3>(last, bias != nullptr ? bias + 16 : nullptr, y + 16 * ldy + 16, ldy);
 }
 
-// A team's row block rounded to bf16: the buffer of the thread that ran its `single`, shared
-// through copyprivate (a thread is in one team at a time).
-thread_local std::vector<uint16_t> amx_rows;
+thread_local std::vector<uint16_t> amx_rows;  // a row block rounded to bf16, per thread
 
 // y [N, M] = bf16(x) [N, K] @ w.T (+ bias [M] unless null) for an AMX-packed w (M a
-// multiple of 16, K of kAmxK): the team rounds a block of rows into one buffer, then shares
-// out (column pair, row pair) units in column order, so a thread's run of units reads each
-// column pair's stream of B once for all its row pairs. Called by every thread of a team
-// (or outside a parallel region); ends with a barrier.
+// multiple of 16, K of kAmxK): each thread rounds a block of rows itself (no barrier to
+// share it), then the team shares out (column pair, row pair) units in column order, so a
+// thread's run of units reads each column pair's stream of B once for all its row pairs.
+// Called by every thread of a team (or outside a parallel region); ends with a barrier.
 inline void amx_linear_team(const float* xp, const uint16_t* wp, const float* bp, float* yp,
                             int64_t N, int64_t K, int64_t M) {
   amx_configure();
   const int64_t tiles = M / 16, col_pairs = (tiles + 1) / 2;
-  uint16_t* xb = nullptr;
-#pragma omp single copyprivate(xb)
-  {
-    const int64_t size = (std::min(kAmxRowBlock, N) + 15) / 16 * 16 * K;
-    if (static_cast<int64_t>(amx_rows.size()) < size) amx_rows.resize(size);
-    xb = amx_rows.data();
-  }
+  const int64_t size = (std::min(kAmxRowBlock, N) + 15) / 16 * 16 * K;
+  if (static_cast<int64_t>(amx_rows.size()) < size) amx_rows.resize(size);
+  uint16_t* xb = amx_rows.data();
   for (int64_t r0 = 0; r0 < N; r0 += kAmxRowBlock) {
     const int64_t rows = std::min(kAmxRowBlock, N - r0), row_tiles = (rows + 15) / 16;
     const int64_t row_pairs = (row_tiles + 1) / 2;
-#pragma omp for schedule(static)
     for (int64_t rt = 0; rt < row_tiles; ++rt)
       amx_round_tile(xp + (r0 + 16 * rt) * K, std::min<int64_t>(16, rows - 16 * rt), K,
                      xb + rt * 16 * K);
