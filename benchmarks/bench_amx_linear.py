@@ -1,0 +1,108 @@
+"""The AMX linear kernel alone (``dg_linear_amx``) on SmolLM2-135M's shapes, random weights:
+
+    python benchmarks/bench_amx_linear.py [--rows 16,64,512] [--threads 2] [--repeats 4] \
+        [--baseline OLD_step_cpu.cpp] [--json OUT.json]
+
+Per row count: each of a step's linear layers (qkv with its bias, o, gate_up, down: 30
+layers' distinct weights, so that they stream from memory as in a step; the head: 2
+copies) called in turn, every build once per weight, the builds' order rotating; per shape,
+the fastest call over layers and repeats (the least disturbed on a shared machine), and a
+step's linear time as 30 x each layer's + the head's. ``--baseline`` builds another
+``step_cpu.cpp`` to time against in the same process, and checks that both give the same
+bits (``equal``). Needs a CPU with AMX.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from local_verifier.kernels import cpp
+from local_verifier.kernels.packing import pack
+from lookup.shared_library import build
+
+LAYERS, DIM, HIDDEN, VOCAB, QKV = 30, 576, 1536, 49152, 960
+SHAPES = {"qkv": (QKV, DIM), "o": (DIM, DIM), "gate_up": (2 * HIDDEN, DIM), "down": (DIM, HIDDEN)}
+SHAPES["head"] = (VOCAB, DIM)
+
+
+def linear_amx(source: Path) -> ctypes._CFuncPtr:
+    """``dg_linear_amx`` of the kernels built from ``source``."""
+    path, why = build(source, cpp.CFLAGS, sorted(cpp._cpu_flags()))
+    if path is None:
+        raise RuntimeError(why)
+    library = ctypes.CDLL(str(path))
+    if library.dg_amx_available() != 1:
+        raise RuntimeError("this CPU (or build) has no AMX kernels")
+    function = library.dg_linear_amx
+    function.argtypes = cpp.SIGNATURES["dg_linear_bf16"]
+    function.restype = None
+    return function
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", default="16,64,512")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=4)
+    parser.add_argument("--baseline", type=Path, help="another step_cpu.cpp to time against")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    sides = {"this": linear_amx(cpp.SOURCE)}
+    if args.baseline:
+        sides["baseline"] = linear_amx(args.baseline)
+    torch.manual_seed(0)
+    weights = {
+        name: [
+            pack((torch.randn(m, k) * 0.05).to(torch.bfloat16), "amx")
+            for _ in range(2 if name == "head" else LAYERS)
+        ]
+        for name, (m, k) in SHAPES.items()
+    }
+    bias = torch.randn(QKV)
+    report: dict[str, dict] = {}
+    for n in [int(r) for r in args.rows.split(",")]:
+        x = {k: torch.randn(n, k) for k in (DIM, HIDDEN)}
+        outs = {
+            side: {name: torch.empty(n, m) for name, (m, _) in SHAPES.items()} for side in sides
+        }
+        best = {side: dict.fromkeys(SHAPES, float("inf")) for side in sides}
+        order = list(sides)
+        for _ in range(args.repeats):
+            for name, (m, k) in SHAPES.items():
+                b = bias.data_ptr() if name == "qkv" else None
+                for w in weights[name]:
+                    order = order[1:] + order[:1]
+                    for side in order:
+                        y = outs[side][name]
+                        start = time.perf_counter()
+                        sides[side](
+                            x[k].data_ptr(), w.data_ptr(), b, y.data_ptr(), n, k, m, args.threads
+                        )
+                        best[side][name] = min(best[side][name], time.perf_counter() - start)
+        equal = all(torch.equal(outs["this"][s], o[s]) for o in outs.values() for s in SHAPES)
+        flops = 2 * n * sum(m * k * (1 if s == "head" else LAYERS) for s, (m, k) in SHAPES.items())
+        report[str(n)] = {"equal": equal}
+        for side in sides:
+            t = best[side]
+            step = sum(t[s] * (1 if s == "head" else LAYERS) for s in SHAPES)
+            report[str(n)][side] = {"step_ms": step * 1e3, "gflop_s": flops / step / 1e9} | {
+                f"{s}_ms": t[s] * 1e3 for s in SHAPES
+            }
+            calls = " ".join(f"{s} {t[s] * 1e3:.3f}" for s in SHAPES)
+            print(
+                f"{n:4d} rows, {args.threads} threads, {side:8s}: step {step * 1e3:7.2f} ms "
+                f"({flops / step / 1e9:5.0f} GFLOP/s) | ms per call: {calls} | equal {equal}",
+                flush=True,
+            )
+    if args.json:
+        args.json.write_text(json.dumps({"threads": args.threads, "rows": report}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
