@@ -20,7 +20,7 @@ greedy, ``--max-tokens`` tokens:
 - ``speculative``: draftgate's engine with the workload's prediction and documents.
 
 Each side's time is its own prompt processing plus decoding (llama.cpp's printed timings;
-model loading excluded on both sides). llama.cpp runs with ``--no-repack`` unless
+model loading excluded on both sides; both on ``--threads`` threads). llama.cpp runs with ``--no-repack`` unless
 ``--llama-repack``: its repacked quantized weights take its AMX int8 path, which dies with
 SIGILL/SIGSEGV on the 2-core Sapphire Rapids VM this was written on (F32 is never repacked). Reported: tokens/s per side, decode tokens/s (the
 tokens after the first over the time after the prompt pass), prompt processing tokens/s,
@@ -234,7 +234,9 @@ def main() -> None:
     extra_sides = {f"llama_plain_{q.lower()}": q for q in quants[1:]}
     sides = (*SIDES, *extra_sides)
     completion_sides = ("llama_plain", *extra_sides)
-    lm: LoadedModel = load_model(args.model, dtype=args.dtype)
+    # both sides on --threads (the loader would pick 1 or 2 by the moment's load)
+    lm: LoadedModel = load_model(args.model, dtype=args.dtype, tune_threads=False)
+    torch.set_num_threads(args.threads)
     engine = Engine(lm)
     every = [json.loads(x) for x in args.workload.read_text().splitlines() if x.strip()]
     records = [r for r in every if r["category"] == args.category][: args.limit]
@@ -318,6 +320,7 @@ def main() -> None:
         "prompts": len(rows),
         "dtype": str(lm.dtype).removeprefix("torch."),
         "llama_quant": quants,
+        "threads": args.threads,
     }
     lengths = sorted(int(n) for n in args.prefill.split(",") if n)
     if lengths:
