@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from local_verifier.devices import cpu_flags
 from local_verifier.kernels import cpp
 from local_verifier.kernels.packing import pack
 from lookup.shared_library import build
@@ -33,7 +34,7 @@ SHAPES["head"] = (VOCAB, DIM)
 
 def linear_amx(source: Path) -> ctypes._CFuncPtr:
     """``dg_linear_amx`` of the kernels built from ``source``."""
-    path, why = build(source, cpp.CFLAGS, sorted(cpp._cpu_flags()))
+    path, why = build(source, cpp.CFLAGS, sorted(cpu_flags()))
     if path is None:
         raise RuntimeError(why)
     library = ctypes.CDLL(str(path))
