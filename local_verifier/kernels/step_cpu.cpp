@@ -499,6 +499,11 @@ inline void amx_round_tile(const float* x, int64_t rows, int64_t K, uint16_t* xb
     }
 }
 
+// The bias of column tile j counted from `bias` (null stays null: no bias).
+inline const float* bias_at(const float* bias, int64_t j) {
+  return bias != nullptr ? bias + 16 * j : nullptr;
+}
+
 // C tile T (0-3) to out, rows ld floats apart (the intrinsic takes the tile as a literal).
 template <int T>
 inline void amx_stored(float* out, int64_t ld) {
@@ -564,10 +569,10 @@ inline void amx_tile(const uint16_t* xb, int64_t K, const uint16_t* w, int64_t l
   }
   const int64_t first = RT > 1 ? 16 : last;
   amx_store<0>(first, bias, y, ldy);
-  if (CT > 1) amx_store<1>(first, bias != nullptr ? bias + 16 : nullptr, y + 16, ldy);
+  if (CT > 1) amx_store<1>(first, bias_at(bias, 1), y + 16, ldy);
   if (RT > 1) amx_store<2>(last, bias, y + 16 * ldy, ldy);
   if (RT > 1 && CT > 1)
-    amx_store<3>(last, bias != nullptr ? bias + 16 : nullptr, y + 16 * ldy + 16, ldy);
+    amx_store<3>(last, bias_at(bias, 1), y + 16 * ldy + 16, ldy);
 }
 
 thread_local std::vector<uint16_t> amx_rows;  // a row block rounded to bf16, per thread
@@ -612,11 +617,10 @@ inline void amx_row_tile(const uint16_t* xb, int64_t K, const uint16_t* w, int64
       _tile_dpbf16ps(3, 7, 6);
     }
   }
-  auto part = [bias](int j) { return bias != nullptr ? bias + 16 * j : nullptr; };
   amx_store<0>(rows, bias, y, ldy);
-  if constexpr (CT > 1) amx_store<1>(rows, part(1), y + 16, ldy);
-  if constexpr (CT > 2) amx_store<2>(rows, part(2), y + 32, ldy);
-  if constexpr (CT > 3) amx_store<3>(rows, part(3), y + 48, ldy);
+  if constexpr (CT > 1) amx_store<1>(rows, bias_at(bias, 1), y + 16, ldy);
+  if constexpr (CT > 2) amx_store<2>(rows, bias_at(bias, 2), y + 32, ldy);
+  if constexpr (CT > 3) amx_store<3>(rows, bias_at(bias, 3), y + 48, ldy);
 }
 
 // amx_linear_team for N <= 16 (decoding): one row tile, so the step streams the weights
@@ -631,7 +635,7 @@ inline void amx_linear_rows16(const float* xp, const uint16_t* wp, const float* 
   const int64_t end = tiles * (me + 1) / team;
   for (int64_t t = tiles * me / team; t < end; t += 4) {
     const uint16_t* w = wp + t * 16 * K;
-    const float* b = bp != nullptr ? bp + t * 16 : nullptr;
+    const float* b = bias_at(bp, t);
     float* y = yp + t * 16;
     switch (std::min<int64_t>(4, end - t)) {
       case 4: amx_row_tile<4>(xb, K, w, N, b, y, M); break;
@@ -668,7 +672,7 @@ inline void amx_linear_team(const float* xp, const uint16_t* wp, const float* bp
       const int64_t t = 2 * (u / row_pairs), r = 32 * (u % row_pairs);
       const uint16_t* w = wp + t * 16 * K;
       const uint16_t* xr = xb + r * K;
-      const float* b = bp != nullptr ? bp + t * 16 : nullptr;
+      const float* b = bias_at(bp, t);
       float* yr = yp + (r0 + r) * M + t * 16;
       const uint16_t* pf = r + 32 >= rows && t + 2 < tiles ? w + 32 * K : nullptr;
       if (r + 16 < rows) {
