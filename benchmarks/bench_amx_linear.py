@@ -1,7 +1,8 @@
-"""The AMX linear kernel alone (``dg_linear_amx``) on SmolLM2-135M's shapes, random weights:
+"""The bf16 linear kernel alone (``dg_linear_amx``: AMX tiles, or AVX512-BF16 dot products
+where AMX is absent) on SmolLM2-135M's shapes, random weights:
 
     python benchmarks/bench_amx_linear.py [--rows 16,64,512] [--threads 2] [--repeats 4] \
-        [--baseline OLD_step_cpu.cpp] [--json OUT.json]
+        [--baseline OLD_step_cpu.cpp] [--packed] [--json OUT.json]
 
 Per row count: each of a step's linear layers (qkv with its bias, o, gate_up, down: 30
 layers' distinct weights, so that they stream from memory as in a step; the head: 2
@@ -9,7 +10,9 @@ copies) called in turn, every build once per weight, the builds' order rotating;
 the fastest call over layers and repeats (the least disturbed on a shared machine), and a
 step's linear time as 30 x each layer's + the head's. ``--baseline`` builds another
 ``step_cpu.cpp`` to time against in the same process, and checks that both give the same
-bits (``equal``). Needs a CPU with AMX.
+bits (``equal``). ``--packed`` times the float32 kernel on the same weights in the
+``packed`` layout too (what ``DRAFTGATE_AMX=0`` runs; other bits, so not in ``equal``).
+Needs a CPU with AMX-BF16 or AVX512-BF16.
 """
 
 from __future__ import annotations
@@ -38,8 +41,8 @@ def linear_amx(source: Path) -> ctypes._CFuncPtr:
     if path is None:
         raise RuntimeError(why)
     library = ctypes.CDLL(str(path))
-    if library.dg_amx_available() != 1:
-        raise RuntimeError("this CPU (or build) has no AMX kernels")
+    if library.dg_bf16_kernels() == 0:
+        raise RuntimeError("this CPU (or build) has no bf16 kernels")
     function = library.dg_linear_amx
     function.argtypes = cpp.SIGNATURES["dg_linear_bf16"]
     function.restype = None
@@ -52,19 +55,28 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=4)
     parser.add_argument("--baseline", type=Path, help="another step_cpu.cpp to time against")
+    parser.add_argument("--packed", action="store_true", help="the float32 kernel, too")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     sides = {"this": linear_amx(cpp.SOURCE)}
     if args.baseline:
         sides["baseline"] = linear_amx(args.baseline)
+    if args.packed:
+        sides["packed"] = cpp.load_library()[0].dg_linear_packed_bf16
     torch.manual_seed(0)
-    weights = {
+    rows = {
         name: [
-            pack((torch.randn(m, k) * 0.05).to(torch.bfloat16), "amx")
+            (torch.randn(m, k) * 0.05).to(torch.bfloat16)
             for _ in range(2 if name == "head" else LAYERS)
         ]
         for name, (m, k) in SHAPES.items()
     }
+    layouts = {side: "packed" if side == "packed" else "amx" for side in sides}
+    weights = {
+        layout: {name: [pack(w, layout) for w in ws] for name, ws in rows.items()}
+        for layout in set(layouts.values())
+    }
+    del rows
     bias = torch.randn(QKV)
     report: dict[str, dict] = {}
     for n in [int(r) for r in args.rows.split(",")]:
@@ -77,16 +89,22 @@ def main() -> None:
         for _ in range(args.repeats):
             for name, (m, k) in SHAPES.items():
                 b = bias.data_ptr() if name == "qkv" else None
-                for w in weights[name]:
+                for i in range(len(weights["amx"][name])):
                     order = order[1:] + order[:1]
                     for side in order:
+                        w = weights[layouts[side]][name][i]
                         y = outs[side][name]
                         start = time.perf_counter()
                         sides[side](
                             x[k].data_ptr(), w.data_ptr(), b, y.data_ptr(), n, k, m, args.threads
                         )
                         best[side][name] = min(best[side][name], time.perf_counter() - start)
-        equal = all(torch.equal(outs["this"][s], o[s]) for o in outs.values() for s in SHAPES)
+        equal = all(
+            torch.equal(outs["this"][s], o[s])
+            for side, o in outs.items()
+            if side != "packed"
+            for s in SHAPES
+        )
         flops = 2 * n * sum(m * k * (1 if s == "head" else LAYERS) for s, (m, k) in SHAPES.items())
         report[str(n)] = {"equal": equal}
         for side in sides:

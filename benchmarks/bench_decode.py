@@ -14,7 +14,8 @@ Reports, in one process:
   table; half as many in bf16) over that bandwidth; the 1-row step as a fraction of it
   (floor / step);
 - ms per step of R rows (a chain verify of R rows after a 128-token context) for each R
-  (with ``--ab N``, also on the fused C++ stack and the per-op path, N rounds interleaved);
+  (with ``--ab N``, also on the fused C++ stack and the per-op path, N rounds interleaved;
+  with ``--ab-bf16 N``, with ``DRAFTGATE_AMX`` 0 and 1, N rounds interleaved);
 - where the time of a 1-row step and of a 512-row prompt chunk goes: ms per step in each
   kernel (linear layers, the vocabulary head, attention, RMSNorm, rotary + K/V store,
   SwiGLU), and the rest (Python, embedding, the attention plan); timed inside the fused C++
@@ -47,7 +48,7 @@ import local_verifier.model
 from local_verifier.generate import PlainResult, generate_plain
 from local_verifier.kernels import StepOps
 from local_verifier.kernels.fused import FUSED_ENV, PROFILE_KINDS
-from local_verifier.kernels.packing import layout_of
+from local_verifier.kernels.packing import AMX_ENV, layout_of
 from local_verifier.kv_storage import KVStorage
 from local_verifier.loader import LoadedModel, load_model
 from local_verifier.model import SeqStep
@@ -147,6 +148,19 @@ def fused_vs_per_op(lm: LoadedModel, rows: list[int], rounds: int) -> dict[str, 
         }
 
     return {"wall_ms": median_ms(wall), "cpu_ms": median_ms(cpu), "rounds": rounds}
+
+
+def bf16_kernels_ab(lm: LoadedModel, rows: list[int], rounds: int) -> dict[str, Any]:
+    """ms of the step of ``step_ms`` with ``DRAFTGATE_AMX`` 0 (bf16 weights on the float32
+    kernels) and 1 (the bf16 kernels), alternating in one process (the weights repacked at
+    each switch, outside the timing), per round; and per setting the least disturbed round."""
+    times: dict[str, list[dict[int, float]]] = {"0": [], "1": []}
+    for round_ in range(rounds):
+        for setting in ("0", "1")[:: 1 if round_ % 2 == 0 else -1]:
+            with mock.patch.dict(os.environ, {AMX_ENV: setting}):
+                times[setting].append(step_ms(lm, rows, 3))
+    best = {s: {r: min(t[r] for t in ts) for r in rows} for s, ts in times.items()}
+    return {"rounds": times, "min_ms": best}
 
 
 class TimedOps:
@@ -343,6 +357,9 @@ def main() -> None:
     parser.add_argument(
         "--ab", type=int, default=0, help="rounds of fused stack vs per-op path (0 = none)"
     )
+    parser.add_argument(
+        "--ab-bf16", type=int, default=0, help="rounds of DRAFTGATE_AMX=0 vs 1 (0 = none)"
+    )
     args = parser.parse_args()
 
     lm = load_model(args.model, device=args.device, dtype=args.dtype)
@@ -360,6 +377,9 @@ def main() -> None:
     if args.ab and lm.model.fused_stack() is not None:
         report["step_ms_ab"] = fused_vs_per_op(lm, rows_per_step, args.ab)
         print(f"ms per step, fused vs per-op interleaved: {report['step_ms_ab']}", flush=True)
+    if args.ab_bf16:
+        report["step_ms_ab_bf16"] = bf16_kernels_ab(lm, rows_per_step, args.ab_bf16)
+        print(f"ms per step, AMX=0 vs 1: {report['step_ms_ab_bf16']['min_ms']}", flush=True)
     report["breakdown_ms"] = {
         "decode_1_row": breakdown(lm, 1, CONTEXT, args.repeats),
         f"prompt_chunk_{args.chunk}_rows": breakdown(lm, args.chunk, 0, max(args.repeats // 2, 1)),

@@ -59,10 +59,12 @@ ENTRY_POINTS: dict[tuple[torch.dtype, Layout], str] = {
 
 
 def kernels(library: ctypes.CDLL) -> Kernels:
-    """The linear entry points a step library has (an older one: row-major only; AMX only
-    where it runs them), typed."""
+    """The linear entry points a step library has (an older one: row-major only; the
+    ``amx`` layout's only where it runs bf16 kernels: AMX, or AVX512-BF16 dot products),
+    typed."""
     found = {}
-    amx = getattr(library, "dg_amx_available", lambda: 0)() == 1
+    probe = getattr(library, "dg_bf16_kernels", None) or getattr(library, "dg_amx_available", None)
+    amx = probe is not None and probe() != 0
     for key, name in ENTRY_POINTS.items():
         function = getattr(library, name, None)
         if function is not None and (key[1] != "amx" or amx):

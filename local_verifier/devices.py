@@ -29,7 +29,7 @@ def resolve_device(device: str | None) -> torch.device:
 
 NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 """CPU flags of bf16 arithmetic in hardware: where one is present the bf16 target is the
-CPU default (half the bytes per token, and AMX tiles for batched rows)."""
+CPU default (half the bytes per token, and AMX tiles or bf16 dot products for batched rows)."""
 
 
 def cpu_flags() -> set[str]:

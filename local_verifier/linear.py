@@ -19,7 +19,7 @@ _FALLBACKS: dict[Layout, list[Layout]] = {
 
 class Linear(nn.Module):
     """Weight [out_features, in_features] and optional bias [out_features]. The C++ backend
-    holds a bf16 weight packed (``kernels.packing``: the same values, one copy; for the AMX
+    holds a bf16 weight packed (``kernels.packing``: the same values, one copy; for the bf16
     kernels where they run); state dicts hold it row-major either way."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:

@@ -271,7 +271,7 @@ class Transformer(nn.Module):
 
     def _use_layout(self, ops: StepOps) -> None:
         """Packs the linear weights for the C++ kernels (unless ``DRAFTGATE_PACKED=0``; for
-        the AMX kernels where ``CppOps.amx``), row-major for the others: in place, one matrix
+        the bf16 kernels where ``CppOps.amx``), row-major for the others: in place, one matrix
         at a time, so one copy stays resident."""
         layout: Layout = "row"
         if isinstance(ops, CppOps) and packing_enabled():

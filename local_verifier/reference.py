@@ -17,9 +17,9 @@ def load_reference(
     dequantized by transformers itself, so its layout and numerics are the reference's.
 
     With ``weight_dtype=torch.bfloat16`` every weight is rounded to bf16 (computing in
-    fp32 still): what the bf16 target computes on a CPU without AMX. With
+    fp32 still): what the bf16 target computes on a CPU without bf16 kernels. With
     ``round_linear_inputs`` too, every linear layer's input is rounded to bf16 first: what
-    it computes on the AMX kernels (``kernels.packing``)."""
+    it computes on the bf16 kernels (AMX or AVX512-BF16: ``kernels.packing``)."""
     model = _fp32_model(spec)
     if weight_dtype != torch.float32:
         with torch.no_grad():

@@ -6,8 +6,9 @@ logits and K/V are bitwise the same alone, batched, in a draft tree or in a prom
 
 - ``cpp``: C++ kernels compiled at first use (x86-64 with AVX2 + FMA, AVX-512 where the
   CPU has it; float32 activations; linear weights float32 or bfloat16, the bf16 target's,
-  widened exactly in the kernel; on CPUs with AMX-BF16, bf16 weights run on AMX tiles
-  with each linear's input rounded to bf16, ``DRAFTGATE_AMX=0`` turns that off): fixed-order
+  widened exactly in the kernel; on CPUs with AMX-BF16, bf16 weights run on AMX tiles, on
+  CPUs with AVX512-BF16 and no AMX on bf16 dot products, with each linear's input rounded
+  to bf16, ``DRAFTGATE_AMX=0`` turns that off): fixed-order
   reductions, attention over each row's own key list with an online softmax in
   key order. ``Transformer.step`` runs them as one C++ call per step (``fused.FusedStack``:
   the same kernels in the same order, bitwise the same), or op by op through ``CppOps``

@@ -26,7 +26,7 @@ SIGNATURES = {
     "dg_linear_bf16": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int],
     "dg_linear_packed": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int],
     "dg_linear_packed_bf16": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int],
-    "dg_amx_available": [],
+    "dg_bf16_kernels": [],
     "dg_rms_norm": [_ptr, _ptr, _ptr, _i64, _i64, _f32],
     "dg_rope_store": [_ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64],
     "dg_silu_mul": [_ptr, _ptr, _i64, _i64],
@@ -38,8 +38,9 @@ SIGNATURES = {
     + [_ptr] * 6
     + [_i64, _ptr, _i64, _ptr, _int, _ptr],
 }
-AMX_SIGNATURES = {"dg_linear_amx": SIGNATURES["dg_linear_bf16"]}  # where dg_amx_available
-RESTYPES = {"dg_stack_new": _ptr, "dg_amx_available": _int}  # the rest return nothing
+AMX_SIGNATURES = {"dg_linear_amx": SIGNATURES["dg_linear_bf16"]}  # where dg_bf16_kernels
+RESTYPES = {"dg_stack_new": _ptr, "dg_bf16_kernels": _int}  # the rest return nothing
+BF16_KERNELS = {2: "amx", 1: "dot"}  # dg_bf16_kernels' codes: AMX tiles, AVX512-BF16 dots
 
 _loaded: tuple[ctypes.CDLL | None, str] | None = None
 
@@ -67,7 +68,7 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
         function = getattr(library, name)
         function.argtypes = argtypes
         function.restype = RESTYPES.get(name)
-    for name, argtypes in AMX_SIGNATURES.items() if library.dg_amx_available() else ():
+    for name, argtypes in AMX_SIGNATURES.items() if library.dg_bf16_kernels() else ():
         function = getattr(library, name)
         function.argtypes = argtypes
         function.restype = RESTYPES.get(name)
@@ -89,26 +90,28 @@ class CppOps:
     """The C++ kernels on float32 CPU activations; linear weights in float32 or bfloat16
     (widened exactly inside the kernel, so the bytes read per token halve), row-major or
     packed (``kernels.packing``: bitwise the same y); or bfloat16 in the ``amx`` layout,
-    for the AMX tile kernels (inputs rounded to bfloat16) on CPUs that have them."""
+    for the bf16 kernels (inputs rounded to bfloat16: AMX tiles, else AVX512-BF16 dot
+    products) on CPUs that have either."""
 
     name = "cpp"
 
     def __init__(self, library: ctypes.CDLL) -> None:
         self.library = library
-        self._amx_available = library.dg_amx_available() == 1
+        self.bf16_kernels = BF16_KERNELS.get(library.dg_bf16_kernels())  # or None: neither
         self._linear = {
             (torch.float32, "row"): library.dg_linear,
             (torch.bfloat16, "row"): library.dg_linear_bf16,
             (torch.float32, "packed"): library.dg_linear_packed,
             (torch.bfloat16, "packed"): library.dg_linear_packed_bf16,
         }
-        if self._amx_available:
+        if self.bf16_kernels is not None:
             self._linear[torch.bfloat16, "amx"] = library.dg_linear_amx
 
     def amx(self) -> bool:
-        """Whether bf16 weights are packed for the AMX kernels: this process may run them
-        (built for and granted the CPU's AMX tiles) and ``DRAFTGATE_AMX`` is not 0."""
-        return self._amx_available and amx_wanted()
+        """Whether bf16 weights are packed in the ``amx`` layout for the bf16 kernels: this
+        process runs them (``bf16_kernels``: AMX tiles, or AVX512-BF16 dot products where
+        AMX is absent or not granted) and ``DRAFTGATE_AMX`` is not 0."""
+        return self.bf16_kernels is not None and amx_wanted()
 
     def linear(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None

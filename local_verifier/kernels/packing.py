@@ -5,11 +5,16 @@ layers"), the same values in another order (packing and unpacking are exact):
   values of k, ``[M / PACK, K / PACK, PACK, PACK]``, so that a tile, and a thread's run of
   tiles, is one sequential stream. The kernels sum every output in the same order as on
   the row-major weight (bitwise the same y).
-- ``amx``: a bf16 weight for the AMX tile kernels (CPUs with AMX-BF16), tiles of ``PACK``
-  output columns along k in blocks of ``AMX_K``, each block in the tiles' pairwise (VNNI)
-  order: ``[M / PACK, K / AMX_K, AMX_K / 2, PACK, 2]``. Those kernels round a linear's
-  input to bf16 and sum in their own order (see ``step_cpu.cpp``, "Linear layers on AMX
-  tiles"): a different y from the row-major weight's, the same for every row count."""
+- ``amx``: a bf16 weight for the bf16 kernels, tiles of ``PACK`` output columns along k in
+  blocks of ``AMX_K``, each block in the AMX tiles' pairwise (VNNI) order:
+  ``[M / PACK, K / AMX_K, AMX_K / 2, PACK, 2]``; one pair of k of a column tile is 64
+  bytes, 16 columns x 2 values. On CPUs with AMX-BF16 the AMX tile kernels read it (a tile
+  of B is one k block), on CPUs with AVX512-BF16 and no usable AMX the dot-product kernels
+  (one pair row is the vector ``vdpbf16ps`` takes, 16 output columns per instruction).
+  Both round a linear's input to bf16 and sum in their own fixed order (``step_cpu.cpp``,
+  "Linear layers on AMX tiles", "... on bf16 dot products"): a different y from the
+  row-major weight's, the same for every row count. ``DRAFTGATE_AMX=0`` turns both off
+  (bf16 weights ``packed`` for the float32 kernels)."""
 
 from __future__ import annotations
 
@@ -22,7 +27,7 @@ import torch
 PACK = 16
 AMX_K = 32
 PACKED_ENV = "DRAFTGATE_PACKED"  # "0": the C++ backend reads linear weights row-major
-AMX_ENV = "DRAFTGATE_AMX"  # "0": no AMX kernels, bf16 weights packed for the float32 ones
+AMX_ENV = "DRAFTGATE_AMX"  # "0": no bf16 kernels (AMX or dot products), float32 ones
 
 Layout = Literal["row", "packed", "amx"]
 _LAYOUTS: dict[int, Layout] = {4: "packed", 5: "amx"}
@@ -34,7 +39,7 @@ def packing_enabled() -> bool:
 
 
 def amx_wanted() -> bool:
-    """Whether bf16 weights use the AMX kernels where the CPU has them (``DRAFTGATE_AMX``)."""
+    """Whether bf16 weights use the bf16 kernels where the CPU has them (``DRAFTGATE_AMX``)."""
     return os.environ.get(AMX_ENV, "1") != "0"
 
 

@@ -3,6 +3,9 @@
 // two instruction sets, chosen at compile time (-march=native): AVX-512 (16 float lanes)
 // where the CPU has it, else AVX2 + FMA (8 lanes). The kernels are written once against
 // the small vector layer below; the two builds may give different bits from each other.
+// A bf16 weight packed in the AMX tiles' pair layout runs on its own kernels, which round
+// each linear's input to bf16: AMX tiles where the CPU has AMX-BF16 ("Linear layers on AMX
+// tiles"), else AVX512-BF16 dot products ("Linear layers on bf16 dot products").
 //
 // Every output element is computed by one fixed sequence of IEEE operations that depends
 // only on that element's own inputs: never on the number of rows in the call, on a row's
@@ -44,6 +47,13 @@
 #define DG_AMX 1
 #else
 #define DG_AMX 0
+#endif
+// AVX512-BF16 dot products (vdpbf16ps) for the same AMX-packed bf16 weights on CPUs without
+// usable AMX (see "Linear layers on bf16 dot products").
+#if DG_AVX512 && defined(__AVX512BF16__)
+#define DG_DOT 1
+#else
+#define DG_DOT 0
 #endif
 
 namespace {
@@ -704,6 +714,134 @@ bool amx_usable() {
 }
 #endif
 
+// ---- Linear layers on bf16 dot products (AVX512-BF16, CPUs without usable AMX). ---------
+//
+// The same AMX-packed weight, [M / 16][K / 32][16 pairs of k][16 columns][2]:
+// along a column tile's stream, pair i of k is one 64-byte row of 16 columns x 2 values, a
+// vector that vdpbf16ps takes as is. One arithmetic path for every row count: the input row
+// rounded to bfloat16 (vcvtneps2bf16, as the AMX kernels do), then per 16 output columns one
+// chain acc = vdpbf16ps(acc, broadcast(x pair i), B pair i) over i = 0 .. K/2 - 1 in order
+// from zero, then + bias[c] in float32. Each lane is one output element: no horizontal sum,
+// and nothing in an element's chain depends on the register tile's shape, the other rows,
+// the row count or the thread, so rows agree bitwise in any call. (AMX's tdpbf16ps may
+// round differently, so the two CPUs' bits may differ, as the two vector builds' do.)
+//
+// Register tiles of R rows x CT column tiles (R * CT chains in flight, each B vector used R
+// times, each broadcast CT times); a thread takes an even share of the column tiles and
+// runs every row over one group of CT column tiles before the next, so the group's streams
+// are read from memory once and from L2 for the later rows. Rows <= 2 take CT = 8 (enough
+// chains to hide vdpbf16ps' latency at 1 row), more rows R = 6 x CT = 4.
+#if DG_DOT
+// Bytes a first row tile prefetches each stream ahead, into L2: at 1 row, 512 B-1 KB measured
+// alike, 256 B slower, and into L1 (T0) 30-50% slower (RESULTS.md, "bf16 dot products").
+constexpr int64_t kDotAhead = 1024;
+thread_local std::vector<uint16_t> dot_rows;  // the input rows rounded to bf16, per thread
+
+// rows x K floats (K a multiple of 16) rounded to bf16 (round to nearest even) into xb.
+inline void dot_round(const float* x, int64_t rows, int64_t K, uint16_t* xb) {
+  for (int64_t i = 0; i < rows * K; i += 16) {
+    const __m256bh b = _mm512_cvtneps_pbh(_mm512_loadu_ps(x + i));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(xb + i), (__m256i)b);
+  }
+}
+
+// The pair i of k of a rounded row, broadcast to all 16 lanes.
+inline __m512bh dot_pair(const uint16_t* xr, int64_t i) {
+  int32_t pair;
+  std::memcpy(&pair, xr + 2 * i, sizeof(pair));
+  return (__m512bh)_mm512_set1_epi32(pair);
+}
+
+// y[r][16 c + j] = chain over k pairs (+ bias) for R rows of xb (K apart) x CT column tiles
+// (w: the first one's stream, K * 16 values to the next). With Ahead, each stream's line
+// kDotAhead bytes ahead is prefetched (past a stream's end: the next one's start, harmless).
+template <int R, int CT, bool Ahead>
+inline void dot_tile(const uint16_t* xb, int64_t K, const uint16_t* w, const float* bias,
+                     float* y, int64_t ldy) {
+  const int64_t stride = K * 16;
+  __m512 acc[R][CT];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < CT; ++c) acc[r][c] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < K / 2; ++i) {
+    __m512bh b[CT];
+    for (int c = 0; c < CT; ++c) {
+      const uint16_t* p = w + c * stride + i * 32;
+      if constexpr (Ahead)
+        _mm_prefetch(reinterpret_cast<const char*>(p) + kDotAhead, _MM_HINT_T1);
+      b[c] = (__m512bh)_mm512_loadu_si512(p);
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m512bh xv = dot_pair(xb + r * K, i);
+      for (int c = 0; c < CT; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv, b[c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < CT; ++c) {
+      __m512 v = acc[r][c];
+      if (bias != nullptr) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + 16 * c));
+      _mm512_storeu_ps(y + r * ldy + 16 * c, v);
+    }
+}
+
+// dot_tile over `rows` rows (R at a time, the first tile prefetching, then the remainder in
+// smaller tiles) of one group of CT column tiles.
+template <int R, int CT>
+inline void dot_cols(const uint16_t* xb, int64_t K, int64_t rows, const uint16_t* w,
+                     const float* bias, float* y, int64_t ldy) {
+  int64_t r = 0;
+  if (R <= rows) {
+    dot_tile<R, CT, true>(xb, K, w, bias, y, ldy);
+    r = R;
+  }
+  for (; r + R <= rows; r += R) dot_tile<R, CT, false>(xb + r * K, K, w, bias, y + r * ldy, ldy);
+  if constexpr (R > 1)
+    if (r < rows) dot_cols<R - 1, CT>(xb + r * K, K, rows - r, w, bias, y + r * ldy, ldy);
+}
+
+// dot_cols for a group of ct <= CT column tiles.
+template <int R, int CT>
+inline void dot_group(int64_t ct, const uint16_t* xb, int64_t K, int64_t rows,
+                      const uint16_t* w, const float* bias, float* y, int64_t ldy) {
+  if constexpr (CT > 1)
+    if (ct < CT) return dot_group<R, CT - 1>(ct, xb, K, rows, w, bias, y, ldy);
+  dot_cols<R, CT>(xb, K, rows, w, bias, y, ldy);
+}
+
+// y [N, M] = bf16(x) [N, K] @ w.T (+ bias [M] unless null) for an AMX-packed w (M a
+// multiple of 16, K of 32): each thread rounds all rows itself (no barrier to share
+// them), then runs its share of the column tiles, CT at a time, over all rows.
+// Called by every thread of a team (or outside a parallel region); ends with a barrier.
+inline void dot_linear_team(const float* xp, const uint16_t* wp, const float* bp, float* yp,
+                            int64_t N, int64_t K, int64_t M) {
+  if (static_cast<int64_t>(dot_rows.size()) < N * K) dot_rows.resize(N * K);
+  uint16_t* xb = dot_rows.data();
+  dot_round(xp, N, K, xb);
+  const int64_t tiles = M / 16, team = omp_get_num_threads(), me = omp_get_thread_num();
+  const int64_t end = tiles * (me + 1) / team, ct = N <= 2 ? 8 : 4;
+  for (int64_t t = tiles * me / team; t < end; t += ct) {
+    const uint16_t* w = wp + t * 16 * K;
+    const float* b = bp != nullptr ? bp + 16 * t : nullptr;
+    const int64_t n = std::min(ct, end - t);
+    if (N <= 2)
+      dot_group<2, 8>(n, xb, K, N, w, b, yp + 16 * t, M);
+    else
+      dot_group<6, 4>(n, xb, K, N, w, b, yp + 16 * t, M);
+  }
+#pragma omp barrier
+}
+#endif
+
+#if DG_DOT
+// An AMX-packed bf16 weight's linear layer on AMX tiles where usable, else dot products.
+inline void bf16_linear_team(const float* xp, const uint16_t* wp, const float* bp, float* yp,
+                             int64_t N, int64_t K, int64_t M) {
+#if DG_AMX
+  if (amx_usable()) return amx_linear_team(xp, wp, bp, yp, N, K, M);
+#endif
+  dot_linear_team(xp, wp, bp, yp, N, K, M);
+}
+#endif
+
 // One row of the row-wise operations (the extern functions and the layer stack loop over
 // rows): the same operations on a row wherever it is called from.
 
@@ -968,22 +1106,22 @@ void dg_linear_packed_bf16(const float* xp, const uint16_t* wp, const float* bp,
   linear(xp, wp, true, bp, yp, N, K, M, threads);
 }
 
-// 1 where this process runs the AMX kernels (dg_linear_amx and AMX-packed stack weights).
-int dg_amx_available() {
+// The kernels that run AMX-packed bf16 weights here (dg_linear_amx and the stack's): 2 AMX
+// tiles, 1 AVX512-BF16 dot products (no usable AMX), 0 none (the layout is not used).
+int dg_bf16_kernels() {
 #if DG_AMX
-  return amx_usable() ? 1 : 0;
-#else
-  return 0;
+  if (amx_usable()) return 2;
 #endif
+  return DG_DOT;
 }
 
-#if DG_AMX
-// y [N, M] = bf16(x) [N, K] @ w.T (+ bias [M] unless null) for an AMX-packed bf16 w (see
-// "Linear layers on AMX tiles"); only where dg_amx_available().
+#if DG_DOT
+// y [N, M] = bf16(x) [N, K] @ w.T (+ bias [M] unless null) for an AMX-packed bf16 w, on the
+// kernels dg_bf16_kernels() names; only where it is not 0.
 void dg_linear_amx(const float* xp, const uint16_t* wp, const float* bp, float* yp, int64_t N,
                    int64_t K, int64_t M, int threads) {
 #pragma omp parallel num_threads(threads)
-  amx_linear_team(xp, wp, bp, yp, N, K, M);
+  bf16_linear_team(xp, wp, bp, yp, N, K, M);
 }
 #endif
 
@@ -1200,10 +1338,10 @@ void attention(const float* qp, const float* kc, const float* vc, const StepArgs
 template <typename W>
 void linear_team(const float* xp, const Matrix& w, const float* bp, float* yp, int64_t N,
                  int64_t K, int64_t M) {
-#if DG_AMX
+#if DG_DOT
   if constexpr (std::is_same_v<W, uint16_t>)
     if (w.layout == kAmxPacked)
-      return amx_linear_team(xp, static_cast<const W*>(w.w), bp, yp, N, K, M);
+      return bf16_linear_team(xp, static_cast<const W*>(w.w), bp, yp, N, K, M);
 #endif
   linear_team(xp, static_cast<const W*>(w.w), w.layout == kPacked, bp, yp, N, K, M);
 }
@@ -1326,7 +1464,7 @@ extern "C" {
 // A layer stack's table: n_layers layers of dim, n_heads / n_kv_heads heads of head_dim,
 // hidden_dim and vocab; weights (float32, or bf16 bits when bf16) = the final norm, the head,
 // then per layer attn_norm, wqkv, bqkv (or null), wo, ffn_norm, w13, w2; layouts[i]: the
-// Layout of weights[i] (a linear layer's; kAmxPacked only where dg_amx_available); eps = per
+// Layout of weights[i] (a linear layer's; kAmxPacked only where dg_bf16_kernels); eps = per
 // layer attn_norm's, ffn_norm's, then the final norm's. The weights must outlive the table.
 void* dg_stack_new(int64_t n_layers, int64_t dim, int64_t n_heads, int64_t n_kv_heads,
                    int64_t head_dim, int64_t hidden_dim, int64_t vocab, int bf16,

@@ -4,7 +4,8 @@ the other rows of its step, on how its draft is shaped, or on how its prompt was
 Device and dtype come from ``DRAFTGATE_TEST_DEVICE`` (default cpu) and
 ``DRAFTGATE_TEST_DTYPE`` (default float32); every available kernel backend is checked, and
 on the CPU also the bf16 target (bfloat16 weights, float32 activations) in the C++ kernels:
-on CPUs with AMX, the tiny model's bf16 linear layers all run on the AMX kernels.
+on CPUs with AMX-BF16 or AVX512-BF16, the tiny model's bf16 linear layers all run on the
+bf16 kernels (AMX tiles or dot products).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ DEVICE = torch.device(os.environ.get("DRAFTGATE_TEST_DEVICE", "cpu"))
 DTYPE = getattr(torch, os.environ.get("DRAFTGATE_TEST_DTYPE", "float32"))
 LIBRARY, WHY = load_library()
 CPP = DEVICE.type == "cpu" and torch.float32 == DTYPE and LIBRARY is not None
-AMX = CPP and LIBRARY is not None and LIBRARY.dg_amx_available() == 1
+AMX = CPP and LIBRARY is not None and LIBRARY.dg_bf16_kernels() != 0
 BACKENDS = ["cpp", "torch"] if CPP else ["torch"]
 # (kernel backend, weight dtype) pairs every invariance test runs on
 CASES = [(b, DTYPE) for b in BACKENDS] + ([("cpp", torch.bfloat16)] if CPP else [])
@@ -196,7 +197,7 @@ def test_backends_agree_with_each_other_closely() -> None:
 def test_bf16_target_is_the_float32_step_on_bf16_rounded_weights(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Without AMX kernels (``DRAFTGATE_AMX=0``, or a CPU without AMX)."""
+    """Without bf16 kernels (``DRAFTGATE_AMX=0``, or a CPU without AMX or AVX512-BF16)."""
     monkeypatch.setenv(AMX_ENV, "0")
     bf16 = _model(torch.bfloat16)
     rounded = Transformer.from_config(CFG, DEVICE, torch.float32)
@@ -215,7 +216,7 @@ def test_bf16_target_is_the_float32_step_on_bf16_rounded_weights(
     assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True)) and torch.equal(ka, kb)
 
 
-@pytest.mark.skipif(not AMX, reason="no AMX-BF16 here")
+@pytest.mark.skipif(not AMX, reason="no bf16 kernels here (AMX-BF16 or AVX512-BF16)")
 def test_bf16_target_on_amx_takes_the_amx_kernels_and_is_close_to_the_fp32_ones(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -1,7 +1,7 @@
 """The bf16 target (bf16 weights, float32 activations on the CPU) against transformers
 computing in fp32 on the same bf16-rounded weights, and where the bf16 target runs on the
-AMX kernels (a CPU with AMX-BF16, ``DRAFTGATE_AMX`` not 0) with every linear layer's input
-rounded to bf16 too: what the target is defined to compute on this machine."""
+bf16 kernels (a CPU with AMX-BF16 or AVX512-BF16, ``DRAFTGATE_AMX`` not 0) with every
+linear layer's input rounded to bf16 too: what the target is defined to compute on this machine."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from local_verifier.sampling import SamplingParams
 
 pytestmark = pytest.mark.slow
 LIBRARY, _ = load_library()
-AMX = LIBRARY is not None and LIBRARY.dg_amx_available() == 1 and amx_wanted()
+AMX = LIBRARY is not None and LIBRARY.dg_bf16_kernels() != 0 and amx_wanted()
 
 
 @pytest.fixture(scope="module")

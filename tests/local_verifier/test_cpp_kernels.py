@@ -1,8 +1,9 @@
 """The C++ step kernels called directly, on shapes whose reductions end in a partial vector
 (37 is no multiple of 8 or 16; head_dim 12 neither): each row's output is bitwise the same
 alone as in a call of many rows, and close to the torch kernels; a packed weight gives
-bitwise the row-major one's outputs; the AMX kernels (where the CPU has them) give each
-row the same bits for every row count and thread count."""
+bitwise the row-major one's outputs; the bf16 kernels on ``amx``-packed weights (AMX tiles
+or AVX512-BF16 dot products, where the CPU has them) give each row the same bits for every
+row count and thread count."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from local_verifier.kernels.torch_ops import TorchOps
 
 LIBRARY, WHY = load_library()
 pytestmark = pytest.mark.skipif(LIBRARY is None, reason=f"no C++ kernels here: {WHY}")
-AMX = LIBRARY is not None and LIBRARY.dg_amx_available() == 1
+AMX = LIBRARY is not None and LIBRARY.dg_bf16_kernels() != 0
 
 
 @pytest.fixture
@@ -155,23 +156,27 @@ def test_packed_linear_is_bitwise_the_row_major_one(
         torch.set_num_threads(before)
 
 
-def test_the_amx_kernels_run_exactly_where_the_cpu_has_them(
+def test_the_bf16_kernels_run_exactly_where_the_cpu_has_them(
     cpp: CppOps, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """GCC 12+ with -march=native builds them wherever the CPU has AMX-BF16."""
-    assert ({"amx_tile", "amx_bf16"} <= cpu_flags()) == AMX
+    """GCC 12+ with -march=native builds them wherever the CPU has AMX-BF16 (AMX tiles, the
+    tile state granted by Linux) or AVX512-BF16 (dot products) and AVX-512."""
+    flags = cpu_flags()
+    assert ({"amx_tile", "amx_bf16"} <= flags) == (cpp.bf16_kernels == "amx")
+    assert ("avx512_bf16" in flags and "avx512f" in flags) == AMX
     monkeypatch.setenv(AMX_ENV, "1")
     assert cpp.amx() == AMX
     monkeypatch.setenv(AMX_ENV, "0")
     assert not cpp.amx()
 
 
-@pytest.mark.skipif(not AMX, reason="no AMX-BF16 here")
+@pytest.mark.skipif(not AMX, reason="no bf16 kernels here (AMX-BF16 or AVX512-BF16)")
 def test_amx_linear_is_invariant_across_row_and_thread_counts(cpp: CppOps) -> None:
-    """Rows 1..70 (every row tile shape), 300 (two row blocks), on 1 and 2 threads, 5 column
-    tiles (an odd one out): each row's bits alone; the input rounded to bf16 first."""
-    x, w = _randn(300, 3 * AMX_K, seed=21), _randn(5 * PACK, 3 * AMX_K, seed=22).bfloat16()
-    b = _randn(5 * PACK, seed=23)
+    """Rows 1..70 (every row tile shape), 300 (two AMX row blocks), on 1, 2, 3 threads, 21
+    column tiles (odd, and column groups of 8 and 4 with a remainder on either thread):
+    each row's bits alone; the input rounded to bf16 first."""
+    x, w = _randn(300, 3 * AMX_K, seed=21), _randn(21 * PACK, 3 * AMX_K, seed=22).bfloat16()
+    b = _randn(21 * PACK, seed=23)
     packed = pack(w, "amx")
     assert layout_of(packed) == "amx" and torch.equal(unpack(packed), w)
     before = torch.get_num_threads()
@@ -180,7 +185,7 @@ def test_amx_linear_is_invariant_across_row_and_thread_counts(cpp: CppOps) -> No
         together = cpp.linear(x, packed, b)
         assert torch.equal(cpp.linear(x, packed, None) + b, together)  # bias added last
         assert torch.equal(cpp.linear(x.bfloat16().float(), packed, b), together)
-        for threads in (1, 2):
+        for threads in (1, 2, 3):
             torch.set_num_threads(threads)
             for n in range(1, 71):
                 assert torch.equal(cpp.linear(x[:n], packed, b), together[:n]), (threads, n)

@@ -38,7 +38,7 @@ CFG = ModelConfig(
     qkv_bias=True,
 )
 AMX_CFG = AMX_TINY_CFG
-AMX = LIBRARY is not None and LIBRARY.dg_amx_available() == 1
+AMX = LIBRARY is not None and LIBRARY.dg_bf16_kernels() != 0
 # (config, weight dtype) of the fused-vs-per-op comparisons
 MODELS = [(CFG, torch.float32), (CFG, torch.bfloat16), (AMX_CFG, torch.bfloat16)]
 MODEL_IDS = ["fp32", "bf16", "bf16-amx"]
@@ -249,7 +249,7 @@ def test_packed_bf16_weights_give_bitwise_the_row_major_steps(
     assert not is_packed(wqkv.weight)
 
 
-@pytest.mark.skipif(not AMX, reason="no AMX-BF16 here")
+@pytest.mark.skipif(not AMX, reason="no bf16 kernels here (AMX-BF16 or AVX512-BF16)")
 def test_amx_weights_follow_the_switch_and_save_row_major(monkeypatch: pytest.MonkeyPatch) -> None:
     """``DRAFTGATE_AMX=0`` repacks the weights for the float32 kernels (a different but
     close y) and back; state dicts are row-major and load into the AMX layout."""
