@@ -56,8 +56,17 @@ def kernels(source: Path) -> cpp.CppOps:
 
 SERVING_LAYERS, LAYER_READ, POOL_BLOCK = 30, 9 * 2**20, 16
 # (sequences, rows per sequence, draft trees?) per serving case; contexts 200-1,000 keys
-SERVING = [(1, 1, False), (1, 4, False), (1, 16, True), (4, 2, False), (8, 1, False),
-           (8, 2, False), (8, 4, True), (8, 8, True), (6, 16, True)]
+SERVING = [
+    (1, 1, False),
+    (1, 4, False),
+    (1, 16, True),
+    (4, 2, False),
+    (8, 1, False),
+    (8, 2, False),
+    (8, 4, True),
+    (8, 8, True),
+    (6, 16, True),
+]
 
 
 def _tree(rows: int, rng: random.Random) -> torch.Tensor:
@@ -70,9 +79,7 @@ def _tree(rows: int, rng: random.Random) -> torch.Tensor:
     return mask
 
 
-def serving_plan(
-    seqs: int, rows: int, tree: bool, slots: int, rng: random.Random
-) -> AttentionPlan:
+def serving_plan(seqs: int, rows: int, tree: bool, slots: int, rng: random.Random) -> AttentionPlan:
     """A step's plan: each sequence's keys in pool blocks drawn at random from ``slots``."""
     free = list(range(slots // POOL_BLOCK))
     rng.shuffle(free)
