@@ -1077,11 +1077,12 @@ void dg_attention(const float* qp, const float* kc, const float* vc, const int64
     const int64_t T = rs[s + 1] - rs[s], C = cl[s], end = C + T;
     const int64_t first_i = item.first - rs[s];
     const int64_t* list = kp + ks[s];
-    // the thread's scratch, kept across items and calls (only acc, m and sum need a start
-    // value; the rest is written before it is read, but for transpose_keys' dead groups)
+    // The thread's scratch, kept across items and calls (at most kQueryTile rows' worth):
+    // acc, m and sum get their start values here; q, corr and p are written before they are
+    // read; kt's groups of no live key keep an earlier block's keys, never read into a row.
     static thread_local std::vector<float> scratch;
     const size_t need = n * (2 * width + 2 + kLanes + kKeyBlock) + width * kKeyBlock;
-    if (scratch.size() < need) scratch.resize(need);  // new floats are zero, so always finite
+    if (scratch.size() < need) scratch.resize(need);
     Tile tile;
     tile.width = width;
     tile.q = scratch.data();
