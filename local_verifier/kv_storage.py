@@ -27,7 +27,7 @@ class KVStorage:
     ) -> None:
         shape = (cfg.n_layers, n_slots, cfg.n_kv_heads, cfg.head_dim)
         if torch.device(device).type == "cpu":
-            self.k, self.v = _zeros_on_huge_pages(shape, dtype), _zeros_on_huge_pages(shape, dtype)
+            self.k, self.v = zeros_on_huge_pages(shape, dtype), zeros_on_huge_pages(shape, dtype)
         else:
             self.k = torch.zeros(shape, device=device, dtype=dtype)
             self.v = torch.zeros(shape, device=device, dtype=dtype)
@@ -47,7 +47,7 @@ class KVStorage:
 HUGE_PAGE = 2 * 2**20
 
 
-def _zeros_on_huge_pages(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+def zeros_on_huge_pages(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """CPU zeros of ``shape`` in fresh anonymous memory (zero pages, committed as they are
     first written, as torch.zeros'), 2 MiB-aligned and advised onto transparent huge pages
     where the OS has them: attention reads each sequence's slots scattered over the pool, and
