@@ -12,12 +12,19 @@ interleaved with this one (same process, same data), with the largest output dif
 ``--cold`` times each call on another of 30 layers' K/V after a 256 MiB read, as in a decode
 step, whose weights stream through the caches between two layers' attention (the default
 re-reads one layer's K/V from the cache).
+
+``--serving`` times serving steps instead: 1-8 sequences of 1-16 rows each (chains and
+draft trees) after 200-1,000 context keys in 16-slot pool blocks taken in random order; a
+step is 30 layers' attention, each on its own K/V after a 9 MiB read (a layer's weights),
+summed (wall seconds; a thread's CPU seconds with ``--threads 1``); every side on K/V in
+4 KiB and in 2 MiB pages, interleaved step by step, outputs compared with torch.equal.
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import random
 import time
 from pathlib import Path
 
@@ -26,6 +33,7 @@ import torch
 from local_verifier.devices import cpu_flags
 from local_verifier.kernels import cpp
 from local_verifier.kernels.plan import AttentionPlan
+from local_verifier.kv_storage import zeros_on_huge_pages
 from lookup.shared_library import build
 
 HEADS, KV_HEADS, DIM, SLOTS = 9, 3, 64, 8192
@@ -48,18 +56,104 @@ def kernels(source: Path) -> cpp.CppOps:
     return cpp.CppOps(library)
 
 
+SERVING_LAYERS, LAYER_READ, POOL_BLOCK = 30, 9 * 2**20, 16
+# (sequences, rows per sequence, draft trees?) per serving case; contexts 200-1,000 keys
+SERVING = [
+    (1, 1, False),
+    (1, 4, False),
+    (1, 16, True),
+    (4, 2, False),
+    (8, 1, False),
+    (8, 2, False),
+    (8, 4, True),
+    (8, 8, True),
+    (6, 16, True),
+]
+
+
+def _tree(rows: int, rng: random.Random) -> torch.Tensor:
+    """A draft tree's mask: each row allows itself and the rows of a random parent's path."""
+    mask = torch.zeros(rows, rows, dtype=torch.bool)
+    for i in range(rows):
+        mask[i, i] = True
+        if i:
+            mask[i] |= mask[rng.randrange(i)]
+    return mask
+
+
+def serving_plan(seqs: int, rows: int, tree: bool, slots: int, rng: random.Random) -> AttentionPlan:
+    """A step's plan: each sequence's keys in pool blocks drawn at random from ``slots``."""
+    free = list(range(slots // POOL_BLOCK))
+    rng.shuffle(free)
+    contexts, news, masks = [], [], []
+    for _ in range(seqs):
+        ctx = rng.randrange(200, 1001)
+        blocks = [free.pop() for _ in range(-(-(ctx + rows) // POOL_BLOCK))]
+        keys = torch.tensor([b * POOL_BLOCK + o for b in blocks for o in range(POOL_BLOCK)])
+        contexts.append(keys[:ctx])
+        news.append(keys[ctx : ctx + rows])
+        masks.append(_tree(rows, rng) if tree else None)
+    return AttentionPlan.build(contexts, news, masks)
+
+
+def serving(sides: dict[str, cpp.CppOps], repeats: int) -> None:
+    """Times --serving's cases (see the module docstring) for each side's kernels on K/V in
+    4 KiB pages and in 2 MiB ones (as KVStorage allocates it)."""
+    rng, gen = random.Random(0), torch.Generator().manual_seed(0)
+    slots, shape = 8192, (SERVING_LAYERS, 8192, KV_HEADS, DIM)
+    small = torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)
+    huge = zeros_on_huge_pages(shape, torch.float32), zeros_on_huge_pages(shape, torch.float32)
+    huge[0].copy_(small[0])
+    huge[1].copy_(small[1])
+    runs = {f"{side}/{pages}": (ops, kv) for side, ops in sides.items()
+            for pages, kv in (("4k", small), ("2m", huge))}  # fmt: skip
+    first = next(iter(runs))
+    # one thread: its CPU seconds (steadier on a shared machine); more: wall seconds
+    clock = time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
+    weights = torch.ones(SERVING_LAYERS, LAYER_READ // 4)
+    ratios: dict[str, list[float]] = {run: [] for run in runs}
+    for seqs, rows, tree in SERVING:
+        plan = serving_plan(seqs, rows, tree, slots, rng)
+        q = torch.randn(seqs * rows, HEADS, DIM, generator=gen)
+        best = dict.fromkeys(runs, float("inf"))
+        same = True
+        for _ in range(repeats):  # interleaved: load changes hit every run alike
+            outs = {}
+            for run, (ops, (k_cache, v_cache)) in runs.items():
+                seconds = 0.0
+                for layer in range(SERVING_LAYERS):
+                    weights[layer].sum()
+                    start = clock()
+                    outs[run] = ops.attention(q, k_cache[layer], v_cache[layer], plan)
+                    seconds += clock() - start
+                best[run] = min(best[run], seconds)
+            same &= all(torch.equal(o, outs[first]) for o in outs.values())
+        line = f"seqs {seqs} x rows {rows:2d} {'tree ' if tree else 'chain'}"
+        line += f" keys {int(plan.key_start[-1]):5d} | bitwise equal {same} |"
+        for run, seconds in best.items():
+            line += f" {run} {seconds * 1e3:6.2f}"
+            ratios[run].append(seconds / best[first])
+        print(line + " ms", flush=True)
+    means = " ".join(f"{run} {sum(r) / len(r):.3f}" for run, r in ratios.items())
+    print(f"mean ratio to {first}: {means}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--baseline", type=Path, help="another step_cpu.cpp to time against")
     parser.add_argument("--threads", type=int, default=0, help="0 = torch's default")
     parser.add_argument("--cold", action="store_true", help="K/V from memory, not the cache")
+    parser.add_argument("--serving", action="store_true", help="serving steps (see above)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     sides = {"this": kernels(cpp.SOURCE)}
     if args.baseline:
-        sides["baseline"] = kernels(args.baseline)
+        sides = {"baseline": kernels(args.baseline), **sides}
+    if args.serving:
+        print(f"threads {torch.get_num_threads()}")
+        return serving(sides, args.repeats)
     gen = torch.Generator().manual_seed(0)
     layers = COLD_LAYERS if args.cold else 1
     k_cache = torch.randn(layers, SLOTS, KV_HEADS, DIM, generator=gen)

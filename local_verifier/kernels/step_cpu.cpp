@@ -934,17 +934,35 @@ struct Tile {
 
 constexpr int kKeyVecs = kKeyBlock / kLanes;
 
-// kt[d][j] = dimension d of key j = slot block[j] (zero for j >= nb).
+// Chunk c of the kLanes keys at key[0..n), transposed into kt's columns [j0, j0 + kLanes):
+// kt[c kLanes + d][j0 + j] = dimension c kLanes + d of key j (zero for j >= n).
+template <int CH, bool kFull>
+inline void transpose_chunk(const Heads& a, const float* const* key, int64_t n, int c,
+                            int64_t j0, float* kt) {
+  Vec v[kLanes];
+  for (int64_t j = 0; j < kLanes; ++j)
+    v[j] = kFull || j < n ? load_chunk<CH>(a, key[j], c) : zero();
+  transpose(v);
+  for (int d = 0; d < kLanes; ++d) store(kt + (c * kLanes + d) * kKeyBlock + j0, v[d]);
+}
+
+// kt[d][j] = dimension d of key j = slot block[j], for the kLanes-key groups holding a live
+// key (j < nb; zero for the group's j >= nb). A group of no live key is left as it was: the
+// scores of keys j >= nb are never read (attend_block masks them out of the max, the
+// probabilities and the sums, and folds values b < live only).
 template <int CH>
 void transpose_keys(const Heads& a, int64_t g, const int64_t* block, int64_t nb, float* kt) {
-  for (int64_t j0 = 0; j0 < kKeyBlock; j0 += kLanes) {
-    Vec v[kLanes];
+  const float* head = a.kc + g * a.Dh;
+  const int64_t stride = a.KVH * a.Dh;
+  for (int64_t j0 = 0; j0 < nb; j0 += kLanes) {
+    const int64_t n = std::min<int64_t>(kLanes, nb - j0);
+    const float* key[kLanes];
+    for (int64_t j = 0; j < n; ++j) key[j] = head + block[j0 + j] * stride;
     for (int c = 0; c < CH; ++c) {
-      for (int64_t j = 0; j < kLanes; ++j)
-        v[j] = j0 + j < nb ? load_chunk<CH>(a, a.kc + (block[j0 + j] * a.KVH + g) * a.Dh, c)
-                           : zero();
-      if (j0 < nb) transpose(v);
-      for (int d = 0; d < kLanes; ++d) store(kt + (c * kLanes + d) * kKeyBlock + j0, v[d]);
+      if (n == kLanes)
+        transpose_chunk<CH, true>(a, key, n, c, j0, kt);
+      else
+        transpose_chunk<CH, false>(a, key, n, c, j0, kt);
     }
   }
 }
@@ -1197,17 +1215,24 @@ void dg_attention(const float* qp, const float* kc, const float* vc, const int64
     const int64_t T = rs[s + 1] - rs[s], C = cl[s], end = C + T;
     const int64_t first_i = item.first - rs[s];
     const int64_t* list = kp + ks[s];
-    std::vector<float> buffer(n * (2 * width + 2 + kLanes + kKeyBlock) + width * kKeyBlock);
+    // The thread's scratch, kept across items and calls (at most kQueryTile rows' worth):
+    // acc, m and sum get their start values here; q, corr and p are written before they are
+    // read; kt's groups of no live key keep an earlier block's keys, never read into a row.
+    static thread_local std::vector<float> scratch;
+    const size_t need = n * (2 * width + 2 + kLanes + kKeyBlock) + width * kKeyBlock;
+    if (scratch.size() < need) scratch.resize(need);
     Tile tile;
     tile.width = width;
-    tile.q = buffer.data();
+    tile.q = scratch.data();
     tile.acc = tile.q + n * width;
     tile.m = tile.acc + n * width;
     tile.corr = tile.m + n;
     tile.sum = tile.corr + n;
     tile.p = tile.sum + n * kLanes;
     tile.kt = tile.p + n * kKeyBlock;
+    std::fill(tile.acc, tile.acc + n * width, 0.0f);
     std::fill(tile.m, tile.m + n, -std::numeric_limits<float>::infinity());
+    std::fill(tile.sum, tile.sum + n * kLanes, 0.0f);
     for (int64_t t = 0; t < rows; ++t)
       for (int64_t h = 0; h < G; ++h)
         for (int64_t c = 0; c < a.chunks; ++c)

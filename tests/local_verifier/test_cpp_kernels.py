@@ -136,6 +136,87 @@ def test_tree_rows_under_a_mask_equal_their_paths_alone(cpp: CppOps, ctx: int) -
     torch.testing.assert_close(alone, expected, atol=1e-5, rtol=1e-5)
 
 
+def _tree_mask(rows: int, gen: torch.Generator) -> torch.Tensor:
+    mask = torch.zeros(rows, rows, dtype=torch.bool)
+    for i in range(rows):
+        mask[i, i] = True
+        if i:
+            mask[i] |= mask[int(torch.randint(0, i, (1,), generator=gen))]
+    return mask
+
+
+def _serving_step(seed: int, slots: int) -> tuple[list[torch.Tensor], list[torch.Tensor], list]:
+    """1-6 sequences of 1-16 rows (chains or draft trees) after 0-300 context keys, each in
+    16-slot pool blocks drawn at random from ``slots``: context slots, new slots, masks."""
+    gen = torch.Generator().manual_seed(seed)
+    blocks = torch.randperm(slots // 16, generator=gen).tolist()
+    contexts, news, masks = [], [], []
+    for _ in range(int(torch.randint(1, 7, (1,), generator=gen))):
+        ctx, rows = (
+            int(torch.randint(0, 301, (1,), generator=gen)),
+            int(torch.randint(1, 17, (1,), generator=gen)),
+        )
+        mine = [blocks.pop() for _ in range(-(-(ctx + rows) // 16))]
+        keys = torch.tensor([b * 16 + o for b in mine for o in range(16)])
+        contexts.append(keys[:ctx])
+        news.append(keys[ctx : ctx + rows])
+        masks.append(_tree_mask(rows, gen) if torch.rand(1, generator=gen) < 0.5 else None)
+    return contexts, news, masks
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_serving_steps_equal_each_sequence_alone_on_any_thread_count(
+    cpp: CppOps, seed: int
+) -> None:
+    """Serving-like steps (sequences of chains and trees over scattered pool blocks, blocks
+    cut at every offset): every sequence's rows are bitwise the same alone and in the step,
+    on 1 and 2 threads."""
+    heads, kv_heads, dim, slots = 9, 3, 64, 2048
+    k_cache, v_cache = _kv(slots, kv_heads, dim, seed=40 + seed)
+    contexts, news, masks = _serving_step(seed, slots)
+    rows = [len(n) for n in news]
+    q = _randn(sum(rows), heads, dim, seed=50 + seed)
+    plan = AttentionPlan.build(contexts, news, masks)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        together = cpp.attention(q, k_cache, v_cache, plan)
+        torch.set_num_threads(1)
+        assert torch.equal(cpp.attention(q, k_cache, v_cache, plan), together)
+        starts = [0, *torch.tensor(rows).cumsum(0).tolist()]
+        for s, (ctx, new, mask) in enumerate(zip(contexts, news, masks, strict=True)):
+            alone = AttentionPlan.build([ctx], [new], [mask])
+            out = cpp.attention(q[starts[s] : starts[s + 1]], k_cache, v_cache, alone)
+            assert torch.equal(out, together[starts[s] : starts[s + 1]]), s
+    finally:
+        torch.set_num_threads(before)
+    expected = TorchOps().attention(q, k_cache, v_cache, plan)
+    torch.testing.assert_close(together, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("poison", [float("nan"), float("inf"), -float("inf")])
+def test_keys_of_an_earlier_call_never_reach_a_row(cpp: CppOps, poison: float) -> None:
+    """A thread's scratch keeps the keys of its last key block; a block of fewer keys
+    leaves part of it as it was. After a call whose last block is 32 poisoned keys, a row of
+    4 keys gets the same bits as before it (one thread: the same scratch)."""
+    heads, kv_heads, dim = 9, 3, 64
+    k_cache, v_cache = _kv(128, kv_heads, dim, seed=60)
+    poisoned = k_cache.clone()
+    poisoned[:64] = poison
+    q = _randn(1, heads, dim, seed=61)
+    short = AttentionPlan.build([torch.arange(100, 103)], [torch.tensor([103])], [None])
+    long = AttentionPlan.build([torch.arange(63)], [torch.tensor([63])], [None])
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        clean = cpp.attention(q, k_cache, v_cache, short)
+        cpp.attention(q, poisoned, v_cache, long)
+        assert torch.equal(cpp.attention(q, k_cache, v_cache, short), clean)
+    finally:
+        torch.set_num_threads(before)
+    assert clean.isfinite().all()
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_packed_linear_is_bitwise_the_row_major_one(
