@@ -31,9 +31,9 @@ from pathlib import Path
 import torch
 
 from local_verifier.devices import cpu_flags
+from local_verifier.huge_pages import zeros as zeros_on_huge_pages
 from local_verifier.kernels import cpp
 from local_verifier.kernels.plan import AttentionPlan
-from local_verifier.kv_storage import zeros_on_huge_pages
 from lookup.shared_library import build
 
 HEADS, KV_HEADS, DIM, SLOTS = 9, 3, 64, 8192

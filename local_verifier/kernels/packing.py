@@ -24,6 +24,8 @@ from typing import Literal
 
 import torch
 
+from local_verifier.huge_pages import HUGE_PAGE, huge_page_mapping
+
 PACK = 16
 AMX_K = 32
 PACKED_ENV = "DRAFTGATE_PACKED"  # "0": the C++ backend reads linear weights row-major
@@ -100,12 +102,11 @@ def unpack(weight: torch.Tensor) -> torch.Tensor:
 
 
 class _HugePageArena:
-    """Memory for packed weights in anonymous mappings that ask for transparent huge pages
-    (Linux): a step streams every weight once, and 2 MB pages spare it a TLB miss per 4 KB
-    (about 10% of a 1-row step's streaming time). Small weights share a chunk."""
+    """Memory for packed weights on transparent huge pages (``huge_pages``): a step streams
+    every weight once, and 2 MiB pages spare it a TLB miss per 4 KiB (about 10% of a 1-row
+    step's streaming time). Small weights share a chunk."""
 
-    CHUNK = 32 << 20  # bytes per shared mapping, a multiple of HUGE
-    HUGE = 2 << 20
+    CHUNK = 32 << 20  # bytes per shared mapping, a multiple of HUGE_PAGE
     ALIGN = 4096  # each weight starts on a page
 
     def __init__(self) -> None:
@@ -113,26 +114,22 @@ class _HugePageArena:
 
     def empty(self, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
         size = shape.numel() * dtype.itemsize
-        if not hasattr(mmap, "MADV_HUGEPAGE") or size == 0:
+        if size == 0:
             return torch.empty(shape, dtype=dtype)
         span = -(-size // self.ALIGN) * self.ALIGN
         if span > self.CHUNK // 4:
-            buffer, offset = self._map(-(-span // self.HUGE) * self.HUGE)
+            mapped = huge_page_mapping(-(-span // HUGE_PAGE) * HUGE_PAGE)
+        elif self._chunk is not None and self._chunk[1] + span <= self.CHUNK:
+            mapped = self._chunk
         else:
-            if self._chunk is None or self._chunk[1] + span > self.CHUNK:
-                self._chunk = self._map(self.CHUNK)
-            buffer, offset = self._chunk
+            mapped = huge_page_mapping(self.CHUNK)
+        if mapped is None:  # no transparent huge pages here
+            return torch.empty(shape, dtype=dtype)
+        buffer, offset = mapped
+        if span <= self.CHUNK // 4:
             self._chunk = (buffer, offset + span)
         flat = torch.frombuffer(buffer, dtype=torch.uint8, count=size, offset=offset)
         return flat.view(dtype).view(shape)
-
-    def _map(self, size: int) -> tuple[mmap.mmap, int]:
-        """A private anonymous mapping of size bytes from a huge page boundary (its offset)."""
-        flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
-        mapping = mmap.mmap(-1, size + self.HUGE, flags=flags)
-        mapping.madvise(mmap.MADV_HUGEPAGE)
-        address = torch.frombuffer(mapping, dtype=torch.uint8, count=1).data_ptr()
-        return mapping, -address % self.HUGE
 
 
 _ARENA = _HugePageArena()

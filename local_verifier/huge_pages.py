@@ -1,0 +1,35 @@
+"""Anonymous memory on transparent huge pages (Linux) for what a step streams or scatters
+over: packed weights (one TLB miss per 4 KiB page of a 1-row step's stream otherwise) and
+the K/V pool (a sequence's slots lie in blocks scattered over it)."""
+
+from __future__ import annotations
+
+import math
+import mmap
+
+import torch
+
+HUGE_PAGE = 2 << 20
+
+
+def huge_page_mapping(size: int) -> tuple[mmap.mmap, int] | None:
+    """A private anonymous mapping that holds ``size`` bytes from a huge page boundary (the
+    mapping, that boundary's offset in it), advised onto transparent huge pages; None where
+    the OS has no such advice. Pages are committed, zero, as they are first written."""
+    if not hasattr(mmap, "MADV_HUGEPAGE"):
+        return None
+    mapping = mmap.mmap(-1, size + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    mapping.madvise(mmap.MADV_HUGEPAGE)
+    address = torch.frombuffer(mapping, dtype=torch.uint8, count=1).data_ptr()
+    return mapping, -address % HUGE_PAGE
+
+
+def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """CPU zeros of ``shape`` on huge pages where the OS has them (else ``torch.zeros``)."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    mapped = huge_page_mapping(nbytes) if nbytes else None
+    if mapped is None:
+        return torch.zeros(shape, dtype=dtype)
+    mapping, offset = mapped
+    flat = torch.frombuffer(mapping, dtype=torch.uint8, count=nbytes, offset=offset)
+    return flat.view(dtype).view(shape)  # the tensor keeps the mapping alive
