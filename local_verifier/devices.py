@@ -6,7 +6,9 @@ import math
 import os
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
@@ -70,6 +72,22 @@ def available_cpus() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:
         return os.cpu_count() or 1
+
+
+T = TypeVar("T")
+
+
+def on_own_thread(work: Callable[[], T]) -> T:
+    """``work()`` on a thread of its own that ends with it (its exception re-raised here).
+
+    The C++ kernels' OpenMP runtime keeps a team of threads for every thread that has run a
+    step, for as long as that thread lives; once it manages more threads than there are
+    CPUs it barely spins at a barrier, and each of a step's ~60 parallel regions then waits
+    for a wake-up (a step about 2x slower: benchmarks/RESULTS.md, "a slowdown found").
+    Calibration steps run here leave no team behind, so the engine thread's is the only one.
+    """
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="dg-calibrate") as pool:
+        return pool.submit(work).result()
 
 
 def configure_threads(workload: Callable[[], object], repeats: int = 3) -> int:

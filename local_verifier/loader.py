@@ -9,7 +9,12 @@ from pathlib import Path
 
 import torch
 
-from local_verifier.devices import configure_threads, resolve_device, resolve_dtype
+from local_verifier.devices import (
+    configure_threads,
+    on_own_thread,
+    resolve_device,
+    resolve_dtype,
+)
 from local_verifier.errors import ModelLoadError
 from local_verifier.gguf_loader import read_gguf
 from local_verifier.hf_loader import read_hf_dir
@@ -104,8 +109,8 @@ def load_model(
     del tensors
     model = model.to(device=dev, dtype=torch_dtype).eval()
     lm = LoadedModel(model, cfg, tokenizer, dev, torch_dtype, name)
-    if dev.type == "cpu" and tune_threads:
-        configure_threads(partial(_probe_steps, lm))
+    if dev.type == "cpu" and tune_threads:  # probed on a thread that ends with the probe
+        torch.set_num_threads(on_own_thread(partial(configure_threads, partial(_probe_steps, lm))))
     return lm
 
 

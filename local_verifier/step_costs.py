@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from local_verifier.devices import on_own_thread
 from local_verifier.kv_storage import KVStorage
 from local_verifier.model import SeqStep
 
@@ -30,11 +31,12 @@ def measure_row_costs(lm: LoadedModel, max_rows: int) -> list[float]:
     """Seconds of one step over R rows, for R = 0..max_rows (index 0 repeats R = 1).
 
     Rows are spread over sequences of up to 8 rows each (decode rows with short drafts),
-    every sequence attending to ``CONTEXT_TOKENS`` committed slots. Cached per process.
+    every sequence attending to ``CONTEXT_TOKENS`` committed slots, on a thread of their own
+    (``devices.on_own_thread``). Cached per process.
     """
     key = (id(lm.model), max_rows)
     if key not in _measured:
-        _measured[key] = _measure(lm, max_rows)
+        _measured[key] = on_own_thread(lambda: _measure(lm, max_rows))
     return list(_measured[key])
 
 

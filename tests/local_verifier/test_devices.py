@@ -1,9 +1,11 @@
 """The target's default precision and the CPU flags it is chosen by."""
 
+import threading
+
 import pytest
 import torch
 
-from local_verifier.devices import cpu_flags, default_dtype, resolve_dtype
+from local_verifier.devices import cpu_flags, default_dtype, on_own_thread, resolve_dtype
 
 CPU = torch.device("cpu")
 
@@ -32,3 +34,22 @@ def test_resolve_dtype_defaults_to_this_cpu_and_takes_names() -> None:
     assert resolve_dtype("BF16", CPU) == torch.bfloat16
     with pytest.raises(ValueError, match="unsupported dtype 'int8'"):
         resolve_dtype("int8", CPU)
+
+
+def test_on_own_thread_runs_work_on_a_thread_that_ends_with_it() -> None:
+    seen: list[threading.Thread] = []
+
+    def work() -> int:
+        seen.append(threading.current_thread())
+        return 7
+
+    assert on_own_thread(work) == 7
+    assert seen[0] is not threading.current_thread() and not seen[0].is_alive()
+
+
+def test_on_own_thread_reraises_the_work_s_error() -> None:
+    def work() -> None:
+        raise KeyError("boom")
+
+    with pytest.raises(KeyError, match="boom"):
+        on_own_thread(work)
