@@ -110,7 +110,8 @@ def load_model(
     model = model.to(device=dev, dtype=torch_dtype).eval()
     lm = LoadedModel(model, cfg, tokenizer, dev, torch_dtype, name)
     if dev.type == "cpu" and tune_threads:  # probed on a thread that ends with the probe
-        torch.set_num_threads(on_own_thread(partial(configure_threads, partial(_probe_steps, lm))))
+        chosen = on_own_thread(partial(configure_threads, partial(_probe_steps, lm)))
+        torch.set_num_threads(chosen)  # on this thread too (torch keeps a count per thread)
     return lm
 
 

@@ -117,17 +117,17 @@ class _HugePageArena:
         if size == 0:
             return torch.empty(shape, dtype=dtype)
         span = -(-size // self.ALIGN) * self.ALIGN
-        if span > self.CHUNK // 4:
+        if span > self.CHUNK // 4:  # a mapping of its own
             mapped = huge_page_mapping(-(-span // HUGE_PAGE) * HUGE_PAGE)
-        elif self._chunk is not None and self._chunk[1] + span <= self.CHUNK:
+        else:  # the rest of the current chunk, or a new one
+            if self._chunk is None or self._chunk[1] + span > self.CHUNK:
+                self._chunk = huge_page_mapping(self.CHUNK)
             mapped = self._chunk
-        else:
-            mapped = huge_page_mapping(self.CHUNK)
+            if mapped is not None:
+                self._chunk = (mapped[0], mapped[1] + span)
         if mapped is None:  # no transparent huge pages here
             return torch.empty(shape, dtype=dtype)
         buffer, offset = mapped
-        if span <= self.CHUNK // 4:
-            self._chunk = (buffer, offset + span)
         flat = torch.frombuffer(buffer, dtype=torch.uint8, count=size, offset=offset)
         return flat.view(dtype).view(shape)
 
