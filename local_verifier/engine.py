@@ -35,6 +35,7 @@ from lookup.controller import DraftController
 from lookup.draft import Source
 from lookup.drafter import Drafter
 from lookup.index import IndexCache
+from lookup.native import load_library as load_drafter_library
 from lookup.prompt_index import PromptIndexCache
 
 __all__ = [
@@ -165,6 +166,7 @@ class Engine:
         self.row_costs = list(row_costs)
         # one request's step with k draft tokens, for its controller: c(1 + k)
         self.step_costs = self.row_costs[1 : self.max_draft + 2]
+        load_drafter_library()  # built (once per machine) and loaded now, not by a request
         self.index_cache = IndexCache()
         # the drafter's prompt index, by prefix (bound 0: nothing kept)
         self.prompt_indexes = PromptIndexCache(max_bytes=PROMPT_INDEX_BYTES if prefix_cache else 0)

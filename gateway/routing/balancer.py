@@ -5,7 +5,11 @@ latency and its :class:`~gateway.routing.health.Health`. ``Balancer.plan`` order
 model's endpoints for one request by the configured strategy:
 
 - ``least-busy``: ascending ``(in_flight + 1) * latency_ewma`` (ties broken at random; an
-  endpoint with no latency yet counts as the mean of the others);
+  endpoint with no latency yet counts as the mean of the others). Only an endpoint's own
+  requests update its average, so one slow request (a cold start, a long generation)
+  would keep it out for good: each request that goes elsewhere moves a higher average
+  ``LATENCY_AGING`` of the way to the chosen endpoint's, so it is tried again within a
+  few requests and its latency measured anew;
 - ``prefix``: rendezvous (highest-random-weight) hashing of the request's routing key, so a
   key keeps its endpoint while the set of endpoints stays the same and only ``1/n`` of the
   keys move when one is added or removed; an endpoint that already carries more than
@@ -33,6 +37,7 @@ from gateway.routing.health import Clock, Health
 from sdk.wire.endpoints import RoutingState
 
 LATENCY_ALPHA = 0.3  # weight of the newest latency in the moving average
+LATENCY_AGING = 0.2  # how far a request routed elsewhere moves a higher average down
 
 
 @dataclass
@@ -44,6 +49,12 @@ class Replica:
     in_flight: int = 0
     latency_ewma_s: float | None = None
     requests: int = 0
+
+    def passed_over_for(self, chosen: Replica) -> None:
+        """Age this replica's average toward ``chosen``'s, which took a request instead."""
+        mine, theirs = self.latency_ewma_s, chosen.latency_ewma_s
+        if mine is not None and theirs is not None and mine > theirs:
+            self.latency_ewma_s = mine - LATENCY_AGING * (mine - theirs)
 
     def observe_latency(self, seconds: float) -> None:
         previous = self.latency_ewma_s
@@ -130,7 +141,11 @@ class Balancer:
             latency = r.latency_ewma_s if r.latency_ewma_s is not None else default
             return ((r.in_flight + 1) * max(latency, 1e-6), self._rng.random())
 
-        return sorted(endpoints, key=score)
+        ordered = sorted(endpoints, key=score)
+        chosen = self.replicas[ordered[0].name]
+        for e in ordered[1:]:
+            self.replicas[e.name].passed_over_for(chosen)
+        return ordered
 
     def _by_prefix(self, endpoints: Sequence[EndpointConfig], key: str) -> list[EndpointConfig]:
         ranked = sorted(endpoints, key=lambda e: rendezvous_weight(key, e.name), reverse=True)

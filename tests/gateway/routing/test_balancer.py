@@ -65,6 +65,21 @@ def test_least_busy_spreads_concurrent_requests_evenly() -> None:
     assert balancer.replicas["r0"].in_flight == balancer.replicas["r1"].in_flight == 0
 
 
+def test_least_busy_tries_again_an_endpoint_one_slow_request_kept_out() -> None:
+    balancer = _balancer(2)
+    endpoints = _endpoints(2)
+    fast, slow = balancer.replicas["r0"], balancer.replicas["r1"]
+    fast.observe_latency(0.01)
+    slow.observe_latency(2.0)  # one cold request
+    fast.in_flight = 3  # a busy fast endpoint: 4 * 0.01 < 2.0 for a while
+    firsts = [balancer.plan("m", endpoints)[0][0].name for _ in range(40)]
+    back = firsts.index("r1")
+    assert 0 < back < 30 and firsts[:back] == ["r0"] * back
+    # the average came down only as far as the load made it worth a try
+    assert 0.01 < slow.latency_ewma_s < 4 * 0.01  # type: ignore[operator]
+    assert fast.latency_ewma_s == 0.01  # a lower average is never raised
+
+
 def test_latency_moving_average() -> None:
     balancer = _balancer(1)
     replica = balancer.replicas["r0"]
