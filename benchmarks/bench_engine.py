@@ -168,7 +168,10 @@ def identity(engine: Engine, prompts: list[list[int]], max_tokens: int) -> dict[
 def throughput(
     engine: Engine, prompts: list[list[int]], max_tokens: int, concurrency: int, drafts: bool
 ) -> float:
-    todo = [p for p in prompts for _ in range(2)]
+    """Output tokens/s, closed loop: ``concurrency`` workers, every prompt once, in order,
+    as ``bench_serving.py`` sends them over HTTP (each prompt twice in a row, as this did
+    before session 11, ran 1.13-1.15x faster at concurrency 4 and 8: RESULTS.md)."""
+    todo = list(prompts)
     lock = threading.Lock()
     tokens = 0
     done = threading.Event()

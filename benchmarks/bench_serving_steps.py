@@ -4,7 +4,7 @@
         --concurrency 1,4,8 --max-tokens 128 [--dtype bf16] [--threads 2] --json OUT
 
 Runs the serving engine without HTTP (``bench_engine.throughput``: closed loop, each
-prompt twice, drafts on) after one warm pass without drafts (the prefix cache then holds
+prompt once, drafts on) after one warm pass without drafts (the prefix cache then holds
 the prompts, as in ``bench_serving.py``'s identity pass). Every forward step is timed
 whole and by the fused stack's own clock (linear, head, attention, row ops; ``other`` is
 the rest of ``Transformer.step``: Python, embedding, the plan), and the steps are grouped
