@@ -115,17 +115,23 @@ class Balancer:
         if len(endpoints) < 2:
             return [(e, True) for e in endpoints]
         strategy = self.strategy_for(model)
+        by_load = False
         if strategy == "prefix" and key is not None:
             ordered = self._by_prefix(endpoints, key)
         elif strategy == "ordered":
             ordered = list(endpoints)
         else:
-            ordered = self._by_load(endpoints)
+            ordered, by_load = self._by_load(endpoints), True
         admitted = [e for e in ordered if self.replicas[e.name].health.admits()]
         # a half-open endpoint's trial goes first: a stale latency average or a prefix's
         # home elsewhere must not keep it from ever being tried again
         trials = [e for e in admitted if self.replicas[e.name].health.state == "half-open"]
         admitted = trials + [e for e in admitted if e not in trials]
+        if by_load and admitted:  # the first takes the request: the others' averages age
+            chosen = self.replicas[admitted[0].name]
+            for e in ordered:
+                if e is not admitted[0]:
+                    self.replicas[e.name].passed_over_for(chosen)
         return [(e, True) for e in admitted] + [(e, False) for e in ordered if e not in admitted]
 
     def _by_load(self, endpoints: Sequence[EndpointConfig]) -> list[EndpointConfig]:
@@ -141,11 +147,7 @@ class Balancer:
             latency = r.latency_ewma_s if r.latency_ewma_s is not None else default
             return ((r.in_flight + 1) * max(latency, 1e-6), self._rng.random())
 
-        ordered = sorted(endpoints, key=score)
-        chosen = self.replicas[ordered[0].name]
-        for e in ordered[1:]:
-            self.replicas[e.name].passed_over_for(chosen)
-        return ordered
+        return sorted(endpoints, key=score)
 
     def _by_prefix(self, endpoints: Sequence[EndpointConfig], key: str) -> list[EndpointConfig]:
         ranked = sorted(endpoints, key=lambda e: rendezvous_weight(key, e.name), reverse=True)
