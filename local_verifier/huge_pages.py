@@ -10,6 +10,7 @@ import mmap
 import torch
 
 HUGE_PAGE = 2 << 20
+MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23)  # Linux 5.14 and later
 
 
 def huge_page_mapping(size: int) -> tuple[mmap.mmap, int] | None:
@@ -25,11 +26,18 @@ def huge_page_mapping(size: int) -> tuple[mmap.mmap, int] | None:
 
 
 def zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """CPU zeros of ``shape`` on huge pages where the OS has them (else ``torch.zeros``)."""
+    """CPU zeros of ``shape`` on huge pages where the OS has them (else ``torch.zeros``),
+    committed now: a page first written by a forward step would stall it (the kernel zeroes
+    2 MiB, and on a VM the host faults the memory in first: 0.6 s for 256 MiB measured on a
+    fresh machine, RESULTS.md "Session 12")."""
     nbytes = math.prod(shape) * dtype.itemsize
     mapped = huge_page_mapping(nbytes) if nbytes else None
     if mapped is None:
         return torch.zeros(shape, dtype=dtype)
     mapping, offset = mapped
     flat = torch.frombuffer(mapping, dtype=torch.uint8, count=nbytes, offset=offset)
+    try:
+        mapping.madvise(MADV_POPULATE_WRITE)  # faults every page in, writes nothing
+    except OSError:  # an older kernel: one write per page
+        flat[:: mmap.PAGESIZE].zero_()
     return flat.view(dtype).view(shape)  # the tensor keeps the mapping alive

@@ -21,6 +21,18 @@ def test_zeros_are_zero_writable_and_start_on_a_huge_page(dtype: torch.dtype) ->
         assert z.data_ptr() % huge_pages.HUGE_PAGE == 0
 
 
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * mmap.PAGESIZE
+
+
+@pytest.mark.skipif(not hasattr(mmap, "MADV_HUGEPAGE"), reason="Linux only")
+def test_zeros_are_resident_before_anything_writes_them() -> None:
+    before = _resident_bytes()
+    z = huge_pages.zeros((64, 1 << 20), torch.uint8)  # 64 MiB, never written here
+    assert _resident_bytes() - before >= z.numel() * 0.95
+
+
 def test_empty_shapes_fall_back_to_torch() -> None:
     assert huge_pages.zeros((0, 4), torch.float32).shape == (0, 4)
 
