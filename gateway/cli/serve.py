@@ -3,6 +3,7 @@ the same OpenAI-compatible API, no auth)."""
 
 from __future__ import annotations
 
+import copy
 import ipaddress
 import socket
 from pathlib import Path
@@ -11,6 +12,9 @@ from typing import Any
 import typer
 
 from gateway.config import ConfigError, ServerConfig, Settings, build_settings, load_settings
+
+OWN_PACKAGES = ("gateway", "local_verifier", "lookup", "sdk")
+"""The packages whose loggers ``draftgate serve`` and ``draftgate verifier`` print."""
 
 
 def is_loopback(host: str) -> bool:
@@ -84,10 +88,23 @@ def run_server(
         http=header_deadline_protocol(server.header_timeout_s),
         limit_concurrency=server.limit_concurrency,
         timeout_keep_alive=server.keep_alive_s,
+        log_config=log_config(log_level),
         log_level=log_level,
         access_log=access_log,
         timeout_graceful_shutdown=5,
     )
+
+
+def log_config(level: str) -> dict[str, Any]:
+    """uvicorn's logging configuration with draftgate's own packages logged beside it, at
+    ``level``, on uvicorn's console handler (otherwise only their warnings reach the
+    console, and "model loaded" never does)."""
+    from uvicorn.config import LOGGING_CONFIG
+
+    config = copy.deepcopy(LOGGING_CONFIG)
+    ours = {"handlers": ["default"], "level": level.upper(), "propagate": False}
+    config["loggers"].update({package: dict(ours) for package in OWN_PACKAGES})
+    return config
 
 
 def _run(settings: Settings, host: str, port: int, allow_public: bool, access_log: bool) -> None:

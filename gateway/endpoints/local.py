@@ -307,6 +307,7 @@ class LocalEndpoint:
             return
         from local_verifier.engine import MAX_BATCH, Engine
 
+        began = time.perf_counter()
         try:
             config = self.config
             self._engine = Engine(
@@ -319,10 +320,11 @@ class LocalEndpoint:
                 prefix_cache=config.prefix_cache,
             )
             log.info(
-                "local endpoint %s: %s loaded (%s weights)",
+                "local endpoint %s: %s loaded (%s weights) in %.1f s",
                 self.config.name,
                 self._engine.name,
                 str(self._engine.lm.dtype).removeprefix("torch."),
+                time.perf_counter() - began,
             )
         except Exception as exc:  # a load failure is reported to every request
             self._load_error = f"{type(exc).__name__}: {exc}"
