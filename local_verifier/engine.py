@@ -8,11 +8,13 @@ engine thread; ``generate`` is a blocking iterator over the same path.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import functools
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from local_verifier.devices import ThreadTuner, available_cpus
-from local_verifier.errors import EngineBusy, PromptTooLong
+from local_verifier.errors import EngineBusy, EngineClosed, PromptTooLong
 from local_verifier.grammar import GrammarCompiler, check_grammar
 from local_verifier.kv_pool import DEFAULT_BLOCK_SIZE, KVPool
 from local_verifier.kv_storage import KVStorage
@@ -188,6 +190,7 @@ class Engine:
         self._inbox: list[list[tuple[Request, GenerationRequest]]] = []
         self._outstanding = 0
         self._thread: threading.Thread | None = None
+        self._closed = False
 
     # -- submitting ------------------------------------------------------------------------
 
@@ -276,6 +279,8 @@ class Engine:
     def _enqueue(self, group: list[tuple[Request, GenerationRequest]]) -> Handle:
         """Hand a request (and its followers) to the engine thread."""
         with self._cond:
+            if self._closed:
+                raise EngineClosed("the local engine is closed")
             if self._outstanding + len(group) > self._max_outstanding:
                 raise EngineBusy(self._outstanding - self._scheduler.max_batch)
             self._outstanding += len(group)
@@ -285,6 +290,9 @@ class Engine:
                     target=self._loop, name=f"dg-engine-{self.name}", daemon=True
                 )
                 self._thread.start()
+                # stopped before the interpreter tears down what a running step uses (a
+                # step still in C++ then aborted the process)
+                atexit.register(_close_at_exit, weakref.ref(self))
             self._cond.notify()
         return Handle(self, [request for request, _ in group])
 
@@ -331,6 +339,17 @@ class Engine:
         with self._cond:
             return self._cond.wait_for(lambda: self._outstanding == 0, timeout)
 
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop the engine thread after its current step: requests still queued or running
+        end with ``EngineClosed``, later ``submit`` calls raise it. Waits up to ``timeout``
+        seconds for the thread; calling it again does nothing more."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
     # -- the engine thread -------------------------------------------------------------------
 
     def _wake(self) -> None:
@@ -341,9 +360,16 @@ class Engine:
         scheduler = self._scheduler
         while True:
             with self._cond:
-                while not self._inbox and not scheduler.has_work():
+                while not self._closed and not self._inbox and not scheduler.has_work():
                     self._cond.wait()
                 arrived, self._inbox = self._inbox, []
+            if self._closed:
+                closed = EngineClosed("the local engine was closed")
+                for group in arrived:
+                    for request, _ in group:
+                        request.on_finish(request, closed)
+                scheduler.fail_all(closed)
+                return
             for group in arrived:
                 try:
                     for request, req in group:
@@ -461,3 +487,9 @@ def _drain(items: queue.SimpleQueue[Any], handle: Handle) -> Iterator[TextDelta 
             yield item
     finally:
         handle.cancel()
+
+
+def _close_at_exit(engine: weakref.ref[Engine]) -> None:
+    alive = engine()
+    if alive is not None:
+        alive.close(timeout=10.0)

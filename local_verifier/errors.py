@@ -25,3 +25,7 @@ class EngineBusy(RuntimeError):
     def __init__(self, waiting: int) -> None:
         super().__init__(f"{waiting} requests are waiting for the local engine; try again")
         self.waiting = waiting
+
+
+class EngineClosed(RuntimeError):
+    """The engine was closed (``Engine.close`` or interpreter exit); it takes no requests."""

@@ -291,6 +291,7 @@ class LocalEndpoint:
         self.recent = recent
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"dg-{config.name}")
         self._engine: Engine | None = engine
+        self._owns_engine = engine is None  # a given engine is its owner's to close
         self._load_error: str | None = None
         self._loading: Future[None] | None = None
         self.stopped = 0  # generations stopped early because their client went away
@@ -356,7 +357,10 @@ class LocalEndpoint:
         return self._engine
 
     def close(self) -> None:
+        """Stop loading; stop the engine this endpoint loaded (its requests end)."""
         self._executor.shutdown(wait=False, cancel_futures=True)
+        if self._owns_engine and self._engine is not None:
+            self._engine.close()
 
     # -- request path (event loop) ---------------------------------------------------
 
@@ -477,7 +481,7 @@ class LocalEndpoint:
                 self.stopped += 1
 
     def _submit(self, engine: Engine, gen: GenerationRequest, job: _Job) -> Handle:
-        from local_verifier.errors import EngineBusy, PromptTooLong
+        from local_verifier.errors import EngineBusy, EngineClosed, PromptTooLong
 
         try:
             return engine.submit_n(gen, job.n, job.push)
@@ -489,6 +493,11 @@ class LocalEndpoint:
             raise _invalid(exc) from None
         except EngineBusy:
             raise self._busy() from None
+        except EngineClosed:  # the gateway is shutting down
+            raise ServiceUnavailable(
+                f"local endpoint {self.config.name!r} is shutting down",
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            ) from None
 
     def _busy(self) -> ServiceUnavailable:
         return ServiceUnavailable(

@@ -3,12 +3,17 @@ conditions, max_tokens and the context end land exactly where plain decoding end
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
 import numpy as np
 import pytest
 from spec_drafts import OracleDrafter, PassThrough, make_draft
 
-from local_verifier.engine import Engine, GenerationRequest, GenerationStats, TextDelta
-from local_verifier.errors import PromptTooLong
+from local_verifier.engine import END, Engine, GenerationRequest, GenerationStats, TextDelta
+from local_verifier.errors import EngineClosed, PromptTooLong
 from local_verifier.generate import PlainResult, generate_plain
 from local_verifier.loader import LoadedModel
 from local_verifier.sampling import SamplingParams
@@ -248,3 +253,58 @@ def test_max_draft_caps_the_tokens_verified_per_step(
     assert free_stats.drafted_tokens > 2 * free_stats.verify_steps  # uncapped drafts run long
     assert stats.drafted_tokens <= cap * stats.verify_steps
     assert len(stats.accepted_by_position) <= cap
+
+
+def test_close_ends_the_running_request_and_refuses_more(tiny_lm: LoadedModel) -> None:
+    engine = Engine(tiny_lm, max_draft=16, row_costs=LINEAR_COSTS, kv_cache_mb=4)
+    ids = tiny_lm.tokenizer.encode(PROMPT)
+    items: list[object] = []
+    ended = threading.Event()
+
+    def on_item(item: object) -> None:
+        items.append(item)
+        if isinstance(item, TextDelta) and len(items) == 1:
+            engine.close()  # on the engine thread: the loop stops after this step
+        if item is END:
+            ended.set()
+
+    others = set(threading.enumerate())  # other tests' engines run threads of their own
+    engine.submit(GenerationRequest(prompt_ids=ids, max_tokens=100, draft=False), on_item)
+    (thread,) = set(threading.enumerate()) - others
+    assert ended.wait(60)
+    assert isinstance(items[-2], EngineClosed) and items[-1] is END
+    assert sum(isinstance(i, TextDelta) for i in items) < 100
+    engine.close()  # from another thread: joins the stopped thread
+    assert not thread.is_alive()
+    with pytest.raises(EngineClosed):
+        engine.submit(GenerationRequest(prompt_ids=ids, max_tokens=4), on_item)
+
+
+EXIT_MID_REQUEST = """
+import atexit, sys, threading
+from local_verifier.engine import Engine, GenerationRequest, TextDelta
+from local_verifier.loader import load_model
+
+lm = load_model(sys.argv[1], device="cpu", dtype="float32")
+engine = Engine(lm, max_draft=16, row_costs=[1e-3 + 1e-5 * r for r in range(145)], kv_cache_mb=4)
+# registered before the engine's own hook, so it runs after it (last in, first out)
+atexit.register(lambda: print("engine threads at exit:", sum(
+    t.name.startswith("dg-engine-") for t in threading.enumerate())))
+first = threading.Event()
+ids = lm.tokenizer.encode(sys.argv[2])
+engine.submit(GenerationRequest(prompt_ids=ids, max_tokens=150, draft=False),
+              lambda item: first.set() if isinstance(item, TextDelta) else None)
+first.wait(60)
+"""
+
+
+def test_the_interpreter_exits_cleanly_mid_request(tiny_checkpoint: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", EXIT_MID_REQUEST, str(tiny_checkpoint), PROMPT],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "engine threads at exit: 0" in done.stdout
