@@ -286,7 +286,7 @@ from local_verifier.engine import Engine, GenerationRequest, TextDelta
 from local_verifier.loader import load_model
 
 lm = load_model(sys.argv[1], device="cpu", dtype="float32")
-engine = Engine(lm, max_draft=16, row_costs=[1e-3 + 1e-5 * r for r in range(145)], kv_cache_mb=4)
+engine = Engine(lm, max_draft=16, row_costs={costs!r}, kv_cache_mb=4)
 # registered before the engine's own hook, so it runs after it (last in, first out)
 atexit.register(lambda: print("engine threads at exit:", sum(
     t.name.startswith("dg-engine-") for t in threading.enumerate())))
@@ -300,7 +300,13 @@ first.wait(60)
 
 def test_the_interpreter_exits_cleanly_mid_request(tiny_checkpoint: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-c", EXIT_MID_REQUEST, str(tiny_checkpoint), PROMPT],
+        [
+            sys.executable,
+            "-c",
+            EXIT_MID_REQUEST.format(costs=LINEAR_COSTS),
+            str(tiny_checkpoint),
+            PROMPT,
+        ],
         cwd=Path(__file__).resolve().parents[2],
         capture_output=True,
         text=True,
