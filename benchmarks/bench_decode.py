@@ -97,7 +97,7 @@ def weight_bytes_per_token(lm: LoadedModel) -> int:
 def step_ms(lm: LoadedModel, rows: list[int], repeats: int) -> dict[int, float]:
     """Median ms of one step of R new rows after a ``CONTEXT``-token context, per R."""
     model, cfg = lm.model, lm.config
-    kv = KVStorage(cfg, CONTEXT + max(rows), lm.device, model.dtype)
+    kv = KVStorage(cfg, CONTEXT + max(rows), lm.device, model.kv_dtype)
     tokens = torch.arange(CONTEXT + max(rows)) % cfg.vocab_size
     context = torch.arange(CONTEXT)
     model.step([SeqStep(tokens[:CONTEXT], context, context, context[:0], logits="none")], kv)
@@ -122,7 +122,7 @@ def fused_vs_per_op(lm: LoadedModel, rows: list[int], rounds: int) -> dict[str, 
     the per-op path (``DRAFTGATE_FUSED=0``), interleaved in one process (the order
     alternating each round; CPU time counts every thread, spinning ones included)."""
     model, cfg = lm.model, lm.config
-    kv = KVStorage(cfg, CONTEXT + max(rows), lm.device, model.dtype)
+    kv = KVStorage(cfg, CONTEXT + max(rows), lm.device, model.kv_dtype)
     tokens = torch.arange(CONTEXT + max(rows)) % cfg.vocab_size
     context = torch.arange(CONTEXT)
     model.step([SeqStep(tokens[:CONTEXT], context, context, context[:0], logits="none")], kv)
@@ -193,7 +193,7 @@ def breakdown(lm: LoadedModel, rows: int, context: int, repeats: int) -> dict[st
     attention, row_ops = norms, rotary + K/V store, SwiGLU, residual adds); on the per-op
     path around each call."""
     model, cfg = lm.model, lm.config
-    kv = KVStorage(cfg, context + rows, lm.device, model.dtype)
+    kv = KVStorage(cfg, context + rows, lm.device, model.kv_dtype)
     tokens = torch.arange(context + rows) % cfg.vocab_size
     ctx = torch.arange(context)
     if context:
@@ -229,7 +229,7 @@ def prefill(
     ``chunk``-row steps, the share of that time in the attention kernel, and the growth of
     the peak RSS (MiB) it caused."""
     cfg = lm.config
-    kv = KVStorage(cfg, length, lm.device, lm.model.dtype)
+    kv = KVStorage(cfg, length, lm.device, lm.model.kv_dtype)
     if tokens is None:
         tokens = torch.arange(length) % cfg.vocab_size
     stack = lm.model.fused_stack()

@@ -88,7 +88,7 @@ def export_shape(directory: Path) -> None:
 def invariance(lm: LoadedModel, prompts: list[list[int]]) -> dict[str, bool]:
     """Last-row logits alone == batched with the others == prefilled in chunks."""
     model = lm.model
-    pool = KVPool(KVStorage(lm.config, 64 * 16 * 20, lm.device, lm.dtype), 16)
+    pool = KVPool(KVStorage(lm.config, 64 * 16 * 20, lm.device, lm.model.kv_dtype), 16)
 
     def prefill(ids: list[int], table: BlockTable, start: int, end: int) -> SeqStep:
         return SeqStep(

@@ -129,7 +129,7 @@ def decode_steps(models: dict[str, LoadedModel], repeats: int) -> dict[str, list
     for side, lm in models.items():
         os.environ[PACKED_ENV] = "1" if side == "packed" else "0"
         model, cfg = lm.model, lm.config
-        kv = KVStorage(cfg, CONTEXT + 1, lm.device, model.dtype)
+        kv = KVStorage(cfg, CONTEXT + 1, lm.device, model.kv_dtype)
         tokens = torch.arange(CONTEXT + 1) % cfg.vocab_size
         context, new = torch.arange(CONTEXT), torch.arange(CONTEXT, CONTEXT + 1)
         model.step([SeqStep(tokens[:CONTEXT], context, context, context[:0], logits="none")], kv)

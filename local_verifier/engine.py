@@ -24,6 +24,7 @@ import numpy as np
 from local_verifier.devices import ThreadTuner, available_cpus
 from local_verifier.errors import EngineBusy, EngineClosed, PromptTooLong
 from local_verifier.grammar import GrammarCompiler, check_grammar
+from local_verifier.kernels.cpp import release_threads
 from local_verifier.kv_pool import DEFAULT_BLOCK_SIZE, KVPool
 from local_verifier.kv_storage import KVStorage
 from local_verifier.loader import LoadedModel, load_model
@@ -152,15 +153,17 @@ class Engine:
         self.name = self.lm.name
         cfg = self.lm.config
         model_ = self.lm.model
-        per_block = KVStorage.bytes_per_slot(cfg, model_.dtype) * block_size
+        per_block = KVStorage.bytes_per_slot(cfg, model_.kv_dtype) * block_size
         mb = DEFAULT_KV_CACHE_MB if kv_cache_mb is None else kv_cache_mb
         n_blocks = max(int(mb * 2**20) // per_block, 1)
-        storage = KVStorage(cfg, n_blocks * block_size, device=model_.device, dtype=model_.dtype)
+        storage = KVStorage(cfg, n_blocks * block_size, device=model_.device, dtype=model_.kv_dtype)
         self.pool = KVPool(storage, block_size)
         self.context_length = min(cfg.max_seq_len, n_blocks * block_size)
         self.max_draft = max(min(max_draft, self.context_length - 1), 0)
         max_rows = token_budget + self.max_draft
         measured = row_costs is None
+        if model_.device.type == "cpu":
+            release_threads()  # this thread's team would slow the calibration and the engine's
         if row_costs is None:
             row_costs = measure_row_costs(self.lm, max_rows)
         if len(row_costs) != max_rows + 1:

@@ -18,6 +18,7 @@ from local_verifier.devices import (
 from local_verifier.errors import ModelLoadError
 from local_verifier.gguf_loader import read_gguf
 from local_verifier.hf_loader import read_hf_dir
+from local_verifier.kernels.cpp import release_threads
 from local_verifier.kv_cache import KVCache
 from local_verifier.model import ModelConfig, Transformer
 from local_verifier.tokenizer import Tokenizer
@@ -46,7 +47,7 @@ class LoadedModel:
     def new_cache(self, max_len: int | None = None) -> KVCache:
         """A KV cache for one sequence of up to ``max_len`` (default: the context) tokens."""
         length = max_len or self.config.max_seq_len
-        return KVCache(self.config, length, self.device, self.model.dtype)
+        return KVCache(self.config, length, self.device, self.model.kv_dtype)
 
 
 def smollm2_path() -> Path:
@@ -109,6 +110,8 @@ def load_model(
     del tensors
     model = model.to(device=dev, dtype=torch_dtype).eval()
     lm = LoadedModel(model, cfg, tokenizer, dev, torch_dtype, name)
+    if dev.type == "cpu":
+        release_threads()  # the casts' team: steps on another thread would run slower
     if dev.type == "cpu" and tune_threads:  # probed on a thread that ends with the probe
         chosen = on_own_thread(partial(configure_threads, partial(_probe_steps, lm)))
         torch.set_num_threads(chosen)  # on this thread too (torch keeps a count per thread)

@@ -244,10 +244,16 @@ class Transformer(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        """The activations' and the K/V's dtype: the weights', except that bf16 weights on
-        the CPU compute in float32 (the kernels widen each weight exactly as they read it)."""
+        """The activations' dtype: the weights', except that bf16 weights on the CPU compute
+        in float32 (the kernels widen each weight exactly as they read it)."""
         weights = self.weight_dtype
         return torch.float32 if weights == torch.bfloat16 and self.device.type == "cpu" else weights
+
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        """The K/V storage's dtype: the weights' (the bf16 target stores each K/V value
+        rounded to bf16, on the CPU too, so a token's K/V take half the bytes)."""
+        return self.weight_dtype
 
     def to(self, *args: Any, **kwargs: Any) -> Transformer:
         """Like ``nn.Module.to``; the float32 rope tables follow the device only."""
@@ -318,10 +324,10 @@ class Transformer(nn.Module):
         plan = AttentionPlan.build(
             [s.context_slots for s in seqs], [s.new_slots for s in seqs], [s.mask for s in seqs]
         )
-        if kv.k.dtype != dtype or kv.k.device != device:
+        if kv.k.dtype != self.kv_dtype or kv.k.device != device:
             raise ValueError(
                 f"the K/V storage holds {kv.k.dtype} on {kv.k.device}; this model's step "
-                f"writes {dtype} on {device}"
+                f"writes {self.kv_dtype} on {device}"
             )
         if plan.keys.numel():
             lowest, highest = (int(end) for end in plan.keys.aminmax())

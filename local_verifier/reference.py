@@ -16,8 +16,9 @@ def load_reference(
     """transformers' fp32 model for ``spec`` (a path or alias); a GGUF file is read and
     dequantized by transformers itself, so its layout and numerics are the reference's.
 
-    With ``weight_dtype=torch.bfloat16`` every weight is rounded to bf16 (computing in
-    fp32 still): what the bf16 target computes on a CPU without bf16 kernels. With
+    With ``weight_dtype=torch.bfloat16`` every weight is rounded to bf16 and so is every
+    K/V value attention reads (the rotated keys and the values; computing in fp32 still):
+    what the bf16 target computes on a CPU without bf16 kernels. With
     ``round_linear_inputs`` too, every linear layer's input is rounded to bf16 first: what
     it computes on the bf16 kernels (AMX or AVX512-BF16: ``kernels.packing``)."""
     model = _fp32_model(spec)
@@ -25,11 +26,35 @@ def load_reference(
         with torch.no_grad():
             for p in model.parameters():
                 p.copy_(p.to(weight_dtype))
+        model.set_attn_implementation(_rounded_kv_attention(weight_dtype))
     if round_linear_inputs:
         for module in model.modules():
             if isinstance(module, torch.nn.Linear):
                 module.register_forward_pre_hook(_bf16_rounded_input)
     return model
+
+
+def _rounded_kv_attention(dtype: torch.dtype) -> str:
+    """The name of transformers' sdpa attention on K/V rounded to ``dtype`` (registered)."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import sdpa_mask
+
+    def attention(
+        module: torch.nn.Module,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        *args: Any,
+        **kwargs: Any,
+    ) -> Any:
+        rounded_key, rounded_value = key.to(dtype).to(key.dtype), value.to(dtype).to(value.dtype)
+        return sdpa_attention_forward(module, query, rounded_key, rounded_value, *args, **kwargs)
+
+    name = f"draftgate_kv_{str(dtype).removeprefix('torch.')}"
+    AttentionInterface.register(name, attention)
+    AttentionMaskInterface.register(name, sdpa_mask)
+    return name
 
 
 def _bf16_rounded_input(module: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:

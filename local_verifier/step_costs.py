@@ -60,7 +60,7 @@ def _steps(rows: int, vocab: int, gen: torch.Generator) -> list[SeqStep]:
 def _measure(lm: LoadedModel, max_rows: int) -> list[float]:
     model = lm.model
     cfg = lm.config
-    storage = KVStorage(cfg, CONTEXT_TOKENS + max_rows, device=model.device, dtype=model.dtype)
+    storage = KVStorage(cfg, CONTEXT_TOKENS + max_rows, device=model.device, dtype=model.kv_dtype)
     gen = torch.Generator().manual_seed(0)
     grid = sorted({r for r in GRID if r <= max_rows} | {max_rows})
     steps = {r: _steps(r, cfg.vocab_size, gen) for r in grid}

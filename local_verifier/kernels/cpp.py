@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import platform
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -27,10 +28,13 @@ SIGNATURES = {
     "dg_linear_packed": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int],
     "dg_linear_packed_bf16": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int],
     "dg_bf16_kernels": [],
+    "dg_release_threads": [],
     "dg_rms_norm": [_ptr, _ptr, _ptr, _i64, _i64, _f32],
     "dg_rope_store": [_ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64],
+    "dg_rope_store_bf16": [_ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64],
     "dg_silu_mul": [_ptr, _ptr, _i64, _i64],
     "dg_attention": [_ptr] * 10 + [_i64] * 5 + [_int],
+    "dg_attention_bf16": [_ptr] * 10 + [_i64] * 5 + [_int],
     "dg_stack_new": [_i64] * 7 + [_int, _ptr, _ptr, _ptr],
     "dg_stack_free": [_ptr],
     "dg_stack_step": [_ptr] * 5
@@ -75,6 +79,21 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     return library, ""
 
 
+def release_threads() -> None:
+    """Frees the calling thread's OpenMP team, torch's included (one runtime per process).
+
+    The runtime keeps a team for every thread that has run a parallel region, for as long
+    as the thread lives; once it manages more threads than there are CPUs it barely spins
+    at a barrier, and each of a step's ~60 parallel regions waits for a wake-up. A model
+    loaded on one thread (torch's parallel casts) left that thread a team, and the engine
+    thread's 2-thread steps then ran at 1-thread speed (benchmarks/RESULTS.md, "Session
+    14"). A thread done with parallel work calls this; its next region builds a team again.
+    """
+    library, _ = load_library()
+    if library is not None:
+        library.dg_release_threads()
+
+
 def _float32(t: torch.Tensor) -> torch.Tensor:
     """``t`` as contiguous float32 (a bf16 parameter widens exactly); ``t`` itself if it is."""
     if t.dtype == torch.float32 and t.is_contiguous():
@@ -91,7 +110,8 @@ class CppOps:
     (widened exactly inside the kernel, so the bytes read per token halve), row-major or
     packed (``kernels.packing``: bitwise the same y); or bfloat16 in the ``amx`` layout,
     for the bf16 kernels (inputs rounded to bfloat16: AMX tiles, else AVX512-BF16 dot
-    products) on CPUs that have either."""
+    products) on CPUs that have either. The K/V storage is float32 or bfloat16 (each value
+    rounded to nearest even as it is stored, widened exactly as it is read)."""
 
     name = "cpp"
 
@@ -106,6 +126,14 @@ class CppOps:
         }
         if self.bf16_kernels is not None:
             self._linear[torch.bfloat16, "amx"] = library.dg_linear_amx
+        self._rope_store = {
+            torch.float32: library.dg_rope_store,
+            torch.bfloat16: library.dg_rope_store_bf16,
+        }
+        self._attention = {
+            torch.float32: library.dg_attention,
+            torch.bfloat16: library.dg_attention_bf16,
+        }
 
     def amx(self) -> bool:
         """Whether bf16 weights are packed in the ``amx`` layout for the bf16 kernels: this
@@ -146,7 +174,7 @@ class CppOps:
         n, dim = qkv.shape[0], cos.shape[1]
         q = torch.empty(n, n_heads, dim)
         slots, cos, sin = _dense(new_slots), _dense(cos), _dense(sin)
-        self.library.dg_rope_store(
+        _kernel(self._rope_store, k_cache, v_cache)(
             qkv.data_ptr(), cos.data_ptr(), sin.data_ptr(), k_cache.data_ptr(),
             v_cache.data_ptr(), slots.data_ptr(), q.data_ptr(), n, n_heads, n_kv_heads, dim,
         )  # fmt: skip
@@ -170,8 +198,16 @@ class CppOps:
         if dim > MAX_HEAD_DIM:
             raise ValueError(f"C++ attention needs head_dim <= {MAX_HEAD_DIM}")
         out = torch.empty_like(q)
-        self.library.dg_attention(
+        _kernel(self._attention, k_cache, v_cache)(
             q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), *plan.pointers(), out.data_ptr(),
             n, len(plan.ctx_len), heads, kv_heads, dim, torch.get_num_threads(),
         )  # fmt: skip
         return out
+
+
+def _kernel(kernels: dict[torch.dtype, Any], k_cache: torch.Tensor, v_cache: torch.Tensor) -> Any:
+    """The kernel of ``kernels`` for the K/V storage's dtype."""
+    kernel = kernels.get(k_cache.dtype)
+    if kernel is None or v_cache.dtype != k_cache.dtype:
+        raise TypeError(f"no C++ kernel for K/V in {k_cache.dtype} and {v_cache.dtype}")
+    return kernel

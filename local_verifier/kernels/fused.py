@@ -64,6 +64,8 @@ class FusedStack:
         n_kv_heads: int,
     ) -> None:
         self._lib = library
+        self.dtype = head.dtype
+        """The weights' dtype, and the K/V storage's the stack reads and writes."""
         self._params = [norm, head, *(t for w in layers for t in w.tensors())]  # kept alive
         self.vocab, dim = dense_shape(head)
         pointers = [None if t is None else t.data_ptr() for t in self._params]
@@ -71,7 +73,7 @@ class FusedStack:
         eps = [e for w in layers for e in (w.attn_eps, w.ffn_eps)] + [norm_eps]
         self._handle = library.dg_stack_new(
             len(layers), dim, n_heads, n_kv_heads, _head_dim(layers[0], n_heads),
-            dense_shape(layers[0].w2)[1], self.vocab, head.dtype == torch.bfloat16,
+            dense_shape(layers[0].w2)[1], self.vocab, self.dtype == torch.bfloat16,
             (ctypes.c_void_p * len(pointers))(*pointers), (ctypes.c_int * len(layouts))(*layouts),
             (ctypes.c_float * len(eps))(*eps),
         )  # fmt: skip
@@ -118,7 +120,9 @@ class FusedStack:
     ) -> torch.Tensor:
         """float32 logits [P, vocab] of the ``picked`` rows (long [P]) of a step over the
         rows of ``x`` (float32 [N, dim] embeddings, overwritten); writes each row's K/V to
-        its slot of every layer of ``k``/``v`` (contiguous float32 [L, S, KVH, Dh])."""
+        its slot of every layer of ``k``/``v`` (contiguous [L, S, KVH, Dh] in ``dtype``)."""
+        if k.dtype != self.dtype or v.dtype != self.dtype:
+            raise TypeError(f"a {self.dtype} stack's K/V must be {self.dtype}, not {k.dtype}")
         logits = torch.empty(picked.shape[0], self.vocab)
         profile = None if self.profile is None else self.profile.data_ptr()
         self._lib.dg_stack_step(

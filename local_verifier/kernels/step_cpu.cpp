@@ -1,5 +1,6 @@
-// Batch-invariant CPU kernels for one forward step (float32 activations; linear weights in
-// float32 or bfloat16, a bf16 weight widened to float32 by a 16-bit shift). One source for
+// Batch-invariant CPU kernels for one forward step (float32 activations; linear weights and
+// the K/V storage in float32 or bfloat16, a bf16 value widened to float32 by a 16-bit shift,
+// a K/V value rounded to bf16 as it is stored). One source for
 // two instruction sets, chosen at compile time (-march=native): AVX-512 (16 float lanes)
 // where the CPU has it, else AVX2 + FMA (8 lanes). The kernels are written once against
 // the small vector layer below; the two builds may give different bits from each other.
@@ -861,24 +862,36 @@ inline void rms_norm_row(const float* xr, const float* wp, float* yr, int64_t D,
   for (d = 0; d < D; ++d) yr[d] = wp[d] * (xr[d] * scale);
 }
 
+// x as stored in K/V of element type KV: itself, or rounded to bfloat16 bits (to nearest,
+// ties to even; NaN to 0x7FC0: torch's conversion).
+inline void put(float* p, float x) { *p = x; }
+inline void put(uint16_t* p, float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof(u));
+  *p = (u & 0x7FFFFFFFu) > 0x7F800000u ? uint16_t{0x7FC0}
+                                       : static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
 // Rotates the q and k heads of one row of qkv [(H + 2 KVH) * Dh] by its cos/sin [Dh];
-// the rotated q to q [H, Dh], the rotated k and the v to k_out / v_out [KVH, Dh].
-inline void rope_store_row(const float* row, const float* c, const float* s, float* k_out,
-                           float* v_out, float* q, int64_t n_heads, int64_t n_kv_heads,
+// the rotated q to q [H, Dh], the rotated k and the v to k_out / v_out [KVH, Dh] (of KV's
+// type: see put).
+template <typename KV>
+inline void rope_store_row(const float* row, const float* c, const float* s, KV* k_out,
+                           KV* v_out, float* q, int64_t n_heads, int64_t n_kv_heads,
                            int64_t Dh) {
   const int64_t half = Dh / 2;
-  for (int64_t h = 0; h < n_heads + n_kv_heads; ++h) {
-    const float* head = row + h * Dh;
-    float* out = h < n_heads ? q + h * Dh : k_out + (h - n_heads) * Dh;
-    for (int64_t d = 0; d < Dh; ++d) {
-      const float rolled = head[d < half ? d + half : d - half];
-      const float a = head[d] * c[d];
-      const float b = rolled * s[d];
-      out[d] = a + b;
-    }
-  }
+  const auto rotated = [&](const float* head, int64_t d) {
+    const float rolled = head[d < half ? d + half : d - half];
+    const float a = head[d] * c[d];
+    const float b = rolled * s[d];
+    return a + b;
+  };
+  for (int64_t h = 0; h < n_heads; ++h)
+    for (int64_t d = 0; d < Dh; ++d) q[h * Dh + d] = rotated(row + h * Dh, d);
+  for (int64_t h = 0; h < n_kv_heads; ++h)
+    for (int64_t d = 0; d < Dh; ++d) put(k_out + h * Dh + d, rotated(row + (n_heads + h) * Dh, d));
   const float* v = row + (n_heads + n_kv_heads) * Dh;
-  for (int64_t i = 0; i < n_kv_heads * Dh; ++i) v_out[i] = v[i];
+  for (int64_t i = 0; i < n_kv_heads * Dh; ++i) put(v_out + i, v[i]);
 }
 
 // out [F] = silu(gate) * up for one row of gate_up [2 F] (gate first).
@@ -904,19 +917,25 @@ inline void silu_mul_row(const float* g, float* out, int64_t F) {
 // final lane_sum, so neither the rows sharing a block nor where a row sits in its vectors
 // change a bit of the row.
 
-// What the attention kernels need of the call: the K/V storage and the head geometry.
+// What the attention kernels need of the call: the K/V storage (KV: float, or uint16_t for
+// bfloat16 bits, widened exactly as read) and the head geometry.
+template <typename KV>
 struct Heads {
-  const float* kc;
-  const float* vc;
+  const KV* kc;
+  const KV* vc;
   int64_t KVH, Dh, G, chunks;  // G query heads per kv head; chunks of kLanes per head
   float scale;
-  Mask tail;  // the lanes of head_dim's last chunk (all of them when it is full)
+  Mask tail;       // the lanes of head_dim's last chunk (all of them when it is full)
+  int64_t tail_n;  // their count
 };
 
 // Chunk c of a head of CH chunks at p: the last one masked to head_dim.
-template <int CH>
-inline Vec load_chunk(const Heads& a, const float* p, int c) {
-  return c + 1 < CH ? load(p + c * kLanes) : load(p + c * kLanes, a.tail);
+template <int CH, typename KV>
+inline Vec load_chunk(const Heads<KV>& a, const KV* p, int c) {
+  if constexpr (std::is_same_v<KV, float>)
+    return c + 1 < CH ? load(p + c * kLanes) : load(p + c * kLanes, a.tail);
+  else
+    return c + 1 < CH ? load(p + c * kLanes) : load_first(p + c * kLanes, a.tail_n);
 }
 
 // The online-softmax state of the rows of a tile (rows of one sequence, one kv head): query
@@ -936,8 +955,8 @@ constexpr int kKeyVecs = kKeyBlock / kLanes;
 
 // Chunk c of the kLanes keys at key[0..n), transposed into kt's columns [j0, j0 + kLanes):
 // kt[c kLanes + d][j0 + j] = dimension c kLanes + d of key j (zero for j >= n).
-template <int CH, bool kFull>
-inline void transpose_chunk(const Heads& a, const float* const* key, int64_t n, int c,
+template <int CH, bool kFull, typename KV>
+inline void transpose_chunk(const Heads<KV>& a, const KV* const* key, int64_t n, int c,
                             int64_t j0, float* kt) {
   Vec v[kLanes];
   for (int64_t j = 0; j < kLanes; ++j)
@@ -950,13 +969,13 @@ inline void transpose_chunk(const Heads& a, const float* const* key, int64_t n, 
 // key (j < nb; zero for the group's j >= nb). A group of no live key is left as it was: the
 // scores of keys j >= nb are never read (attend_block masks them out of the max, the
 // probabilities and the sums, and folds values b < live only).
-template <int CH>
-void transpose_keys(const Heads& a, int64_t g, const int64_t* block, int64_t nb, float* kt) {
-  const float* head = a.kc + g * a.Dh;
+template <int CH, typename KV>
+void transpose_keys(const Heads<KV>& a, int64_t g, const int64_t* block, int64_t nb, float* kt) {
+  const KV* head = a.kc + g * a.Dh;
   const int64_t stride = a.KVH * a.Dh;
   for (int64_t j0 = 0; j0 < nb; j0 += kLanes) {
     const int64_t n = std::min<int64_t>(kLanes, nb - j0);
-    const float* key[kLanes];
+    const KV* key[kLanes];
     for (int64_t j = 0; j < n; ++j) key[j] = head + block[j0 + j] * stride;
     for (int c = 0; c < CH; ++c) {
       if (n == kLanes)
@@ -1003,23 +1022,22 @@ void scores(const float* q, int64_t width, const float* kt, int64_t Dh, float sc
 
 // acc[n] = acc[n] corr[n], then += p[n][b] v_b for b < nb (>= 1) in order, for N query
 // vectors of one row (its keys are slots block[0..nb)).
-template <int N, int CH>
-inline void value_tile(const Heads& a, int64_t g, const int64_t* block, int64_t nb,
+template <int N, int CH, typename KV>
+inline void value_tile(const Heads<KV>& a, int64_t g, const int64_t* block, int64_t nb,
                        const float* p, const float* corr, float* acc, int64_t width) {
   Vec o[N][CH];
   for (int n = 0; n < N; ++n) {
     const Vec cv = set1(corr[n]);
     for (int c = 0; c < CH; ++c) o[n][c] = mul(load(acc + n * width + c * kLanes), cv);
   }
-  const float* vc = a.vc + g * a.Dh;
+  const KV* vc = a.vc + g * a.Dh;
   const int64_t stride = a.KVH * a.Dh;
-  const Mask tail = a.tail;
   int64_t b = 0;
   do {  // nb >= 1; no zero-trip path, so that GCC keeps o in registers, unspilled
-    const float* vr = vc + block[b] * stride;
+    const KV* vr = vc + block[b] * stride;
     Vec vv[CH];
     for (int c = 0; c < CH; ++c) {
-      vv[c] = c + 1 < CH ? load(vr + c * kLanes) : load(vr + c * kLanes, tail);
+      vv[c] = load_chunk<CH>(a, vr, c);
       if constexpr (N > 1) in_register(vv[c]);
     }
     for (int n = 0; n < N; ++n) {
@@ -1032,8 +1050,8 @@ inline void value_tile(const Heads& a, int64_t g, const int64_t* block, int64_t 
 }
 
 // value_tile over count query vectors of one row, N at a time, then the rest.
-template <int N, int CH>
-void values(const Heads& a, int64_t g, const int64_t* block, int64_t nb, const float* p,
+template <int N, int CH, typename KV>
+void values(const Heads<KV>& a, int64_t g, const int64_t* block, int64_t nb, const float* p,
             const float* corr, float* acc, int64_t width, int64_t count) {
   int64_t n = 0;
   for (; n + N <= count; n += N)
@@ -1047,8 +1065,8 @@ void values(const Heads& a, int64_t g, const int64_t* block, int64_t nb, const f
 // Folds the key block of slots block[0..nb) into rows [t0, t1) of the tile, row t allowing
 // the first live[t] (1..nb) keys of it: the keys are transposed once, every row's scores
 // computed from them kScoreTile query vectors at a time.
-template <int CH>
-void attend_block(const Heads& a, int64_t g, const Tile& tile, int64_t t0, int64_t t1,
+template <int CH, typename KV>
+void attend_block(const Heads<KV>& a, int64_t g, const Tile& tile, int64_t t0, int64_t t1,
                   const int64_t* block, int64_t nb, const int64_t* live) {
   const int64_t G = a.G, width = tile.width, v0 = t0 * G, v1 = t1 * G;
   transpose_keys<CH>(a, g, block, nb, tile.kt);
@@ -1086,104 +1104,26 @@ void attend_block(const Heads& a, int64_t g, const Tile& tile, int64_t t0, int64
                            tile.acc + t * G * width, width, G);
 }
 
-using AttendBlock = void (*)(const Heads&, int64_t, const Tile&, int64_t, int64_t,
+template <typename KV>
+using AttendBlock = void (*)(const Heads<KV>&, int64_t, const Tile&, int64_t, int64_t,
                              const int64_t*, int64_t, const int64_t*);
 
-template <int... CH>
-constexpr std::array<AttendBlock, sizeof...(CH)> attend_blocks(std::integer_sequence<int, CH...>) {
-  return {&attend_block<CH + 1>...};
+template <typename KV, int... CH>
+constexpr std::array<AttendBlock<KV>, sizeof...(CH)> attend_blocks(
+    std::integer_sequence<int, CH...>) {
+  return {&attend_block<CH + 1, KV>...};
 }
 
 // attend_block<chunks> for chunks = 1..kMaxChunks (head_dim up to kMaxHeadDim)
-constexpr auto kAttendBlock = attend_blocks(std::make_integer_sequence<int, kMaxChunks>{});
+template <typename KV>
+constexpr auto kAttendBlock = attend_blocks<KV>(std::make_integer_sequence<int, kMaxChunks>{});
 
-}  // namespace
-
-extern "C" {
-
-// y [N, M] = x [N, K] @ w[M, K].T (+ bias [M] unless null), w float32.
-void dg_linear(const float* xp, const float* wp, const float* bp, float* yp, int64_t N, int64_t K,
-               int64_t M, int threads) {
-  linear(xp, wp, false, bp, yp, N, K, M, threads);
-}
-
-// The same with w bfloat16 (raw bits): bitwise what dg_linear gives on w widened to float32.
-void dg_linear_bf16(const float* xp, const uint16_t* wp, const float* bp, float* yp, int64_t N,
-                    int64_t K, int64_t M, int threads) {
-  linear(xp, wp, false, bp, yp, N, K, M, threads);
-}
-
-// dg_linear and dg_linear_bf16 on a packed w (see "Linear layers"): bitwise the same y.
-void dg_linear_packed(const float* xp, const float* wp, const float* bp, float* yp, int64_t N,
-                      int64_t K, int64_t M, int threads) {
-  linear(xp, wp, true, bp, yp, N, K, M, threads);
-}
-
-void dg_linear_packed_bf16(const float* xp, const uint16_t* wp, const float* bp, float* yp,
-                           int64_t N, int64_t K, int64_t M, int threads) {
-  linear(xp, wp, true, bp, yp, N, K, M, threads);
-}
-
-// The kernels that run AMX-packed bf16 weights here (dg_linear_amx and the stack's): 2 AMX
-// tiles, 1 AVX512-BF16 dot products (no usable AMX), 0 none (the layout is not used).
-int dg_bf16_kernels() {
-#if DG_AMX
-  if (amx_usable()) return 2;
-#endif
-  return DG_DOT;
-}
-
-#if DG_DOT
-// y [N, M] = bf16(x) [N, K] @ w.T (+ bias [M] unless null) for an AMX-packed bf16 w, on the
-// kernels dg_bf16_kernels() names; only where it is not 0.
-void dg_linear_amx(const float* xp, const uint16_t* wp, const float* bp, float* yp, int64_t N,
-                   int64_t K, int64_t M, int threads) {
-#pragma omp parallel num_threads(threads)
-  bf16_linear_team(xp, wp, bp, yp, N, K, M);
-}
-#endif
-
-// Root-mean-square norm of each row of x [N, D]: w * (x / sqrt(mean(x^2) + eps)).
-void dg_rms_norm(const float* xp, const float* wp, float* yp, int64_t N, int64_t D, float eps) {
-  for (int64_t n = 0; n < N; ++n) rms_norm_row(xp + n * D, wp, yp + n * D, D, eps);
-}
-
-// Rotates the q and k heads of qkv [N, (H + 2 KVH) * Dh] by cos/sin [N, Dh] (the sign of
-// rotate_half folded into sin), writes k and v to slots new_slots of kc/vc [S, KVH, Dh] and
-// the rotated q to qp [N, H, Dh].
-void dg_rope_store(const float* src, const float* cp, const float* sp, float* kc, float* vc,
-                   const int64_t* slots, float* qp, int64_t N, int64_t n_heads,
-                   int64_t n_kv_heads, int64_t Dh) {
-  const int64_t width = (n_heads + 2 * n_kv_heads) * Dh, kv_width = n_kv_heads * Dh;
-  for (int64_t n = 0; n < N; ++n)
-    rope_store_row(src + n * width, cp + n * Dh, sp + n * Dh, kc + slots[n] * kv_width,
-                   vc + slots[n] * kv_width, qp + n * n_heads * Dh, n_heads, n_kv_heads, Dh);
-}
-
-// yp [N, F] = silu(gate) * up for gp = gate_up [N, 2 * F] (gate first).
-void dg_silu_mul(const float* gp, float* yp, int64_t N, int64_t F) {
-  for (int64_t n = 0; n < N; ++n) silu_mul_row(gp + n * 2 * F, yp + n * F, F);
-}
-
-// Grouped-query attention of each row over its own key list, in that list's order.
-//
-// q [N, H, Dh] -> out [N, H, Dh]; kc/vc [S, KVH, Dh]. Sequence s (of n_seqs) owns rows
-// [row_start[s], row_start[s+1]) and keys[key_start[s] : key_start[s+1]] = its context
-// slots (ctx_len[s] of them) then its new rows' slots. Row i of s attends to every context
-// key, then to new row j when mask[i, j] (masks[mask_start[s] + i * T + j]) or, with
-// mask_start[s] < 0, when j <= i. A row's allowed keys, in list order, are cut into blocks
-// of kKeyBlock, each folded into an online softmax (see "Attention" above): the same
-// operations for that row whatever else the call holds. Rows of one sequence are taken
-// in tiles of up to kQueryTile per kv head: a block of the list that several rows of the tile
-// allow (a prefix of it for each: the context, and every block under the causal mask) is
-// transposed once and folded into all of them; a masked row's own keys after the context's
-// whole blocks are gathered and folded into it alone.
-// Needs head_dim <= kMaxHeadDim (checked by the caller).
-void dg_attention(const float* qp, const float* kc, const float* vc, const int64_t* kp,
-                  const int64_t* ks, const int64_t* rs, const int64_t* cl, const bool* mp,
-                  const int64_t* ms, float* op, int64_t N, int64_t n_seqs, int64_t H,
-                  int64_t KVH, int64_t Dh, int threads) {
-  Heads a;
+template <typename KV>
+void attention_rows(const float* qp, const KV* kc, const KV* vc, const int64_t* kp,
+                    const int64_t* ks, const int64_t* rs, const int64_t* cl, const bool* mp,
+                    const int64_t* ms, float* op, int64_t N, int64_t n_seqs, int64_t H,
+                    int64_t KVH, int64_t Dh, int threads) {
+  Heads<KV> a;
   a.kc = kc;
   a.vc = vc;
   a.KVH = KVH;
@@ -1191,7 +1131,8 @@ void dg_attention(const float* qp, const float* kc, const float* vc, const int64
   a.G = H / KVH;
   a.chunks = (Dh + kLanes - 1) / kLanes;
   a.scale = 1.0f / std::sqrt(static_cast<float>(Dh));
-  a.tail = first_lanes(Dh - (a.chunks - 1) * kLanes);
+  a.tail_n = Dh - (a.chunks - 1) * kLanes;
+  a.tail = first_lanes(a.tail_n);
   struct Item {
     int64_t s, g, first, last;  // rows [first, last) of sequence s, kv head g
   };
@@ -1205,7 +1146,7 @@ void dg_attention(const float* qp, const float* kc, const float* vc, const int64
   }
   std::reverse(items.begin(), items.end());  // a sequence's longest rows first
   const int64_t G = a.G, width = a.chunks * kLanes;
-  const AttendBlock attend_block = kAttendBlock[a.chunks - 1];
+  const AttendBlock<KV> attend_block = kAttendBlock<KV>[a.chunks - 1];
   const auto lanes = [&](int64_t c) { return c + 1 < a.chunks ? first_lanes(kLanes) : a.tail; };
 
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
@@ -1279,6 +1220,122 @@ void dg_attention(const float* qp, const float* kc, const float* vc, const int64
   }
 }
 
+
+template <typename KV>
+void rope_store_rows(const float* src, const float* cp, const float* sp, KV* kc, KV* vc,
+                     const int64_t* slots, float* qp, int64_t N, int64_t n_heads,
+                     int64_t n_kv_heads, int64_t Dh) {
+  const int64_t width = (n_heads + 2 * n_kv_heads) * Dh, kv_width = n_kv_heads * Dh;
+  for (int64_t n = 0; n < N; ++n)
+    rope_store_row(src + n * width, cp + n * Dh, sp + n * Dh, kc + slots[n] * kv_width,
+                   vc + slots[n] * kv_width, qp + n * n_heads * Dh, n_heads, n_kv_heads, Dh);
+}
+
+}  // namespace
+
+extern "C" {
+
+// y [N, M] = x [N, K] @ w[M, K].T (+ bias [M] unless null), w float32.
+void dg_linear(const float* xp, const float* wp, const float* bp, float* yp, int64_t N, int64_t K,
+               int64_t M, int threads) {
+  linear(xp, wp, false, bp, yp, N, K, M, threads);
+}
+
+// The same with w bfloat16 (raw bits): bitwise what dg_linear gives on w widened to float32.
+void dg_linear_bf16(const float* xp, const uint16_t* wp, const float* bp, float* yp, int64_t N,
+                    int64_t K, int64_t M, int threads) {
+  linear(xp, wp, false, bp, yp, N, K, M, threads);
+}
+
+// dg_linear and dg_linear_bf16 on a packed w (see "Linear layers"): bitwise the same y.
+void dg_linear_packed(const float* xp, const float* wp, const float* bp, float* yp, int64_t N,
+                      int64_t K, int64_t M, int threads) {
+  linear(xp, wp, true, bp, yp, N, K, M, threads);
+}
+
+void dg_linear_packed_bf16(const float* xp, const uint16_t* wp, const float* bp, float* yp,
+                           int64_t N, int64_t K, int64_t M, int threads) {
+  linear(xp, wp, true, bp, yp, N, K, M, threads);
+}
+
+// Frees the calling thread's OpenMP team (torch's threads too: the process has one OpenMP
+// runtime); the thread's next parallel region builds one again.
+void dg_release_threads() { omp_pause_resource_all(omp_pause_soft); }
+
+// The kernels that run AMX-packed bf16 weights here (dg_linear_amx and the stack's): 2 AMX
+// tiles, 1 AVX512-BF16 dot products (no usable AMX), 0 none (the layout is not used).
+int dg_bf16_kernels() {
+#if DG_AMX
+  if (amx_usable()) return 2;
+#endif
+  return DG_DOT;
+}
+
+#if DG_DOT
+// y [N, M] = bf16(x) [N, K] @ w.T (+ bias [M] unless null) for an AMX-packed bf16 w, on the
+// kernels dg_bf16_kernels() names; only where it is not 0.
+void dg_linear_amx(const float* xp, const uint16_t* wp, const float* bp, float* yp, int64_t N,
+                   int64_t K, int64_t M, int threads) {
+#pragma omp parallel num_threads(threads)
+  bf16_linear_team(xp, wp, bp, yp, N, K, M);
+}
+#endif
+
+// Root-mean-square norm of each row of x [N, D]: w * (x / sqrt(mean(x^2) + eps)).
+void dg_rms_norm(const float* xp, const float* wp, float* yp, int64_t N, int64_t D, float eps) {
+  for (int64_t n = 0; n < N; ++n) rms_norm_row(xp + n * D, wp, yp + n * D, D, eps);
+}
+
+// Rotates the q and k heads of qkv [N, (H + 2 KVH) * Dh] by cos/sin [N, Dh] (the sign of
+// rotate_half folded into sin), writes k and v to slots new_slots of kc/vc [S, KVH, Dh] and
+// the rotated q to qp [N, H, Dh].
+void dg_rope_store(const float* src, const float* cp, const float* sp, float* kc, float* vc,
+                   const int64_t* slots, float* qp, int64_t N, int64_t n_heads,
+                   int64_t n_kv_heads, int64_t Dh) {
+  rope_store_rows(src, cp, sp, kc, vc, slots, qp, N, n_heads, n_kv_heads, Dh);
+}
+
+// The same into bfloat16 K/V (each value rounded: see put).
+void dg_rope_store_bf16(const float* src, const float* cp, const float* sp, uint16_t* kc,
+                        uint16_t* vc, const int64_t* slots, float* qp, int64_t N,
+                        int64_t n_heads, int64_t n_kv_heads, int64_t Dh) {
+  rope_store_rows(src, cp, sp, kc, vc, slots, qp, N, n_heads, n_kv_heads, Dh);
+}
+
+// yp [N, F] = silu(gate) * up for gp = gate_up [N, 2 * F] (gate first).
+void dg_silu_mul(const float* gp, float* yp, int64_t N, int64_t F) {
+  for (int64_t n = 0; n < N; ++n) silu_mul_row(gp + n * 2 * F, yp + n * F, F);
+}
+
+// Grouped-query attention of each row over its own key list, in that list's order.
+//
+// q [N, H, Dh] -> out [N, H, Dh]; kc/vc [S, KVH, Dh]. Sequence s (of n_seqs) owns rows
+// [row_start[s], row_start[s+1]) and keys[key_start[s] : key_start[s+1]] = its context
+// slots (ctx_len[s] of them) then its new rows' slots. Row i of s attends to every context
+// key, then to new row j when mask[i, j] (masks[mask_start[s] + i * T + j]) or, with
+// mask_start[s] < 0, when j <= i. A row's allowed keys, in list order, are cut into blocks
+// of kKeyBlock, each folded into an online softmax (see "Attention" above): the same
+// operations for that row whatever else the call holds. Rows of one sequence are taken
+// in tiles of up to kQueryTile per kv head: a block of the list that several rows of the tile
+// allow (a prefix of it for each: the context, and every block under the causal mask) is
+// transposed once and folded into all of them; a masked row's own keys after the context's
+// whole blocks are gathered and folded into it alone.
+// Needs head_dim <= kMaxHeadDim (checked by the caller).
+void dg_attention(const float* qp, const float* kc, const float* vc, const int64_t* kp,
+                  const int64_t* ks, const int64_t* rs, const int64_t* cl, const bool* mp,
+                  const int64_t* ms, float* op, int64_t N, int64_t n_seqs, int64_t H,
+                  int64_t KVH, int64_t Dh, int threads) {
+  attention_rows(qp, kc, vc, kp, ks, rs, cl, mp, ms, op, N, n_seqs, H, KVH, Dh, threads);
+}
+
+// The same over bfloat16 K/V (raw bits, widened exactly as read).
+void dg_attention_bf16(const float* qp, const uint16_t* kc, const uint16_t* vc,
+                       const int64_t* kp, const int64_t* ks, const int64_t* rs, const int64_t* cl,
+                       const bool* mp, const int64_t* ms, float* op, int64_t N, int64_t n_seqs,
+                       int64_t H, int64_t KVH, int64_t Dh, int threads) {
+  attention_rows(qp, kc, vc, kp, ks, rs, cl, mp, ms, op, N, n_seqs, H, KVH, Dh, threads);
+}
+
 }  // extern "C"
 
 // ---- The layer stack of a step in one call. ---------------------------------------------
@@ -1324,7 +1381,7 @@ struct StepArgs {
   const float *cos, *sin;  // [N, Dh]
   const int64_t* new_slots;
   int64_t N;
-  float *kc, *vc;  // [L, S, KVH, Dh]
+  void *kc, *vc;  // [L, S, KVH, Dh], of the weights' type (float, or bfloat16 bits)
   int64_t n_slots;
   const int64_t *kp, *ks, *rs, *cl;  // the attention plan (see dg_attention)
   const bool* mp;
@@ -1353,10 +1410,11 @@ struct Clock {
 
 // Attention of one layer: dg_attention with its arguments (its own parallel region, so it
 // is called between the stack's regions, never inside one).
-void attention(const float* qp, const float* kc, const float* vc, const StepArgs& s, float* op,
+template <typename KV>
+void attention(const float* qp, const KV* kc, const KV* vc, const StepArgs& s, float* op,
                int64_t H, int64_t KVH, int64_t Dh) {
-  dg_attention(qp, kc, vc, s.kp, s.ks, s.rs, s.cl, s.mp, s.ms, op, s.N, s.n_seqs, H, KVH, Dh,
-               s.threads);
+  attention_rows(qp, kc, vc, s.kp, s.ks, s.rs, s.cl, s.mp, s.ms, op, s.N, s.n_seqs, H, KVH, Dh,
+                 s.threads);
 }
 
 // linear_team over a matrix of the table.
@@ -1390,8 +1448,11 @@ inline void add_row(float* x, const float* t, int64_t D) {  // x + t, as torch's
   for (int64_t d = 0; d < D; ++d) x[d] = x[d] + t[d];
 }
 
+// W: the weights' type, and the K/V's (float, or uint16_t for bfloat16 bits).
 template <typename W>
 void stack_step(Stack& m, const StepArgs& s) {
+  W* const kc = static_cast<W*>(s.kc);
+  W* const vc = static_cast<W*>(s.vc);
   const int64_t N = s.N, P = s.P, D = m.dim, H = m.H, KVH = m.KVH, Dh = m.Dh, F = m.F;
   const int64_t L = static_cast<int64_t>(m.layers.size());
   const int64_t QKV = (H + 2 * KVH) * Dh, HD = H * Dh, kv_width = KVH * Dh;
@@ -1458,8 +1519,8 @@ void stack_step(Stack& m, const StepArgs& s) {
 #pragma omp single
         for (int64_t n = 0; n < N; ++n) {  // in row order, as dg_rope_store
           const int64_t slot = s.new_slots[n] * kv_width + l * layer_kv;
-          rope_store_row(qkv + n * QKV, s.cos + n * Dh, s.sin + n * Dh, s.kc + slot,
-                         s.vc + slot, q + n * HD, H, KVH, Dh);
+          rope_store_row(qkv + n * QKV, s.cos + n * Dh, s.sin + n * Dh, kc + slot, vc + slot,
+                         q + n * HD, H, KVH, Dh);
         }
         clock.mark(kRowOpsTime);
       } else {  // the picked rows' final norm and the head
@@ -1476,7 +1537,7 @@ void stack_step(Stack& m, const StepArgs& s) {
       }
     }
     if (l < L) {
-      attention(q, s.kc + l * layer_kv, s.vc + l * layer_kv, s, att, H, KVH, Dh);
+      attention(q, kc + l * layer_kv, vc + l * layer_kv, s, att, H, KVH, Dh);
       clock.mark(kAttentionTime);
     }
   }
@@ -1520,11 +1581,11 @@ void* dg_stack_new(int64_t n_layers, int64_t dim, int64_t n_heads, int64_t n_kv_
 void dg_stack_free(void* stack) { delete static_cast<Stack*>(stack); }
 
 // One forward step of the stack over N rows (see StepArgs; the attention plan's arrays as
-// dg_attention's): writes every row's K/V to its slot in each layer of kc/vc and the picked
-// rows' logits; x is overwritten. seconds, unless null, gets the step's seconds added per
+// dg_attention's): writes every row's K/V to its slot in each layer of kc/vc (of the
+// weights' type: float32, or bfloat16 bits for a bf16 stack) and the picked rows' logits; x is overwritten. seconds, unless null, gets the step's seconds added per
 // kind: linear layers, the head, attention, the row-wise operations.
 void dg_stack_step(void* stack, float* x, const float* cos, const float* sin,
-                   const int64_t* new_slots, int64_t N, float* kc, float* vc, int64_t n_slots,
+                   const int64_t* new_slots, int64_t N, void* kc, void* vc, int64_t n_slots,
                    const int64_t* kp, const int64_t* ks, const int64_t* rs, const int64_t* cl,
                    const bool* mp, const int64_t* ms, int64_t n_seqs, const int64_t* picked,
                    int64_t P, float* logits, int threads, double* seconds) {

@@ -68,8 +68,8 @@ class TorchOps:
             return (xf * c.unsqueeze(1) + rolled * s.unsqueeze(1)).to(x.dtype)
 
         qk = _tiled(rotate, qkv, cos, sin)
-        k_cache[new_slots] = qk[:, n_heads:]
-        v_cache[new_slots] = qkv[:, heads * dim :].reshape(n, n_kv_heads, dim)
+        k_cache[new_slots] = qk[:, n_heads:].to(k_cache.dtype)  # rounded to a bf16 storage
+        v_cache[new_slots] = qkv[:, heads * dim :].reshape(n, n_kv_heads, dim).to(v_cache.dtype)
         return qk[:, :n_heads].contiguous()
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
@@ -88,8 +88,8 @@ class TorchOps:
             slots = plan.row_keys(row).to(q.device)
             out[row] = F.scaled_dot_product_attention(
                 q[row].unsqueeze(1).unsqueeze(0),
-                k_cache[slots].transpose(0, 1).unsqueeze(0),
-                v_cache[slots].transpose(0, 1).unsqueeze(0),
+                k_cache[slots].to(q.dtype).transpose(0, 1).unsqueeze(0),
+                v_cache[slots].to(q.dtype).transpose(0, 1).unsqueeze(0),
                 enable_gqa=True,
             )[0, :, 0]
         return out

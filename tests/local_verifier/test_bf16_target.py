@@ -1,5 +1,5 @@
-"""The bf16 target (bf16 weights, float32 activations on the CPU) against transformers
-computing in fp32 on the same bf16-rounded weights, and where the bf16 target runs on the
+"""The bf16 target (bf16 weights and K/V, float32 activations on the CPU) against
+transformers computing in fp32 on the same bf16-rounded weights and K/V, and where the bf16 target runs on the
 bf16 kernels (a CPU with AMX-BF16 or AVX512-BF16, ``DRAFTGATE_AMX`` not 0) with every
 linear layer's input rounded to bf16 too: what the target is defined to compute on this machine."""
 
@@ -35,10 +35,11 @@ def hf_bf16_rounded() -> Iterator[Any]:
     yield load_reference("smollm2-135m", torch.bfloat16, round_linear_inputs=AMX)
 
 
-def test_bf16_target_stores_bf16_weights_and_float32_kv(smollm2_bf16: LoadedModel) -> None:
+def test_bf16_target_stores_bf16_weights_and_bf16_kv(smollm2_bf16: LoadedModel) -> None:
     assert smollm2_bf16.dtype == torch.bfloat16
     assert all(p.dtype == torch.bfloat16 for p in smollm2_bf16.model.parameters())
-    assert smollm2_bf16.new_cache(8).storage.k.dtype == torch.float32
+    storage = smollm2_bf16.new_cache(8).storage
+    assert storage.k.dtype == storage.v.dtype == torch.bfloat16
 
 
 @pytest.mark.parametrize("index", [0, 1])

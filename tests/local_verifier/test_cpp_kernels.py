@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from local_verifier.devices import cpu_flags
-from local_verifier.kernels.cpp import CppOps, load_library
+from local_verifier.kernels.cpp import CppOps, load_library, release_threads
 from local_verifier.kernels.packing import AMX_ENV, AMX_K, PACK, layout_of, pack, unpack
 from local_verifier.kernels.plan import AttentionPlan
 from local_verifier.kernels.torch_ops import TorchOps
@@ -192,6 +192,60 @@ def test_serving_steps_equal_each_sequence_alone_on_any_thread_count(
         torch.set_num_threads(before)
     expected = TorchOps().attention(q, k_cache, v_cache, plan)
     torch.testing.assert_close(together, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "dim"), [(9, 3, 64), (6, 2, 12)])
+def test_bf16_kv_is_stored_rounded_and_read_widened_exactly(
+    cpp: CppOps, heads: int, kv_heads: int, dim: int
+) -> None:
+    """K/V in bf16: rope_store writes each value rounded as torch rounds it (ties to even,
+    overflow to inf, a NaN stays NaN), and attention over them is bitwise attention over the same
+    values widened to float32, on a serving-like step (head_dim 12: a partial vector)."""
+    rows, slots = 20, 2048
+    qkv = _randn(rows, (heads + 2 * kv_heads) * dim, seed=60)
+    special = torch.tensor([float("nan"), float("inf"), -float("inf"), 3.4e38, 1e-40, 1.00390625])
+    qkv[0, -len(special) :] = special  # into row 0's v
+    angles = _randn(rows, dim // 2, seed=61)
+    cos, sin = angles.cos().repeat(1, 2), angles.sin().repeat(1, 2)
+    new_slots = torch.randperm(slots, generator=torch.Generator().manual_seed(62))[:rows]
+    caches = {t: (torch.zeros(slots, kv_heads, dim, dtype=t), torch.zeros(slots, kv_heads, dim, dtype=t))
+              for t in (torch.float32, torch.bfloat16)}  # fmt: skip
+    q = {
+        t: cpp.rope_store(qkv, cos, sin, *kv, new_slots, heads, kv_heads)
+        for t, kv in caches.items()
+    }
+    assert torch.equal(q[torch.float32], q[torch.bfloat16])
+    for wide, narrow, nans in zip(
+        caches[torch.float32], caches[torch.bfloat16], (0, 1), strict=True
+    ):
+        rounded, nan = wide.to(torch.bfloat16), wide.isnan()  # a NaN's bits: torch's vary
+        assert torch.equal(rounded.view(torch.int16)[~nan], narrow.view(torch.int16)[~nan])
+        assert torch.equal(narrow.isnan(), nan) and int(nan.sum()) == nans
+    k_cache, v_cache = (
+        _randn(slots, kv_heads, dim, seed=63 + i).to(torch.bfloat16) for i in (0, 1)
+    )
+    contexts, news, masks = _serving_step(64, slots)
+    q_rows = _randn(sum(len(n) for n in news), heads, dim, seed=65)
+    plan = AttentionPlan.build(contexts, news, masks)
+    narrow_out = cpp.attention(q_rows, k_cache, v_cache, plan)
+    assert torch.equal(narrow_out, cpp.attention(q_rows, k_cache.float(), v_cache.float(), plan))
+    with pytest.raises(TypeError, match="K/V"):
+        cpp.attention(q_rows, k_cache, v_cache.float(), plan)
+
+
+def test_a_released_team_is_built_again_for_the_next_call(cpp: CppOps) -> None:
+    """release_threads frees this thread's OpenMP team between calls (twice over, too): the
+    next parallel call builds one and gives the same bits."""
+    x, w = _randn(64, 37, seed=70), _randn(29, 37, seed=71)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        first = cpp.linear(x, w, None)
+        release_threads()
+        release_threads()
+        assert torch.equal(cpp.linear(x, w, None), first)
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("poison", [float("nan"), float("inf"), -float("inf")])

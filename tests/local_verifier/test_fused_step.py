@@ -116,7 +116,7 @@ def _run(
     model: Transformer, script: Script, fused: bool, mp: pytest.MonkeyPatch, threads: int = 0
 ) -> tuple[list[list[torch.Tensor]], KVStorage]:
     """Each step's logits and the K/V storage after the script, on one path."""
-    kv = KVStorage(model.config, 400, "cpu", model.dtype)
+    kv = KVStorage(model.config, 400, "cpu", model.kv_dtype)
     before = torch.get_num_threads()
     with mp.context() as m:
         m.setenv(BACKEND_ENV, "cpp")
@@ -240,7 +240,7 @@ def test_packed_bf16_weights_give_bitwise_the_row_major_steps(
     assert torch.equal(kv.k, kv_ref.k) and torch.equal(kv.v, kv_ref.v)
     with monkeypatch.context() as m:
         m.setenv(BACKEND_ENV, "torch")
-        model.step(script[1], KVStorage(model.config, 400, "cpu", model.dtype))
+        model.step(script[1], KVStorage(model.config, 400, "cpu", model.kv_dtype))
     assert not is_packed(wqkv.weight)
     _run(model, script[:2], True, monkeypatch)
     model.to(torch.float32)

@@ -73,7 +73,7 @@ def test_tree_mask_branches_match_separate_chains_and_compact() -> None:
 
 def test_bf16_forward_runs_and_returns_fp32() -> None:
     model = Transformer.from_config(CFG, "cpu", torch.bfloat16)
-    out = model(torch.tensor([1, 2, 3]), KVCache(CFG, 8, dtype=model.dtype))
+    out = model(torch.tensor([1, 2, 3]), KVCache(CFG, 8, dtype=model.kv_dtype))
     assert out.dtype == torch.float32 and out.shape == (3, CFG.vocab_size)
     assert model.rope_cos.dtype == torch.float32
 
