@@ -16,7 +16,7 @@ greedy, ``--max-tokens`` tokens:
 - ``llama_lookup``: ``llama-lookup`` (prompt-lookup n-gram drafts, llama.cpp's own mode)
   on the first ``--llama-quant``;
 - ``llama_plain_<quant>``: ``llama-completion`` on each further ``--llama-quant``;
-- ``plain``: draftgate's engine with drafts off (``--dtype``: float32, or the bf16 target);
+- ``plain``: draftgate's plain decoding (``--dtype``: float32, or the bf16 target);
 - ``speculative``: draftgate's engine with the workload's prediction and documents.
 
 Each side's time is its own prompt processing plus decoding (llama.cpp's printed timings;
@@ -51,17 +51,12 @@ from typing import Any
 
 import torch
 from bench_decode import prefill
-from bench_speculative import WORKLOAD, document, run_speculative
+from bench_speculative import WORKLOAD, document, run_plain, run_speculative
 
 from local_verifier.engine import TOKEN_BUDGET, Engine, GenerationRequest
 from local_verifier.loader import LoadedModel, load_model, smollm2_path
 
 SDIST = "llama-cpp-python==0.3.36"
-# Our plain side is the engine with drafts off, under a tenant of its own (no prefix shared
-# with the speculative side). Decoding on the main thread beside the engine's thread would
-# give the C++ kernels two OpenMP teams on 2 CPUs, whose barriers then sleep: plain fp32
-# decode measured 44 tok/s that way against 85 alone (benchmarks/RESULTS.md, "Session 14").
-PLAIN_TENANT = "plain"
 TARGETS = ("llama-completion", "llama-lookup", "llama-quantize")
 SIDES = ("llama_plain", "llama_lookup", "plain", "speculative")
 
@@ -249,8 +244,8 @@ def main() -> None:
     warm = lm.tokenizer.encode(
         lm.tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}])
     )
-    for tenant in (PLAIN_TENANT, ""):
-        run_speculative(engine, GenerationRequest(prompt_ids=warm, max_tokens=8, tenant=tenant))
+    run_plain(lm, warm, 8)
+    run_speculative(engine, GenerationRequest(prompt_ids=warm, max_tokens=8))
     rows = []
     for n, record in enumerate(records):
         text = lm.tokenizer.apply_chat_template(record["messages"])
@@ -263,13 +258,10 @@ def main() -> None:
             prediction=record.get("prediction"),
             documents=[document(lm, d["text"]) for d in record.get("documents") or []],
         )
-        plain = GenerationRequest(
-            prompt_ids=ids, max_tokens=limit, draft=False, tenant=PLAIN_TENANT
-        )
         runs: dict[str, dict[str, Any]] = {}
         for side in sides if n % 2 == 0 else sides[::-1]:  # alternate to spread drift
             if side == "plain":
-                runs[side] = run_speculative(engine, plain)
+                runs[side] = run_plain(lm, ids, limit)
             elif side == "speculative":
                 runs[side] = run_speculative(engine, req)
             else:
@@ -284,8 +276,10 @@ def main() -> None:
                 )
         for side in ("plain", "speculative"):
             runs[side]["tokens"] = len(runs[side]["ids"])
-        for side in ("plain", "speculative"):
-            runs[side]["decode_s"] = runs[side]["wall"] - runs[side]["prefill"]
+        runs["plain"]["decode_s"] = runs["plain"]["decode"]
+        runs["speculative"]["decode_s"] = (
+            runs["speculative"]["wall"] - runs["speculative"]["prefill"]
+        )
         reference = runs["plain"]["text"].strip()
         row = {
             "id": record["id"],
@@ -328,7 +322,6 @@ def main() -> None:
         "llama_quant": quants,
         "threads": args.threads,
     }
-    engine.close()  # its thread's OpenMP team would slow the prompt passes' (see PLAIN_TENANT)
     lengths = sorted(int(n) for n in args.prefill.split(",") if n)
     if lengths:
         completion = (bin_dir / "llama-completion", weights[quants[0]], prompt_file, 1)

@@ -361,9 +361,12 @@ class Engine:
 
     def _loop(self) -> None:
         scheduler = self._scheduler
+        cpu = self.lm.device.type == "cpu"
         while True:
             with self._cond:
                 while not self._closed and not self._inbox and not scheduler.has_work():
+                    if cpu:  # idle: no team of ours to slow another thread's parallel work
+                        release_threads()
                     self._cond.wait()
                 arrived, self._inbox = self._inbox, []
             if self._closed:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from local_verifier.errors import PromptTooLong
+from local_verifier.kernels.cpp import release_threads
 from local_verifier.loader import LoadedModel
 from local_verifier.output import OutputAssembler, TextDelta
 from local_verifier.sampling import (
@@ -74,15 +75,19 @@ def _decode(
         return sample(target_probs(logits, params), generator)
 
     start = time.perf_counter()
-    token = pick(model(torch.tensor(prompt, device=lm.device), cache, last_only=True)[-1])
-    prefill_s = time.perf_counter() - start
-    while True:
-        delta = out.push([token])
-        if delta.token_ids or delta.text:
-            yield delta
-        if out.finish_reason is not None or cache.length >= cache.max_len:
-            break
-        token = pick(model(torch.tensor([token], device=lm.device), cache)[-1])
+    try:
+        token = pick(model(torch.tensor(prompt, device=lm.device), cache, last_only=True)[-1])
+        prefill_s = time.perf_counter() - start
+        while True:
+            delta = out.push([token])
+            if delta.token_ids or delta.text:
+                yield delta
+            if out.finish_reason is not None or cache.length >= cache.max_len:
+                break
+            token = pick(model(torch.tensor([token], device=lm.device), cache)[-1])
+    finally:
+        if lm.device.type == "cpu":
+            release_threads()  # this thread's team would slow an engine thread's steps
     tail = out.finish()
     if tail.text:
         yield tail
