@@ -84,7 +84,9 @@ def on_own_thread(work: Callable[[], T]) -> T:
     step, for as long as that thread lives; once it manages more threads than there are
     CPUs it barely spins at a barrier, and each of a step's ~60 parallel regions then waits
     for a wake-up (a step about 2x slower: benchmarks/RESULTS.md, "a slowdown found").
-    Calibration steps run here leave no team behind, so the engine thread's is the only one.
+    Calibration steps run here leave no team behind; a thread that stays (the one that
+    loaded the model, the engine thread when idle) frees its own with
+    ``kernels.cpp.release_threads``, so a busy engine thread's team is the only one.
     """
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="dg-calibrate") as pool:
         return pool.submit(work).result()
