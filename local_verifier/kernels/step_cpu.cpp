@@ -929,13 +929,14 @@ struct Heads {
   int64_t tail_n;  // their count
 };
 
-// Chunk c of a head of CH chunks at p: the last one masked to head_dim.
+// Chunk c of a head of CH chunks at p: the last one masked to head_dim unless it is full.
 template <int CH, typename KV>
 inline Vec load_chunk(const Heads<KV>& a, const KV* p, int c) {
+  if (c + 1 < CH || a.tail_n == kLanes) return load(p + c * kLanes);
   if constexpr (std::is_same_v<KV, float>)
-    return c + 1 < CH ? load(p + c * kLanes) : load(p + c * kLanes, a.tail);
+    return load(p + c * kLanes, a.tail);
   else
-    return c + 1 < CH ? load(p + c * kLanes) : load_first(p + c * kLanes, a.tail_n);
+    return load_first(p + c * kLanes, a.tail_n);
 }
 
 // The online-softmax state of the rows of a tile (rows of one sequence, one kv head): query
@@ -1219,7 +1220,6 @@ void attention_rows(const float* qp, const KV* kc, const KV* vc, const int64_t* 
     }
   }
 }
-
 
 template <typename KV>
 void rope_store_rows(const float* src, const float* cp, const float* sp, KV* kc, KV* vc,
