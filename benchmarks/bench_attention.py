@@ -7,8 +7,9 @@ Per case (a 512-row causal prompt chunk after 0..7680 context keys: the chunks o
 and 8k prompts; decode rows after long contexts): the best wall ms and process CPU ms of a
 call over ``--repeats`` (CPU time is the fairer figure on a shared machine; run with
 OMP_WAIT_POLICY=passive so that idle threads do not spin) and GFLOP per CPU second (4
-flops per query head, key and head dimension). ``--baseline`` builds another version of ``step_cpu.cpp`` and times it
-interleaved with this one (same process, same data), with the largest output difference.
+flops per query head, key and head dimension). ``--baseline`` builds another version of
+``step_cpu.cpp`` and times it interleaved with this one (same process, same data, K in the
+layout each version reads), with the largest output difference.
 ``--cold`` times each call on another of 30 layers' K/V after a 256 MiB read, as in a decode
 step, whose weights stream through the caches between two layers' attention (the default
 re-reads one layer's K/V from the cache).
@@ -18,6 +19,7 @@ draft trees) after 200-1,000 context keys in 16-slot pool blocks taken in random
 step is 30 layers' attention, each on its own K/V after a 9 MiB read (a layer's weights),
 summed (wall seconds; a thread's CPU seconds with ``--threads 1``); every side on K/V in
 4 KiB and in 2 MiB pages, interleaved step by step, outputs compared with torch.equal.
+``--kv-dtype bfloat16`` stores K/V as the bf16 target does.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import ctypes
 import random
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -34,6 +37,7 @@ from local_verifier.devices import cpu_flags
 from local_verifier.huge_pages import zeros as zeros_on_huge_pages
 from local_verifier.kernels import cpp
 from local_verifier.kernels.plan import AttentionPlan
+from local_verifier.kv_storage import key_tiles
 from lookup.shared_library import build
 
 HEADS, KV_HEADS, DIM, SLOTS = 9, 3, 64, 8192
@@ -41,7 +45,19 @@ COLD_LAYERS, COLD_READ = 30, 256 * 2**20  # --cold: K/V sets, bytes read between
 CASES = [(512, c) for c in (0, 512, 1536, 3584, 7680)] + [(1, 1023), (1, 4095), (1, 8191)]
 
 
-def kernels(source: Path) -> cpp.CppOps:
+class Side(NamedTuple):
+    """One version's kernels and the K layout it reads."""
+
+    ops: cpp.CppOps
+    tiled: bool  # K in KVStorage's key tiles (older sources read [slots, heads, dim] rows)
+
+
+def stored(k: torch.Tensor, side: Side) -> torch.Tensor:
+    """K of [..., slots, heads, dim] rows in the layout ``side`` reads."""
+    return key_tiles(k) if side.tiled else k
+
+
+def kernels(source: Path) -> Side:
     """The C++ kernels built from ``source``."""
     path, why = build(source, cpp.CFLAGS, sorted(cpu_flags()))
     if path is None:
@@ -53,7 +69,7 @@ def kernels(source: Path) -> cpp.CppOps:
         function = getattr(library, name)
         function.argtypes = argtypes
         function.restype = None
-    return cpp.CppOps(library)
+    return Side(cpp.CppOps(library), "kKeyTile" in source.read_text())
 
 
 SERVING_LAYERS, LAYER_READ, POOL_BLOCK = 30, 9 * 2**20, 16
@@ -96,17 +112,24 @@ def serving_plan(seqs: int, rows: int, tree: bool, slots: int, rng: random.Rando
     return AttentionPlan.build(contexts, news, masks)
 
 
-def serving(sides: dict[str, cpp.CppOps], repeats: int) -> None:
+def on_huge_pages(x: torch.Tensor) -> torch.Tensor:
+    """A copy of ``x`` in 2 MiB pages (as KVStorage allocates its K/V)."""
+    return zeros_on_huge_pages(tuple(x.shape), x.dtype).copy_(x)
+
+
+def serving(sides: dict[str, Side], repeats: int, dtype: torch.dtype) -> None:
     """Times --serving's cases (see the module docstring) for each side's kernels on K/V in
-    4 KiB pages and in 2 MiB ones (as KVStorage allocates it)."""
+    4 KiB pages and in 2 MiB ones, K/V in ``dtype``."""
     rng, gen = random.Random(0), torch.Generator().manual_seed(0)
     slots, shape = 8192, (SERVING_LAYERS, 8192, KV_HEADS, DIM)
-    small = torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)
-    huge = zeros_on_huge_pages(shape, torch.float32), zeros_on_huge_pages(shape, torch.float32)
-    huge[0].copy_(small[0])
-    huge[1].copy_(small[1])
-    runs = {f"{side}/{pages}": (ops, kv) for side, ops in sides.items()
-            for pages, kv in (("4k", small), ("2m", huge))}  # fmt: skip
+    k_rows = torch.randn(shape, generator=gen).to(dtype)
+    v_cache = torch.randn(shape, generator=gen).to(dtype)
+    v_huge = on_huge_pages(v_cache)
+    runs = {}
+    for name, side in sides.items():
+        k_cache = stored(k_rows, side)
+        runs[f"{name}/4k"] = side.ops, (k_cache, v_cache)
+        runs[f"{name}/2m"] = side.ops, (on_huge_pages(k_cache), v_huge)
     first = next(iter(runs))
     # one thread: its CPU seconds (steadier on a shared machine); more: wall seconds
     clock = time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
@@ -145,6 +168,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="0 = torch's default")
     parser.add_argument("--cold", action="store_true", help="K/V from memory, not the cache")
     parser.add_argument("--serving", action="store_true", help="serving steps (see above)")
+    parser.add_argument("--kv-dtype", choices=["float32", "bfloat16"], default="float32",
+                        help="--serving's K/V (the bf16 target stores bfloat16)")  # fmt: skip
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -153,27 +178,29 @@ def main() -> None:
         sides = {"baseline": kernels(args.baseline), **sides}
     if args.serving:
         print(f"threads {torch.get_num_threads()}")
-        return serving(sides, args.repeats)
+        return serving(sides, args.repeats, getattr(torch, args.kv_dtype))
     gen = torch.Generator().manual_seed(0)
     layers = COLD_LAYERS if args.cold else 1
-    k_cache = torch.randn(layers, SLOTS, KV_HEADS, DIM, generator=gen)
+    k_rows = torch.randn(layers, SLOTS, KV_HEADS, DIM, generator=gen)
     v_cache = torch.randn(layers, SLOTS, KV_HEADS, DIM, generator=gen)
+    k_stored = {name: stored(k_rows, side) for name, side in sides.items()}
     evict = torch.ones(COLD_READ // 4) if args.cold else None
     calls = 0
     print(f"threads {torch.get_num_threads()}")
     for rows, ctx in CASES:
         q = torch.randn(rows, HEADS, DIM, generator=gen)
         plan = AttentionPlan.build([torch.arange(ctx)], [torch.arange(ctx, ctx + rows)], [None])
-        outs = {side: ops.attention(q, k_cache[0], v_cache[0], plan) for side, ops in sides.items()}
+        outs = {name: side.ops.attention(q, k_stored[name][0], v_cache[0], plan)
+                for name, side in sides.items()}  # fmt: skip
         wall: dict[str, float] = dict.fromkeys(sides, float("inf"))
         cpu_s = dict(wall)
         for _ in range(args.repeats):  # interleaved: load changes hit both alike
-            for side, ops in sides.items():
+            for side, (ops, _) in sides.items():
                 layer, calls = calls % layers, calls + 1
                 if evict is not None:
                     evict.sum()
                 start, cpu = time.perf_counter(), time.process_time()
-                ops.attention(q, k_cache[layer], v_cache[layer], plan)
+                ops.attention(q, k_stored[side][layer], v_cache[layer], plan)
                 wall[side] = min(wall[side], time.perf_counter() - start)
                 cpu_s[side] = min(cpu_s[side], time.process_time() - cpu)
         flops = rows * (ctx + (rows + 1) / 2) * HEADS * DIM * 4

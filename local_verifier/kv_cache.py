@@ -37,12 +37,10 @@ class KVCache:
         """Copy the K/V at absolute ``slots`` to start, start + 1, ... in every layer."""
         if not slots:
             return
-        storage = self.storage
-        src = torch.as_tensor(list(slots), device=storage.k.device, dtype=torch.long)
         if start + len(slots) > self.max_len:
             raise ValueError("compacted slots exceed the cache")
-        storage.k[:, start : start + len(slots)] = storage.k[:, src]
-        storage.v[:, start : start + len(slots)] = storage.v[:, src]
+        src = torch.as_tensor(list(slots), dtype=torch.long)
+        self.storage.copy_slots(torch.arange(start, start + len(slots)), src)
 
     def reset(self) -> None:
         """Forget every slot."""

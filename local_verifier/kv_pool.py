@@ -52,7 +52,7 @@ class KVPool:
     """Block allocator with reference counts and a prefix index over one ``KVStorage``."""
 
     def __init__(self, storage: KVStorage, block_size: int = DEFAULT_BLOCK_SIZE) -> None:
-        n_blocks = storage.k.shape[1] // block_size
+        n_blocks = storage.n_slots // block_size
         if n_blocks < 1:
             raise ValueError(f"the KV storage holds fewer than one block of {block_size} slots")
         self.storage = storage

@@ -110,8 +110,8 @@ class ReplayModel:
         began = time.process_time()
         out = []
         for s in seqs:
-            kv.k[0, s.new_slots, 0, 0] = s.tokens.to(kv.k.dtype)
-            context = kv.k[0, s.context_slots, 0, 0].tolist()
+            kv.v[0, s.new_slots, 0, 0] = s.tokens.to(kv.v.dtype)
+            context = kv.v[0, s.context_slots, 0, 0].tolist()
             tokens = s.tokens.tolist()
             rows = range(len(tokens)) if s.logits == "all" else [len(tokens) - 1]
             logits = torch.zeros((len(rows) if s.logits != "none" else 0, self.config.vocab_size))

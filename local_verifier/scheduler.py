@@ -394,11 +394,7 @@ class Scheduler:
         """Move the accepted tree nodes' K/V to the positions right after the root."""
         src = table.slots(start, start + 1 + len(draft))[torch.tensor(path) + 1]
         dst = table.slots(start + 1, start + 1 + len(path))
-        storage = self.pool.storage
-        device = storage.k.device
-        src, dst = src.to(device), dst.to(device)
-        storage.k[:, dst] = storage.k[:, src]
-        storage.v[:, dst] = storage.v[:, src]
+        self.pool.storage.copy_slots(dst, src)
 
     def _emit(
         self, req: Request, new: list[int], logprobs: list[TokenLogprob] | None = None

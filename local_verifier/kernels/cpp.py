@@ -194,7 +194,7 @@ class CppOps:
         plan: AttentionPlan,
     ) -> torch.Tensor:
         n, heads, dim = q.shape
-        kv_heads = k_cache.shape[1]
+        kv_heads = v_cache.shape[1]
         if dim > MAX_HEAD_DIM:
             raise ValueError(f"C++ attention needs head_dim <= {MAX_HEAD_DIM}")
         out = torch.empty_like(q)

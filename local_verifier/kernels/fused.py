@@ -120,14 +120,14 @@ class FusedStack:
     ) -> torch.Tensor:
         """float32 logits [P, vocab] of the ``picked`` rows (long [P]) of a step over the
         rows of ``x`` (float32 [N, dim] embeddings, overwritten); writes each row's K/V to
-        its slot of every layer of ``k``/``v`` (contiguous [L, S, KVH, Dh] in ``dtype``)."""
+        its slot of every layer of ``k``/``v`` (``KVStorage``'s, contiguous, in ``dtype``)."""
         if k.dtype != self.dtype or v.dtype != self.dtype:
             raise TypeError(f"a {self.dtype} stack's K/V must be {self.dtype}, not {k.dtype}")
         logits = torch.empty(picked.shape[0], self.vocab)
         profile = None if self.profile is None else self.profile.data_ptr()
         self._lib.dg_stack_step(
             self._handle, x.data_ptr(), cos.data_ptr(), sin.data_ptr(), new_slots.data_ptr(),
-            x.shape[0], k.data_ptr(), v.data_ptr(), k.shape[1], *plan.pointers(),
+            x.shape[0], k.data_ptr(), v.data_ptr(), v.shape[1], *plan.pointers(),
             len(plan.ctx_len), picked.data_ptr(), picked.shape[0], logits.data_ptr(),
             torch.get_num_threads(), profile,
         )  # fmt: skip

@@ -108,35 +108,6 @@ inline Vec max_masked(Vec top, Mask m, Vec v) { return _mm512_mask_max_ps(top, m
 inline float max_lane(Vec v) { return _mm512_reduce_max_ps(v); }
 inline Vec keep(Mask m, Vec v) { return _mm512_maskz_mov_ps(m, v); }  // v in m, else 0
 
-// Transposes the 16 x 16 matrix of rows v[0..16): v[i] lane j becomes v[j] lane i.
-inline void transpose(Vec v[kLanes]) {
-  Vec t[kLanes];
-  for (int i = 0; i < 8; ++i) {  // per 128-bit lane: r0[0] r1[0] r0[1] r1[1] / [2] and [3]
-    t[2 * i] = _mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]);
-  }
-  for (int i = 0; i < 4; ++i) {  // v[4i + e], 128-bit lane L: rows 4i..4i+3, element 4L + e
-    const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 2]);
-    const __m512d c = _mm512_castps_pd(t[4 * i + 1]), d = _mm512_castps_pd(t[4 * i + 3]);
-    v[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
-    v[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
-    v[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(c, d));
-    v[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(c, d));
-  }
-  for (int e = 0; e < 4; ++e) {  // 128-bit lanes 0 and 2, then 1 and 3, of rows 0-7 and 8-15
-    t[e] = _mm512_shuffle_f32x4(v[e], v[4 + e], 0x88);
-    t[4 + e] = _mm512_shuffle_f32x4(v[e], v[4 + e], 0xDD);
-    t[8 + e] = _mm512_shuffle_f32x4(v[8 + e], v[12 + e], 0x88);
-    t[12 + e] = _mm512_shuffle_f32x4(v[8 + e], v[12 + e], 0xDD);
-  }
-  for (int e = 0; e < 4; ++e) {  // element 4L + e of all 16 rows
-    v[e] = _mm512_shuffle_f32x4(t[e], t[8 + e], 0x88);
-    v[8 + e] = _mm512_shuffle_f32x4(t[e], t[8 + e], 0xDD);
-    v[4 + e] = _mm512_shuffle_f32x4(t[4 + e], t[12 + e], 0x88);
-    v[12 + e] = _mm512_shuffle_f32x4(t[4 + e], t[12 + e], 0xDD);
-  }
-}
-
 inline Vec round_nearest(Vec x) {
   return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
@@ -236,26 +207,6 @@ inline float max_lane(Vec v) {
 }
 inline Vec keep(Mask m, Vec v) { return _mm256_and_ps(v, _mm256_castsi256_ps(m)); }
 
-// Transposes the 8 x 8 matrix of rows v[0..8): v[i] lane j becomes v[j] lane i.
-inline void transpose(Vec v[kLanes]) {
-  Vec t[kLanes];
-  for (int i = 0; i < 4; ++i) {  // per 128-bit lane: r0[0] r1[0] r0[1] r1[1] / [2] and [3]
-    t[2 * i] = _mm256_unpacklo_ps(v[2 * i], v[2 * i + 1]);
-    t[2 * i + 1] = _mm256_unpackhi_ps(v[2 * i], v[2 * i + 1]);
-  }
-  for (int i = 0; i < 2; ++i) {  // v[4i + e], 128-bit lane L: rows 4i..4i+3, element 4L + e
-    v[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
-    v[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
-    v[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
-    v[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
-  }
-  for (int e = 0; e < 4; ++e) {
-    t[e] = _mm256_permute2f128_ps(v[e], v[4 + e], 0x20);
-    t[4 + e] = _mm256_permute2f128_ps(v[e], v[4 + e], 0x31);
-  }
-  for (int i = 0; i < kLanes; ++i) v[i] = t[i];
-}
-
 inline Vec round_nearest(Vec x) {
   return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
 }
@@ -298,7 +249,14 @@ inline Vec load_first(const float* p, int64_t n) { return load(p, first_lanes(n)
 
 constexpr int kRowBlock = 64;  // rows whose inputs stay in cache while W streams
 constexpr int kKeyBlock = 32;  // keys per online-softmax block (in a row's key order)
-static_assert(kKeyBlock % kLanes == 0, "scores are computed kLanes keys at a time");
+// K is stored in tiles of kKeyTile slots, each head's dimensions across the slots:
+// [S / kKeyTile][KVH][Dh][kKeyTile] (V stays [S][KVH][Dh]), so that a block's scores read a
+// stored tile as it lies, kLanes keys per load.
+constexpr int64_t kKeyTile = 16;
+constexpr int kBlockTiles = kKeyBlock / kKeyTile;
+constexpr int kTileVecs = kKeyTile / kLanes;
+static_assert(kKeyBlock % kKeyTile == 0 && kKeyTile % kLanes == 0,
+              "a block is whole key tiles, a tile whole vectors");
 constexpr int kQueryTile = 64;  // the most rows of one sequence sharing each key block
 constexpr int kMinQueryTile = 8;
 constexpr int kMaxHeadDim = 256;
@@ -872,9 +830,16 @@ inline void put(uint16_t* p, float x) {
                                        : static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 
+// Where slot's K lies in one layer's K of kv_width (KVH Dh) values per slot: its head h,
+// dimension d at key(...)[(h Dh + d) kKeyTile] (see kKeyTile).
+inline int64_t key_offset(int64_t slot, int64_t kv_width) {
+  return slot / kKeyTile * kv_width * kKeyTile + slot % kKeyTile;
+}
+
 // Rotates the q and k heads of one row of qkv [(H + 2 KVH) * Dh] by its cos/sin [Dh];
-// the rotated q to q [H, Dh], the rotated k and the v to k_out / v_out [KVH, Dh] (of KV's
-// type: see put).
+// the rotated q to q [H, Dh], the rotated k to k_out (head h, dimension d at
+// k_out[(h Dh + d) kKeyTile]: see key_offset) and the v to v_out [KVH, Dh] (of KV's type:
+// see put).
 template <typename KV>
 inline void rope_store_row(const float* row, const float* c, const float* s, KV* k_out,
                            KV* v_out, float* q, int64_t n_heads, int64_t n_kv_heads,
@@ -889,7 +854,8 @@ inline void rope_store_row(const float* row, const float* c, const float* s, KV*
   for (int64_t h = 0; h < n_heads; ++h)
     for (int64_t d = 0; d < Dh; ++d) q[h * Dh + d] = rotated(row + h * Dh, d);
   for (int64_t h = 0; h < n_kv_heads; ++h)
-    for (int64_t d = 0; d < Dh; ++d) put(k_out + h * Dh + d, rotated(row + (n_heads + h) * Dh, d));
+    for (int64_t d = 0; d < Dh; ++d)
+      put(k_out + (h * Dh + d) * kKeyTile, rotated(row + (n_heads + h) * Dh, d));
   const float* v = row + (n_heads + n_kv_heads) * Dh;
   for (int64_t i = 0; i < n_kv_heads * Dh; ++i) put(v_out + i, v[i]);
 }
@@ -941,6 +907,7 @@ inline Vec load_chunk(const Heads<KV>& a, const KV* p, int c) {
 
 // The online-softmax state of the rows of a tile (rows of one sequence, one kv head): query
 // vector v = t G + h is query head h of row t; a vector of a head is width floats.
+template <typename KV>
 struct Tile {
   int64_t width;  // chunks * kLanes
   float* q;       // [rows G][width] the queries, zero past head_dim
@@ -949,55 +916,73 @@ struct Tile {
   float* corr;    // [rows G] this block's new max, then its rescaling
   float* sum;     // [rows G][kLanes] the partial sums of the probabilities
   float* p;       // [rows G][kKeyBlock] this block's scores, then probabilities
-  float* kt;      // [width][kKeyBlock] this block's keys, transposed
+  KV* gathered;   // [kBlockTiles][Dh][kKeyTile] key tiles gathered for this block
 };
 
 constexpr int kKeyVecs = kKeyBlock / kLanes;
 
-// Chunk c of the kLanes keys at key[0..n), transposed into kt's columns [j0, j0 + kLanes):
-// kt[c kLanes + d][j0 + j] = dimension c kLanes + d of key j (zero for j >= n).
-template <int CH, bool kFull, typename KV>
-inline void transpose_chunk(const Heads<KV>& a, const KV* const* key, int64_t n, int c,
-                            int64_t j0, float* kt) {
-  Vec v[kLanes];
-  for (int64_t j = 0; j < kLanes; ++j)
-    v[j] = kFull || j < n ? load_chunk<CH>(a, key[j], c) : zero();
-  transpose(v);
-  for (int d = 0; d < kLanes; ++d) store(kt + (c * kLanes + d) * kKeyBlock + j0, v[d]);
-}
-
-// kt[d][j] = dimension d of key j = slot block[j], for the kLanes-key groups holding a live
-// key (j < nb; zero for the group's j >= nb). A group of no live key is left as it was: the
-// scores of keys j >= nb are never read (attend_block masks them out of the max, the
+// tiles[t] = the keys block[t kKeyTile ..) of kv head g as one tile [Dh][kKeyTile] (key j of
+// the tile in lane j): the stored tile itself where those keys are its slots in order from its
+// first (lanes past the live keys then hold other slots' keys), else their dimensions gathered
+// into gathered's tile t. A tile of no live key (t kKeyTile >= nb) is the one before it. Lanes
+// of keys j >= nb are never read into a row (attend_block masks them out of the max, the
 // probabilities and the sums, and folds values b < live only).
-template <int CH, typename KV>
-void transpose_keys(const Heads<KV>& a, int64_t g, const int64_t* block, int64_t nb, float* kt) {
-  const KV* head = a.kc + g * a.Dh;
-  const int64_t stride = a.KVH * a.Dh;
-  for (int64_t j0 = 0; j0 < nb; j0 += kLanes) {
-    const int64_t n = std::min<int64_t>(kLanes, nb - j0);
-    const KV* key[kLanes];
-    for (int64_t j = 0; j < n; ++j) key[j] = head + block[j0 + j] * stride;
-    for (int c = 0; c < CH; ++c) {
-      if (n == kLanes)
-        transpose_chunk<CH, true>(a, key, n, c, j0, kt);
-      else
-        transpose_chunk<CH, false>(a, key, n, c, j0, kt);
+template <typename KV>
+void key_tiles(const Heads<KV>& a, int64_t g, const int64_t* block, int64_t nb, KV* gathered,
+               const KV* tiles[kBlockTiles]) {
+  const int64_t head = g * a.Dh * kKeyTile, kv_width = a.KVH * a.Dh;
+  for (int t = 0; t < kBlockTiles; ++t) {
+    const int64_t j0 = t * kKeyTile, n = std::min<int64_t>(kKeyTile, nb - j0);
+    if (n <= 0) {
+      tiles[t] = tiles[t - 1];  // nb >= 1: tile 0 holds a live key
+      continue;
     }
+    bool stored = block[j0] % kKeyTile == 0;
+    for (int64_t j = 1; stored && j < n; ++j) stored = block[j0 + j] == block[j0] + j;
+    if (stored) {
+      tiles[t] = a.kc + key_offset(block[j0], kv_width) + head;
+      continue;
+    }
+    KV* out = gathered + t * a.Dh * kKeyTile;
+    for (int64_t j = 0; j < n; ++j) {
+      const KV* key = a.kc + key_offset(block[j0 + j], kv_width) + head;
+      for (int64_t d = 0; d < a.Dh; ++d) out[d * kKeyTile + j] = key[d * kKeyTile];
+    }
+    tiles[t] = out;
   }
 }
 
-// p[n][j] = scale * sum over d in order of q[n][d] kt[d][j] for N query vectors.
-template <int N>
-inline void score_tile(const float* q, int64_t width, const float* kt, int64_t Dh, float scale,
-                       float* p) {
+// Asks the caches for kv head g's K tiles and V rows of keys[0..n), a block ahead of its use
+// (a decode row's blocks lie scattered over the pool, too short a stream for the hardware
+// prefetcher to find).
+template <typename KV>
+inline void prefetch_block(const Heads<KV>& a, int64_t g, const int64_t* keys, int64_t n) {
+  constexpr int64_t kLine = 64 / sizeof(KV);  // values per cache line
+  const int64_t kv_width = a.KVH * a.Dh, tile = a.Dh * kKeyTile;
+  for (int64_t j = 0; j < n; j += kKeyTile) {
+    const KV* k = a.kc + key_offset(keys[j] / kKeyTile * kKeyTile, kv_width) + g * tile;
+    for (int64_t i = 0; i < tile; i += kLine)
+      _mm_prefetch(reinterpret_cast<const char*>(k + i), _MM_HINT_T0);
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    const KV* v = a.vc + keys[j] * kv_width + g * a.Dh;
+    for (int64_t i = 0; i < a.Dh; i += kLine)
+      _mm_prefetch(reinterpret_cast<const char*>(v + i), _MM_HINT_T0);
+  }
+}
+
+// p[n][j] = scale * sum over d in order of q[n][d] k_j[d] for N query vectors, key j of the
+// block in lane j % kKeyTile of tiles[j / kKeyTile].
+template <int N, typename KV>
+inline void score_tile(const float* q, int64_t width, const KV* const* tiles, int64_t Dh,
+                       float scale, float* p) {
   Vec acc[N][kKeyVecs];
   for (int n = 0; n < N; ++n)
     for (int k = 0; k < kKeyVecs; ++k) acc[n][k] = zero();
   for (int64_t d = 0; d < Dh; ++d) {
     Vec kv[kKeyVecs];
     for (int k = 0; k < kKeyVecs; ++k) {
-      kv[k] = load(kt + d * kKeyBlock + k * kLanes);
+      kv[k] = load(tiles[k / kTileVecs] + d * kKeyTile + k % kTileVecs * kLanes);
       if constexpr (N > 1) in_register(kv[k]);
     }
     for (int n = 0; n < N; ++n) {
@@ -1011,14 +996,15 @@ inline void score_tile(const float* q, int64_t width, const float* kt, int64_t D
 }
 
 // score_tile over count query vectors, N at a time, then the rest in smaller tiles.
-template <int N>
-void scores(const float* q, int64_t width, const float* kt, int64_t Dh, float scale, float* p,
-            int64_t count) {
+template <int N, typename KV>
+void scores(const float* q, int64_t width, const KV* const* tiles, int64_t Dh, float scale,
+            float* p, int64_t count) {
   int64_t n = 0;
   for (; n + N <= count; n += N)
-    score_tile<N>(q + n * width, width, kt, Dh, scale, p + n * kKeyBlock);
+    score_tile<N>(q + n * width, width, tiles, Dh, scale, p + n * kKeyBlock);
   if constexpr (N > 1)
-    if (n < count) scores<N - 1>(q + n * width, width, kt, Dh, scale, p + n * kKeyBlock, count - n);
+    if (n < count)
+      scores<N - 1>(q + n * width, width, tiles, Dh, scale, p + n * kKeyBlock, count - n);
 }
 
 // acc[n] = acc[n] corr[n], then += p[n][b] v_b for b < nb (>= 1) in order, for N query
@@ -1064,15 +1050,16 @@ void values(const Heads<KV>& a, int64_t g, const int64_t* block, int64_t nb, con
 }
 
 // Folds the key block of slots block[0..nb) into rows [t0, t1) of the tile, row t allowing
-// the first live[t] (1..nb) keys of it: the keys are transposed once, every row's scores
-// computed from them kScoreTile query vectors at a time.
+// the first live[t] (1..nb) keys of it: every row's scores computed from the block's key
+// tiles kScoreTile query vectors at a time.
 template <int CH, typename KV>
-void attend_block(const Heads<KV>& a, int64_t g, const Tile& tile, int64_t t0, int64_t t1,
+void attend_block(const Heads<KV>& a, int64_t g, const Tile<KV>& tile, int64_t t0, int64_t t1,
                   const int64_t* block, int64_t nb, const int64_t* live) {
   const int64_t G = a.G, width = tile.width, v0 = t0 * G, v1 = t1 * G;
-  transpose_keys<CH>(a, g, block, nb, tile.kt);
-  scores<kScoreTile>(tile.q + v0 * width, width, tile.kt, a.Dh, a.scale,
-                     tile.p + v0 * kKeyBlock, v1 - v0);
+  const KV* tiles[kBlockTiles];
+  key_tiles(a, g, block, nb, tile.gathered, tiles);
+  scores<kScoreTile>(tile.q + v0 * width, width, tiles, a.Dh, a.scale, tile.p + v0 * kKeyBlock,
+                     v1 - v0);
   const auto keys = [&](int64_t v, int k) {  // the live lanes of vector k of v's scores
     return first_lanes(std::clamp<int64_t>(live[v / G] - k * kLanes, 0, kLanes));
   };
@@ -1106,7 +1093,7 @@ void attend_block(const Heads<KV>& a, int64_t g, const Tile& tile, int64_t t0, i
 }
 
 template <typename KV>
-using AttendBlock = void (*)(const Heads<KV>&, int64_t, const Tile&, int64_t, int64_t,
+using AttendBlock = void (*)(const Heads<KV>&, int64_t, const Tile<KV>&, int64_t, int64_t,
                              const int64_t*, int64_t, const int64_t*);
 
 template <typename KV, int... CH>
@@ -1159,11 +1146,12 @@ void attention_rows(const float* qp, const KV* kc, const KV* vc, const int64_t* 
     const int64_t* list = kp + ks[s];
     // The thread's scratch, kept across items and calls (at most kQueryTile rows' worth):
     // acc, m and sum get their start values here; q, corr and p are written before they are
-    // read; kt's groups of no live key keep an earlier block's keys, never read into a row.
+    // read; gathered's lanes of no live key keep earlier keys, never read into a row.
     static thread_local std::vector<float> scratch;
-    const size_t need = n * (2 * width + 2 + kLanes + kKeyBlock) + width * kKeyBlock;
+    static thread_local std::vector<KV> gathered(kBlockTiles * kMaxHeadDim * kKeyTile);
+    const size_t need = n * (2 * width + 2 + kLanes + kKeyBlock);
     if (scratch.size() < need) scratch.resize(need);
-    Tile tile;
+    Tile<KV> tile;
     tile.width = width;
     tile.q = scratch.data();
     tile.acc = tile.q + n * width;
@@ -1171,7 +1159,7 @@ void attention_rows(const float* qp, const KV* kc, const KV* vc, const int64_t* 
     tile.corr = tile.m + n;
     tile.sum = tile.corr + n;
     tile.p = tile.sum + n * kLanes;
-    tile.kt = tile.p + n * kKeyBlock;
+    tile.gathered = gathered.data();
     std::fill(tile.acc, tile.acc + n * width, 0.0f);
     std::fill(tile.m, tile.m + n, -std::numeric_limits<float>::infinity());
     std::fill(tile.sum, tile.sum + n * kLanes, 0.0f);
@@ -1194,8 +1182,9 @@ void attention_rows(const float* qp, const KV* kc, const KV* vc, const int64_t* 
     } else {  // the context's whole blocks together, then each row's own keys
       const int64_t full = C / kKeyBlock * kKeyBlock;
       std::fill(live, live + rows, int64_t{kKeyBlock});
-      for (int64_t b = 0; b < full; b += kKeyBlock)
+      for (int64_t b = 0; b < full; b += kKeyBlock) {
         attend_block(a, g, tile, 0, rows, list + b, kKeyBlock, live);
+      }
       for (int64_t t = 0; t < rows; ++t) {
         const bool* mask = mp + ms[s] + (first_i + t) * T;
         int64_t block[kKeyBlock];
@@ -1227,7 +1216,7 @@ void rope_store_rows(const float* src, const float* cp, const float* sp, KV* kc,
                      int64_t n_kv_heads, int64_t Dh) {
   const int64_t width = (n_heads + 2 * n_kv_heads) * Dh, kv_width = n_kv_heads * Dh;
   for (int64_t n = 0; n < N; ++n)
-    rope_store_row(src + n * width, cp + n * Dh, sp + n * Dh, kc + slots[n] * kv_width,
+    rope_store_row(src + n * width, cp + n * Dh, sp + n * Dh, kc + key_offset(slots[n], kv_width),
                    vc + slots[n] * kv_width, qp + n * n_heads * Dh, n_heads, n_kv_heads, Dh);
 }
 
@@ -1287,8 +1276,8 @@ void dg_rms_norm(const float* xp, const float* wp, float* yp, int64_t N, int64_t
 }
 
 // Rotates the q and k heads of qkv [N, (H + 2 KVH) * Dh] by cos/sin [N, Dh] (the sign of
-// rotate_half folded into sin), writes k and v to slots new_slots of kc/vc [S, KVH, Dh] and
-// the rotated q to qp [N, H, Dh].
+// rotate_half folded into sin), writes k and v to slots new_slots of kc [S / kKeyTile, KVH,
+// Dh, kKeyTile] (see kKeyTile) and vc [S, KVH, Dh] and the rotated q to qp [N, H, Dh].
 void dg_rope_store(const float* src, const float* cp, const float* sp, float* kc, float* vc,
                    const int64_t* slots, float* qp, int64_t N, int64_t n_heads,
                    int64_t n_kv_heads, int64_t Dh) {
@@ -1309,7 +1298,7 @@ void dg_silu_mul(const float* gp, float* yp, int64_t N, int64_t F) {
 
 // Grouped-query attention of each row over its own key list, in that list's order.
 //
-// q [N, H, Dh] -> out [N, H, Dh]; kc/vc [S, KVH, Dh]. Sequence s (of n_seqs) owns rows
+// q [N, H, Dh] -> out [N, H, Dh]; kc and vc as dg_rope_store's. Sequence s (of n_seqs) owns rows
 // [row_start[s], row_start[s+1]) and keys[key_start[s] : key_start[s+1]] = its context
 // slots (ctx_len[s] of them) then its new rows' slots. Row i of s attends to every context
 // key, then to new row j when mask[i, j] (masks[mask_start[s] + i * T + j]) or, with
@@ -1318,7 +1307,8 @@ void dg_silu_mul(const float* gp, float* yp, int64_t N, int64_t F) {
 // operations for that row whatever else the call holds. Rows of one sequence are taken
 // in tiles of up to kQueryTile per kv head: a block of the list that several rows of the tile
 // allow (a prefix of it for each: the context, and every block under the causal mask) is
-// transposed once and folded into all of them; a masked row's own keys after the context's
+// folded into all of them, its keys read from their stored tiles where they fill them in
+// order from the first, else gathered once; a masked row's own keys after the context's
 // whole blocks are gathered and folded into it alone.
 // Needs head_dim <= kMaxHeadDim (checked by the caller).
 void dg_attention(const float* qp, const float* kc, const float* vc, const int64_t* kp,
@@ -1381,8 +1371,8 @@ struct StepArgs {
   const float *cos, *sin;  // [N, Dh]
   const int64_t* new_slots;
   int64_t N;
-  void *kc, *vc;  // [L, S, KVH, Dh], of the weights' type (float, or bfloat16 bits)
-  int64_t n_slots;
+  void *kc, *vc;   // [L] x dg_rope_store's, of the weights' type (float, or bfloat16 bits)
+  int64_t n_slots;  // S, a multiple of kKeyTile
   const int64_t *kp, *ks, *rs, *cl;  // the attention plan (see dg_attention)
   const bool* mp;
   const int64_t* ms;
@@ -1518,8 +1508,9 @@ void stack_step(Stack& m, const StepArgs& s) {
         clock.mark(kLinearTime);
 #pragma omp single
         for (int64_t n = 0; n < N; ++n) {  // in row order, as dg_rope_store
-          const int64_t slot = s.new_slots[n] * kv_width + l * layer_kv;
-          rope_store_row(qkv + n * QKV, s.cos + n * Dh, s.sin + n * Dh, kc + slot, vc + slot,
+          const int64_t slot = s.new_slots[n], layer = l * layer_kv;
+          rope_store_row(qkv + n * QKV, s.cos + n * Dh, s.sin + n * Dh,
+                         kc + layer + key_offset(slot, kv_width), vc + layer + slot * kv_width,
                          q + n * HD, H, KVH, Dh);
         }
         clock.mark(kRowOpsTime);

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from local_verifier.kernels.plan import AttentionPlan
+from local_verifier.kv_storage import KEY_TILE
 
 TILE_ROWS = 16
 
@@ -68,7 +69,8 @@ class TorchOps:
             return (xf * c.unsqueeze(1) + rolled * s.unsqueeze(1)).to(x.dtype)
 
         qk = _tiled(rotate, qkv, cos, sin)
-        k_cache[new_slots] = qk[:, n_heads:].to(k_cache.dtype)  # rounded to a bf16 storage
+        tile, offset = new_slots // KEY_TILE, new_slots % KEY_TILE
+        k_cache[tile, :, :, offset] = qk[:, n_heads:].to(k_cache.dtype)  # rounded if bf16
         v_cache[new_slots] = qkv[:, heads * dim :].reshape(n, n_kv_heads, dim).to(v_cache.dtype)
         return qk[:, :n_heads].contiguous()
 
@@ -86,9 +88,10 @@ class TorchOps:
         out = torch.empty_like(q)
         for row in range(q.shape[0]):
             slots = plan.row_keys(row).to(q.device)
+            keys = k_cache[slots // KEY_TILE, :, :, slots % KEY_TILE]
             out[row] = F.scaled_dot_product_attention(
                 q[row].unsqueeze(1).unsqueeze(0),
-                k_cache[slots].to(q.dtype).transpose(0, 1).unsqueeze(0),
+                keys.to(q.dtype).transpose(0, 1).unsqueeze(0),
                 v_cache[slots].to(q.dtype).transpose(0, 1).unsqueeze(0),
                 enable_gqa=True,
             )[0, :, 0]

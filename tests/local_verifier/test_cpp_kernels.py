@@ -15,6 +15,7 @@ from local_verifier.kernels.cpp import CppOps, load_library, release_threads
 from local_verifier.kernels.packing import AMX_ENV, AMX_K, PACK, layout_of, pack, unpack
 from local_verifier.kernels.plan import AttentionPlan
 from local_verifier.kernels.torch_ops import TorchOps
+from local_verifier.kv_storage import KEY_TILE, key_tiles
 
 LIBRARY, WHY = load_library()
 pytestmark = pytest.mark.skipif(LIBRARY is None, reason=f"no C++ kernels here: {WHY}")
@@ -59,7 +60,7 @@ def test_attention_rows_alone_equal_rows_together(cpp: CppOps) -> None:
     """A causal chunk of 40 rows after 45 context keys (more than one key block, head_dim
     12 in a partial vector, 3 query heads per kv head), row by row and all at once."""
     heads, kv_heads, dim, ctx, rows = 6, 2, 12, 45, 40
-    k_cache, v_cache = _randn(100, kv_heads, dim, seed=7), _randn(100, kv_heads, dim, seed=8)
+    k_cache, v_cache = _kv(100, kv_heads, dim, seed=7)
     q = _randn(rows, heads, dim, seed=9)
     context = torch.randperm(100, generator=torch.Generator().manual_seed(10))[: ctx + rows]
     new = context[ctx:]
@@ -73,7 +74,10 @@ def test_attention_rows_alone_equal_rows_together(cpp: CppOps) -> None:
 
 
 def _kv(slots: int, kv_heads: int, dim: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return _randn(slots, kv_heads, dim, seed=seed), _randn(slots, kv_heads, dim, seed=seed + 1)
+    """Random K (in its stored tiles) and V of ``slots`` slots, rounded up to whole tiles."""
+    slots = -(-slots // KEY_TILE) * KEY_TILE
+    k, v = _randn(slots, kv_heads, dim, seed=seed), _randn(slots, kv_heads, dim, seed=seed + 1)
+    return key_tiles(k), v
 
 
 @pytest.mark.parametrize(
@@ -208,7 +212,8 @@ def test_bf16_kv_is_stored_rounded_and_read_widened_exactly(
     angles = _randn(rows, dim // 2, seed=61)
     cos, sin = angles.cos().repeat(1, 2), angles.sin().repeat(1, 2)
     new_slots = torch.randperm(slots, generator=torch.Generator().manual_seed(62))[:rows]
-    caches = {t: (torch.zeros(slots, kv_heads, dim, dtype=t), torch.zeros(slots, kv_heads, dim, dtype=t))
+    caches = {t: (torch.zeros(slots // KEY_TILE, kv_heads, dim, KEY_TILE, dtype=t),
+                  torch.zeros(slots, kv_heads, dim, dtype=t))
               for t in (torch.float32, torch.bfloat16)}  # fmt: skip
     q = {
         t: cpp.rope_store(qkv, cos, sin, *kv, new_slots, heads, kv_heads)
@@ -221,9 +226,7 @@ def test_bf16_kv_is_stored_rounded_and_read_widened_exactly(
         rounded, nan = wide.to(torch.bfloat16), wide.isnan()  # a NaN's bits: torch's vary
         assert torch.equal(rounded.view(torch.int16)[~nan], narrow.view(torch.int16)[~nan])
         assert torch.equal(narrow.isnan(), nan) and int(nan.sum()) == nans
-    k_cache, v_cache = (
-        _randn(slots, kv_heads, dim, seed=63 + i).to(torch.bfloat16) for i in (0, 1)
-    )
+    k_cache, v_cache = (kv.to(torch.bfloat16) for kv in _kv(slots, kv_heads, dim, seed=63))
     contexts, news, masks = _serving_step(64, slots)
     q_rows = _randn(sum(len(n) for n in news), heads, dim, seed=65)
     plan = AttentionPlan.build(contexts, news, masks)
@@ -249,26 +252,56 @@ def test_a_released_team_is_built_again_for_the_next_call(cpp: CppOps) -> None:
 
 
 @pytest.mark.parametrize("poison", [float("nan"), float("inf"), -float("inf")])
-def test_keys_of_an_earlier_call_never_reach_a_row(cpp: CppOps, poison: float) -> None:
-    """A thread's scratch keeps the keys of its last key block; a block of fewer keys
-    leaves part of it as it was. After a call whose last block is 32 poisoned keys, a row of
-    4 keys gets the same bits as before it (one thread: the same scratch)."""
+def test_keys_of_other_slots_and_earlier_calls_never_reach_a_row(
+    cpp: CppOps, poison: float
+) -> None:
+    """Keys a row does not allow share its loads: a stored tile's lanes past the row's keys
+    hold other slots' keys, and a thread's scratch keeps the keys it last gathered (a
+    block of fewer keys leaves part of it as it was). Poisoned there, neither changes a bit
+    of a row of 4 keys (one thread: the same scratch)."""
     heads, kv_heads, dim = 9, 3, 64
-    k_cache, v_cache = _kv(128, kv_heads, dim, seed=60)
-    poisoned = k_cache.clone()
-    poisoned[:64] = poison
-    q = _randn(1, heads, dim, seed=61)
-    short = AttentionPlan.build([torch.arange(100, 103)], [torch.tensor([103])], [None])
-    long = AttentionPlan.build([torch.arange(63)], [torch.tensor([63])], [None])
+    keys, v_cache = _randn(128, kv_heads, dim, seed=60), _randn(128, kv_heads, dim, seed=61)
+    clean_k = key_tiles(keys)
+    keys[1:65] = poison  # read by `long` only, gathered: its first slot starts no tile
+    keys[100:112] = poison  # the tile of `stored`'s keys 96..99, past them
+    k_cache = key_tiles(keys)
+    q = _randn(1, heads, dim, seed=62)
+    stored = AttentionPlan.build([torch.arange(96, 99)], [torch.tensor([99])], [None])
+    gathered = AttentionPlan.build([torch.arange(113, 116)], [torch.tensor([116])], [None])
+    long = AttentionPlan.build([torch.arange(1, 64)], [torch.tensor([64])], [None])
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        clean = cpp.attention(q, k_cache, v_cache, short)
-        cpp.attention(q, poisoned, v_cache, long)
-        assert torch.equal(cpp.attention(q, k_cache, v_cache, short), clean)
+        assert torch.equal(
+            cpp.attention(q, k_cache, v_cache, stored), cpp.attention(q, clean_k, v_cache, stored)
+        )
+        clean = cpp.attention(q, k_cache, v_cache, gathered)
+        assert not cpp.attention(q, k_cache, v_cache, long).isfinite().all()
+        assert torch.equal(cpp.attention(q, k_cache, v_cache, gathered), clean)
     finally:
         torch.set_num_threads(before)
     assert clean.isfinite().all()
+
+
+def test_keys_read_from_their_tiles_equal_the_same_keys_gathered(cpp: CppOps) -> None:
+    """The same 70 keys and values in whole tiles in order (read as stored) and scattered
+    over the pool (gathered per block) give bitwise the same rows: a causal chunk of 6 rows
+    and a decode row."""
+    heads, kv_heads, dim, n = 9, 3, 64, 70
+    keys, values = _randn(n, kv_heads, dim, seed=63), _randn(n, kv_heads, dim, seed=64)
+    scattered = 80 + torch.randperm(176, generator=torch.Generator().manual_seed(65))[:n]
+    k_rows, v_cache = torch.zeros(256, kv_heads, dim), torch.zeros(256, kv_heads, dim)
+    k_rows[:n], v_cache[:n] = keys, values
+    k_rows[scattered], v_cache[scattered] = keys, values
+    k_cache = key_tiles(k_rows)
+    q = _randn(7, heads, dim, seed=66)
+    outs = []
+    for slots in (torch.arange(n), scattered):
+        plan = AttentionPlan.build(
+            [slots[:58], slots[:69]], [slots[58:64], slots[69:]], [None, None]
+        )
+        outs.append(cpp.attention(q, k_cache, v_cache, plan))
+    assert torch.equal(outs[0], outs[1])
 
 
 @pytest.mark.parametrize("threads", [1, 2])

@@ -52,7 +52,7 @@ def test_prefix_keys_chain_over_the_whole_prefix_and_the_tenant() -> None:
 
 
 def test_published_blocks_are_shared_then_evicted_lru() -> None:
-    p = pool(n_blocks=3)
+    p = pool(n_blocks=4)
     keys = block_keys("t", list(range(8)), 4)
     first = p.allocate(2)
     for block, key in zip(first, keys, strict=True):
@@ -61,7 +61,7 @@ def test_published_blocks_are_shared_then_evicted_lru() -> None:
     p.release(first)
     p.release(first)
     assert p.used() == 0 and p.cached() == 2  # unreferenced but still cached
-    p.allocate(2)  # one free block, then the least recently used cached one
+    p.allocate(3)  # the two free blocks, then the least recently used cached one
     assert p.cached() == 1
     assert p.lookup(keys) == []  # the chain's first block is gone
 

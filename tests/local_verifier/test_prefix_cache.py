@@ -65,8 +65,8 @@ def test_last_logits_with_a_cached_prefix_equal_cold(tiny_lm: LoadedModel) -> No
     hit = len(keys) * 16
     warm_logits = prefill(warm, hit)
     assert torch.equal(warm_logits, cold_logits)
-    k = pool.storage.k
-    assert torch.equal(k[:, warm.slots(hit, n)], k[:, cold.slots(hit, n)])
+    keys = pool.storage.keys
+    assert torch.equal(keys(warm.slots(hit, n)), keys(cold.slots(hit, n)))
 
 
 @pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.9, seed=3)])

@@ -6,7 +6,7 @@ import torch
 
 from local_verifier.config import ModelConfig
 from local_verifier.kv_cache import KVCache
-from local_verifier.kv_storage import KVStorage
+from local_verifier.kv_storage import KEY_TILE, KVStorage
 from local_verifier.model import SeqStep, Transformer
 
 CFG = ModelConfig(
@@ -38,9 +38,11 @@ def _seq(tokens: list[int], slots: list[int], context: list[int], logits: str = 
 
 
 def test_storage_shape_and_bytes() -> None:
-    kv = KVStorage(CFG, 10)
-    assert kv.k.shape == (CFG.n_layers, 10, CFG.n_kv_heads, CFG.head_dim)
-    assert kv.nbytes() == 10 * KVStorage.bytes_per_slot(CFG, torch.float32)
+    kv = KVStorage(CFG, 10)  # rounded up to whole key tiles
+    assert kv.n_slots == KEY_TILE
+    assert kv.k.shape == (CFG.n_layers, 1, CFG.n_kv_heads, CFG.head_dim, KEY_TILE)
+    assert kv.v.shape == (CFG.n_layers, KEY_TILE, CFG.n_kv_heads, CFG.head_dim)
+    assert kv.nbytes() == KEY_TILE * KVStorage.bytes_per_slot(CFG, torch.float32)
     assert KVStorage.bytes_per_slot(CFG, torch.bfloat16) * 2 == KVStorage.bytes_per_slot(
         CFG, torch.float32
     )
@@ -57,7 +59,9 @@ def test_step_matches_batch1_forward_in_scattered_slots() -> None:
     torch.testing.assert_close(torch.cat([first, second]), expected, atol=1e-5, rtol=1e-5)
     cache = KVCache(CFG, 16)
     model(torch.tensor(tokens), cache)
-    torch.testing.assert_close(kv.k[:, slots], cache.storage.k[:, :7], atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(
+        kv.keys(torch.tensor(slots)), cache.storage.keys(torch.arange(7)), atol=1e-6, rtol=1e-5
+    )
 
 
 def test_logits_modes_and_several_sequences() -> None:
@@ -71,7 +75,7 @@ def test_logits_modes_and_several_sequences() -> None:
     assert all(o.dtype == torch.float32 for o in out)
     alone = model.step([_seq([4, 5, 6, 7], [30, 31, 32, 33], [])], KVStorage(CFG, 64))[0]
     torch.testing.assert_close(out[1], alone[-1:], atol=1e-5, rtol=1e-5)
-    assert kv.k[:, 20:22].abs().sum() > 0  # K/V written even without logits
+    assert kv.keys(torch.arange(20, 22)).abs().sum() > 0  # K/V written even without logits
 
 
 def test_tree_rows_match_their_chains() -> None:
