@@ -905,6 +905,46 @@ inline Vec load_chunk(const Heads<KV>& a, const KV* p, int c) {
     return load_first(p + c * kLanes, a.tail_n);
 }
 
+// The cache lines of the next key block (its K tiles, then its V rows), asked for while this
+// block is computed, spread over it: a K tile row's lines per head dimension of a score tile,
+// a V row's lines per key of a value tile. A decode row's blocks lie scattered over the pool,
+// each a few short streams: left to the hardware prefetchers, or asked for faster, its loads
+// wait on memory (benchmarks/RESULTS.md, "Session 15").
+class Ahead {
+ public:
+  // The lines of kv head g's K tiles and V rows of keys[0..n) (n = 0: none).
+  template <typename KV>
+  void plan(const Heads<KV>& a, int64_t g, const int64_t* keys, int64_t n) {
+    constexpr int64_t kLine = 64 / sizeof(KV);  // values per cache line
+    const int64_t kv_width = a.KVH * a.Dh, tile = a.Dh * kKeyTile;
+    count_ = next_ = 0;
+    per_dim_ = std::max<int64_t>(1, kBlockTiles * kKeyTile / kLine);
+    per_key_ = (a.Dh + kLine - 1) / kLine;
+    for (int64_t j = 0; j < n; j += kKeyTile) {
+      const KV* k = a.kc + key_offset(keys[j] / kKeyTile * kKeyTile, kv_width) + g * tile;
+      for (int64_t i = 0; i < tile; i += kLine) line_[count_++] = k + i;
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      const KV* v = a.vc + keys[j] * kv_width + g * a.Dh;
+      for (int64_t i = 0; i < a.Dh; i += kLine) line_[count_++] = v + i;
+    }
+  }
+  void per_dim() { issue(per_dim_); }
+  void per_key() { issue(per_key_); }
+
+ private:
+  void issue(int64_t count) {  // the next count lines not yet asked for
+    const int64_t end = std::min(count_, next_ + count);
+    for (int64_t i = next_; i < end; ++i)
+      _mm_prefetch(static_cast<const char*>(line_[i]), _MM_HINT_T0);
+    next_ = end;
+  }
+
+  static constexpr int64_t kMaxLines = 2 * kKeyBlock * kMaxHeadDim * sizeof(float) / 64;
+  const void* line_[kMaxLines];
+  int64_t count_ = 0, next_ = 0, per_dim_ = 1, per_key_ = 1;
+};
+
 // The online-softmax state of the rows of a tile (rows of one sequence, one kv head): query
 // vector v = t G + h is query head h of row t; a vector of a head is width floats.
 template <typename KV>
@@ -917,6 +957,7 @@ struct Tile {
   float* sum;     // [rows G][kLanes] the partial sums of the probabilities
   float* p;       // [rows G][kKeyBlock] this block's scores, then probabilities
   KV* gathered;   // [kBlockTiles][Dh][kKeyTile] key tiles gathered for this block
+  Ahead* ahead;   // the next block's cache lines, asked for while this one is computed
 };
 
 constexpr int kKeyVecs = kKeyBlock / kLanes;
@@ -952,34 +993,16 @@ void key_tiles(const Heads<KV>& a, int64_t g, const int64_t* block, int64_t nb, 
   }
 }
 
-// Asks the caches for kv head g's K tiles and V rows of keys[0..n), a block ahead of its use
-// (a decode row's blocks lie scattered over the pool, too short a stream for the hardware
-// prefetcher to find).
-template <typename KV>
-inline void prefetch_block(const Heads<KV>& a, int64_t g, const int64_t* keys, int64_t n) {
-  constexpr int64_t kLine = 64 / sizeof(KV);  // values per cache line
-  const int64_t kv_width = a.KVH * a.Dh, tile = a.Dh * kKeyTile;
-  for (int64_t j = 0; j < n; j += kKeyTile) {
-    const KV* k = a.kc + key_offset(keys[j] / kKeyTile * kKeyTile, kv_width) + g * tile;
-    for (int64_t i = 0; i < tile; i += kLine)
-      _mm_prefetch(reinterpret_cast<const char*>(k + i), _MM_HINT_T0);
-  }
-  for (int64_t j = 0; j < n; ++j) {
-    const KV* v = a.vc + keys[j] * kv_width + g * a.Dh;
-    for (int64_t i = 0; i < a.Dh; i += kLine)
-      _mm_prefetch(reinterpret_cast<const char*>(v + i), _MM_HINT_T0);
-  }
-}
-
 // p[n][j] = scale * sum over d in order of q[n][d] k_j[d] for N query vectors, key j of the
 // block in lane j % kKeyTile of tiles[j / kKeyTile].
 template <int N, typename KV>
 inline void score_tile(const float* q, int64_t width, const KV* const* tiles, int64_t Dh,
-                       float scale, float* p) {
+                       float scale, float* p, Ahead& ahead) {
   Vec acc[N][kKeyVecs];
   for (int n = 0; n < N; ++n)
     for (int k = 0; k < kKeyVecs; ++k) acc[n][k] = zero();
   for (int64_t d = 0; d < Dh; ++d) {
+    ahead.per_dim();
     Vec kv[kKeyVecs];
     for (int k = 0; k < kKeyVecs; ++k) {
       kv[k] = load(tiles[k / kTileVecs] + d * kKeyTile + k % kTileVecs * kLanes);
@@ -998,20 +1021,21 @@ inline void score_tile(const float* q, int64_t width, const KV* const* tiles, in
 // score_tile over count query vectors, N at a time, then the rest in smaller tiles.
 template <int N, typename KV>
 void scores(const float* q, int64_t width, const KV* const* tiles, int64_t Dh, float scale,
-            float* p, int64_t count) {
+            float* p, int64_t count, Ahead& ahead) {
   int64_t n = 0;
   for (; n + N <= count; n += N)
-    score_tile<N>(q + n * width, width, tiles, Dh, scale, p + n * kKeyBlock);
+    score_tile<N>(q + n * width, width, tiles, Dh, scale, p + n * kKeyBlock, ahead);
   if constexpr (N > 1)
     if (n < count)
-      scores<N - 1>(q + n * width, width, tiles, Dh, scale, p + n * kKeyBlock, count - n);
+      scores<N - 1>(q + n * width, width, tiles, Dh, scale, p + n * kKeyBlock, count - n, ahead);
 }
 
 // acc[n] = acc[n] corr[n], then += p[n][b] v_b for b < nb (>= 1) in order, for N query
 // vectors of one row (its keys are slots block[0..nb)).
 template <int N, int CH, typename KV>
 inline void value_tile(const Heads<KV>& a, int64_t g, const int64_t* block, int64_t nb,
-                       const float* p, const float* corr, float* acc, int64_t width) {
+                       const float* p, const float* corr, float* acc, int64_t width,
+                       Ahead& ahead) {
   Vec o[N][CH];
   for (int n = 0; n < N; ++n) {
     const Vec cv = set1(corr[n]);
@@ -1021,6 +1045,7 @@ inline void value_tile(const Heads<KV>& a, int64_t g, const int64_t* block, int6
   const int64_t stride = a.KVH * a.Dh;
   int64_t b = 0;
   do {  // nb >= 1; no zero-trip path, so that GCC keeps o in registers, unspilled
+    ahead.per_key();
     const KV* vr = vc + block[b] * stride;
     Vec vv[CH];
     for (int c = 0; c < CH; ++c) {
@@ -1039,14 +1064,15 @@ inline void value_tile(const Heads<KV>& a, int64_t g, const int64_t* block, int6
 // value_tile over count query vectors of one row, N at a time, then the rest.
 template <int N, int CH, typename KV>
 void values(const Heads<KV>& a, int64_t g, const int64_t* block, int64_t nb, const float* p,
-            const float* corr, float* acc, int64_t width, int64_t count) {
+            const float* corr, float* acc, int64_t width, int64_t count, Ahead& ahead) {
   int64_t n = 0;
   for (; n + N <= count; n += N)
-    value_tile<N, CH>(a, g, block, nb, p + n * kKeyBlock, corr + n, acc + n * width, width);
+    value_tile<N, CH>(a, g, block, nb, p + n * kKeyBlock, corr + n, acc + n * width, width,
+                      ahead);
   if constexpr (N > 1)
     if (n < count)
       values<N - 1, CH>(a, g, block, nb, p + n * kKeyBlock, corr + n, acc + n * width, width,
-                        count - n);
+                        count - n, ahead);
 }
 
 // Folds the key block of slots block[0..nb) into rows [t0, t1) of the tile, row t allowing
@@ -1059,7 +1085,7 @@ void attend_block(const Heads<KV>& a, int64_t g, const Tile<KV>& tile, int64_t t
   const KV* tiles[kBlockTiles];
   key_tiles(a, g, block, nb, tile.gathered, tiles);
   scores<kScoreTile>(tile.q + v0 * width, width, tiles, a.Dh, a.scale, tile.p + v0 * kKeyBlock,
-                     v1 - v0);
+                     v1 - v0, *tile.ahead);
   const auto keys = [&](int64_t v, int k) {  // the live lanes of vector k of v's scores
     return first_lanes(std::clamp<int64_t>(live[v / G] - k * kLanes, 0, kLanes));
   };
@@ -1089,7 +1115,7 @@ void attend_block(const Heads<KV>& a, int64_t g, const Tile<KV>& tile, int64_t t
   constexpr int kValueTile = std::max(1, (kValueRegs - CH) / CH);  // + the CH chunks of v
   for (int64_t t = t0; t < t1; ++t)
     values<kValueTile, CH>(a, g, block, live[t], tile.p + t * G * kKeyBlock, tile.corr + t * G,
-                           tile.acc + t * G * width, width, G);
+                           tile.acc + t * G * width, width, G, *tile.ahead);
 }
 
 template <typename KV>
@@ -1149,6 +1175,7 @@ void attention_rows(const float* qp, const KV* kc, const KV* vc, const int64_t* 
     // read; gathered's lanes of no live key keep earlier keys, never read into a row.
     static thread_local std::vector<float> scratch;
     static thread_local std::vector<KV> gathered(kBlockTiles * kMaxHeadDim * kKeyTile);
+    static thread_local Ahead ahead;
     const size_t need = n * (2 * width + 2 + kLanes + kKeyBlock);
     if (scratch.size() < need) scratch.resize(need);
     Tile<KV> tile;
@@ -1160,6 +1187,7 @@ void attention_rows(const float* qp, const KV* kc, const KV* vc, const int64_t* 
     tile.sum = tile.corr + n;
     tile.p = tile.sum + n * kLanes;
     tile.gathered = gathered.data();
+    tile.ahead = &ahead;
     std::fill(tile.acc, tile.acc + n * width, 0.0f);
     std::fill(tile.m, tile.m + n, -std::numeric_limits<float>::infinity());
     std::fill(tile.sum, tile.sum + n * kLanes, 0.0f);
@@ -1177,14 +1205,19 @@ void attention_rows(const float* qp, const KV* kc, const KV* vc, const int64_t* 
           live[t] = std::clamp<int64_t>(C + first_i + t + 1 - b, 0, kKeyBlock);
           if (live[t] > 0) t0 = t;
         }
+        const int64_t next = b + kKeyBlock;  // the next block ahead
+        ahead.plan(a, g, list + next, std::clamp<int64_t>(stop - next, 0, kKeyBlock));
         attend_block(a, g, tile, t0, rows, list + b, live[rows - 1], live);
       }
     } else {  // the context's whole blocks together, then each row's own keys
       const int64_t full = C / kKeyBlock * kKeyBlock;
       std::fill(live, live + rows, int64_t{kKeyBlock});
       for (int64_t b = 0; b < full; b += kKeyBlock) {
+        const int64_t next = b + kKeyBlock;  // the next block of the list ahead
+        ahead.plan(a, g, list + next, std::clamp<int64_t>(end - next, 0, kKeyBlock));
         attend_block(a, g, tile, 0, rows, list + b, kKeyBlock, live);
       }
+      ahead.plan(a, g, list, 0);  // a row's own blocks: none ahead
       for (int64_t t = 0; t < rows; ++t) {
         const bool* mask = mp + ms[s] + (first_i + t) * T;
         int64_t block[kKeyBlock];
