@@ -145,6 +145,8 @@ class BlockTable:
     def __init__(self, pool: KVPool) -> None:
         self.pool = pool
         self.blocks: list[int] = []
+        self._covered: list[int] = []  # the blocks whose slots _slots holds
+        self._slots = torch.empty(0, dtype=torch.long)
 
     @property
     def capacity(self) -> int:
@@ -161,10 +163,12 @@ class BlockTable:
         """Slots of positions [start, end) (long, on the CPU)."""
         if end > self.capacity:
             raise ValueError(f"positions up to {end} exceed the table's {self.capacity}")
-        pos = torch.arange(start, end, dtype=torch.long)
-        blocks = torch.as_tensor(self.blocks, dtype=torch.long)
-        bs = self.pool.block_size
-        return blocks[pos // bs] * bs + pos % bs
+        if self._covered != self.blocks:  # blocks added, replaced or released since
+            bs = self.pool.block_size
+            blocks = torch.as_tensor(self.blocks, dtype=torch.long)
+            self._slots = (blocks[:, None] * bs + torch.arange(bs)).flatten()
+            self._covered = list(self.blocks)
+        return self._slots[start:end].clone()
 
     def release(self) -> None:
         """Give every block back to the pool."""

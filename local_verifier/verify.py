@@ -23,6 +23,8 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from local_verifier.sampling import greedy_token
+
 
 @dataclass(frozen=True)
 class Verdict:
@@ -49,7 +51,7 @@ def verify_greedy(
     accepted: list[int] = []
     node = -1
     while True:
-        target = int(logits[node + 1].argmax())
+        target = greedy_token(logits[node + 1])
         match = next((c for c in kids.get(node, ()) if int(tokens[c]) == target), None)
         if match is None:
             return Verdict(accepted, target)
