@@ -43,6 +43,22 @@ def test_block_table_slots_follow_its_blocks() -> None:
     assert p.used() == 0 and table.blocks == []
 
 
+def test_block_table_slots_follow_every_change_of_its_blocks() -> None:
+    p = pool(n_blocks=8)
+    table = BlockTable(p)
+    table.reserve(4)
+    first = table.slots(0, 4)
+    first[0] = -1  # a copy: the table's own slots are untouched
+    assert table.slots(0, 4).tolist() == [table.blocks[0] * 4 + o for o in range(4)]
+    table.reserve(8)  # a block more
+    assert table.slots(4, 8).tolist() == [table.blocks[1] * 4 + o for o in range(4)]
+    table.blocks = [7, 3]  # replaced (as a prefix hit does)
+    assert table.slots(0, 8).tolist() == [28, 29, 30, 31, 12, 13, 14, 15]
+    table.blocks = []
+    with pytest.raises(ValueError):
+        table.slots(0, 1)
+
+
 def test_prefix_keys_chain_over_the_whole_prefix_and_the_tenant() -> None:
     a = block_keys("t1", [1, 2, 3, 4, 5, 6, 7, 8, 9], 4)
     assert len(a) == 2  # full blocks only
