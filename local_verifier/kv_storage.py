@@ -13,6 +13,12 @@ KEY_TILE = 16
 so that attention reads a block of keys as it lies instead of transposing it per step."""
 
 
+def key_index(slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tile, offset) of each slot in K's stored layout: a layer's K of slot s is
+    ``k[tile, :, :, offset]``."""
+    return slots // KEY_TILE, slots % KEY_TILE
+
+
 def key_tiles(rows: torch.Tensor) -> torch.Tensor:
     """K of ``[..., slots, heads, head_dim]`` (slots a multiple of KEY_TILE) in the stored
     layout ``[..., slots / KEY_TILE, heads, head_dim, KEY_TILE]``."""
@@ -51,13 +57,14 @@ class KVStorage:
 
     def keys(self, slots: torch.Tensor) -> torch.Tensor:
         """The K of ``slots`` in every layer, ``[n_layers, len(slots), n_kv_heads, head_dim]``."""
-        slots = slots.to(self.k.device)
-        return self.k[:, slots // KEY_TILE, :, :, slots % KEY_TILE].movedim(0, 1)
+        tile, offset = key_index(slots.to(self.k.device))
+        return self.k[:, tile, :, :, offset].movedim(0, 1)
 
     def copy_slots(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         """K/V of slots ``src`` into slots ``dst`` in every layer (``src`` read first)."""
         dst, src = dst.to(self.v.device), src.to(self.v.device)
-        self.k[:, dst // KEY_TILE, :, :, dst % KEY_TILE] = self.keys(src).movedim(1, 0)
+        tile, offset = key_index(dst)
+        self.k[:, tile, :, :, offset] = self.keys(src).movedim(1, 0)
         self.v[:, dst] = self.v[:, src]
 
     def nbytes(self) -> int:

@@ -893,6 +893,11 @@ struct Heads {
   float scale;
   Mask tail;       // the lanes of head_dim's last chunk (all of them when it is full)
   int64_t tail_n;  // their count
+
+  // slot's K of kv head g: dimension d at key(slot, g)[d kKeyTile] (see key_offset)
+  const KV* key(int64_t slot, int64_t g) const {
+    return kc + key_offset(slot, KVH * Dh) + g * Dh * kKeyTile;
+  }
 };
 
 // Chunk c of a head of CH chunks at p: the last one masked to head_dim unless it is full.
@@ -921,7 +926,7 @@ class Ahead {
     per_dim_ = std::max<int64_t>(1, kBlockTiles * kKeyTile / kLine);
     per_key_ = (a.Dh + kLine - 1) / kLine;
     for (int64_t j = 0; j < n; j += kKeyTile) {
-      const KV* k = a.kc + key_offset(keys[j] / kKeyTile * kKeyTile, kv_width) + g * tile;
+      const KV* k = a.key(keys[j] / kKeyTile * kKeyTile, g);
       for (int64_t i = 0; i < tile; i += kLine) line_[count_++] = k + i;
     }
     for (int64_t j = 0; j < n; ++j) {
@@ -971,7 +976,6 @@ constexpr int kKeyVecs = kKeyBlock / kLanes;
 template <typename KV>
 void key_tiles(const Heads<KV>& a, int64_t g, const int64_t* block, int64_t nb, KV* gathered,
                const KV* tiles[kBlockTiles]) {
-  const int64_t head = g * a.Dh * kKeyTile, kv_width = a.KVH * a.Dh;
   for (int t = 0; t < kBlockTiles; ++t) {
     const int64_t j0 = t * kKeyTile, n = std::min<int64_t>(kKeyTile, nb - j0);
     if (n <= 0) {
@@ -981,12 +985,12 @@ void key_tiles(const Heads<KV>& a, int64_t g, const int64_t* block, int64_t nb, 
     bool stored = block[j0] % kKeyTile == 0;
     for (int64_t j = 1; stored && j < n; ++j) stored = block[j0 + j] == block[j0] + j;
     if (stored) {
-      tiles[t] = a.kc + key_offset(block[j0], kv_width) + head;
+      tiles[t] = a.key(block[j0], g);
       continue;
     }
     KV* out = gathered + t * a.Dh * kKeyTile;
     for (int64_t j = 0; j < n; ++j) {
-      const KV* key = a.kc + key_offset(block[j0 + j], kv_width) + head;
+      const KV* key = a.key(block[j0 + j], g);
       for (int64_t d = 0; d < a.Dh; ++d) out[d * kKeyTile + j] = key[d * kKeyTile];
     }
     tiles[t] = out;

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from local_verifier.kernels.plan import AttentionPlan
-from local_verifier.kv_storage import KEY_TILE
+from local_verifier.kv_storage import key_index
 
 TILE_ROWS = 16
 
@@ -69,7 +69,7 @@ class TorchOps:
             return (xf * c.unsqueeze(1) + rolled * s.unsqueeze(1)).to(x.dtype)
 
         qk = _tiled(rotate, qkv, cos, sin)
-        tile, offset = new_slots // KEY_TILE, new_slots % KEY_TILE
+        tile, offset = key_index(new_slots)
         k_cache[tile, :, :, offset] = qk[:, n_heads:].to(k_cache.dtype)  # rounded if bf16
         v_cache[new_slots] = qkv[:, heads * dim :].reshape(n, n_kv_heads, dim).to(v_cache.dtype)
         return qk[:, :n_heads].contiguous()
@@ -88,7 +88,8 @@ class TorchOps:
         out = torch.empty_like(q)
         for row in range(q.shape[0]):
             slots = plan.row_keys(row).to(q.device)
-            keys = k_cache[slots // KEY_TILE, :, :, slots % KEY_TILE]
+            tile, offset = key_index(slots)
+            keys = k_cache[tile, :, :, offset]
             out[row] = F.scaled_dot_product_attention(
                 q[row].unsqueeze(1).unsqueeze(0),
                 keys.to(q.dtype).transpose(0, 1).unsqueeze(0),
