@@ -1151,16 +1151,26 @@ void attention_rows(const float* qp, const KV* kc, const KV* vc, const int64_t* 
   a.scale = 1.0f / std::sqrt(static_cast<float>(Dh));
   a.tail_n = Dh - (a.chunks - 1) * kLanes;
   a.tail = first_lanes(a.tail_n);
+  // Work items (no bit depends on them): rows [first, last) of sequence s, kv heads [g0, g1).
+  // A sequence's rows in tiles of about 2 per thread; with sequences enough to keep every
+  // thread busy, one item takes all kv heads of its rows, so that one thread reads all of a
+  // sequence's K tiles and V rows (0.9x the time at 8 sequences of 1-2 rows: RESULTS.md,
+  // "Session 16").
   struct Item {
-    int64_t s, g, first, last;  // rows [first, last) of sequence s, kv head g
+    int64_t s, g0, g1, first, last;
   };
+  const bool whole_heads = n_seqs >= 2 * threads;
   std::vector<Item> items;
-  for (int64_t s = 0; s < n_seqs; ++s) {  // tiles of about 2 per thread (no bit depends on it)
+  for (int64_t s = 0; s < n_seqs; ++s) {
     const int64_t tile = std::clamp<int64_t>((rs[s + 1] - rs[s]) / (2 * std::max(threads, 1)),
                                              kMinQueryTile, kQueryTile);
-    for (int64_t r = rs[s]; r < rs[s + 1]; r += tile)
-      for (int64_t g = 0; g < KVH; ++g)
-        items.push_back({s, g, r, std::min<int64_t>(r + tile, rs[s + 1])});
+    for (int64_t r = rs[s]; r < rs[s + 1]; r += tile) {
+      const int64_t last = std::min<int64_t>(r + tile, rs[s + 1]);
+      if (whole_heads)
+        items.push_back({s, 0, KVH, r, last});
+      else
+        for (int64_t g = 0; g < KVH; ++g) items.push_back({s, g, g + 1, r, last});
+    }
   }
   std::reverse(items.begin(), items.end());  // a sequence's longest rows first
   const int64_t G = a.G, width = a.chunks * kLanes;
@@ -1168,9 +1178,10 @@ void attention_rows(const float* qp, const KV* kc, const KV* vc, const int64_t* 
   const auto lanes = [&](int64_t c) { return c + 1 < a.chunks ? first_lanes(kLanes) : a.tail; };
 
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-  for (size_t it = 0; it < items.size(); ++it) {
+  for (size_t it = 0; it < items.size(); ++it)
+  for (int64_t g = items[it].g0; g < items[it].g1; ++g) {
     const Item& item = items[it];
-    const int64_t s = item.s, g = item.g, rows = item.last - item.first, n = rows * G;
+    const int64_t s = item.s, rows = item.last - item.first, n = rows * G;
     const int64_t T = rs[s + 1] - rs[s], C = cl[s], end = C + T;
     const int64_t first_i = item.first - rs[s];
     const int64_t* list = kp + ks[s];
