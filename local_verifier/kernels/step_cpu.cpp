@@ -1178,82 +1178,83 @@ void attention_rows(const float* qp, const KV* kc, const KV* vc, const int64_t* 
   const auto lanes = [&](int64_t c) { return c + 1 < a.chunks ? first_lanes(kLanes) : a.tail; };
 
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
-  for (size_t it = 0; it < items.size(); ++it)
-  for (int64_t g = items[it].g0; g < items[it].g1; ++g) {
+  for (size_t it = 0; it < items.size(); ++it) {
     const Item& item = items[it];
-    const int64_t s = item.s, rows = item.last - item.first, n = rows * G;
-    const int64_t T = rs[s + 1] - rs[s], C = cl[s], end = C + T;
-    const int64_t first_i = item.first - rs[s];
-    const int64_t* list = kp + ks[s];
-    // The thread's scratch, kept across items and calls (at most kQueryTile rows' worth):
-    // acc, m and sum get their start values here; q, corr and p are written before they are
-    // read; gathered's lanes of no live key keep earlier keys, never read into a row.
-    static thread_local std::vector<float> scratch;
-    static thread_local std::vector<KV> gathered(kBlockTiles * kMaxHeadDim * kKeyTile);
-    static thread_local Ahead ahead;
-    const size_t need = n * (2 * width + 2 + kLanes + kKeyBlock);
-    if (scratch.size() < need) scratch.resize(need);
-    Tile<KV> tile;
-    tile.width = width;
-    tile.q = scratch.data();
-    tile.acc = tile.q + n * width;
-    tile.m = tile.acc + n * width;
-    tile.corr = tile.m + n;
-    tile.sum = tile.corr + n;
-    tile.p = tile.sum + n * kLanes;
-    tile.gathered = gathered.data();
-    tile.ahead = &ahead;
-    std::fill(tile.acc, tile.acc + n * width, 0.0f);
-    std::fill(tile.m, tile.m + n, -std::numeric_limits<float>::infinity());
-    std::fill(tile.sum, tile.sum + n * kLanes, 0.0f);
-    for (int64_t t = 0; t < rows; ++t)
-      for (int64_t h = 0; h < G; ++h)
-        for (int64_t c = 0; c < a.chunks; ++c)
-          store(tile.q + (t * G + h) * width + c * kLanes,
-                load(qp + ((item.first + t) * H + g * G + h) * Dh + c * kLanes, lanes(c)));
-    int64_t live[kQueryTile];
-    if (ms[s] < 0) {  // causal: row t allows the list's first C + first_i + t + 1 keys
-      const int64_t stop = C + first_i + rows;
-      for (int64_t b = 0; b < stop; b += kKeyBlock) {
-        int64_t t0 = rows;  // the tile's first row with keys in this block
-        for (int64_t t = rows - 1; t >= 0; --t) {
-          live[t] = std::clamp<int64_t>(C + first_i + t + 1 - b, 0, kKeyBlock);
-          if (live[t] > 0) t0 = t;
-        }
-        const int64_t next = b + kKeyBlock;  // the next block ahead
-        ahead.plan(a, g, list + next, std::clamp<int64_t>(stop - next, 0, kKeyBlock));
-        attend_block(a, g, tile, t0, rows, list + b, live[rows - 1], live);
-      }
-    } else {  // the context's whole blocks together, then each row's own keys
-      const int64_t full = C / kKeyBlock * kKeyBlock;
-      std::fill(live, live + rows, int64_t{kKeyBlock});
-      for (int64_t b = 0; b < full; b += kKeyBlock) {
-        const int64_t next = b + kKeyBlock;  // the next block of the list ahead
-        ahead.plan(a, g, list + next, std::clamp<int64_t>(end - next, 0, kKeyBlock));
-        attend_block(a, g, tile, 0, rows, list + b, kKeyBlock, live);
-      }
-      ahead.plan(a, g, list, 0);  // a row's own blocks: none ahead
-      for (int64_t t = 0; t < rows; ++t) {
-        const bool* mask = mp + ms[s] + (first_i + t) * T;
-        int64_t block[kKeyBlock];
-        int64_t next = full;  // next index of the key list to consider
-        while (next < end) {
-          int64_t nb = 0;
-          while (nb < kKeyBlock && next < end) {
-            if (next < C || mask[next - C]) block[nb++] = list[next];
-            ++next;
+    for (int64_t g = item.g0; g < item.g1; ++g) {
+      const int64_t s = item.s, rows = item.last - item.first, n = rows * G;
+      const int64_t T = rs[s + 1] - rs[s], C = cl[s], end = C + T;
+      const int64_t first_i = item.first - rs[s];
+      const int64_t* list = kp + ks[s];
+      // The thread's scratch, kept across items and calls (at most kQueryTile rows' worth):
+      // acc, m and sum get their start values here; q, corr and p are written before they are
+      // read; gathered's lanes of no live key keep earlier keys, never read into a row.
+      static thread_local std::vector<float> scratch;
+      static thread_local std::vector<KV> gathered(kBlockTiles * kMaxHeadDim * kKeyTile);
+      static thread_local Ahead ahead;
+      const size_t need = n * (2 * width + 2 + kLanes + kKeyBlock);
+      if (scratch.size() < need) scratch.resize(need);
+      Tile<KV> tile;
+      tile.width = width;
+      tile.q = scratch.data();
+      tile.acc = tile.q + n * width;
+      tile.m = tile.acc + n * width;
+      tile.corr = tile.m + n;
+      tile.sum = tile.corr + n;
+      tile.p = tile.sum + n * kLanes;
+      tile.gathered = gathered.data();
+      tile.ahead = &ahead;
+      std::fill(tile.acc, tile.acc + n * width, 0.0f);
+      std::fill(tile.m, tile.m + n, -std::numeric_limits<float>::infinity());
+      std::fill(tile.sum, tile.sum + n * kLanes, 0.0f);
+      for (int64_t t = 0; t < rows; ++t)
+        for (int64_t h = 0; h < G; ++h)
+          for (int64_t c = 0; c < a.chunks; ++c)
+            store(tile.q + (t * G + h) * width + c * kLanes,
+                  load(qp + ((item.first + t) * H + g * G + h) * Dh + c * kLanes, lanes(c)));
+      int64_t live[kQueryTile];
+      if (ms[s] < 0) {  // causal: row t allows the list's first C + first_i + t + 1 keys
+        const int64_t stop = C + first_i + rows;
+        for (int64_t b = 0; b < stop; b += kKeyBlock) {
+          int64_t t0 = rows;  // the tile's first row with keys in this block
+          for (int64_t t = rows - 1; t >= 0; --t) {
+            live[t] = std::clamp<int64_t>(C + first_i + t + 1 - b, 0, kKeyBlock);
+            if (live[t] > 0) t0 = t;
           }
-          live[t] = nb;
-          if (nb > 0) attend_block(a, g, tile, t, t + 1, block, nb, live);
+          const int64_t next = b + kKeyBlock;  // the next block ahead
+          ahead.plan(a, g, list + next, std::clamp<int64_t>(stop - next, 0, kKeyBlock));
+          attend_block(a, g, tile, t0, rows, list + b, live[rows - 1], live);
+        }
+      } else {  // the context's whole blocks together, then each row's own keys
+        const int64_t full = C / kKeyBlock * kKeyBlock;
+        std::fill(live, live + rows, int64_t{kKeyBlock});
+        for (int64_t b = 0; b < full; b += kKeyBlock) {
+          const int64_t next = b + kKeyBlock;  // the next block of the list ahead
+          ahead.plan(a, g, list + next, std::clamp<int64_t>(end - next, 0, kKeyBlock));
+          attend_block(a, g, tile, 0, rows, list + b, kKeyBlock, live);
+        }
+        ahead.plan(a, g, list, 0);  // a row's own blocks: none ahead
+        for (int64_t t = 0; t < rows; ++t) {
+          const bool* mask = mp + ms[s] + (first_i + t) * T;
+          int64_t block[kKeyBlock];
+          int64_t next = full;  // next index of the key list to consider
+          while (next < end) {
+            int64_t nb = 0;
+            while (nb < kKeyBlock && next < end) {
+              if (next < C || mask[next - C]) block[nb++] = list[next];
+              ++next;
+            }
+            live[t] = nb;
+            if (nb > 0) attend_block(a, g, tile, t, t + 1, block, nb, live);
+          }
         }
       }
-    }
-    for (int64_t v = 0; v < n; ++v) {
-      const int64_t r = item.first + v / G, h = v % G;
-      const Vec inv = set1(1.0f / lane_sum(load(tile.sum + v * kLanes)));
-      for (int64_t c = 0; c < a.chunks; ++c)
-        store(op + (r * H + g * G + h) * Dh + c * kLanes, lanes(c),
-              mul(load(tile.acc + v * width + c * kLanes), inv));
+      for (int64_t v = 0; v < n; ++v) {
+        const int64_t r = item.first + v / G, h = v % G;
+        const Vec inv = set1(1.0f / lane_sum(load(tile.sum + v * kLanes)));
+        for (int64_t c = 0; c < a.chunks; ++c)
+          store(op + (r * H + g * G + h) * Dh + c * kLanes, lanes(c),
+                mul(load(tile.acc + v * width + c * kLanes), inv));
+      }
     }
   }
 }
