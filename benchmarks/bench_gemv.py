@@ -9,8 +9,8 @@ held for the comparison), and times one pass of the linear kernels over all of t
 the model's order, for R rows: sides "packed" and "row-major" (this library; "amx", bf16
 only, where the CPU has the AMX kernels: the bf16 weights in their layout), and with
 ``--baseline`` another version of ``step_cpu.cpp`` (e.g. ``git show
-main:local_verifier/kernels/step_cpu.cpp > /tmp/main.cpp``, on packed weights if it has
-the packed kernels) built into the same process. The sides are timed in turn (order
+main:local_verifier/kernels/step_cpu.cpp > /tmp/main.cpp``) built into the same process:
+sides "baseline row-major", and "baseline packed" if it has the packed kernels. The sides are timed in turn (order
 alternating), so that the machine's load hits them alike. ``--steps``: then whole 1-row
 decode steps of two copies of the bf16 model, one packed and one row-major, alternating.
 Reports ms per pass (best and median of ``--repeats``), the GB/s of weights streamed (best
@@ -164,7 +164,9 @@ def main() -> None:
     sides: Sides = {"packed": (this, "packed"), "row-major": (this, "row"), "amx": (this, "amx")}
     if args.baseline is not None:
         other = baseline(args.baseline)
-        sides["baseline"] = (other, "packed" if (torch.float32, "packed") in other else "row")
+        if (torch.float32, "packed") in other:
+            sides["baseline packed"] = (other, "packed")
+        sides["baseline row-major"] = (other, "row")
     report: dict = {"passes": []}
     for dtype in (torch.float32, torch.bfloat16):
         spec = "bf16" if dtype == torch.bfloat16 else "float32"

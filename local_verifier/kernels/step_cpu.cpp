@@ -302,6 +302,81 @@ inline const W* column(const W* w, int64_t m, int64_t K) {
   return Packed ? w + m / kPack * kPack * K + m % kPack * kPack : w + m * K;
 }
 
+#if !DG_AVX512
+// The AVX2 float 3 x 4 tile's whole k blocks (kPack = 16 values, two vectors each) in
+// assembly: its 12 accumulators (ymm0-11), 3 inputs (ymm12-14) and 1 weight (ymm15) fill the
+// 16 registers, which GCC's own allocation does not manage (it spills two accumulators to
+// the stack, where their FMA chains wait on stores and loads). The same FMAs as the C++
+// loop's, in its order for each accumulator, from zero, so the same bits; 0.78-0.89x its
+// time from 16 rows on (benchmarks/RESULTS.md, "Session 17"). With Ahead, each block
+// prefetches the line `ahead` values past each of its columns' first line, into L2.
+#define DG_TILE_STEP(OFF)                              \
+  "vmovups " #OFF "(%[x]), %%ymm12\n\t"               \
+  "vmovups " #OFF "(%[x],%[ldx],1), %%ymm13\n\t"      \
+  "vmovups " #OFF "(%[x],%[ldx],2), %%ymm14\n\t"      \
+  "vmovups " #OFF "(%[w]), %%ymm15\n\t"               \
+  "vfmadd231ps %%ymm15, %%ymm12, %%ymm0\n\t"          \
+  "vfmadd231ps %%ymm15, %%ymm13, %%ymm4\n\t"          \
+  "vfmadd231ps %%ymm15, %%ymm14, %%ymm8\n\t"          \
+  "vmovups " #OFF "(%[w],%[col],1), %%ymm15\n\t"      \
+  "vfmadd231ps %%ymm15, %%ymm12, %%ymm1\n\t"          \
+  "vfmadd231ps %%ymm15, %%ymm13, %%ymm5\n\t"          \
+  "vfmadd231ps %%ymm15, %%ymm14, %%ymm9\n\t"          \
+  "vmovups " #OFF "(%[w2]), %%ymm15\n\t"              \
+  "vfmadd231ps %%ymm15, %%ymm12, %%ymm2\n\t"          \
+  "vfmadd231ps %%ymm15, %%ymm13, %%ymm6\n\t"          \
+  "vfmadd231ps %%ymm15, %%ymm14, %%ymm10\n\t"         \
+  "vmovups " #OFF "(%[w2],%[col],1), %%ymm15\n\t"     \
+  "vfmadd231ps %%ymm15, %%ymm12, %%ymm3\n\t"          \
+  "vfmadd231ps %%ymm15, %%ymm13, %%ymm7\n\t"          \
+  "vfmadd231ps %%ymm15, %%ymm14, %%ymm11\n\t"
+#define DG_TILE_AHEAD                                  \
+  "prefetcht1 (%[w],%[ahead],1)\n\t"                  \
+  "lea (%[w],%[col],1), %[t]\n\t"                     \
+  "prefetcht1 (%[t],%[ahead],1)\n\t"                  \
+  "prefetcht1 (%[w2],%[ahead],1)\n\t"                 \
+  "lea (%[w2],%[col],1), %[t]\n\t"                    \
+  "prefetcht1 (%[t],%[ahead],1)\n\t"
+#define DG_TILE_LOOP(AHEAD)                                                                \
+  __asm__ volatile(                                                                        \
+      "vxorps %%ymm0, %%ymm0, %%ymm0\n\t" "vxorps %%ymm1, %%ymm1, %%ymm1\n\t"              \
+      "vxorps %%ymm2, %%ymm2, %%ymm2\n\t" "vxorps %%ymm3, %%ymm3, %%ymm3\n\t"              \
+      "vxorps %%ymm4, %%ymm4, %%ymm4\n\t" "vxorps %%ymm5, %%ymm5, %%ymm5\n\t"              \
+      "vxorps %%ymm6, %%ymm6, %%ymm6\n\t" "vxorps %%ymm7, %%ymm7, %%ymm7\n\t"              \
+      "vxorps %%ymm8, %%ymm8, %%ymm8\n\t" "vxorps %%ymm9, %%ymm9, %%ymm9\n\t"              \
+      "vxorps %%ymm10, %%ymm10, %%ymm10\n\t" "vxorps %%ymm11, %%ymm11, %%ymm11\n\t"        \
+      "1:\n\t" AHEAD DG_TILE_STEP(0) DG_TILE_STEP(32)                                      \
+      "add $64, %[x]\n\t" "add %[block], %[w]\n\t" "add %[block], %[w2]\n\t"               \
+      "dec %[n]\n\t" "jnz 1b\n\t"                                                          \
+      "vmovups %%ymm0, (%[acc])\n\t" "vmovups %%ymm1, 32(%[acc])\n\t"                      \
+      "vmovups %%ymm2, 64(%[acc])\n\t" "vmovups %%ymm3, 96(%[acc])\n\t"                    \
+      "vmovups %%ymm4, 128(%[acc])\n\t" "vmovups %%ymm5, 160(%[acc])\n\t"                  \
+      "vmovups %%ymm6, 192(%[acc])\n\t" "vmovups %%ymm7, 224(%[acc])\n\t"                  \
+      "vmovups %%ymm8, 256(%[acc])\n\t" "vmovups %%ymm9, 288(%[acc])\n\t"                  \
+      "vmovups %%ymm10, 320(%[acc])\n\t" "vmovups %%ymm11, 352(%[acc])\n\t"                \
+      : [x] "+r"(x), [w] "+r"(w), [w2] "+r"(w2), [n] "+r"(blocks), [t] "=&r"(t)          \
+      : [ldx] "r"(ldx * 4), [col] "r"(col * 4), [block] "r"(block * 4),                    \
+        [ahead] "r"(ahead * 4), [acc] "r"(&acc[0][0])                                      \
+      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",   \
+        "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "memory", "cc")
+
+// acc = the 3 x 4 tile's sums over `blocks` k blocks of x (rows ldx apart) and w (columns
+// col apart, blocks block apart); blocks > 0.
+template <bool Ahead>
+inline void tile_3x4_blocks(const float* x, int64_t ldx, const float* w, int64_t col,
+                            int64_t block, int64_t blocks, int64_t ahead, Vec (&acc)[3][4]) {
+  const float* w2 = w + 2 * col;
+  int64_t t;
+  if constexpr (Ahead)
+    DG_TILE_LOOP(DG_TILE_AHEAD);
+  else
+    DG_TILE_LOOP("");
+}
+#undef DG_TILE_LOOP
+#undef DG_TILE_AHEAD
+#undef DG_TILE_STEP
+#endif
+
 // y[r][c] = sum_k x[r][k] * w[c][k] (+ bias[c]) for an R x C register tile whose first
 // column is at w; W is float or uint16_t (bfloat16 bits): the same operations on the
 // widened values. With Ahead, the lines `ahead` values past the ones read go to L2.
@@ -314,7 +389,13 @@ inline void linear_tile(const float* x, int64_t ldx, const W* w, int64_t K, int6
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = zero();
   int64_t k = 0;
-  for (const W* wb = w; k + kPack <= K; k += kPack, wb += kBlock)
+#if !DG_AVX512
+  if constexpr (R == 3 && C == 4 && std::is_same_v<W, float>) {
+    if (K >= kPack) tile_3x4_blocks<Ahead>(x, ldx, w, col, kBlock, K / kPack, ahead, acc);
+    k = K / kPack * kPack;
+  }
+#endif
+  for (const W* wb = w + k / kPack * kBlock; k + kPack <= K; k += kPack, wb += kBlock)
     for (int s = 0; s < kPack; s += kLanes) {
       Vec xv[R];
       for (int r = 0; r < R; ++r) {
