@@ -307,7 +307,7 @@ inline const W* column(const W* w, int64_t m, int64_t K) {
 // assembly: its 12 accumulators (ymm0-11), 3 inputs (ymm12-14) and 1 weight (ymm15) fill the
 // 16 registers, which GCC's own allocation does not manage (it spills two accumulators to
 // the stack, where their FMA chains wait on stores and loads). The same FMAs as the C++
-// loop's, in its order for each accumulator, from zero, so the same bits; 0.78-0.89x its
+// loop's, in its order for each accumulator, from zero, so the same bits; 0.78-0.95x its
 // time from 16 rows on (benchmarks/RESULTS.md, "Session 17"). With Ahead, each block
 // prefetches the line `ahead` values past each of its columns' first line, into L2.
 #define DG_TILE_STEP(OFF)                              \
