@@ -390,7 +390,7 @@ inline void linear_tile(const float* x, int64_t ldx, const W* w, int64_t K, int6
     for (int c = 0; c < C; ++c) acc[r][c] = zero();
   int64_t k = 0;
 #if !DG_AVX512
-  if constexpr (R == 3 && C == 4 && std::is_same_v<W, float>) {
+  if constexpr (R == kRowTile && C == kColTile && std::is_same_v<W, float>) {
     if (K >= kPack) tile_3x4_blocks<Ahead>(x, ldx, w, col, kBlock, K / kPack, ahead, acc);
     k = K / kPack * kPack;
   }
