@@ -1197,10 +1197,14 @@ void attend_block(const Heads<KV>& a, int64_t g, const Tile<KV>& tile, int64_t t
     }
     store(tile.sum + v * kLanes, s);
   }
+  // Rows in runs that allow the same keys (all of a context block's rows), each run's vectors
+  // together, so that a value row is read once per run (a vector's FMAs are the same).
   constexpr int kValueTile = std::max(1, (kValueRegs - CH) / CH);  // + the CH chunks of v
-  for (int64_t t = t0; t < t1; ++t)
+  for (int64_t t = t0, end; t < t1; t = end) {
+    for (end = t + 1; end < t1 && live[end] == live[t];) ++end;
     values<kValueTile, CH>(a, g, block, live[t], tile.p + t * G * kKeyBlock, tile.corr + t * G,
-                           tile.acc + t * G * width, width, G, *tile.ahead);
+                           tile.acc + t * G * width, width, (end - t) * G, *tile.ahead);
+  }
 }
 
 template <typename KV>
