@@ -11,8 +11,9 @@ only, where the CPU has the AMX kernels: the bf16 weights in their layout), and 
 ``--baseline`` another version of ``step_cpu.cpp`` (e.g. ``git show
 main:local_verifier/kernels/step_cpu.cpp > /tmp/main.cpp``) built into the same process:
 sides "baseline row-major", and "baseline packed" if it has the packed kernels. The sides
-are timed in turn (order alternating), so that the machine's load hits them alike. ``--steps``: then whole 1-row
-decode steps of two copies of the bf16 model, one packed and one row-major, alternating.
+are timed in turn (order alternating), so that the machine's load hits them alike.
+``--steps``: then whole 1-row decode steps of two copies of the bf16 model, one packed and
+one row-major, alternating.
 Reports ms per pass (best and median of ``--repeats``), the GB/s of weights streamed (best
 pass), and the machine's read bandwidth (``bench_decode.read_bandwidth``).
 """

@@ -1265,29 +1265,29 @@ void attention_rows(const float* qp, const KV* kc, const KV* vc, const int64_t* 
 #pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
   for (size_t it = 0; it < items.size(); ++it) {
     const Item& item = items[it];
+    const int64_t s = item.s, rows = item.last - item.first, n = rows * G;
+    const int64_t T = rs[s + 1] - rs[s], C = cl[s], end = C + T;
+    const int64_t first_i = item.first - rs[s];
+    const int64_t* list = kp + ks[s];
+    // The thread's scratch, kept across items and calls (at most kQueryTile rows' worth):
+    // acc, m and sum get their start values per kv head; q, corr and p are written before
+    // they are read; gathered's lanes of no live key keep earlier keys, never read into a row.
+    static thread_local std::vector<float> scratch;
+    static thread_local std::vector<KV> gathered(kBlockTiles * kMaxHeadDim * kKeyTile);
+    static thread_local Ahead ahead;
+    const size_t need = n * (2 * width + 2 + kLanes + kKeyBlock);
+    if (scratch.size() < need) scratch.resize(need);
+    Tile<KV> tile;
+    tile.width = width;
+    tile.q = scratch.data();
+    tile.acc = tile.q + n * width;
+    tile.m = tile.acc + n * width;
+    tile.corr = tile.m + n;
+    tile.sum = tile.corr + n;
+    tile.p = tile.sum + n * kLanes;
+    tile.gathered = gathered.data();
+    tile.ahead = &ahead;
     for (int64_t g = item.g0; g < item.g1; ++g) {
-      const int64_t s = item.s, rows = item.last - item.first, n = rows * G;
-      const int64_t T = rs[s + 1] - rs[s], C = cl[s], end = C + T;
-      const int64_t first_i = item.first - rs[s];
-      const int64_t* list = kp + ks[s];
-      // The thread's scratch, kept across items and calls (at most kQueryTile rows' worth):
-      // acc, m and sum get their start values here; q, corr and p are written before they are
-      // read; gathered's lanes of no live key keep earlier keys, never read into a row.
-      static thread_local std::vector<float> scratch;
-      static thread_local std::vector<KV> gathered(kBlockTiles * kMaxHeadDim * kKeyTile);
-      static thread_local Ahead ahead;
-      const size_t need = n * (2 * width + 2 + kLanes + kKeyBlock);
-      if (scratch.size() < need) scratch.resize(need);
-      Tile<KV> tile;
-      tile.width = width;
-      tile.q = scratch.data();
-      tile.acc = tile.q + n * width;
-      tile.m = tile.acc + n * width;
-      tile.corr = tile.m + n;
-      tile.sum = tile.corr + n;
-      tile.p = tile.sum + n * kLanes;
-      tile.gathered = gathered.data();
-      tile.ahead = &ahead;
       std::fill(tile.acc, tile.acc + n * width, 0.0f);
       std::fill(tile.m, tile.m + n, -std::numeric_limits<float>::infinity());
       std::fill(tile.sum, tile.sum + n * kLanes, 0.0f);
