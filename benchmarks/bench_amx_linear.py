@@ -2,7 +2,7 @@
 where AMX is absent) on SmolLM2-135M's shapes, random weights:
 
     python benchmarks/bench_amx_linear.py [--rows 16,64,512] [--threads 2] [--repeats 4] \
-        [--baseline OLD_step_cpu.cpp] [--packed] [--json OUT.json]
+        [--baseline OLD_step_cpu.cpp] [--packed] [--passes N] [--json OUT.json]
 
 Per row count: each of a step's linear layers (qkv with its bias, o, gate_up, down: 30
 layers' distinct weights, so that they stream from memory as in a step; the head: 2
@@ -12,6 +12,11 @@ step's linear time as 30 x each layer's + the head's. ``--baseline`` builds anot
 ``step_cpu.cpp`` to time against in the same process, and checks that both give the same
 bits (``equal``). ``--packed`` times the float32 kernel on the same weights in the
 ``packed`` layout too (what ``DRAFTGATE_AMX=0`` runs; other bits, so not in ``equal``).
+A weight called again soon after may still be in the last-level cache, which flatters the
+fastest call where the kernel waits on memory. ``--passes N`` also times N whole passes per
+build in a step's order (layer by layer, then the head: every weight read once, as in a
+step), the builds alternating pass by pass, and reports each build's median and fastest
+pass.
 Needs a CPU with AMX-BF16 or AVX512-BF16.
 """
 
@@ -20,6 +25,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import statistics
 import time
 from pathlib import Path
 
@@ -56,6 +62,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=4)
     parser.add_argument("--baseline", type=Path, help="another step_cpu.cpp to time against")
     parser.add_argument("--packed", action="store_true", help="the float32 kernel, too")
+    parser.add_argument("--passes", type=int, default=0, help="whole passes in a step's order")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     sides = {"this": linear_amx(cpp.SOURCE)}
@@ -85,20 +92,24 @@ def main() -> None:
             side: {name: torch.empty(n, m) for name, (m, _) in SHAPES.items()} for side in sides
         }
         best = {side: dict.fromkeys(SHAPES, float("inf")) for side in sides}
+
+        def timed(side: str, name: str, i: int) -> float:
+            """Seconds of one call of ``side`` on layer ``i``'s weight ``name``."""
+            m, k = SHAPES[name]
+            args_ = (x[k].data_ptr(), weights[layouts[side]][name][i].data_ptr())  # noqa: B023
+            b = bias.data_ptr() if name == "qkv" else None
+            y = outs[side][name].data_ptr()  # noqa: B023
+            start = time.perf_counter()
+            sides[side](*args_, b, y, n, k, m, args.threads)  # noqa: B023
+            return time.perf_counter() - start
+
         order = list(sides)
         for _ in range(args.repeats):
-            for name, (m, k) in SHAPES.items():
-                b = bias.data_ptr() if name == "qkv" else None
+            for name in SHAPES:
                 for i in range(len(weights["amx"][name])):
                     order = order[1:] + order[:1]
                     for side in order:
-                        w = weights[layouts[side]][name][i]
-                        y = outs[side][name]
-                        start = time.perf_counter()
-                        sides[side](
-                            x[k].data_ptr(), w.data_ptr(), b, y.data_ptr(), n, k, m, args.threads
-                        )
-                        best[side][name] = min(best[side][name], time.perf_counter() - start)
+                        best[side][name] = min(best[side][name], timed(side, name, i))
         equal = all(
             torch.equal(outs["this"][s], o[s])
             for side, o in outs.items()
@@ -107,6 +118,22 @@ def main() -> None:
         )
         flops = 2 * n * sum(m * k * (1 if s == "head" else LAYERS) for s, (m, k) in SHAPES.items())
         report[str(n)] = {"equal": equal}
+        if args.passes:
+            layer = [name for name in SHAPES if name != "head"]
+            passes: dict[str, list[float]] = {side: [] for side in sides}
+            for _ in range(args.passes):
+                for side in sides:
+                    t = sum(timed(side, name, i) for i in range(LAYERS) for name in layer)
+                    t += sum(timed(side, "head", i) for i in range(len(weights["amx"]["head"])))
+                    passes[side].append(t)
+            for side, times in passes.items():
+                median, fastest = statistics.median(times) * 1e3, min(times) * 1e3
+                report[str(n)][f"{side}_passes_ms"] = {"median": median, "fastest": fastest}
+                print(
+                    f"{n:4d} rows, {side:8s}: whole pass median {median:7.2f} ms, "
+                    f"fastest {fastest:7.2f} ms ({len(times)} passes)",
+                    flush=True,
+                )
         for side in sides:
             t = best[side]
             step = sum(t[s] * (1 if s == "head" else LAYERS) for s in SHAPES)

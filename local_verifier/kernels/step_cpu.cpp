@@ -770,7 +770,10 @@ bool amx_usable() {
 // times, each broadcast CT times); a thread takes an even share of the column tiles and
 // runs every row over one group of CT column tiles before the next, so the group's streams
 // are read from memory once and from L2 for the later rows. Rows <= 2 take CT = 8 (enough
-// chains to hide vdpbf16ps' latency at 1 row), more rows R = 6 x CT = 4.
+// chains to hide vdpbf16ps' latency at 1 row), more rows R = 6 x CT = 4. Above one row tile,
+// the tiles of a group also prefetch the next group into L2, so that memory keeps streaming
+// while the later row tiles compute (8-32 rows: 0.80-0.91x the time of waiting on memory in
+// the first row tile only; RESULTS.md, "Session 19").
 #if DG_DOT
 // Bytes a first row tile prefetches each stream ahead, into L2: at 1 row, 512 B-1 KB measured
 // alike, 256 B slower, and into L1 (T0) 30-50% slower (RESULTS.md, "bf16 dot products").
@@ -792,17 +795,28 @@ inline __m512bh dot_pair(const uint16_t* xr, int64_t i) {
   return (__m512bh)_mm512_set1_epi32(pair);
 }
 
+// Lines of the next column group that a tile prefetches into L2 while it runs, spread
+// evenly over its k pairs (`lines` 0: none).
+struct Lookahead {
+  const char* next;
+  int64_t lines;
+};
+
 // y[r][16 c + j] = chain over k pairs (+ bias) for R rows of xb (K apart) x CT column tiles
 // (w: the first one's stream, K * 16 values to the next). With Ahead, each stream's line
-// kDotAhead bytes ahead is prefetched (past a stream's end: the next one's start, harmless).
+// kDotAhead bytes ahead is prefetched (past a stream's end: the next one's start, harmless);
+// `after` prefetches another region as well.
 template <int R, int CT, bool Ahead>
 inline void dot_tile(const uint16_t* xb, int64_t K, const uint16_t* w, const float* bias,
-                     float* y, int64_t ldy) {
-  const int64_t stride = K * 16;
+                     float* y, int64_t ldy, Lookahead after = {nullptr, 0}) {
+  const int64_t stride = K * 16, pairs = K / 2;
   __m512 acc[R][CT];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < CT; ++c) acc[r][c] = _mm512_setzero_ps();
-  for (int64_t i = 0; i < K / 2; ++i) {
+  int64_t owed = 0;  // after.lines per pair, in pairs: one line whenever it reaches `pairs`
+  for (int64_t i = 0; i < pairs; ++i) {
+    for (owed += after.lines; owed >= pairs; owed -= pairs, after.next += 64)
+      _mm_prefetch(after.next, _MM_HINT_T1);
     __m512bh b[CT];
     for (int c = 0; c < CT; ++c) {
       const uint16_t* p = w + c * stride + i * 32;
@@ -823,49 +837,70 @@ inline void dot_tile(const uint16_t* xb, int64_t K, const uint16_t* w, const flo
     }
 }
 
-// dot_tile over `rows` rows (R at a time, the first tile prefetching, then the remainder in
-// smaller tiles) of one group of CT column tiles.
-template <int R, int CT>
+// dot_tile over `rows` rows of one group of CT column tiles: R at a time, then the remainder
+// in one smaller tile. With Ahead, the first tile prefetches the group's own streams. `next`
+// (the following group's lines) is prefetched over all the tiles in proportion to their rows,
+// so that the memory streams it while the group's later row tiles compute from L2.
+template <int R, int CT, bool Ahead>
 inline void dot_cols(const uint16_t* xb, int64_t K, int64_t rows, const uint16_t* w,
-                     const float* bias, float* y, int64_t ldy) {
+                     const float* bias, float* y, int64_t ldy, Lookahead next) {
+  const auto share = [&](int64_t r, int64_t n) {  // next's lines for rows r .. r + n - 1
+    const int64_t from = next.lines * r / rows, to = next.lines * (r + n) / rows;
+    return Lookahead{next.next + 64 * from, to - from};
+  };
   int64_t r = 0;
   if (R <= rows) {
-    dot_tile<R, CT, true>(xb, K, w, bias, y, ldy);
+    dot_tile<R, CT, Ahead>(xb, K, w, bias, y, ldy, share(0, R));
     r = R;
   }
-  for (; r + R <= rows; r += R) dot_tile<R, CT, false>(xb + r * K, K, w, bias, y + r * ldy, ldy);
+  for (; r + R <= rows; r += R)
+    dot_tile<R, CT, false>(xb + r * K, K, w, bias, y + r * ldy, ldy, share(r, R));
   if constexpr (R > 1)
-    if (r < rows) dot_cols<R - 1, CT>(xb + r * K, K, rows - r, w, bias, y + r * ldy, ldy);
+    if (r < rows) {
+      const Lookahead rest = share(r, rows - r);
+      dot_cols<R - 1, CT, Ahead>(xb + r * K, K, rows - r, w, bias, y + r * ldy, ldy,
+                                 {rest.next, rest.lines});
+    }
 }
 
 // dot_cols for a group of ct <= CT column tiles.
-template <int R, int CT>
+template <int R, int CT, bool Ahead>
 inline void dot_group(int64_t ct, const uint16_t* xb, int64_t K, int64_t rows,
-                      const uint16_t* w, const float* bias, float* y, int64_t ldy) {
+                      const uint16_t* w, const float* bias, float* y, int64_t ldy,
+                      Lookahead next) {
   if constexpr (CT > 1)
-    if (ct < CT) return dot_group<R, CT - 1>(ct, xb, K, rows, w, bias, y, ldy);
-  dot_cols<R, CT>(xb, K, rows, w, bias, y, ldy);
+    if (ct < CT) return dot_group<R, CT - 1, Ahead>(ct, xb, K, rows, w, bias, y, ldy, next);
+  dot_cols<R, CT, Ahead>(xb, K, rows, w, bias, y, ldy, next);
 }
 
 // y [N, M] = bf16(x) [N, K] @ w.T (+ bias [M] unless null) for an AMX-packed w (M a
 // multiple of 16, K of 32): each thread rounds all rows itself (no barrier to share
 // them), then runs its share of the column tiles, CT at a time, over all rows.
+// One row tile (N <= 6) streams each group's weights as it goes. More rows stream the next
+// group while the row tiles run: only a thread's first group waits on memory alone.
 // Called by every thread of a team (or outside a parallel region); ends with a barrier.
 inline void dot_linear_team(const float* xp, const uint16_t* wp, const float* bp, float* yp,
                             int64_t N, int64_t K, int64_t M) {
+  constexpr int R = 6;
   if (static_cast<int64_t>(dot_rows.size()) < N * K) dot_rows.resize(N * K);
   uint16_t* xb = dot_rows.data();
   dot_round(xp, N, K, xb);
   const int64_t tiles = M / 16, team = omp_get_num_threads(), me = omp_get_thread_num();
-  const int64_t end = tiles * (me + 1) / team, ct = N <= 2 ? 8 : 4;
-  for (int64_t t = tiles * me / team; t < end; t += ct) {
+  const int64_t begin = tiles * me / team, end = tiles * (me + 1) / team, ct = N <= 2 ? 8 : 4;
+  for (int64_t t = begin; t < end; t += ct) {
     const uint16_t* w = wp + t * 16 * K;
     const float* b = bp != nullptr ? bp + 16 * t : nullptr;
-    const int64_t n = std::min(ct, end - t);
+    const int64_t n = std::min(ct, end - t), after = std::max<int64_t>(end - t - n, 0);
+    const Lookahead next{reinterpret_cast<const char*>(w + n * 16 * K),
+                         std::min(ct, after) * 16 * K * 2 / 64};
     if (N <= 2)
-      dot_group<2, 8>(n, xb, K, N, w, b, yp + 16 * t, M);
+      dot_group<2, 8, true>(n, xb, K, N, w, b, yp + 16 * t, M, {nullptr, 0});
+    else if (N <= R)
+      dot_group<R, 4, true>(n, xb, K, N, w, b, yp + 16 * t, M, {nullptr, 0});
+    else if (t == begin)
+      dot_group<R, 4, true>(n, xb, K, N, w, b, yp + 16 * t, M, next);
     else
-      dot_group<6, 4>(n, xb, K, N, w, b, yp + 16 * t, M);
+      dot_group<R, 4, false>(n, xb, K, N, w, b, yp + 16 * t, M, next);
   }
 #pragma omp barrier
 }
