@@ -36,7 +36,7 @@ class SeqStep:
 
     tokens: torch.Tensor  # long [T]
     positions: torch.Tensor  # long [T]: rope position (prefix length + depth for trees)
-    new_slots: torch.Tensor  # long [T]: slots the rows' K/V are written to
+    new_slots: torch.Tensor  # long [T]: slots the rows' K/V go to (no slot twice in a step)
     context_slots: torch.Tensor  # long [C]: committed slots the rows attend to, in order
     mask: torch.Tensor | None = None  # bool [T, T]: new row i may attend new row j
     logits: str = "all"  # which rows need logits
@@ -312,8 +312,8 @@ class Transformer(nn.Module):
         """One forward over every sequence's rows; returns per sequence float32 logits
         [T, V] ("all"), [1, V] ("last") or [0, V] ("none").
 
-        Writes every row's K/V to its ``new_slots`` (rejected draft rows are simply
-        overwritten later). See ``SeqStep`` for what a row attends to.
+        Writes every row's K/V to its ``new_slots``, all distinct (rejected draft rows are
+        simply overwritten later). See ``SeqStep`` for what a row attends to.
         """
         device, dtype = self.device, self.dtype
         ops = step_ops(device, dtype)

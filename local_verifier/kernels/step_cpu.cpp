@@ -1292,7 +1292,13 @@ void attention_rows(const float* qp, const KV* kc, const KV* vc, const int64_t* 
         for (int64_t g = 0; g < KVH; ++g) items.push_back({s, g, g + 1, r, last});
     }
   }
-  std::reverse(items.begin(), items.end());  // a sequence's longest rows first
+  // Costliest first (keys read times rows, plus the reading), so that the last items, run
+  // while the other threads may already wait, are the cheap ones.
+  const auto cost = [&](const Item& i) {
+    return (i.g1 - i.g0) * (cl[i.s] + i.last - rs[i.s]) * (i.last - i.first + 2);
+  };
+  std::stable_sort(items.begin(), items.end(),
+                   [&](const Item& x, const Item& y) { return cost(x) > cost(y); });
   const int64_t G = a.G, width = a.chunks * kLanes;
   const AttendBlock<KV> attend_block = kAttendBlock<KV>[a.chunks - 1];
   const auto lanes = [&](int64_t c) { return c + 1 < a.chunks ? first_lanes(kLanes) : a.tail; };
@@ -1675,8 +1681,8 @@ void stack_step(Stack& m, const StepArgs& s) {
         clock.mark(kRowOpsTime);
         linear_team<W>(h, w.wqkv, m.vectors[3 * l + 2], qkv, N, D, QKV);
         clock.mark(kLinearTime);
-#pragma omp single
-        for (int64_t n = 0; n < N; ++n) {  // in row order, as dg_rope_store
+#pragma omp for schedule(static)
+        for (int64_t n = 0; n < N; ++n) {  // each row to its own slot (a step's are distinct)
           const int64_t slot = s.new_slots[n], layer = l * layer_kv;
           rope_store_row(qkv + n * QKV, s.cos + n * Dh, s.sin + n * Dh,
                          kc + layer + key_offset(slot, kv_width), vc + layer + slot * kv_width,
