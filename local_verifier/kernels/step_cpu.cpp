@@ -805,18 +805,19 @@ struct Lookahead {
 // y[r][16 c + j] = chain over k pairs (+ bias) for R rows of xb (K apart) x CT column tiles
 // (w: the first one's stream, K * 16 values to the next). With Ahead, each stream's line
 // kDotAhead bytes ahead is prefetched (past a stream's end: the next one's start, harmless);
-// `after` prefetches another region as well.
-template <int R, int CT, bool Ahead>
+// with Next, the region `after` as well (without, the loop has no such work: 1-2% at 1 row).
+template <int R, int CT, bool Ahead, bool Next>
 inline void dot_tile(const uint16_t* xb, int64_t K, const uint16_t* w, const float* bias,
-                     float* y, int64_t ldy, Lookahead after = {nullptr, 0}) {
+                     float* y, int64_t ldy, Lookahead after) {
   const int64_t stride = K * 16, pairs = K / 2;
   __m512 acc[R][CT];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < CT; ++c) acc[r][c] = _mm512_setzero_ps();
   int64_t owed = 0;  // after.lines per pair, in pairs: one line whenever it reaches `pairs`
   for (int64_t i = 0; i < pairs; ++i) {
-    for (owed += after.lines; owed >= pairs; owed -= pairs, after.next += 64)
-      _mm_prefetch(after.next, _MM_HINT_T1);
+    if constexpr (Next)
+      for (owed += after.lines; owed >= pairs; owed -= pairs, after.next += 64)
+        _mm_prefetch(after.next, _MM_HINT_T1);
     __m512bh b[CT];
     for (int c = 0; c < CT; ++c) {
       const uint16_t* p = w + c * stride + i * 32;
@@ -838,10 +839,10 @@ inline void dot_tile(const uint16_t* xb, int64_t K, const uint16_t* w, const flo
 }
 
 // dot_tile over `rows` rows of one group of CT column tiles: R at a time, then the remainder
-// in one smaller tile. With Ahead, the first tile prefetches the group's own streams. `next`
-// (the following group's lines) is prefetched over all the tiles in proportion to their rows,
-// so that the memory streams it while the group's later row tiles compute from L2.
-template <int R, int CT, bool Ahead>
+// in one smaller tile. With Ahead, the first tile prefetches the group's own streams. With
+// Next, `next` (the following group's lines) is prefetched over all the tiles in proportion
+// to their rows, so that the memory streams it while the group's later row tiles compute.
+template <int R, int CT, bool Ahead, bool Next>
 inline void dot_cols(const uint16_t* xb, int64_t K, int64_t rows, const uint16_t* w,
                      const float* bias, float* y, int64_t ldy, Lookahead next) {
   const auto share = [&](int64_t r, int64_t n) {  // next's lines for rows r .. r + n - 1
@@ -850,27 +851,26 @@ inline void dot_cols(const uint16_t* xb, int64_t K, int64_t rows, const uint16_t
   };
   int64_t r = 0;
   if (R <= rows) {
-    dot_tile<R, CT, Ahead>(xb, K, w, bias, y, ldy, share(0, R));
+    dot_tile<R, CT, Ahead, Next>(xb, K, w, bias, y, ldy, share(0, R));
     r = R;
   }
   for (; r + R <= rows; r += R)
-    dot_tile<R, CT, false>(xb + r * K, K, w, bias, y + r * ldy, ldy, share(r, R));
+    dot_tile<R, CT, false, Next>(xb + r * K, K, w, bias, y + r * ldy, ldy, share(r, R));
   if constexpr (R > 1)
     if (r < rows) {
-      const Lookahead rest = share(r, rows - r);
-      dot_cols<R - 1, CT, Ahead>(xb + r * K, K, rows - r, w, bias, y + r * ldy, ldy,
-                                 {rest.next, rest.lines});
+      dot_cols<R - 1, CT, Ahead, Next>(xb + r * K, K, rows - r, w, bias, y + r * ldy, ldy,
+                                       share(r, rows - r));
     }
 }
 
 // dot_cols for a group of ct <= CT column tiles.
-template <int R, int CT, bool Ahead>
+template <int R, int CT, bool Ahead, bool Next>
 inline void dot_group(int64_t ct, const uint16_t* xb, int64_t K, int64_t rows,
                       const uint16_t* w, const float* bias, float* y, int64_t ldy,
                       Lookahead next) {
   if constexpr (CT > 1)
-    if (ct < CT) return dot_group<R, CT - 1, Ahead>(ct, xb, K, rows, w, bias, y, ldy, next);
-  dot_cols<R, CT, Ahead>(xb, K, rows, w, bias, y, ldy, next);
+    if (ct < CT) return dot_group<R, CT - 1, Ahead, Next>(ct, xb, K, rows, w, bias, y, ldy, next);
+  dot_cols<R, CT, Ahead, Next>(xb, K, rows, w, bias, y, ldy, next);
 }
 
 // y [N, M] = bf16(x) [N, K] @ w.T (+ bias [M] unless null) for an AMX-packed w (M a
@@ -894,13 +894,13 @@ inline void dot_linear_team(const float* xp, const uint16_t* wp, const float* bp
     const Lookahead next{reinterpret_cast<const char*>(w + n * 16 * K),
                          std::min(ct, after) * 16 * K * 2 / 64};
     if (N <= 2)
-      dot_group<2, 8, true>(n, xb, K, N, w, b, yp + 16 * t, M, {nullptr, 0});
+      dot_group<2, 8, true, false>(n, xb, K, N, w, b, yp + 16 * t, M, next);
     else if (N <= R)
-      dot_group<R, 4, true>(n, xb, K, N, w, b, yp + 16 * t, M, {nullptr, 0});
+      dot_group<R, 4, true, false>(n, xb, K, N, w, b, yp + 16 * t, M, next);
     else if (t == begin)
-      dot_group<R, 4, true>(n, xb, K, N, w, b, yp + 16 * t, M, next);
+      dot_group<R, 4, true, true>(n, xb, K, N, w, b, yp + 16 * t, M, next);
     else
-      dot_group<R, 4, false>(n, xb, K, N, w, b, yp + 16 * t, M, next);
+      dot_group<R, 4, false, true>(n, xb, K, N, w, b, yp + 16 * t, M, next);
   }
 #pragma omp barrier
 }
