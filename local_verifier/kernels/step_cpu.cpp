@@ -772,7 +772,7 @@ bool amx_usable() {
 // are read from memory once and from L2 for the later rows. Rows <= 2 take CT = 8 (enough
 // chains to hide vdpbf16ps' latency at 1 row), more rows R = 6 x CT = 4. Above one row tile,
 // the tiles of a group also prefetch the next group into L2, so that memory keeps streaming
-// while the later row tiles compute (8-32 rows: 0.80-0.91x the time of waiting on memory in
+// while the later row tiles compute (8-32 rows: 0.75-0.89x the time of waiting on memory in
 // the first row tile only; RESULTS.md, "Session 19").
 #if DG_DOT
 // Bytes a first row tile prefetches each stream ahead, into L2: at 1 row, 512 B-1 KB measured
