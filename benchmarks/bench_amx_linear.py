@@ -27,7 +27,9 @@ import ctypes
 import json
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -53,6 +55,29 @@ def linear_amx(source: Path) -> ctypes._CFuncPtr:
     function.argtypes = cpp.SIGNATURES["dg_linear_bf16"]
     function.restype = None
     return function
+
+
+@dataclass
+class Calls:
+    """Each build's calls on the benchmark's weights, for the rows of ``x``."""
+
+    sides: dict[str, Any]
+    weights: dict[str, dict[str, list[torch.Tensor]]]
+    layouts: dict[str, str]
+    bias: torch.Tensor
+    threads: int
+    x: dict[int, torch.Tensor]
+    outs: dict[str, dict[str, torch.Tensor]]
+
+    def timed(self, side: str, name: str, i: int) -> float:
+        """Seconds of one call of ``side`` on layer ``i``'s weight ``name``."""
+        m, k = SHAPES[name]
+        x, y = self.x[k], self.outs[side][name]
+        w = self.weights[self.layouts[side]][name][i]
+        b = self.bias.data_ptr() if name == "qkv" else None
+        start = time.perf_counter()
+        self.sides[side](x.data_ptr(), w.data_ptr(), b, y.data_ptr(), len(x), k, m, self.threads)
+        return time.perf_counter() - start
 
 
 def main() -> None:
@@ -93,15 +118,7 @@ def main() -> None:
         }
         best = {side: dict.fromkeys(SHAPES, float("inf")) for side in sides}
 
-        def timed(side: str, name: str, i: int) -> float:
-            """Seconds of one call of ``side`` on layer ``i``'s weight ``name``."""
-            m, k = SHAPES[name]
-            args_ = (x[k].data_ptr(), weights[layouts[side]][name][i].data_ptr())  # noqa: B023
-            b = bias.data_ptr() if name == "qkv" else None
-            y = outs[side][name].data_ptr()  # noqa: B023
-            start = time.perf_counter()
-            sides[side](*args_, b, y, n, k, m, args.threads)  # noqa: B023
-            return time.perf_counter() - start
+        timed = Calls(sides, weights, layouts, bias, args.threads, x, outs).timed
 
         order = list(sides)
         for _ in range(args.repeats):
