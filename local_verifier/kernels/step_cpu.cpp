@@ -890,9 +890,9 @@ inline void dot_linear_team(const float* xp, const uint16_t* wp, const float* bp
   for (int64_t t = begin; t < end; t += ct) {
     const uint16_t* w = wp + t * 16 * K;
     const float* b = bp != nullptr ? bp + 16 * t : nullptr;
-    const int64_t n = std::min(ct, end - t), after = std::max<int64_t>(end - t - n, 0);
+    const int64_t n = std::min(ct, end - t);  // the next group: up to ct tiles after these
     const Lookahead next{reinterpret_cast<const char*>(w + n * 16 * K),
-                         std::min(ct, after) * 16 * K * 2 / 64};
+                         std::min(ct, end - t - n) * 16 * K * 2 / 64};
     if (N <= 2)
       dot_group<2, 8, true, false>(n, xb, K, N, w, b, yp + 16 * t, M, next);
     else if (N <= R)
