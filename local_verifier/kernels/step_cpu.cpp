@@ -1030,7 +1030,9 @@ inline Vec load_chunk(const Heads<KV>& a, const KV* p, int c) {
 // block is computed, spread over it: a K tile row's lines per head dimension of a score tile,
 // a V row's lines per key of a value tile. A decode row's blocks lie scattered over the pool,
 // each a few short streams: left to the hardware prefetchers, or asked for faster, its loads
-// wait on memory (benchmarks/RESULTS.md, "Session 15").
+// wait on memory (benchmarks/RESULTS.md, "Session 15"). Into L2: asked into L1, a block's
+// lines wait on L1's few miss buffers, and 8 decode rows' attention took 1.2-1.35x the time
+// ("Session 20").
 class Ahead {
  public:
   // The lines of kv head g's K tiles and V rows of keys[0..n) (n = 0: none).
@@ -1057,7 +1059,7 @@ class Ahead {
   void issue(int64_t count) {  // the next count lines not yet asked for
     const int64_t end = std::min(count_, next_ + count);
     for (int64_t i = next_; i < end; ++i)
-      _mm_prefetch(static_cast<const char*>(line_[i]), _MM_HINT_T0);
+      _mm_prefetch(static_cast<const char*>(line_[i]), _MM_HINT_T1);
     next_ = end;
   }
 
@@ -1065,6 +1067,14 @@ class Ahead {
   const void* line_[kMaxLines];
   int64_t count_ = 0, next_ = 0, per_dim_ = 1, per_key_ = 1;
 };
+
+// The calling thread's Ahead, behind a call that is not inlined, so that a work item takes its
+// address once: inlined, GCC asks the dynamic linker (__tls_get_addr) for a thread_local's
+// address again for every line planned (RESULTS.md, "Session 20").
+__attribute__((noinline)) Ahead& thread_ahead() {
+  static thread_local Ahead ahead;
+  return ahead;
+}
 
 // The online-softmax state of the rows of a tile (rows of one sequence, one kv head): query
 // vector v = t G + h is query head h of row t; a vector of a head is width floats.
@@ -1315,7 +1325,7 @@ void attention_rows(const float* qp, const KV* kc, const KV* vc, const int64_t* 
     // they are read; gathered's lanes of no live key keep earlier keys, never read into a row.
     static thread_local std::vector<float> scratch;
     static thread_local std::vector<KV> gathered(kBlockTiles * kMaxHeadDim * kKeyTile);
-    static thread_local Ahead ahead;
+    Ahead& ahead = thread_ahead();
     const size_t need = n * (2 * width + 2 + kLanes + kKeyBlock);
     if (scratch.size() < need) scratch.resize(need);
     Tile<KV> tile;
