@@ -12,7 +12,8 @@
 // only on that element's own inputs: never on the number of rows in the call, on a row's
 // position, on the other rows, or on the thread count. Reductions run kLanes-lane partial
 // sums in index order, then one fixed lane tree (lane_sum); an attention score is one FMA
-// chain in head_dim order (see "Attention" below). Built with -ffp-contract=off,
+// chain in head_dim order, or on bf16 K/V one bf16 dot-product chain (see "Attention"
+// below). Built with -ffp-contract=off,
 // so the only fused multiply-adds are the explicit ones, used identically on every path.
 //
 // A plain C ABI over raw float32/int64 pointers (loaded with ctypes): no torch headers, so
@@ -991,7 +992,9 @@ inline void silu_mul_row(const float* g, float* out, int64_t F) {
 //
 // A row's attention is one fixed function of its query and its allowed keys in list order.
 // The keys are cut into blocks of kKeyBlock; for each block, in order:
-//   score[j] = scale * (((q[0] k_j[0] + 0) + q[1] k_j[1]) + ...)  (FMAs in head_dim order)
+//   score[j] = scale * (((q[0] k_j[0] + 0) + q[1] k_j[1]) + ...)  (FMAs in head_dim order;
+//     bf16 K/V of an even head_dim where the CPU has AVX512-BF16: q rounded to bf16, and one
+//     vdpbf16ps per pair of dimensions (2i, 2i + 1), in order)
 //   m' = max(m, max_j score[j]),  corr = exp(m - m'),  p[j] = exp(score[j] - m')
 //   sum = sum corr + p[0:kLanes] + p[kLanes:2 kLanes] + ...  (kLanes partial sums)
 //   acc = acc corr, then acc += p[j] v_j key by key (FMAs)
@@ -1082,6 +1085,7 @@ template <typename KV>
 struct Tile {
   int64_t width;  // chunks * kLanes
   float* q;       // [rows G][width] the queries, zero past head_dim
+  uint16_t* qb;   // [rows G][width] the same rounded to bf16 (bf16 K/V on dot products)
   float* acc;     // [rows G][width] the output accumulators
   float* m;       // [rows G] the running max
   float* corr;    // [rows G] this block's new max, then its rescaling
@@ -1160,6 +1164,55 @@ void scores(const float* q, int64_t width, const KV* const* tiles, int64_t Dh, f
       scores<N - 1>(q + n * width, width, tiles, Dh, scale, p + n * kKeyBlock, count - n, ahead);
 }
 
+#if DG_DOT
+// Rows 2i and 2i + 1 of a bf16 key tile [Dh][kKeyTile], interleaved key by key: lane j holds
+// key j's dimensions 2i and 2i + 1, the pair that vdpbf16ps multiplies with a query's pair i.
+inline __m512bh key_pair(const uint16_t* tile, int64_t i) {
+  const __m512i interleave = _mm512_set_epi16(
+      31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+      23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);  // word 31 first
+  return (__m512bh)_mm512_permutexvar_epi16(interleave,
+                                            _mm512_loadu_si512(tile + 2 * i * kKeyTile));
+}
+
+// score_tile on bf16 K: the queries rounded to bf16 (qb), each score one vdpbf16ps chain
+// over the pairs of head_dim in order, then scaled.
+template <int N>
+inline void dot_score_tile(const uint16_t* qb, int64_t width, const uint16_t* const* tiles,
+                           int64_t Dh, float scale, float* p, Ahead& ahead) {
+  static_assert(kTileVecs == 1, "a key vector is one whole tile");
+  Vec acc[N][kKeyVecs];
+  for (int n = 0; n < N; ++n)
+    for (int k = 0; k < kKeyVecs; ++k) acc[n][k] = zero();
+  for (int64_t i = 0; i < Dh / 2; ++i) {
+    ahead.per_dim();
+    ahead.per_dim();
+    __m512bh kv[kKeyVecs];
+    for (int k = 0; k < kKeyVecs; ++k) kv[k] = key_pair(tiles[k], i);
+    for (int n = 0; n < N; ++n) {
+      const __m512bh qd = dot_pair(qb + n * width, i);
+      for (int k = 0; k < kKeyVecs; ++k) acc[n][k] = _mm512_dpbf16_ps(acc[n][k], kv[k], qd);
+    }
+  }
+  const Vec sv = set1(scale);
+  for (int n = 0; n < N; ++n)
+    for (int k = 0; k < kKeyVecs; ++k) store(p + n * kKeyBlock + k * kLanes, mul(acc[n][k], sv));
+}
+
+// dot_score_tile over count query vectors, N at a time, then the rest in smaller tiles.
+template <int N>
+void dot_scores(const uint16_t* qb, int64_t width, const uint16_t* const* tiles, int64_t Dh,
+                float scale, float* p, int64_t count, Ahead& ahead) {
+  int64_t n = 0;
+  for (; n + N <= count; n += N)
+    dot_score_tile<N>(qb + n * width, width, tiles, Dh, scale, p + n * kKeyBlock, ahead);
+  if constexpr (N > 1)
+    if (n < count)
+      dot_scores<N - 1>(qb + n * width, width, tiles, Dh, scale, p + n * kKeyBlock, count - n,
+                        ahead);
+}
+#endif
+
 // acc[n] = acc[n] corr[n], then += p[n][b] v_b for b < nb (>= 1) in order, for N query
 // vectors of one row (its keys are slots block[0..nb)).
 template <int N, int CH, typename KV>
@@ -1214,8 +1267,16 @@ void attend_block(const Heads<KV>& a, int64_t g, const Tile<KV>& tile, int64_t t
   const int64_t G = a.G, width = tile.width, v0 = t0 * G, v1 = t1 * G;
   const KV* tiles[kBlockTiles];
   key_tiles(a, g, block, nb, tile.gathered, tiles);
-  scores<kScoreTile>(tile.q + v0 * width, width, tiles, a.Dh, a.scale, tile.p + v0 * kKeyBlock,
-                     v1 - v0, *tile.ahead);
+  bool dotted = false;  // bf16 K of an even head_dim: scores on dot products
+#if DG_DOT
+  if constexpr (std::is_same_v<KV, uint16_t>)
+    if ((dotted = a.Dh % 2 == 0))
+      dot_scores<kScoreTile>(tile.qb + v0 * width, width, tiles, a.Dh, a.scale,
+                             tile.p + v0 * kKeyBlock, v1 - v0, *tile.ahead);
+#endif
+  if (!dotted)
+    scores<kScoreTile>(tile.q + v0 * width, width, tiles, a.Dh, a.scale, tile.p + v0 * kKeyBlock,
+                       v1 - v0, *tile.ahead);
   const auto keys = [&](int64_t v, int k) {  // the live lanes of vector k of v's scores
     return first_lanes(std::clamp<int64_t>(live[v / G] - k * kLanes, 0, kLanes));
   };
@@ -1325,12 +1386,15 @@ void attention_rows(const float* qp, const KV* kc, const KV* vc, const int64_t* 
     // they are read; gathered's lanes of no live key keep earlier keys, never read into a row.
     static thread_local std::vector<float> scratch;
     static thread_local std::vector<KV> gathered(kBlockTiles * kMaxHeadDim * kKeyTile);
+    static thread_local std::vector<uint16_t> rounded;  // q in bf16 (bf16 K/V, dot products)
     Ahead& ahead = thread_ahead();
     const size_t need = n * (2 * width + 2 + kLanes + kKeyBlock);
     if (scratch.size() < need) scratch.resize(need);
+    if (rounded.size() < static_cast<size_t>(n * width)) rounded.resize(n * width);
     Tile<KV> tile;
     tile.width = width;
     tile.q = scratch.data();
+    tile.qb = rounded.data();
     tile.acc = tile.q + n * width;
     tile.m = tile.acc + n * width;
     tile.corr = tile.m + n;
@@ -1347,6 +1411,9 @@ void attention_rows(const float* qp, const KV* kc, const KV* vc, const int64_t* 
           for (int64_t c = 0; c < a.chunks; ++c)
             store(tile.q + (t * G + h) * width + c * kLanes,
                   load(qp + ((item.first + t) * H + g * G + h) * Dh + c * kLanes, lanes(c)));
+#if DG_DOT
+      if constexpr (std::is_same_v<KV, uint16_t>) dot_round(tile.q, n, width, tile.qb);
+#endif
       int64_t live[kQueryTile];
       if (ms[s] < 0) {  // causal: row t allows the list's first C + first_i + t + 1 keys
         const int64_t stop = C + first_i + rows;

@@ -168,15 +168,17 @@ def _serving_step(seed: int, slots: int) -> tuple[list[torch.Tensor], list[torch
     return contexts, news, masks
 
 
+@pytest.mark.parametrize("kv_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("seed", range(6))
 def test_serving_steps_equal_each_sequence_alone_on_any_thread_count(
-    cpp: CppOps, seed: int
+    cpp: CppOps, seed: int, kv_dtype: torch.dtype
 ) -> None:
     """Serving-like steps (sequences of chains and trees over scattered pool blocks, blocks
     cut at every offset): every sequence's rows are bitwise the same alone and in the step,
-    on 1 and 2 threads."""
+    on 1 and 2 threads, with K/V in float32 and in bf16 (on bf16 dot products where the CPU
+    has them)."""
     heads, kv_heads, dim, slots = 9, 3, 64, 2048
-    k_cache, v_cache = _kv(slots, kv_heads, dim, seed=40 + seed)
+    k_cache, v_cache = (kv.to(kv_dtype) for kv in _kv(slots, kv_heads, dim, seed=40 + seed))
     contexts, news, masks = _serving_step(seed, slots)
     rows = [len(n) for n in news]
     q = _randn(sum(rows), heads, dim, seed=50 + seed)
@@ -194,7 +196,10 @@ def test_serving_steps_equal_each_sequence_alone_on_any_thread_count(
             assert torch.equal(out, together[starts[s] : starts[s + 1]]), s
     finally:
         torch.set_num_threads(before)
-    expected = TorchOps().attention(q, k_cache, v_cache, plan)
+    dotted = AMX and kv_dtype == torch.bfloat16  # scores from q rounded to bf16
+    expected = TorchOps().attention(
+        q.bfloat16().float() if dotted else q, k_cache.float(), v_cache.float(), plan
+    )
     torch.testing.assert_close(together, expected, atol=1e-5, rtol=1e-5)
 
 
@@ -203,8 +208,11 @@ def test_bf16_kv_is_stored_rounded_and_read_widened_exactly(
     cpp: CppOps, heads: int, kv_heads: int, dim: int
 ) -> None:
     """K/V in bf16: rope_store writes each value rounded as torch rounds it (ties to even,
-    overflow to inf, a NaN stays NaN), and attention over them is bitwise attention over the same
-    values widened to float32, on a serving-like step (head_dim 12: a partial vector)."""
+    overflow to inf, a NaN stays NaN). Attention over them, on a serving-like step (head_dim
+    12: a partial vector), is bitwise attention over the same values widened to float32;
+    where the CPU has the bf16 kernels, its scores are bf16 dot products of the query rounded
+    to bf16 instead: close to float32 attention of that query, and never bitwise the float32
+    kernel's (whose query is not rounded)."""
     rows, slots = 20, 2048
     qkv = _randn(rows, (heads + 2 * kv_heads) * dim, seed=60)
     special = torch.tensor([float("nan"), float("inf"), -float("inf"), 3.4e38, 1e-40, 1.00390625])
@@ -231,7 +239,13 @@ def test_bf16_kv_is_stored_rounded_and_read_widened_exactly(
     q_rows = _randn(sum(len(n) for n in news), heads, dim, seed=65)
     plan = AttentionPlan.build(contexts, news, masks)
     narrow_out = cpp.attention(q_rows, k_cache, v_cache, plan)
-    assert torch.equal(narrow_out, cpp.attention(q_rows, k_cache.float(), v_cache.float(), plan))
+    wide_out = cpp.attention(q_rows, k_cache.float(), v_cache.float(), plan)
+    if AMX:
+        rounded_q = cpp.attention(q_rows.bfloat16().float(), k_cache.float(), v_cache.float(), plan)
+        torch.testing.assert_close(narrow_out, rounded_q, atol=1e-5, rtol=1e-5)
+        assert not torch.equal(narrow_out, wide_out)
+    else:
+        assert torch.equal(narrow_out, wide_out)
     with pytest.raises(TypeError, match="K/V"):
         cpp.attention(q_rows, k_cache, v_cache.float(), plan)
 
