@@ -47,6 +47,7 @@ import torch
 import local_verifier.model
 from local_verifier.generate import PlainResult, generate_plain
 from local_verifier.kernels import StepOps
+from local_verifier.kernels.cpp import load_library
 from local_verifier.kernels.fused import FUSED_ENV, PROFILE_KINDS
 from local_verifier.kernels.packing import AMX_ENV, layout_of
 from local_verifier.kv_storage import KVStorage
@@ -293,8 +294,14 @@ def compare_with_transformers(
     prompts = [tok.encode(tok.apply_chat_template(r["messages"])) for r in rows]
     warm = prompts[0][:32]
     run_ours(lm, warm, 4)
-    # on the AMX kernels (weights in their layout after a step) linear inputs round to bf16
-    hf = load_reference(lm.name, lm.dtype, layout_of(lm.model.head.weight) == "amx")
+    # on the AMX kernels (weights in their layout after a step) linear inputs round to bf16;
+    # on a CPU with them, bf16 K/V's queries too
+    library, _ = load_library()
+    dot_scores = lm.dtype == torch.bfloat16 and lm.device.type == "cpu"
+    dot_scores = dot_scores and library is not None and library.dg_bf16_kernels() != 0
+    hf = load_reference(
+        lm.name, lm.dtype, layout_of(lm.model.head.weight) == "amx", round_queries=dot_scores
+    )
     run_hf(hf, warm, 4, eos)
     results = []
     for i, (row, prompt) in enumerate(zip(rows, prompts, strict=True)):

@@ -1,7 +1,8 @@
 """Where a served step's time goes: the engine in-process on a workload, by step size.
 
     python benchmarks/bench_serving_steps.py --workload benchmarks/workloads/default.jsonl \
-        --concurrency 1,4,8 --max-tokens 128 [--dtype bf16] [--threads 2] --json OUT
+        --concurrency 1,4,8 --max-tokens 128 [--dtype bf16] [--threads 2] --json OUT \
+        [--baseline OLD_step_cpu.cpp --rounds N]
 
 Runs the serving engine without HTTP (``bench_engine.throughput``: closed loop, each
 prompt once, drafts on) after one warm pass without drafts (the prefix cache then holds
@@ -10,11 +11,17 @@ whole and by the fused stack's own clock (linear, head, attention, row ops; ``ot
 the rest of ``Transformer.step``: Python, embedding, the plan), and the steps are grouped
 by their row count. Output tokens/s per level is reported beside them: with nothing but
 the engine on the machine, it is the ceiling the HTTP benchmark can reach.
+
+``--baseline`` compares two builds of the kernels instead, side by side in one process (the
+same model, prefix cache and prompts): each of ``--rounds`` rounds runs every level on this
+checkout's ``step_cpu.cpp`` and on the baseline's, in alternating order, and reports output
+tokens/s and this / baseline per round.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import statistics
 import sys
@@ -27,10 +34,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_engine import throughput  # noqa: E402
+from local_verifier import kernels  # noqa: E402
+from local_verifier.devices import cpu_flags  # noqa: E402
 from local_verifier.engine import Engine  # noqa: E402
+from local_verifier.kernels import cpp  # noqa: E402
 from local_verifier.kernels.fused import PROFILE_KINDS  # noqa: E402
-from local_verifier.loader import load_model  # noqa: E402
+from local_verifier.loader import LoadedModel, load_model  # noqa: E402
 from local_verifier.model import SeqStep, Transformer  # noqa: E402
+from lookup.shared_library import build  # noqa: E402
 
 BUCKETS = ((1, 4), (5, 8), (9, 16), (17, 32), (33, 64), (65, 4096))
 
@@ -51,6 +62,45 @@ def summarise(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def library(source: Path) -> ctypes.CDLL:
+    """The kernels built from ``source``, typed as ``cpp.load_library`` types them."""
+    path, why = build(source, cpp.CFLAGS, sorted(cpu_flags()))
+    if path is None:
+        raise SystemExit(f"cannot build {source}: {why}")
+    lib = ctypes.CDLL(str(path))
+    typed = {**cpp.SIGNATURES, **(cpp.AMX_SIGNATURES if lib.dg_bf16_kernels() else {})}
+    for name, argtypes in typed.items():
+        function = getattr(lib, name)
+        function.argtypes = argtypes
+        function.restype = cpp.RESTYPES.get(name)
+    return lib
+
+
+def run_on(lm: LoadedModel, lib: ctypes.CDLL) -> None:
+    """Runs ``lm``'s next steps on ``lib``'s kernels (its layer stack built again)."""
+    cpp._loaded = (lib, "")
+    kernels._ops_for.cache_clear()
+    lm.model._stack = None
+
+
+def side_by_side(lm: LoadedModel, engine: Engine, prompts: list[list[int]], args: Any) -> None:
+    """--baseline: this checkout's kernels against the baseline's, rounds alternating."""
+    libs = {"this": library(cpp.SOURCE), "baseline": library(args.baseline)}
+    levels = [int(x) for x in args.concurrency.split(",")]
+    rounds = []
+    for r in range(args.rounds):
+        tok_s: dict[str, dict[int, float]] = {}
+        for side in ("this", "baseline") if r % 2 == 0 else ("baseline", "this"):
+            run_on(lm, libs[side])
+            tok_s[side] = {c: throughput(engine, prompts, args.max_tokens, c, True) for c in levels}
+        ratio = {c: tok_s["this"][c] / tok_s["baseline"][c] for c in levels}
+        rounds.append({"round": r + 1, "output_tok_s": tok_s, "this_over_baseline": ratio})
+        print(json.dumps(rounds[-1]), flush=True)
+    report = {"dtype": str(lm.dtype).removeprefix("torch."), "threads": args.threads}
+    report["baseline"] = str(args.baseline)
+    args.json.write_text(json.dumps({**report, "rounds": rounds}, indent=2) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", type=Path, required=True)
@@ -59,6 +109,8 @@ def main() -> None:
     parser.add_argument("--dtype", default=None, help="float32 or bf16 (default: the machine's)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", type=Path, required=True)
+    parser.add_argument("--baseline", type=Path, help="another step_cpu.cpp, side by side")
+    parser.add_argument("--rounds", type=int, default=3, help="--baseline's rounds")
     args = parser.parse_args()
 
     lm = load_model("smollm2-135m", dtype=args.dtype, tune_threads=False)
@@ -66,6 +118,9 @@ def main() -> None:
     engine = Engine(lm)
     items = [json.loads(x) for x in args.workload.read_text().splitlines() if x.strip()]
     prompts = [lm.tokenizer.encode(lm.tokenizer.apply_chat_template(r["messages"])) for r in items]
+    if args.baseline is not None:
+        throughput(engine, prompts, args.max_tokens, 1, False)  # warm: the prefix cache
+        return side_by_side(lm, engine, prompts, args)
     stack = lm.model.fused_stack()
     if stack is None:
         raise SystemExit("the fused C++ stack is not in use: no kernel clock to read")

@@ -11,7 +11,10 @@ from local_verifier.loader import resolve_spec
 
 
 def load_reference(
-    spec: str, weight_dtype: torch.dtype = torch.float32, round_linear_inputs: bool = False
+    spec: str,
+    weight_dtype: torch.dtype = torch.float32,
+    round_linear_inputs: bool = False,
+    round_queries: bool = False,
 ) -> Any:
     """transformers' fp32 model for ``spec`` (a path or alias); a GGUF file is read and
     dequantized by transformers itself, so its layout and numerics are the reference's.
@@ -20,13 +23,15 @@ def load_reference(
     K/V value attention reads (the rotated keys and the values; computing in fp32 still):
     what the bf16 target computes on a CPU without bf16 kernels. With
     ``round_linear_inputs`` too, every linear layer's input is rounded to bf16 first: what
-    it computes on the bf16 kernels (AMX or AVX512-BF16: ``kernels.packing``)."""
+    it computes on the bf16 kernels (AMX or AVX512-BF16: ``kernels.packing``). With
+    ``round_queries``, attention's queries are rounded to bf16 too: the scores over bf16 K/V
+    on a CPU with AVX512-BF16 (bf16 dot products, whatever the linear layers run on)."""
     model = _fp32_model(spec)
     if weight_dtype != torch.float32:
         with torch.no_grad():
             for p in model.parameters():
                 p.copy_(p.to(weight_dtype))
-        model.set_attn_implementation(_rounded_kv_attention(weight_dtype))
+        model.set_attn_implementation(_rounded_kv_attention(weight_dtype, round_queries))
     if round_linear_inputs:
         for module in model.modules():
             if isinstance(module, torch.nn.Linear):
@@ -34,8 +39,9 @@ def load_reference(
     return model
 
 
-def _rounded_kv_attention(dtype: torch.dtype) -> str:
-    """The name of transformers' sdpa attention on K/V rounded to ``dtype`` (registered)."""
+def _rounded_kv_attention(dtype: torch.dtype, round_queries: bool) -> str:
+    """The name of transformers' sdpa attention on K/V rounded to ``dtype``, and on queries
+    rounded to bf16 with ``round_queries`` (registered)."""
     from transformers import AttentionInterface, AttentionMaskInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.masking_utils import sdpa_mask
@@ -49,9 +55,11 @@ def _rounded_kv_attention(dtype: torch.dtype) -> str:
         **kwargs: Any,
     ) -> Any:
         rounded_key, rounded_value = key.to(dtype).to(key.dtype), value.to(dtype).to(value.dtype)
+        if round_queries:
+            query = query.to(torch.bfloat16).to(query.dtype)
         return sdpa_attention_forward(module, query, rounded_key, rounded_value, *args, **kwargs)
 
-    name = f"draftgate_kv_{str(dtype).removeprefix('torch.')}"
+    name = f"draftgate_kv_{str(dtype).removeprefix('torch.')}{'_q_bf16' if round_queries else ''}"
     AttentionInterface.register(name, attention)
     AttentionMaskInterface.register(name, sdpa_mask)
     return name

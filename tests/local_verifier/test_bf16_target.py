@@ -1,7 +1,8 @@
 """The bf16 target (bf16 weights and K/V, float32 activations on the CPU) against
 transformers computing in fp32 on the same bf16-rounded weights and K/V, and where the bf16 target runs on the
 bf16 kernels (a CPU with AMX-BF16 or AVX512-BF16, ``DRAFTGATE_AMX`` not 0) with every
-linear layer's input rounded to bf16 too: what the target is defined to compute on this machine."""
+linear layer's input rounded to bf16 too, and on such a CPU attention's queries rounded to
+bf16: what the target is defined to compute on this machine."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ from local_verifier.sampling import SamplingParams
 
 pytestmark = pytest.mark.slow
 LIBRARY, _ = load_library()
-AMX = LIBRARY is not None and LIBRARY.dg_bf16_kernels() != 0 and amx_wanted()
+DOT_SCORES = LIBRARY is not None and LIBRARY.dg_bf16_kernels() != 0  # bf16 K/V's scores
+AMX = DOT_SCORES and amx_wanted()
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +34,9 @@ def smollm2_bf16() -> Iterator[LoadedModel]:
 
 @pytest.fixture(scope="module")
 def hf_bf16_rounded() -> Iterator[Any]:
-    yield load_reference("smollm2-135m", torch.bfloat16, round_linear_inputs=AMX)
+    yield load_reference(
+        "smollm2-135m", torch.bfloat16, round_linear_inputs=AMX, round_queries=DOT_SCORES
+    )
 
 
 def test_bf16_target_stores_bf16_weights_and_bf16_kv(smollm2_bf16: LoadedModel) -> None:
