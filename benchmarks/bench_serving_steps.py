@@ -35,13 +35,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_engine import throughput  # noqa: E402
 from local_verifier import kernels  # noqa: E402
-from local_verifier.devices import cpu_flags  # noqa: E402
 from local_verifier.engine import Engine  # noqa: E402
 from local_verifier.kernels import cpp  # noqa: E402
 from local_verifier.kernels.fused import PROFILE_KINDS  # noqa: E402
 from local_verifier.loader import LoadedModel, load_model  # noqa: E402
 from local_verifier.model import SeqStep, Transformer  # noqa: E402
-from lookup.shared_library import build  # noqa: E402
 
 BUCKETS = ((1, 4), (5, 8), (9, 16), (17, 32), (33, 64), (65, 4096))
 
@@ -63,16 +61,10 @@ def summarise(steps: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def library(source: Path) -> ctypes.CDLL:
-    """The kernels built from ``source``, typed as ``cpp.load_library`` types them."""
-    path, why = build(source, cpp.CFLAGS, sorted(cpu_flags()))
-    if path is None:
+    """The kernels built from ``source``."""
+    lib, why = cpp.build_library(source)
+    if lib is None:
         raise SystemExit(f"cannot build {source}: {why}")
-    lib = ctypes.CDLL(str(path))
-    typed = {**cpp.SIGNATURES, **(cpp.AMX_SIGNATURES if lib.dg_bf16_kernels() else {})}
-    for name, argtypes in typed.items():
-        function = getattr(lib, name)
-        function.argtypes = argtypes
-        function.restype = cpp.RESTYPES.get(name)
     return lib
 
 

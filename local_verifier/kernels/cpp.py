@@ -64,15 +64,18 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     missing = [f for f in REQUIRED_CPU_FLAGS if f not in flags]
     if missing:
         return None, f"the CPU lacks {', '.join(missing)}"
-    path, reason = build(SOURCE, CFLAGS, sorted(flags))
+    return build_library(SOURCE)
+
+
+def build_library(source: Path) -> tuple[ctypes.CDLL | None, str]:
+    """The kernels compiled from ``source`` for this CPU and typed (``load_library`` loads
+    this package's own; a benchmark may load another version beside it), or (None, why)."""
+    path, reason = build(source, CFLAGS, sorted(cpu_flags()))
     if path is None:
         return None, reason
     library = ctypes.CDLL(str(path))
-    for name, argtypes in SIGNATURES.items():
-        function = getattr(library, name)
-        function.argtypes = argtypes
-        function.restype = RESTYPES.get(name)
-    for name, argtypes in AMX_SIGNATURES.items() if library.dg_bf16_kernels() else ():
+    typed = {**SIGNATURES, **(AMX_SIGNATURES if library.dg_bf16_kernels() else {})}
+    for name, argtypes in typed.items():
         function = getattr(library, name)
         function.argtypes = argtypes
         function.restype = RESTYPES.get(name)
