@@ -23,6 +23,9 @@ class AttentionPlan:
     masks: torch.Tensor
     mask_start: torch.Tensor
     _pointers: tuple[int, ...] | None = field(default=None, init=False, repr=False)
+    _rows_on: dict[torch.device, tuple[torch.Tensor, list[int]]] = field(
+        default_factory=dict, init=False, repr=False
+    )
 
     @classmethod
     def build(
@@ -62,6 +65,15 @@ class AttentionPlan:
             )  # fmt: skip
             self._pointers = tuple(t.data_ptr() for t in tensors)
         return self._pointers
+
+    def row_key_lists(self, device: torch.device) -> tuple[torch.Tensor, list[int]]:
+        """Every row's ``row_keys`` joined in row order on ``device``, and their lengths:
+        built and copied once per plan, for all the layers of its step."""
+        if device not in self._rows_on:
+            rows = [self.row_keys(r) for r in range(int(self.row_start[-1]))]
+            joined = torch.cat(rows) if rows else self.keys[:0]
+            self._rows_on[device] = (joined.to(device), [len(r) for r in rows])
+        return self._rows_on[device]
 
     def row_keys(self, row: int) -> torch.Tensor:
         """The slots ``row`` attends to, in attention order."""

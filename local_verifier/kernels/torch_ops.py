@@ -3,7 +3,8 @@
 Row-wise ops run on tiles of exactly ``TILE_ROWS`` rows (the last one padded with zeros):
 at a fixed row count a row's result does not depend on its neighbours or its position, so
 it is the same whatever the step's row count. Attention runs one row at a time over that
-row's own key list, so its shapes depend on nothing but the row.
+row's own key list, so its shapes depend on nothing but the row (the lists are built and
+copied to the device once per step, for every layer).
 """
 
 from __future__ import annotations
@@ -86,9 +87,10 @@ class TorchOps:
         plan: AttentionPlan,
     ) -> torch.Tensor:
         out = torch.empty_like(q)
-        for row in range(q.shape[0]):
-            slots = plan.row_keys(row).to(q.device)
-            tile, offset = key_index(slots)
+        joined, lengths = plan.row_key_lists(q.device)
+        tiles, offsets = key_index(joined)
+        rows = zip(joined.split(lengths), tiles.split(lengths), offsets.split(lengths), strict=True)
+        for row, (slots, tile, offset) in enumerate(rows):
             keys = k_cache[tile, :, :, offset]
             out[row] = F.scaled_dot_product_attention(
                 q[row].unsqueeze(1).unsqueeze(0),
