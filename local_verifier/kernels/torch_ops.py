@@ -4,7 +4,8 @@ Row-wise ops run on tiles of exactly ``TILE_ROWS`` rows (the last one padded wit
 at a fixed row count a row's result does not depend on its neighbours or its position, so
 it is the same whatever the step's row count. Attention runs one row at a time over that
 row's own key list, so its shapes depend on nothing but the row (the lists are built and
-copied to the device once per step, for every layer).
+copied to the device once per step; a layer gathers many rows' keys in one copy, which
+moves values and changes none).
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from local_verifier.kernels.plan import AttentionPlan
 from local_verifier.kv_storage import key_index
 
 TILE_ROWS = 16
+GATHER_SLOTS = 1 << 16
+"""Key slots the attention gathers in one copy by default (its K and V: 96 MiB at
+SmolLM2's shape in float32)."""
 
 
 def _tiled(fn: Callable[..., torch.Tensor], *xs: torch.Tensor) -> torch.Tensor:
@@ -34,6 +38,9 @@ class TorchOps:
     """Invariant step kernels from stock torch ops."""
 
     name = "torch"
+
+    def __init__(self, gather_slots: int = GATHER_SLOTS) -> None:
+        self.gather_slots = gather_slots
 
     def linear(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
@@ -86,16 +93,35 @@ class TorchOps:
         v_cache: torch.Tensor,
         plan: AttentionPlan,
     ) -> torch.Tensor:
-        out = torch.empty_like(q)
         joined, lengths = plan.row_key_lists(q.device)
-        tiles, offsets = key_index(joined)
-        rows = zip(joined.split(lengths), tiles.split(lengths), offsets.split(lengths), strict=True)
-        for row, (slots, tile, offset) in enumerate(rows):
-            keys = k_cache[tile, :, :, offset]
-            out[row] = F.scaled_dot_product_attention(
-                q[row].unsqueeze(1).unsqueeze(0),
-                keys.to(q.dtype).transpose(0, 1).unsqueeze(0),
-                v_cache[slots].to(q.dtype).transpose(0, 1).unsqueeze(0),
-                enable_gqa=True,
-            )[0, :, 0]
-        return out
+        outs: list[torch.Tensor] = []
+        for first, last, start, stop in _gather_groups(lengths, self.gather_slots):
+            slots = joined[start:stop]  # rows [first, last)'s key lists, gathered at once
+            tile, offset = key_index(slots)
+            keys = k_cache[tile, :, :, offset].to(q.dtype).split(lengths[first:last])
+            values = v_cache[slots].to(q.dtype).split(lengths[first:last])
+            for row, k, v in zip(range(first, last), keys, values, strict=True):
+                outs.append(
+                    F.scaled_dot_product_attention(
+                        q[row].unsqueeze(1).unsqueeze(0),
+                        k.transpose(0, 1).unsqueeze(0),
+                        v.transpose(0, 1).unsqueeze(0),
+                        enable_gqa=True,
+                    )[0, :, 0]
+                )
+        return torch.stack(outs) if outs else torch.empty_like(q)
+
+
+def _gather_groups(lengths: list[int], budget: int) -> list[tuple[int, int, int, int]]:
+    """Consecutive rows (first, last) and their keys' span (start, stop) in the joined key
+    lists, each group of rows holding at most ``budget`` keys (or one row)."""
+    groups: list[tuple[int, int, int, int]] = []
+    first = start = stop = 0
+    for row, length in enumerate(lengths):
+        if row > first and stop + length - start > budget:
+            groups.append((first, row, start, stop))
+            first, start = row, stop
+        stop += length
+    if lengths:
+        groups.append((first, len(lengths), start, stop))
+    return groups
