@@ -77,7 +77,8 @@ def check(lm: LoadedModel, max_tokens: int, reference: object | None) -> dict[st
     kv = KVStorage(
         lm.config, region * len(prompts) * (2 + len(CHUNKS)), lm.device, lm.model.kv_dtype
     )
-    chain_ok, batched_ok, chunked_ok = [], [], []
+    chain_ok: list[bool] = []
+    chunked_ok: list[bool] = []
     chains: list[SeqStep] = []
     alone: list[torch.Tensor] = []
     for p, (ids, out) in enumerate(zip(prompts, outs, strict=True)):

@@ -98,8 +98,9 @@ class TorchOps:
         for first, last, start, stop in _gather_groups(lengths, self.gather_slots):
             slots = joined[start:stop]  # rows [first, last)'s key lists, gathered at once
             tile, offset = key_index(slots)
-            keys = k_cache[tile, :, :, offset].to(q.dtype).split(lengths[first:last])
-            values = v_cache[slots].to(q.dtype).split(lengths[first:last])
+            sizes = lengths[first:last]
+            keys = k_cache[tile, :, :, offset].to(q.dtype).split(sizes)
+            values = v_cache[slots].to(q.dtype).split(sizes)
             for row, k, v in zip(range(first, last), keys, values, strict=True):
                 outs.append(
                     F.scaled_dot_product_attention(
