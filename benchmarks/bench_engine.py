@@ -169,8 +169,8 @@ def throughput(
     engine: Engine, prompts: list[list[int]], max_tokens: int, concurrency: int, drafts: bool
 ) -> float:
     """Output tokens/s, closed loop: ``concurrency`` workers, every prompt once, in order,
-    as ``bench_serving.py`` sends them over HTTP (each prompt twice in a row, as this did
-    before session 11, ran 1.13-1.15x faster at concurrency 4 and 8: RESULTS.md)."""
+    as ``bench_serving.py`` sends them over HTTP (each prompt sent twice in a row gave
+    1.13-1.15x the tokens/s at concurrency 4 and 8, which HTTP clients do not get)."""
     todo = list(prompts)
     lock = threading.Lock()
     tokens = 0
