@@ -19,8 +19,8 @@ from local_verifier.errors import ModelLoadError
 from local_verifier.gguf_loader import read_gguf
 from local_verifier.hf_loader import read_hf_dir
 from local_verifier.kernels.cpp import release_threads
-from local_verifier.kv_cache import KVCache
-from local_verifier.model import ModelConfig, Transformer
+from local_verifier.kv_storage import KVStorage
+from local_verifier.model import ModelConfig, SeqStep, Transformer
 from local_verifier.tokenizer import Tokenizer
 
 SMOLLM2_ALIAS = "smollm2-135m"
@@ -43,11 +43,6 @@ class LoadedModel:
     @property
     def context_length(self) -> int:
         return self.config.max_seq_len
-
-    def new_cache(self, max_len: int | None = None) -> KVCache:
-        """A KV cache for one sequence of up to ``max_len`` (default: the context) tokens."""
-        length = max_len or self.config.max_seq_len
-        return KVCache(self.config, length, self.device, self.model.kv_dtype)
 
 
 def smollm2_path() -> Path:
@@ -120,8 +115,8 @@ def load_model(
 
 def _probe_steps(lm: LoadedModel) -> None:
     """A decode step and an 8-token verify step after a 32-token prefix."""
-    cache = lm.new_cache(48)
-    tokens = torch.arange(41, device=lm.device) % lm.config.vocab_size
-    lm.model(tokens[:32], cache)
-    lm.model(tokens[32:33], cache)
-    lm.model(tokens[33:41], cache)
+    kv = KVStorage(lm.config, 48, lm.device, lm.model.kv_dtype)
+    tokens = torch.arange(41) % lm.config.vocab_size
+    for start, end in ((0, 32), (32, 33), (33, 41)):
+        slots = torch.arange(start, end)
+        lm.model.step([SeqStep(tokens[start:end], slots, slots, torch.arange(start))], kv)

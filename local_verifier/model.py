@@ -19,7 +19,6 @@ from local_verifier.kernels import AttentionPlan, StepOps, step_ops
 from local_verifier.kernels.cpp import CppOps
 from local_verifier.kernels.fused import FusedStack, LayerWeights, fused_enabled
 from local_verifier.kernels.packing import Layout, packing_enabled
-from local_verifier.kv_cache import KVCache
 from local_verifier.kv_storage import KVStorage
 from local_verifier.linear import Linear
 
@@ -365,39 +364,6 @@ class Transformer(nn.Module):
         x = x[torch.tensor(logit_rows, dtype=torch.long, device=device)]
         x = ops.rms_norm(x, self.norm.weight, self.norm.eps)
         return list(ops.linear(x, self.head.weight, None).float().split(counts))
-
-    def forward(
-        self,
-        tokens: torch.Tensor,
-        cache: KVCache,
-        positions: torch.Tensor | None = None,
-        tree_mask: torch.Tensor | None = None,
-        *,
-        last_only: bool = False,
-    ) -> torch.Tensor:
-        """Batch-1 ``step``: T new tokens; float32 logits [T, vocab] ([1, vocab] with
-        ``last_only``).
-
-        The tokens' K/V go to cache slots [cache.length, cache.length + T) and cache.length
-        advances by T. ``tree_mask[i, j]``: new token i may attend to new token j (None =
-        causal); every new token attends to the whole committed prefix.
-        """
-        t = tokens.shape[0]
-        start = cache.length
-        if start + t > cache.max_len:
-            raise ValueError(f"{start + t} tokens exceed the cache's {cache.max_len} slots")
-        new_slots = torch.arange(start, start + t)
-        seq = SeqStep(
-            tokens=tokens,
-            positions=new_slots if positions is None else positions,
-            new_slots=new_slots,
-            context_slots=torch.arange(start),
-            mask=tree_mask,
-            logits="last" if last_only else "all",
-        )
-        (logits,) = self.step([seq], cache.storage)
-        cache.length = start + t
-        return logits
 
     def load_hf_weights(self, tensors: dict[str, torch.Tensor]) -> None:
         """Copy weights named as in a Hugging Face Llama/Qwen2 checkpoint (``model.layers...``)."""

@@ -34,8 +34,3 @@ def tree_mask(
         mask[node + 1] = mask[parent + 1]
         mask[node + 1, node + 1] = True
     return torch.as_tensor(mask, device=device)
-
-
-def path_slots(accepted: Sequence[int], start: int) -> list[int]:
-    """Absolute KV slots of the root and the accepted nodes, for ``KVCache.compact``."""
-    return [start] + [start + node + 1 for node in accepted]

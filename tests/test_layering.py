@@ -68,6 +68,15 @@ def violations(root: Path = ROOT) -> list[str]:
     return bad
 
 
+def _tree(root: Path, path: str, source: str) -> Path:
+    """``root`` with the four packages and one module at ``path`` holding ``source``."""
+    for pkg in PACKAGES:
+        (root / pkg).mkdir()
+    (root / path).parent.mkdir(parents=True, exist_ok=True)
+    (root / path).write_text(source)
+    return root
+
+
 def test_packages_import_along_the_arrows() -> None:
     assert violations() == []
 
@@ -97,7 +106,74 @@ def test_packages_import_along_the_arrows() -> None:
 def test_checker_catches_arrows_against_the_architecture(
     tmp_path: Path, pkg: str, source: str, ok: bool
 ) -> None:
-    for p in PACKAGES:
-        (tmp_path / p).mkdir()
-    (tmp_path / pkg / "mod.py").write_text(source)
-    assert (violations(tmp_path) == []) is ok
+    assert (violations(_tree(tmp_path, f"{pkg}/mod.py", source)) == []) is ok
+
+
+# test and benchmark code: the product's modules never import it, not even lazily
+TEST_ONLY = ("local_verifier.testing", "tests")
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imported_modules(path: Path, root: Path) -> set[str]:
+    """Every module an import anywhere in ``path`` names (relative imports made absolute)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    package = _module_name(path, root).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            found.add(module)
+            found.update(f"{module}.{a.name}" for a in node.names)
+    return found
+
+
+def imports_of_test_code(root: Path = ROOT) -> list[str]:
+    """Every import of test or benchmark code from a product module."""
+    bad: list[str] = []
+    for pkg in PACKAGES:
+        for path in sorted((root / pkg).rglob("*.py")):
+            if _module_name(path, root).startswith("local_verifier.testing"):
+                continue
+            for module in sorted(_imported_modules(path, root)):
+                if any(module == t or module.startswith(t + ".") for t in TEST_ONLY):
+                    bad.append(f"{path.relative_to(root)} imports {module}")
+    return bad
+
+
+def test_the_product_does_not_import_test_code() -> None:
+    assert imports_of_test_code() == []
+
+
+@pytest.mark.parametrize(
+    ("path", "source", "ok"),
+    [
+        ("local_verifier/engine.py", "from local_verifier.testing import generate\n", False),
+        (
+            "local_verifier/loader.py",
+            "def f():\n    import local_verifier.testing.kv_cache\n",
+            False,
+        ),
+        ("local_verifier/model.py", "from .testing.kv_cache import KVCache\n", False),
+        ("local_verifier/model.py", "from . import testing\n", False),
+        ("gateway/app.py", "def f():\n    from tests.conftest import x\n", False),
+        ("local_verifier/model.py", "from local_verifier.kv_storage import KVStorage\n", True),
+        (
+            "local_verifier/testing/generate.py",
+            "from local_verifier.testing import kv_cache\n",
+            True,
+        ),
+    ],
+)
+def test_checker_catches_the_product_importing_test_code(
+    tmp_path: Path, path: str, source: str, ok: bool
+) -> None:
+    assert (imports_of_test_code(_tree(tmp_path, path, source)) == []) is ok

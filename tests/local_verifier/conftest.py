@@ -12,7 +12,7 @@ import torch
 
 from local_verifier.config import ModelConfig
 from local_verifier.loader import LoadedModel, load_model, smollm2_path
-from local_verifier.reference import load_reference
+from local_verifier.testing.reference import load_reference
 
 # dims multiples of 32 and a vocabulary of 16 x 11: every bf16 linear weight AMX-packed
 # (where the CPU has AMX), 11 column tiles in the head

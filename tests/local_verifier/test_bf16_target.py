@@ -14,12 +14,13 @@ from typing import Any
 import pytest
 import torch
 
-from local_verifier.generate import PlainResult, generate_plain
 from local_verifier.kernels.cpp import load_library
 from local_verifier.kernels.packing import amx_wanted, layout_of
 from local_verifier.loader import LoadedModel, load_model
-from local_verifier.reference import load_reference
 from local_verifier.sampling import SamplingParams
+from local_verifier.testing.generate import PlainResult, generate_plain
+from local_verifier.testing.kv_cache import new_cache
+from local_verifier.testing.reference import load_reference
 
 pytestmark = pytest.mark.slow
 LIBRARY, _ = load_library()
@@ -42,7 +43,7 @@ def hf_bf16_rounded() -> Iterator[Any]:
 def test_bf16_target_stores_bf16_weights_and_bf16_kv(smollm2_bf16: LoadedModel) -> None:
     assert smollm2_bf16.dtype == torch.bfloat16
     assert all(p.dtype == torch.bfloat16 for p in smollm2_bf16.model.parameters())
-    storage = smollm2_bf16.new_cache(8).storage
+    storage = new_cache(smollm2_bf16, 8).storage
     assert storage.k.dtype == storage.v.dtype == torch.bfloat16
 
 

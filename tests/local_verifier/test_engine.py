@@ -14,9 +14,9 @@ from spec_drafts import OracleDrafter, PassThrough, make_draft
 
 from local_verifier.engine import END, Engine, GenerationRequest, GenerationStats, TextDelta
 from local_verifier.errors import EngineClosed, PromptTooLong
-from local_verifier.generate import PlainResult, generate_plain
 from local_verifier.loader import LoadedModel
 from local_verifier.sampling import SamplingParams
+from local_verifier.testing.generate import PlainResult, generate_plain
 
 # a step costs 1 ms plus 0.01 ms a row: drafts of likely tokens always pay (the measured
 # costs of a tiny model on a shared machine are mostly noise)

@@ -6,10 +6,11 @@ import pytest
 import torch
 
 from local_verifier.errors import PromptTooLong
-from local_verifier.generate import PlainResult, generate_plain
 from local_verifier.loader import LoadedModel
 from local_verifier.output import TextDelta
 from local_verifier.sampling import SamplingParams
+from local_verifier.testing.generate import PlainResult, generate_plain
+from local_verifier.testing.kv_cache import forward, new_cache
 from local_verifier.tokenizer import IncrementalDetokenizer
 
 
@@ -22,10 +23,10 @@ def _run(lm: LoadedModel, prompt: list[int], **kw) -> tuple[str, PlainResult]:
 
 
 def _greedy_reference(lm: LoadedModel, prompt: list[int], n: int) -> list[int]:
-    cache = lm.new_cache(len(prompt) + n)
-    out = [int(lm.model(torch.tensor(prompt), cache)[-1].argmax())]
+    cache = new_cache(lm, len(prompt) + n)
+    out = [int(forward(lm.model, torch.tensor(prompt), cache)[-1].argmax())]
     while len(out) < n:
-        out.append(int(lm.model(torch.tensor(out[-1:]), cache)[-1].argmax()))
+        out.append(int(forward(lm.model, torch.tensor(out[-1:]), cache)[-1].argmax()))
     return out
 
 

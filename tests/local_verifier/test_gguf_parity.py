@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 import torch
 
-from local_verifier.generate import PlainResult, generate_plain
 from local_verifier.loader import LoadedModel
 from local_verifier.sampling import SamplingParams
+from local_verifier.testing.generate import PlainResult, generate_plain
+from local_verifier.testing.kv_cache import forward, new_cache
 from tests.conftest import WORKLOAD
 
 CODE_EDIT_IDS = [
@@ -81,7 +82,7 @@ def test_chat_template_matches_reference(smollm2: LoadedModel, hf_smollm2_tokeni
 def test_logits_match_reference(smollm2: LoadedModel, hf_smollm2: Any) -> None:
     for prompt in PROMPTS:
         ids = smollm2.tokenizer.encode(prompt)
-        ours = smollm2.model(torch.tensor(ids), smollm2.new_cache(len(ids)))
+        ours = forward(smollm2.model, torch.tensor(ids), new_cache(smollm2, len(ids)))
         with torch.no_grad():
             ref = hf_smollm2(torch.tensor([ids])).logits[0].float()
         torch.testing.assert_close(ours, ref, atol=2e-3, rtol=1e-3)

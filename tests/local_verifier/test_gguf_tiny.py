@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 from local_verifier.errors import ModelLoadError
 from local_verifier.loader import LoadedModel, load_model
+from local_verifier.testing.kv_cache import forward, new_cache
 
 NAMES = {
     "model.embed_tokens.weight": "token_embd.weight",
@@ -121,8 +122,8 @@ def test_gguf_matches_hf_directory(
     assert lm.tokenizer.apply_chat_template(messages) == tiny_lm.tokenizer.apply_chat_template(
         messages
     )
-    ours = lm.model(torch.tensor(ids), lm.new_cache(len(ids)))
-    ref = tiny_lm.model(torch.tensor(ids), tiny_lm.new_cache(len(ids)))
+    ours = forward(lm.model, torch.tensor(ids), new_cache(lm, len(ids)))
+    ref = forward(tiny_lm.model, torch.tensor(ids), new_cache(tiny_lm, len(ids)))
     torch.testing.assert_close(ours, ref, atol=atol, rtol=0.0)
 
 

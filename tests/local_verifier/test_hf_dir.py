@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from local_verifier.loader import LoadedModel, load_model
+from local_verifier.testing.kv_cache import forward, new_cache
 from tests.local_verifier.conftest import write_tiny_checkpoint
 
 TEXTS = [
@@ -25,7 +26,7 @@ def _hf_logits(hf_model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
 
 
 def _our_logits(lm: LoadedModel, ids: list[int]) -> torch.Tensor:
-    return lm.model(torch.tensor(ids), lm.new_cache(len(ids)))
+    return forward(lm.model, torch.tensor(ids), new_cache(lm, len(ids)))
 
 
 @pytest.mark.parametrize(
@@ -72,10 +73,10 @@ def test_greedy_matches_transformers(tiny_checkpoint: Path, tiny_lm: LoadedModel
         torch.tensor([ids]), max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0
     )
     expected = out[0, len(ids) :].tolist()
-    cache = tiny_lm.new_cache(len(ids) + 24)
-    tokens = [int(tiny_lm.model(torch.tensor(ids), cache)[-1].argmax())]
+    cache = new_cache(tiny_lm, len(ids) + 24)
+    tokens = [int(forward(tiny_lm.model, torch.tensor(ids), cache)[-1].argmax())]
     while len(tokens) < 24:
-        tokens.append(int(tiny_lm.model(torch.tensor(tokens[-1:]), cache)[-1].argmax()))
+        tokens.append(int(forward(tiny_lm.model, torch.tensor(tokens[-1:]), cache)[-1].argmax()))
     assert tokens == expected
 
 

@@ -11,10 +11,11 @@ from spec_drafts import OracleDrafter, PassThrough
 
 from local_verifier.chat_template import uses_tools
 from local_verifier.engine import END, Engine, GenerationRequest, GenerationStats, TextDelta
-from local_verifier.generate import PlainResult, generate_plain
 from local_verifier.loader import LoadedModel
 from local_verifier.logprobs import TokenLogprob
 from local_verifier.sampling import SamplingParams
+from local_verifier.testing.generate import PlainResult, generate_plain
+from local_verifier.testing.kv_cache import forward, new_cache
 
 BUDGET, MAX_DRAFT = 32, 8
 PROMPT = "x = 1\ny = 2\nz = x + y\nprint(z)\n" * 3  # several full KV blocks
@@ -57,7 +58,9 @@ def test_logprobs_are_the_raw_models(tiny_lm: LoadedModel, engine: Engine) -> No
     """The first token's figures are log_softmax of the raw logits after the prompt, whatever
     the temperature."""
     ids = tiny_lm.tokenizer.encode(PROMPT)
-    logits = tiny_lm.model(torch.tensor(ids), tiny_lm.new_cache(len(ids)), last_only=True)[-1]
+    logits = forward(
+        tiny_lm.model, torch.tensor(ids), new_cache(tiny_lm, len(ids)), last_only=True
+    )[-1]
     raw = torch.log_softmax(logits.float(), dim=-1)
     hot = SamplingParams(temperature=1.7, seed=1)
     (first, *_) = logprobs_of(

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from local_verifier.hf_loader import read_tokenizer
-from local_verifier.replay import Answer, StepCostTable, replay
 from local_verifier.step_costs import LiveCosts
+from local_verifier.testing.replay import Answer, StepCostTable, replay
 from local_verifier.tokenizer import Tokenizer
 from tests.local_verifier.conftest import write_tiny_tokenizer
 

@@ -15,9 +15,9 @@ import pytest
 from spec_drafts import OracleDrafter, PassThrough
 
 from local_verifier.engine import Engine, GenerationRequest, GenerationStats, TextDelta
-from local_verifier.generate import PlainResult, generate_plain
 from local_verifier.loader import LoadedModel
 from local_verifier.sampling import SamplingParams
+from local_verifier.testing.generate import PlainResult, generate_plain
 from tests.conftest import WORKLOAD
 
 MAX_TOKENS = 32

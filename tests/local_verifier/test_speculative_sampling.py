@@ -24,11 +24,11 @@ import torch
 
 from local_verifier import scheduler
 from local_verifier.engine import Engine, GenerationRequest, TextDelta
-from local_verifier.kv_cache import KVCache
 from local_verifier.loader import LoadedModel
 from local_verifier.logits_processors import Penalties, adjust, adjust_rows
 from local_verifier.model import ModelConfig, Transformer
 from local_verifier.sampling import SamplingParams, target_probs
+from local_verifier.testing.kv_cache import KVCache, forward
 from local_verifier.tokenizer import Tokenizer
 from local_verifier.verify import Verdict, children_of, verify_sampled
 from lookup.draft import Draft
@@ -330,7 +330,7 @@ def _target_table(model: Transformer) -> dict[tuple[int, ...], torch.Tensor]:
 
     def probs(context: tuple[int, ...]) -> torch.Tensor:
         cache = KVCache(model.config, 16)
-        logits = model(torch.tensor(PROMPT + list(context)), cache, last_only=True)[-1]
+        logits = forward(model, torch.tensor(PROMPT + list(context)), cache, last_only=True)[-1]
         return target_probs(logits, PARAMS)
 
     return {
@@ -410,7 +410,7 @@ def _grammar_allowed(context: tuple[int, ...]) -> torch.Tensor:
 def _grammar_exact(model: Transformer) -> dict[tuple[int, ...], float]:
     def probs(context: tuple[int, ...]) -> torch.Tensor:
         cache = KVCache(model.config, 16)
-        logits = model(torch.tensor(PROMPT + list(context)), cache, last_only=True)[-1]
+        logits = forward(model, torch.tensor(PROMPT + list(context)), cache, last_only=True)[-1]
         masked = logits.float().masked_fill(~_grammar_allowed(context), float("-inf"))
         return target_probs(masked, PARAMS)
 

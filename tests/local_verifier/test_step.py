@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from local_verifier.config import ModelConfig
-from local_verifier.kv_cache import KVCache
 from local_verifier.kv_storage import KEY_TILE, KVStorage
 from local_verifier.model import SeqStep, Transformer
+from local_verifier.testing.kv_cache import KVCache, forward
 
 CFG = ModelConfig(
     vocab_size=97,
@@ -51,14 +51,14 @@ def test_storage_shape_and_bytes() -> None:
 def test_step_matches_batch1_forward_in_scattered_slots() -> None:
     model = _model()
     tokens = [3, 14, 15, 92, 65, 35, 89]
-    expected = model(torch.tensor(tokens), KVCache(CFG, 16))
+    expected = forward(model, torch.tensor(tokens), KVCache(CFG, 16))
     kv = KVStorage(CFG, 40)
     slots = [31, 2, 17, 8, 0, 39, 5]  # any slots, any order: only the slot lists matter
     first = model.step([_seq(tokens[:4], slots[:4], [])], kv)[0]
     second = model.step([_seq(tokens[4:], slots[4:], slots[:4])], kv)[0]
     torch.testing.assert_close(torch.cat([first, second]), expected, atol=1e-5, rtol=1e-5)
     cache = KVCache(CFG, 16)
-    model(torch.tensor(tokens), cache)
+    forward(model, torch.tensor(tokens), cache)
     torch.testing.assert_close(
         kv.keys(torch.tensor(slots)), cache.storage.keys(torch.arange(7)), atol=1e-6, rtol=1e-5
     )
@@ -91,7 +91,7 @@ def test_tree_rows_match_their_chains() -> None:
         mask=mask,
     )
     out = model.step([tree], kv)[0]
-    chain_a = model(torch.tensor([5, 6, 7, 10, 11]), KVCache(CFG, 8))[3:]
-    chain_b = model(torch.tensor([5, 6, 7, 12]), KVCache(CFG, 8))[3:]
+    chain_a = forward(model, torch.tensor([5, 6, 7, 10, 11]), KVCache(CFG, 8))[3:]
+    chain_b = forward(model, torch.tensor([5, 6, 7, 12]), KVCache(CFG, 8))[3:]
     torch.testing.assert_close(out[:2], chain_a, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out[2:], chain_b, atol=1e-5, rtol=1e-5)

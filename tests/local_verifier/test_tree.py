@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from local_verifier.tree import path_slots, tree_mask, tree_positions
+from local_verifier.tree import tree_mask, tree_positions
 from lookup.draft import depths
 
 
@@ -40,8 +40,3 @@ def test_tree_mask_includes_self_and_ancestors_only() -> None:
 def test_empty_draft_is_the_root_alone() -> None:
     assert tree_mask([]).tolist() == [[True]]
     assert tree_positions([], prefix_len=3).tolist() == [3]
-
-
-def test_path_slots() -> None:
-    assert path_slots([1, 3], start=20) == [20, 22, 24]
-    assert path_slots([], start=5) == [5]

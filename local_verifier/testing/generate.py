@@ -1,4 +1,5 @@
-"""Plain decoding, one token per forward: the reference speculative decoding is checked against."""
+"""Plain decoding, one token per batch-1 step on the sequence's own K/V: the reference the
+engine's speculative decoding is checked against."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from local_verifier.sampling import (
     sample,
     target_probs,
 )
+from local_verifier.testing.kv_cache import forward, new_cache
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,7 @@ def _decode(
     lm: LoadedModel, prompt: list[int], params: SamplingParams, limit: int, stop: list[str]
 ) -> Iterator[TextDelta | PlainResult]:
     model = lm.model
-    cache = lm.new_cache(len(prompt) + limit)
+    cache = new_cache(lm, len(prompt) + limit)
     generator = make_generator(params.seed, lm.device)
     out = OutputAssembler(lm.tokenizer, stop, limit)
 
@@ -76,7 +78,7 @@ def _decode(
 
     start = time.perf_counter()
     try:
-        token = pick(model(torch.tensor(prompt, device=lm.device), cache, last_only=True)[-1])
+        token = pick(forward(model, torch.tensor(prompt), cache, last_only=True)[-1])
         prefill_s = time.perf_counter() - start
         while True:
             delta = out.push([token])
@@ -84,7 +86,7 @@ def _decode(
                 yield delta
             if out.finish_reason is not None or cache.length >= cache.max_len:
                 break
-            token = pick(model(torch.tensor([token], device=lm.device), cache)[-1])
+            token = pick(forward(model, torch.tensor([token]), cache)[-1])
     finally:
         if lm.device.type == "cpu":
             release_threads()  # this thread's team would slow an engine thread's steps
