@@ -109,6 +109,12 @@ class EndpointConfig(_Strict):
         gt=0,
         description="local kind: KV pool size in MiB (None: the engine's default)",
     )
+    max_tokens_cap: int = Field(
+        default=4096, ge=1, description="local kind: the most tokens one answer may generate"
+    )
+    max_tokens_default: int | None = Field(
+        default=None, ge=1, description="local kind: an answer's max_tokens when absent (the cap)"
+    )
     health_check: bool | None = Field(
         default=None,
         description="active GET {base_url}/models checks (default: on unless a hosted provider)",
@@ -133,6 +139,8 @@ class EndpointConfig(_Strict):
             if default is None:
                 raise ValueError(f"endpoint kind {self.kind!r} needs `base_url`")
             object.__setattr__(self, "base_url", default)
+        if (self.max_tokens_default or 0) > self.max_tokens_cap:
+            raise ValueError("`max_tokens_default` must not exceed `max_tokens_cap`")
         if self.kind == "azure" and not self.api_version:
             raise ValueError("an azure endpoint needs `api_version`")
         if not self.models:
@@ -141,6 +149,13 @@ class EndpointConfig(_Strict):
         if len(names) != len(set(names)):
             raise ValueError("`models`: a model name or alias appears twice")
         return self
+
+    def answer_tokens(self, requested: int | None) -> int:
+        """The most tokens one answer may generate here: ``requested`` (or the default when
+        absent) within the cap; a remote endpoint bounds nothing (0 when absent)."""
+        if self.kind != "local":
+            return requested or 0
+        return min(requested or self.max_tokens_default or self.max_tokens_cap, self.max_tokens_cap)
 
     def client_names(self) -> list[str]:
         """Every name clients may send for this endpoint (names and aliases)."""
@@ -189,7 +204,7 @@ class LimitsConfig(_Strict):
     concurrent: int = Field(default=32, ge=1, description="requests in flight")
     requests_per_minute: int = Field(default=1200, ge=1)
     tokens_per_minute: int = Field(
-        default=4_000_000, ge=1, description="prompt bytes / 4 + max_tokens, at admission"
+        default=4_000_000, ge=1, description="prompt bytes / 4 + n x max_tokens, at admission"
     )
     uploads_per_minute: int = Field(default=3000, ge=1, description="POST /v1/documents")
 

@@ -16,7 +16,8 @@ last answered already refuse (a full window) is refused without asking again
 round trip.
 
 Tokens are counted at admission as OpenAI does: the prompt estimated from the body's
-bytes (4 per token), then the most the answer may use (``max_tokens``) once it is known.
+bytes (4 per token), then the most the answers may use once they are known: ``n`` times
+``max_tokens`` (a local endpoint's default when absent, within its cap).
 The bytes are those the body's ``Content-Length`` declares, counted before the body is
 read, so that big bodies spend their sender's budget and one it cannot pay for is refused
 without being read or parsed (a body sent without a length is counted once read).

@@ -81,10 +81,13 @@ def render_chat(
     for message in messages:
         if not isinstance(message, dict):
             raise TypeError(f"chat messages must be dicts, got {message!r}")
-    return compile_template(source).render(
-        **special_tokens,
-        messages=messages,
-        tools=tools,
-        documents=None,
-        add_generation_prompt=add_generation_prompt,
-    )
+    try:
+        return compile_template(source).render(
+            **special_tokens,
+            messages=messages,
+            tools=tools,
+            documents=None,
+            add_generation_prompt=add_generation_prompt,
+        )
+    except jinja2.TemplateError as exc:  # raise_exception and messages the template cannot show
+        raise ValueError(f"messages: the model's chat template refused them: {exc}") from None

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from local_verifier.devices import ThreadTuner, available_cpus
-from local_verifier.errors import EngineBusy, EngineClosed, PromptTooLong
+from local_verifier.errors import EngineBusy, EngineClosed, PredictionTooLong, PromptTooLong
 from local_verifier.grammar import GrammarCompiler, check_grammar
 from local_verifier.kernels.cpp import release_threads
 from local_verifier.kv_pool import DEFAULT_BLOCK_SIZE, KVPool
@@ -31,7 +31,7 @@ from local_verifier.loader import LoadedModel, load_model
 from local_verifier.logits_processors import Penalties
 from local_verifier.logprobs import MAX_TOP_LOGPROBS
 from local_verifier.output import OutputAssembler, TextDelta
-from local_verifier.sampling import SamplingParams, make_generator
+from local_verifier.sampling import MAX_SEED, SamplingParams, make_generator
 from local_verifier.scheduler import DraftPolicy, DraftSource, Request, Scheduler
 from local_verifier.step_costs import measure_row_costs
 from lookup.controller import DraftController
@@ -77,6 +77,7 @@ class GenerationRequest:
     max_tokens: int | None = None  # None = up to the context
     stop: list[str] = field(default_factory=list)
     prediction: str | None = None
+    prediction_ids: list[int] | None = None  # the prediction's tokens (None: from ``prediction``)
     documents: list[DocumentTokens] = field(default_factory=list)
     document_sources: list[Source] = field(default_factory=list)  # default: Source.DOCUMENT
     draft: bool = True
@@ -212,6 +213,7 @@ class Engine:
         here. ``drafter``/``controller`` replace the request's own lookup drafter and
         controller (tests inject fixed drafts this way).
         """
+        req = self._tokenised(req)
         request = self._request(req, on_item, drafter, controller)
         return self._enqueue([(request, req)])
 
@@ -228,6 +230,9 @@ class Engine:
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be an integer >= 1, got {n!r}")
         seed = req.params.seed
+        if seed is not None and seed + n - 1 > MAX_SEED:
+            raise ValueError(f"seed must be at most 2**64 - n = {MAX_SEED - n + 1} with n = {n}")
+        req = self._tokenised(req)
         group: list[tuple[Request, GenerationRequest]] = []
         for i in range(n):
             params = dataclasses.replace(req.params, seed=None if seed is None else seed + i)
@@ -235,6 +240,39 @@ class Engine:
             group.append((self._request(member, functools.partial(on_item, i)), member))
         group[0][0].followers = [request for request, _ in group[1:]]
         return self._enqueue(group)
+
+    def _tokenised(self, req: GenerationRequest) -> GenerationRequest:
+        """``req`` with its prompt and prediction as token ids, each checked against the
+        model's embedding and the context (tokenised once for all ``n`` answers)."""
+        prompt_ids = self._prompt_ids(req)
+        prediction = req.prediction_ids
+        if prediction is None and req.prediction:
+            # a token is at most max_token_bytes long: a longer text cannot fit the context
+            if len(req.prediction.encode()) > self.context_length * self._max_token_bytes:
+                raise PredictionTooLong(self.context_length)
+            prediction = self.tokenizer.encode(req.prediction, add_special_tokens=False)
+        if prediction is not None:
+            if len(prediction) > self.context_length:
+                raise PredictionTooLong(self.context_length)
+            self._check_ids("prediction", prediction)
+        return dataclasses.replace(
+            req, messages=None, prompt=None, prompt_ids=prompt_ids, prediction_ids=prediction
+        )
+
+    @functools.cached_property
+    def _max_token_bytes(self) -> int:
+        """The longest token's UTF-8 bytes (bounds a text's token count from below)."""
+        tokens = self.tokenizer.backend.get_vocab()
+        return max(len(t.encode()) for t in tokens) if tokens else 1
+
+    def _check_ids(self, what: str, ids: Sequence[int]) -> None:
+        """A ``ValueError`` for a token id the model's embedding has no row for."""
+        vocab = self.lm.config.vocab_size
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(
+                f"{what}: token id {bad} is outside this model's vocabulary [0, {vocab})"
+            )
 
     def _request(
         self,
@@ -244,7 +282,8 @@ class Engine:
         controller: DraftPolicy | None = None,
     ) -> Request:
         """The scheduler's request for ``req`` (raises on a bad request)."""
-        prompt_ids = self._prompt_ids(req)
+        assert req.prompt_ids is not None  # _tokenised
+        prompt_ids = req.prompt_ids
         room = self.context_length - len(prompt_ids)
         if room < 1:
             raise PromptTooLong(len(prompt_ids), self.context_length)
@@ -456,19 +495,13 @@ class Engine:
             ids = self.tokenizer.encode(req.prompt, add_special_tokens=True)
         else:
             ids = [int(t) for t in req.prompt_ids or []]
-            vocab = self.lm.config.vocab_size
-            if any(not 0 <= t < vocab for t in ids):
-                raise ValueError(f"prompt_ids must be in [0, {vocab})")
         if not ids:
             raise ValueError("the prompt is empty")
+        self._check_ids("prompt", ids)
         return ids
 
     def _drafter(self, req: GenerationRequest, prompt_ids: Sequence[int]) -> Drafter:
-        prediction = (
-            self.tokenizer.encode(req.prediction, add_special_tokens=False)
-            if req.prediction
-            else None
-        )
+        prediction = req.prediction_ids or None
         documents = [self.index_cache.get_or_build(key, tokens) for key, tokens in req.documents]
         return Drafter(
             prompt_ids,

@@ -19,6 +19,13 @@ class PromptTooLong(ValueError):
         self.context_length = context_length
 
 
+class PredictionTooLong(ValueError):
+    """The prediction has more tokens than the model's context could ever generate."""
+
+    def __init__(self, context_length: int) -> None:
+        super().__init__(f"prediction is longer than the model's context ({context_length} tokens)")
+
+
 class EngineBusy(RuntimeError):
     """The engine's queue is full; the request may be retried later."""
 

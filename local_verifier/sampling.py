@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
+MIN_SEED, MAX_SEED = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed takes
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -34,6 +36,8 @@ class SamplingParams:
             isinstance(self.seed, bool) or not isinstance(self.seed, int)
         ):
             raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
+        if self.seed is not None and not MIN_SEED <= self.seed <= MAX_SEED:
+            raise ValueError(f"seed must be in [-2**63, 2**64 - 1], got {self.seed}")
 
     @property
     def greedy(self) -> bool:

@@ -385,9 +385,11 @@ class LocalEndpoint:
         grammar = grammar_for((request.model_extra or {}).get("response_format"))
         gen = GenerationRequest(
             params=params,
-            max_tokens=request.max_completion_tokens or request.max_tokens
-            if isinstance(request, ChatCompletionRequest)
-            else request.max_tokens,
+            max_tokens=self.config.answer_tokens(
+                request.max_completion_tokens or request.max_tokens
+                if isinstance(request, ChatCompletionRequest)
+                else request.max_tokens
+            ),
             stop=request.stop_list(),
             draft=draft,
             max_draft=request.draftgate.max_draft_tokens if request.draftgate else None,
@@ -462,7 +464,8 @@ class LocalEndpoint:
                 raise self._busy()
             gen = await self._generation_request(call, engine)
             job = _Job(asyncio.get_running_loop(), n)
-            job.handle = self._submit(engine, gen, job)
+            # tokenising the prompt and prediction takes a while: not on the event loop
+            job.handle = await asyncio.to_thread(self._submit, engine, gen, job)
             first = await self._next(job, call)
             if isinstance(first[1], Exception):
                 raise _failed(first[1], self.config.name)

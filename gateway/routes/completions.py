@@ -102,13 +102,17 @@ class CompletionsEndpoint:
             if declared is None:
                 await runtime.limiter.charge(tenant, prompt_tokens(len(raw)))
             data, request = await parse_request(self.api, raw, runtime.corpus.select_max_ids)
-            await runtime.limiter.charge(tenant, _token_limit(request) or 0)
             endpoints = runtime.routes.get(request.model)
             if not endpoints:
                 raise ModelNotFound(
                     f"model {request.model!r} is not served here (see GET /v1/models)",
                     param="model",
                 )
+            # every answer may run to its bound: n of them are paid for up front
+            requested = _token_limit(request)
+            await runtime.limiter.charge(
+                tenant, (request.n or 1) * max(e.answer_tokens(requested) for e in endpoints)
+            )
             doc_ids = prediction_policy.document_ids(
                 request,
                 docs_header.decode("latin-1") if docs_header else None,

@@ -224,10 +224,10 @@ class Corpus:
             cached = await self.store.get_tokens(ns, fingerprint, shas)
         except StoreUnavailable:
             cached = [None] * len(shas)
-        arrays = {
+        arrays = {  # an entry not a whole number of ids is corrupt: computed again
             sha: np.frombuffer(data, dtype="<u4").astype(np.uint32, copy=False)
             for sha, data in zip(shas, cached, strict=True)
-            if data is not None
+            if data is not None and len(data) % 4 == 0
         }
         todo = list({d.sha256: d.text for d in docs if d.sha256 not in arrays}.items())
         if todo:  # tokenizing megabytes takes a while: not on the event loop

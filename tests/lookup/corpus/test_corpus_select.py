@@ -130,6 +130,20 @@ async def test_tokens_are_cached_per_fingerprint(corpus: Corpus) -> None:
     assert encode.calls[4:] == ["héllo", "héllo"]
 
 
+async def test_corrupt_cached_tokens_are_computed_again(
+    corpus: Corpus, store: DocumentStore
+) -> None:
+    await corpus.put("t", "a", "héllo")
+    docs = await corpus.select("t", ids=["a"])
+    await store.put_tokens("t", "fp", {docs[0].sha256: b"\x01\x02\x03"}, limits=corpus.limits)
+    encode = CountingEncoder()
+    [(_, tokens)] = await corpus.tokens("t", docs, "fp", encode)
+    assert encode.calls == ["héllo"]
+    np.testing.assert_array_equal(tokens, [ord(c) for c in "héllo"])
+    [cached] = await store.get_tokens("t", "fp", [docs[0].sha256])
+    assert cached == np.asarray([ord(c) for c in "héllo"], "<u4").tobytes()  # repaired
+
+
 async def test_capture_stores_answers_and_request_code_blocks(corpus: Corpus) -> None:
     request = "Fix this:\n```python\ndef broken():\n    return 1 +\n```\nthanks"
     await corpus.capture("t", ["Here is the fix: return 1 + 2"], request_texts=[request])
