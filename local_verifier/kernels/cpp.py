@@ -1,10 +1,12 @@
-"""The C++ step kernels (``step_cpu.cpp``): compiled at first use, cached per machine kind,
-called through ctypes on raw pointers of contiguous tensors."""
+"""The C++ step kernels (``step_cpu.cpp``, the entry points, with its parts in ``cpu/``: one
+translation unit): compiled at first use, cached per machine kind and source, called through
+ctypes on raw pointers of contiguous tensors."""
 
 from __future__ import annotations
 
 import ctypes
 import platform
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +18,7 @@ from local_verifier.kernels.plan import AttentionPlan
 from lookup.shared_library import build
 
 SOURCE = Path(__file__).with_name("step_cpu.cpp")
+PARTS = tuple(sorted(SOURCE.with_name("cpu").glob("*.h")))  # what SOURCE includes
 CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-std=c++17", "-fPIC"]
 # AVX2 + FMA at least; -march=native builds the AVX-512 kernels where the CPU has it
 REQUIRED_CPU_FLAGS = ("avx2", "fma")
@@ -64,13 +67,14 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     missing = [f for f in REQUIRED_CPU_FLAGS if f not in flags]
     if missing:
         return None, f"the CPU lacks {', '.join(missing)}"
-    return build_library(SOURCE)
+    return build_library(SOURCE, PARTS)
 
 
-def build_library(source: Path) -> tuple[ctypes.CDLL | None, str]:
-    """The kernels compiled from ``source`` for this CPU and typed (``load_library`` loads
-    this package's own; a benchmark may load another version beside it), or (None, why)."""
-    path, reason = build(source, CFLAGS, sorted(cpu_flags()))
+def build_library(source: Path, parts: Sequence[Path] = ()) -> tuple[ctypes.CDLL | None, str]:
+    """The kernels compiled from ``source`` and the ``parts`` it includes for this CPU and
+    typed (``load_library`` loads this package's own; a benchmark may load another version
+    beside it), or (None, why)."""
+    path, reason = build(source, CFLAGS, sorted(cpu_flags()), parts)
     if path is None:
         return None, reason
     library = ctypes.CDLL(str(path))

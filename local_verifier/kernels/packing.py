@@ -1,5 +1,5 @@
-"""The packed layouts of a linear weight for the C++ kernels (``step_cpu.cpp``, "Linear
-layers"), the same values in another order (packing and unpacking are exact):
+"""The packed layouts of a linear weight for the C++ kernels (``cpu/linear.h``), the
+same values in another order (packing and unpacking are exact):
 
 - ``packed``: tiles of ``PACK`` output columns, each tile's values in blocks of ``PACK``
   values of k, ``[M / PACK, K / PACK, PACK, PACK]``, so that a tile, and a thread's run of
@@ -11,10 +11,9 @@ layers"), the same values in another order (packing and unpacking are exact):
   bytes, 16 columns x 2 values. On CPUs with AMX-BF16 the AMX tile kernels read it (a tile
   of B is one k block), on CPUs with AVX512-BF16 and no usable AMX the dot-product kernels
   (one pair row is the vector ``vdpbf16ps`` takes, 16 output columns per instruction).
-  Both round a linear's input to bf16 and sum in their own fixed order (``step_cpu.cpp``,
-  "Linear layers on AMX tiles", "... on bf16 dot products"): a different y from the
-  row-major weight's, the same for every row count. ``DRAFTGATE_AMX=0`` turns both off
-  (bf16 weights ``packed`` for the float32 kernels)."""
+  Both round a linear's input to bf16 and sum in their own fixed order (``cpu/amx.h``,
+  ``cpu/dot.h``): a different y from the row-major weight's, the same for every row count.
+  ``DRAFTGATE_AMX=0`` turns both off (bf16 weights ``packed`` for the float32 kernels)."""
 
 from __future__ import annotations
 
