@@ -25,11 +25,12 @@ NUM_WARPS = 4
 
 @triton.jit
 def _dot(a, b, acc, WIDEN: tl.constexpr):
-    """acc + a @ b in float32 with IEEE products (b in a's dtype). WIDEN: both operands
-    widened to float32 first, exactly (Triton's interpreter multiplies no bf16 operands)."""
-    if WIDEN:
+    """acc + a @ b, accumulated in float32: float32 operands with IEEE precision (no TF32),
+    bf16 ones as bf16 products. WIDEN: bf16 operands widened to float32 first, exactly
+    (Triton's interpreter multiplies no bf16 operands); their products are exact either way."""
+    if WIDEN or a.dtype == tl.float32:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    return tl.dot(a, b.to(a.dtype), acc, input_precision="ieee", out_dtype=tl.float32)
+    return tl.dot(a, b.to(a.dtype), acc, out_dtype=tl.float32)
 
 
 @triton.jit
