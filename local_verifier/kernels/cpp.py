@@ -15,6 +15,7 @@ import torch
 from local_verifier.devices import cpu_flags
 from local_verifier.kernels.packing import amx_wanted, dense_shape, layout_of
 from local_verifier.kernels.plan import AttentionPlan
+from local_verifier.kernels.step_args import StepArgs
 from lookup.shared_library import build
 
 SOURCE = Path(__file__).with_name("step_cpu.cpp")
@@ -40,13 +41,11 @@ SIGNATURES = {
     "dg_attention_bf16": [_ptr] * 10 + [_i64] * 5 + [_int],
     "dg_stack_new": [_i64] * 7 + [_int, _ptr, _ptr, _ptr],
     "dg_stack_free": [_ptr],
-    "dg_stack_step": [_ptr] * 5
-    + [_i64, _ptr, _ptr, _i64]
-    + [_ptr] * 6
-    + [_i64, _ptr, _i64, _ptr, _int, _ptr],
+    "dg_stack_step": [_ptr, ctypes.POINTER(StepArgs)],
+    "dg_step_args_layout": [ctypes.POINTER(_i64)],
 }
 AMX_SIGNATURES = {"dg_linear_amx": SIGNATURES["dg_linear_bf16"]}  # where dg_bf16_kernels
-RESTYPES = {"dg_stack_new": _ptr, "dg_bf16_kernels": _int}  # the rest return nothing
+RESTYPES = {"dg_stack_new": _ptr, "dg_bf16_kernels": _int, "dg_step_args_layout": _i64}
 BF16_KERNELS = {2: "amx", 1: "dot"}  # dg_bf16_kernels' codes: AMX tiles, AVX512-BF16 dots
 
 _loaded: tuple[ctypes.CDLL | None, str] | None = None
@@ -93,8 +92,10 @@ def release_threads() -> None:
     as the thread lives; once it manages more threads than there are CPUs it barely spins
     at a barrier, and each of a step's ~60 parallel regions waits for a wake-up. A model
     loaded on one thread (torch's parallel casts) left that thread a team, and the engine
-    thread's 2-thread steps then ran at 1-thread speed (benchmarks/RESULTS.md, "Session
-    14"). A thread done with parallel work calls this; its next region builds a team again.
+    thread's 2-thread steps then ran at 1-thread speed (a 1-row fp32 step: 19.9 ms against
+    10.2 on the loading thread; found as plain decode at about half speed in ``python -m
+    benchmarks.bench_llamacpp --dtype float32``). A thread done with parallel work calls
+    this; its next region builds a team again.
     """
     library, _ = load_library()
     if library is not None:

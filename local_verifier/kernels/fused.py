@@ -16,6 +16,7 @@ import torch
 from local_verifier.kernels.cpp import MAX_HEAD_DIM
 from local_verifier.kernels.packing import dense_shape, layout_of
 from local_verifier.kernels.plan import AttentionPlan
+from local_verifier.kernels.step_args import StepArgs
 
 FUSED_ENV = "DRAFTGATE_FUSED"  # "0": the C++ backend runs a step op by op
 LAYOUT_CODES = {"row": 0, "packed": 1, "amx": 2}  # a weight's layout, as dg_stack_new takes it
@@ -125,12 +126,16 @@ class FusedStack:
             raise TypeError(f"a {self.dtype} stack's K/V must be {self.dtype}, not {k.dtype}")
         logits = torch.empty(picked.shape[0], self.vocab)
         profile = None if self.profile is None else self.profile.data_ptr()
-        self._lib.dg_stack_step(
-            self._handle, x.data_ptr(), cos.data_ptr(), sin.data_ptr(), new_slots.data_ptr(),
-            x.shape[0], k.data_ptr(), v.data_ptr(), v.shape[1], *plan.pointers(),
-            len(plan.ctx_len), picked.data_ptr(), picked.shape[0], logits.data_ptr(),
-            torch.get_num_threads(), profile,
+        keys, key_start, row_start, ctx_len, masks, mask_start = plan.pointers()
+        args = StepArgs(
+            x=x.data_ptr(), cos=cos.data_ptr(), sin=sin.data_ptr(),
+            new_slots=new_slots.data_ptr(), n_rows=x.shape[0], k_cache=k.data_ptr(),
+            v_cache=v.data_ptr(), n_slots=v.shape[1], keys=keys, key_start=key_start,
+            row_start=row_start, ctx_len=ctx_len, masks=masks, mask_start=mask_start,
+            n_seqs=len(plan.ctx_len), picked=picked.data_ptr(), n_picked=picked.shape[0],
+            logits=logits.data_ptr(), threads=torch.get_num_threads(), seconds=profile,
         )  # fmt: skip
+        self._lib.dg_stack_step(self._handle, ctypes.byref(args))
         return logits
 
 

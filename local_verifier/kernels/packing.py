@@ -56,8 +56,9 @@ def is_packed(weight: torch.Tensor) -> bool:
 
 def packable(weight: torch.Tensor, layout: Layout) -> bool:
     """Whether a row-major [M, K] weight is held in ``layout`` (``row`` always): bfloat16
-    (a float32 weight streams faster row-major, 16 rows at a time: benchmarks/RESULTS.md,
-    "Packed weights"), M a multiple of ``PACK``, K of ``PACK`` (``AMX_K`` for ``amx``)."""
+    (a float32 weight streams faster row-major, 16 rows at a time: ``python -m
+    benchmarks.kernels.bench_gemv``), M a multiple of ``PACK``, K of ``PACK`` (``AMX_K``
+    for ``amx``)."""
     if layout == "row":
         return True
     k_block = AMX_K if layout == "amx" else PACK
@@ -98,6 +99,18 @@ def unpack(weight: torch.Tensor) -> torch.Tensor:
     if layout == "packed":
         return weight.permute(0, 2, 1, 3).reshape(dense_shape(weight))
     return weight
+
+
+def gather_rows(weight: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Rows ``index`` of a weight held in any layout, row-major ``[len(index), K]`` (the same
+    values as ``unpack(weight)[index]``, without unpacking the rest): a tied embedding read
+    from the head's packed weight."""
+    layout = layout_of(weight)
+    if layout == "row":
+        return weight[index]
+    tile, lane = index // PACK, index % PACK
+    rows = weight[tile, :, lane] if layout == "packed" else weight[tile, :, :, lane]
+    return rows.reshape(index.shape[0], -1)
 
 
 class _HugePageArena:

@@ -35,7 +35,9 @@
 
 #include <omp.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <mutex>
 
 extern "C" {
 
@@ -178,23 +180,51 @@ void* dg_stack_new(int64_t n_layers, int64_t dim, int64_t n_heads, int64_t n_kv_
 
 void dg_stack_free(void* stack) { delete static_cast<Stack*>(stack); }
 
-// One forward step of the stack over N rows (see StepArgs; the attention plan's arrays as
-// dg_attention's): writes every row's K/V to its slot in each layer of kc/vc (of the
-// weights' type: float32, or bfloat16 bits for a bf16 stack) and the picked rows' logits; x is overwritten. seconds, unless null, gets the step's seconds added per
-// kind: linear layers, the head, attention, the row-wise operations.
-void dg_stack_step(void* stack, float* x, const float* cos, const float* sin,
-                   const int64_t* new_slots, int64_t N, void* kc, void* vc, int64_t n_slots,
-                   const int64_t* kp, const int64_t* ks, const int64_t* rs, const int64_t* cl,
-                   const bool* mp, const int64_t* ms, int64_t n_seqs, const int64_t* picked,
-                   int64_t P, float* logits, int threads, double* seconds) {
+// One forward step of the stack (see DgStepArgs, cpu/stack.h): writes every row's K/V to its
+// slot in each layer of k_cache/v_cache (of the weights' type: float32, or bfloat16 bits for
+// a bf16 stack) and the picked rows' logits; x is overwritten. seconds, unless null, gets
+// the step's seconds added per kind: linear layers, the head, attention, the row-wise
+// operations.
+void dg_stack_step(void* stack, const DgStepArgs* args) {
   Stack& m = *static_cast<Stack*>(stack);
-  const StepArgs s{x,  cos, sin, new_slots, N,  kc,     vc,     n_slots, kp,      ks,     rs,
-                   cl, mp,  ms,  n_seqs,    picked, P, logits, threads, seconds};
   const std::lock_guard<std::mutex> hold(m.busy);
   if (m.bf16)
-    stack_step<uint16_t>(m, s);
+    stack_step<uint16_t>(m, *args);
   else
-    stack_step<float>(m, s);
+    stack_step<float>(m, *args);
+}
+
+// DgStepArgs' layout, for a test to compare with its ctypes mirror: out[0] = its size, then
+// per field in order its offset and size (2 * 20 + 1 values; out holds at least that many).
+// Returns the number of values written.
+int64_t dg_step_args_layout(int64_t* out) {
+  int64_t n = 0;
+  out[n++] = sizeof(DgStepArgs);
+#define DG_FIELD(name)                   \
+  out[n++] = offsetof(DgStepArgs, name); \
+  out[n++] = sizeof(DgStepArgs::name)
+  DG_FIELD(x);
+  DG_FIELD(cos);
+  DG_FIELD(sin);
+  DG_FIELD(new_slots);
+  DG_FIELD(n_rows);
+  DG_FIELD(k_cache);
+  DG_FIELD(v_cache);
+  DG_FIELD(n_slots);
+  DG_FIELD(keys);
+  DG_FIELD(key_start);
+  DG_FIELD(row_start);
+  DG_FIELD(ctx_len);
+  DG_FIELD(masks);
+  DG_FIELD(mask_start);
+  DG_FIELD(n_seqs);
+  DG_FIELD(picked);
+  DG_FIELD(n_picked);
+  DG_FIELD(logits);
+  DG_FIELD(threads);
+  DG_FIELD(seconds);
+#undef DG_FIELD
+  return n;
 }
 
 }  // extern "C"

@@ -3,6 +3,7 @@ includes), cached under a key that covers every part, shipped whole in the packa
 
 from __future__ import annotations
 
+import ctypes
 import fnmatch
 import re
 import shutil
@@ -11,7 +12,8 @@ from pathlib import Path
 import pytest
 import tomllib
 
-from local_verifier.kernels.cpp import PARTS, SOURCE
+from local_verifier.kernels import step_args
+from local_verifier.kernels.cpp import PARTS, SOURCE, load_library
 from lookup.shared_library import CACHE_ENV, build
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,3 +62,13 @@ def test_a_changed_part_builds_a_new_library(
     part.write_text("constexpr int kValue = 2;\n")
     second, why = build(source, ["-O1", "-fPIC"], [], [part])
     assert second is not None and second != first, why
+
+
+def test_the_step_args_mirror_matches_the_c_struct() -> None:
+    library, why = load_library()
+    if library is None:
+        pytest.skip(f"no C++ kernels here: {why}")
+    expected = step_args.layout()
+    out = (ctypes.c_int64 * len(expected))()
+    assert library.dg_step_args_layout(out) == len(expected)
+    assert list(out) == expected

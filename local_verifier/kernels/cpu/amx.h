@@ -25,7 +25,7 @@ namespace {
 // layout, [M / 16][K / kAmxK][kAmxK / 2 pairs of k][16 columns][2], puts one tile of B
 // (1 KB) after another along k: a column tile is one sequential stream. The rounded rows
 // are laid out the same way, [rows / 16][K / kAmxK][16 rows][kAmxK], so that a tile of A
-// is 1 KB in a row too (RESULTS.md, "AMX tiles for many rows").
+// is 1 KB in a row too (`python -m benchmarks.kernels.bench_amx_linear --rows 16,32,64,512`).
 #if DG_AMX
 constexpr int64_t kAmxK = 32;          // k values per tile of A or B (16 pairs)
 constexpr int64_t kAmxRowBlock = 256;  // rows rounded to bf16 at a time, per thread

@@ -73,9 +73,9 @@ inline Vec load_chunk(const Heads<KV>& a, const KV* p, int c) {
 // block is computed, spread over it: a K tile row's lines per head dimension of a score tile,
 // a V row's lines per key of a value tile. A decode row's blocks lie scattered over the pool,
 // each a few short streams: left to the hardware prefetchers, or asked for faster, its loads
-// wait on memory (benchmarks/RESULTS.md, "Session 15"). Into L2: asked into L1, a block's
-// lines wait on L1's few miss buffers, and 8 decode rows' attention took 1.2-1.35x the time
-// ("Session 20").
+// wait on memory. Into L2: asked into L1, a block's lines wait on L1's few miss buffers, and
+// 8 decode rows' attention took 1.2-1.35x the time (both measured by `python -m
+// benchmarks.kernels.bench_attention --serving --kv-dtype bfloat16 --baseline OTHER.cpp`).
 class Ahead {
  public:
   // The lines of kv head g's K tiles and V rows of keys[0..n) (n = 0: none).
@@ -113,7 +113,7 @@ class Ahead {
 
 // The calling thread's Ahead, behind a call that is not inlined, so that a work item takes its
 // address once: inlined, GCC asks the dynamic linker (__tls_get_addr) for a thread_local's
-// address again for every line planned (RESULTS.md, "Session 20").
+// address again for every line planned (under perf, 4% of 8 decode rows' attention).
 __attribute__((noinline)) Ahead& thread_ahead() {
   static thread_local Ahead ahead;
   return ahead;
@@ -385,8 +385,9 @@ void attention_rows(const float* qp, const KV* kc, const KV* vc, const int64_t* 
   // Work items (no bit depends on them): rows [first, last) of sequence s, kv heads [g0, g1).
   // A sequence's rows in tiles of about 2 per thread; with sequences enough to keep every
   // thread busy, one item takes all kv heads of its rows, so that one thread reads all of a
-  // sequence's K tiles and V rows (0.9x the time at 8 sequences of 1-2 rows: RESULTS.md,
-  // "Session 16").
+  // sequence's K tiles and V rows (0.9x the time of one item per kv head at 8 sequences of
+  // 1-2 rows: `python -m benchmarks.kernels.bench_attention --serving --kv-dtype bfloat16
+  // --baseline OTHER.cpp`).
   struct Item {
     int64_t s, g0, g1, first, last;
   };

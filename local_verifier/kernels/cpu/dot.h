@@ -34,10 +34,13 @@ namespace {
 // chains to hide vdpbf16ps' latency at 1 row), more rows R = 6 x CT = 4. Above one row tile,
 // the tiles of a group also prefetch the next group into L2, so that memory keeps streaming
 // while the later row tiles compute (8-32 rows: 0.75-0.89x the time of waiting on memory in
-// the first row tile only; RESULTS.md, "Session 19").
+// the first row tile only on an AVX512-BF16 CPU without AMX, `python -m
+// benchmarks.kernels.bench_amx_linear --rows 8,12,16,32 --repeats 1 --passes 15 --baseline
+// OTHER.cpp`, OTHER.cpp without the next group's prefetch).
 #if DG_DOT
 // Bytes a first row tile prefetches each stream ahead, into L2: at 1 row, 512 B-1 KB measured
-// alike, 256 B slower, and into L1 (T0) 30-50% slower (RESULTS.md, "bf16 dot products").
+// alike, 256 B slower, and into L1 (T0) 30-50% slower (`python -m
+// benchmarks.kernels.bench_amx_linear --rows 1 --baseline OTHER.cpp`).
 constexpr int64_t kDotAhead = 1024;
 thread_local std::vector<uint16_t> dot_rows;  // the input rows rounded to bf16, per thread
 

@@ -24,7 +24,8 @@ static_assert(kPack % kLanes == 0 && kPack % kWideColTile == 0 && kPack % kColTi
 constexpr int kRowBlock = 64;  // rows whose inputs stay in cache while W streams
 
 // Bytes a packed decode row's stream is prefetched ahead (into L2): 256 B-4 KB measured
-// alike for bf16 on Zen 4, a whole tile ahead slower (benchmarks/RESULTS.md, "Packed weights").
+// alike for bf16 on Zen 4, a whole tile ahead slower (`python -m benchmarks.kernels.bench_gemv
+// --baseline OTHER.cpp`, OTHER.cpp another distance).
 constexpr int64_t kPackAhead = 512;
 
 // Lines of the next column tile (or group) that a register tile prefetches into L2 while it
@@ -45,8 +46,9 @@ inline const W* column(const W* w, int64_t m, int64_t K) {
 // assembly: its 12 accumulators (ymm0-11), 3 inputs (ymm12-14) and 1 weight (ymm15) fill the
 // 16 registers, which GCC's own allocation does not manage (it spills two accumulators to
 // the stack, where their FMA chains wait on stores and loads). The same FMAs as the C++
-// loop's, in its order for each accumulator, from zero, so the same bits; 0.78-0.95x its
-// time from 16 rows on (benchmarks/RESULTS.md, "Session 17"). With Ahead, each block
+// loop's, in its order for each accumulator, from zero, so the same bits; 0.84-0.95x its
+// time at 16-64 rows on an AVX2-only CPU (`python -m benchmarks.kernels.bench_gemv --rows
+// 16,32,64 --baseline OTHER.cpp`, OTHER.cpp the C++ loop). With Ahead, each block
 // prefetches the line `ahead` values past each of its columns' first line, into L2; with
 // Next, the two lines at `next` (then `next` moves `step` <= 128 bytes on), so that a row
 // tile streams its share of the next column tile as it goes.

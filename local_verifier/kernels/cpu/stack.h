@@ -14,14 +14,41 @@
 #include "dot.h"
 #include "linear.h"
 
+// The arguments of one dg_stack_step call: a plain C struct, mirrored field for field by
+// fused.py's StepArgs (a ctypes.Structure; dg_step_args_layout reports this side's layout
+// for a test to compare). The attention plan's arrays are dg_attention's.
+struct DgStepArgs {
+  float* x;  // [N, dim]: the rows' embeddings, then their hidden states
+  const float* cos;  // [N, Dh]
+  const float* sin;  // [N, Dh]
+  const int64_t* new_slots;  // [N]: each row's K/V slot, all distinct
+  int64_t n_rows;  // N
+  void* k_cache;  // [L] x dg_rope_store's kc, of the weights' type
+  void* v_cache;  // [L] x dg_rope_store's vc (float, or bfloat16 bits)
+  int64_t n_slots;  // S, a multiple of kKeyTile
+  const int64_t* keys;  // the attention plan (see dg_attention)
+  const int64_t* key_start;
+  const int64_t* row_start;
+  const int64_t* ctx_len;
+  const bool* masks;
+  const int64_t* mask_start;
+  int64_t n_seqs;
+  const int64_t* picked;  // [P]: the rows that get logits
+  int64_t n_picked;  // P
+  float* logits;  // [P, V]
+  int threads;
+  double* seconds;  // null, or where the step adds its seconds per kind of kernel
+};
+
 namespace {
 
 // ---- The layer stack of a step in one call. ---------------------------------------------
 //
-// dg_stack_step runs what the per-op path (the functions above, called op by op) runs, in
-// the same order on the same values, so its logits and K/V are bitwise the same: per layer
-// rms_norm, qkv linear (+ bias), rope_store, attention, wo linear + residual, rms_norm, w13
-// linear, silu_mul, w2 linear + residual; then the picked rows' final norm and head. The
+// dg_stack_step runs what the per-op path (step_cpu.cpp's other functions, called op by op)
+// runs, in the same order on the same values, so its logits and K/V are bitwise the same:
+// per layer rms_norm, qkv linear (+ bias), rope_store, attention, wo linear + residual,
+// rms_norm, w13 linear, silu_mul, w2 linear + residual; then the picked rows' final norm and
+// head. The
 // weights' addresses sit in a table built once per model; the activations in scratch owned
 // by the table, grown to the largest step. One parallel region per layer (from the wo of
 // the layer before to the rope of this one) plus attention's own.
@@ -52,23 +79,6 @@ struct Stack {
   std::mutex busy;                    // one step at a time uses the scratch
 };
 
-struct StepArgs {
-  float* x;  // [N, dim]: the rows' embeddings, then their hidden states
-  const float *cos, *sin;  // [N, Dh]
-  const int64_t* new_slots;
-  int64_t N;
-  void *kc, *vc;   // [L] x dg_rope_store's, of the weights' type (float, or bfloat16 bits)
-  int64_t n_slots;  // S, a multiple of kKeyTile
-  const int64_t *kp, *ks, *rs, *cl;  // the attention plan (see dg_attention)
-  const bool* mp;
-  const int64_t* ms;
-  int64_t n_seqs;
-  const int64_t* picked;  // [P]: the rows that get logits
-  int64_t P;
-  float* logits;  // [P, V]
-  int threads;
-  double* seconds;  // null, or where the step adds its seconds per kind of kernel
-};
 
 enum Kind { kLinearTime, kHeadTime, kAttentionTime, kRowOpsTime };
 
@@ -87,10 +97,10 @@ struct Clock {
 // Attention of one layer: dg_attention with its arguments (its own parallel region, so it
 // is called between the stack's regions, never inside one).
 template <typename KV>
-void attention(const float* qp, const KV* kc, const KV* vc, const StepArgs& s, float* op,
+void attention(const float* qp, const KV* kc, const KV* vc, const DgStepArgs& s, float* op,
                int64_t H, int64_t KVH, int64_t Dh) {
-  attention_rows(qp, kc, vc, s.kp, s.ks, s.rs, s.cl, s.mp, s.ms, op, s.N, s.n_seqs, H, KVH, Dh,
-                 s.threads);
+  attention_rows(qp, kc, vc, s.keys, s.key_start, s.row_start, s.ctx_len, s.masks, s.mask_start,
+                 op, s.n_rows, s.n_seqs, H, KVH, Dh, s.threads);
 }
 
 // linear_team over a matrix of the table.
@@ -126,10 +136,10 @@ inline void add_row(float* x, const float* t, int64_t D) {  // x + t, as torch's
 
 // W: the weights' type, and the K/V's (float, or uint16_t for bfloat16 bits).
 template <typename W>
-void stack_step(Stack& m, const StepArgs& s) {
-  W* const kc = static_cast<W*>(s.kc);
-  W* const vc = static_cast<W*>(s.vc);
-  const int64_t N = s.N, P = s.P, D = m.dim, H = m.H, KVH = m.KVH, Dh = m.Dh, F = m.F;
+void stack_step(Stack& m, const DgStepArgs& s) {
+  W* const kc = static_cast<W*>(s.k_cache);
+  W* const vc = static_cast<W*>(s.v_cache);
+  const int64_t N = s.n_rows, P = s.n_picked, D = m.dim, H = m.H, KVH = m.KVH, Dh = m.Dh, F = m.F;
   const int64_t L = static_cast<int64_t>(m.layers.size());
   const int64_t QKV = (H + 2 * KVH) * Dh, HD = H * Dh, kv_width = KVH * Dh;
   const int64_t layer_kv = s.n_slots * kv_width;
