@@ -142,6 +142,14 @@ class ServiceUnavailable(GatewayError):
     code = "service_unavailable"
 
 
+class InsufficientStorage(GatewayError):
+    """507: the document store is full (Redis at ``maxmemory``); nothing was stored."""
+
+    status = 507
+    type = "server_error"
+    code = "insufficient_storage"
+
+
 class UpstreamError(GatewayError):
     """502: the upstream failed or answered an error that is not the client's fault."""
 

@@ -40,6 +40,7 @@ from sdk.retry_after import retry_after_s
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
 RETRY_AFTER_LIMIT_S = 86400.0
 """The longest upstream ``Retry-After`` kept (and passed on to clients): one day."""
+ERROR_BODY_BYTES = 64 * 1024  # an upstream error message is read up to this size
 # 4xx answers caused by the client's request: passed back, never retried or failed over.
 CLIENT_FAULT_STATUSES = frozenset({400, 413, 422})
 
@@ -104,6 +105,19 @@ def _error_message(body: bytes, status: int) -> tuple[str, str | None]:
     except ValueError:
         pass
     return f"upstream answered HTTP {status}", None
+
+
+async def _error_body(response: httpx.Response) -> bytes:
+    """An error answer's body, read no further than ``ERROR_BODY_BYTES`` (a longer one is
+    no error message: empty, so the status alone is reported)."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.aiter_bytes():
+        size += len(chunk)
+        if size > ERROR_BODY_BYTES:
+            return b""
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 class Upstream:
@@ -194,7 +208,7 @@ class Upstream:
         if 200 <= response.status_code < 300:
             return response
         try:
-            content = await response.aread()
+            content = await _error_body(response)
         except httpx.HTTPError:
             content = b""
         finally:

@@ -10,6 +10,7 @@ from starlette.routing import Route
 
 from gateway.errors import (
     GatewayError,
+    InsufficientStorage,
     InvalidRequest,
     NotFound,
     PayloadTooLarge,
@@ -20,7 +21,13 @@ from gateway.http.responses import json_response
 from gateway.http.validation import check_string_lengths, parse_json_async, validate
 from gateway.limits import prompt_tokens
 from gateway.runtime import Runtime
-from lookup.corpus import CorpusError, DocumentTooLarge, InvalidDocument, StoreUnavailable
+from lookup.corpus import (
+    CorpusError,
+    DocumentTooLarge,
+    InvalidDocument,
+    StoreFull,
+    StoreUnavailable,
+)
 from sdk.languages import language_for
 from sdk.wire import DocumentIn, DocumentInfo, DocumentList
 
@@ -44,6 +51,8 @@ def _corpus_error(exc: CorpusError) -> GatewayError:
         return PayloadTooLarge(str(exc), param="text")
     if isinstance(exc, InvalidDocument):
         return InvalidRequest(str(exc))
+    if isinstance(exc, StoreFull):
+        return InsufficientStorage(f"{exc}; nothing was stored")
     if isinstance(exc, StoreUnavailable):
         return ServiceUnavailable(f"document store unavailable: {exc}")
     return ServiceUnavailable("document store error")

@@ -4,7 +4,13 @@ from lookup.corpus.breaker import CircuitBreaker
 from lookup.corpus.capture import CaptureLimits, CaptureStats
 from lookup.corpus.corpus import Corpus
 from lookup.corpus.documents import Document, DocumentMeta
-from lookup.corpus.errors import CorpusError, DocumentTooLarge, InvalidDocument, StoreUnavailable
+from lookup.corpus.errors import (
+    CorpusError,
+    DocumentTooLarge,
+    InvalidDocument,
+    StoreFull,
+    StoreUnavailable,
+)
 from lookup.corpus.factory import open_store
 from lookup.corpus.memory_store import MemoryDocumentStore
 from lookup.corpus.redis_store import RedisDocumentStore
@@ -23,6 +29,7 @@ __all__ = [
     "InvalidDocument",
     "MemoryDocumentStore",
     "RedisDocumentStore",
+    "StoreFull",
     "StoreUnavailable",
     "open_store",
 ]

@@ -40,8 +40,10 @@ class Corpus:
     """Documents per namespace with TTL, caps with LRU eviction, selection and capture.
 
     ``ttl_s``: a document unused for this long is gone. ``max_doc_bytes``: larger documents
-    are refused. ``max_ns_bytes``/``max_ns_docs``: a namespace's caps; least recently used
-    documents are evicted to fit. ``select_max_docs``/``select_max_bytes`` bound what one
+    are refused. ``max_ns_bytes``/``max_ns_docs``: a namespace's caps on uploaded
+    documents; ``max_captured_bytes``/``max_captured_docs``: its caps on captured answers
+    and code blocks, apart (each kind evicts its own least recently used to fit, never the
+    other's). ``select_max_docs``/``select_max_bytes`` bound what one
     request drafts from; ``select_max_ids`` bounds the ids one request may name (more is
     `InvalidDocument`, refused before the store is asked); ``retrieve_max_docs`` of the
     documents may be found by content (0: off), anchored as ``anchor_config`` says.
@@ -56,6 +58,8 @@ class Corpus:
         max_doc_bytes: int = 1 << 20,
         max_ns_bytes: int = 64 << 20,
         max_ns_docs: int = 10_000,
+        max_captured_bytes: int = 8 << 20,
+        max_captured_docs: int = 1000,
         select_max_docs: int = 16,
         select_max_bytes: int = 4 << 20,
         retrieve_max_docs: int = 8,
@@ -64,14 +68,21 @@ class Corpus:
         capture_limits: CaptureLimits | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        if ttl_s <= 0 or min(max_doc_bytes, max_ns_bytes, max_ns_docs, select_max_docs) < 1:
+        caps = (max_doc_bytes, max_ns_bytes, max_ns_docs, max_captured_bytes, max_captured_docs)
+        if ttl_s <= 0 or min(*caps, select_max_docs) < 1:
             raise ValueError("ttl_s, caps and selection bounds must be positive")
         if retrieve_max_docs < 0:
             raise ValueError("retrieve_max_docs must not be negative")
         if max_doc_bytes > max_ns_bytes:
             raise ValueError("max_doc_bytes must not exceed max_ns_bytes")
         self.store = store
-        self.limits = Limits(ttl_s=ttl_s, max_ns_bytes=max_ns_bytes, max_ns_docs=max_ns_docs)
+        self.limits = Limits(
+            ttl_s=ttl_s,
+            max_ns_bytes=max_ns_bytes,
+            max_ns_docs=max_ns_docs,
+            max_captured_bytes=max_captured_bytes,
+            max_captured_docs=max_captured_docs,
+        )
         self.max_doc_bytes = max_doc_bytes
         self.select_max_docs = select_max_docs
         self.select_max_bytes = select_max_bytes
@@ -121,6 +132,7 @@ class Corpus:
         language: str | None,
         answer: bool,
         keys: str = "",
+        captured: bool = False,
     ) -> DocumentMeta:
         check_namespace(ns)
         check_id(doc_id)
@@ -143,7 +155,9 @@ class Corpus:
             anchors=found,
             meta_bytes=sum(len(v.encode()) for v in (doc_id, path or "", language or "", *names)),
         )
-        return await self.store.put(ns, doc, answer=answer, limits=self.limits, now=self._clock())
+        return await self.store.put(
+            ns, doc, answer=answer, limits=self.limits, now=self._clock(), captured=captured
+        )
 
     async def get(self, ns: str, id: str) -> Document | None:
         """The document, marked as used, or None."""
@@ -281,6 +295,7 @@ class Corpus:
                         language=item.language,
                         answer=item.answer,
                         keys=keys if item.answer else "",
+                        captured=True,
                     )
             self.capture_stats.stored += len(items)
         except Exception:

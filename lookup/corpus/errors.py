@@ -17,3 +17,8 @@ class InvalidDocument(CorpusError):
 
 class StoreUnavailable(CorpusError):
     """The store did not answer within its time budget, failed, or its circuit is open."""
+
+
+class StoreFull(StoreUnavailable):
+    """The store is out of memory (Redis at ``maxmemory`` under ``noeviction``): nothing
+    was written."""

@@ -8,13 +8,15 @@ name character ever reaches a key name (no key injection).
 Keys under the namespace base ``B``:
   B + "lru"      ZSET   id-hash -> last used (LRU order, TTL purge)
   B + "ans"      ZSET   id-hash -> capture time of captured answers ("recent")
+  B + "cap"      ZSET   id-hash -> capture time of every captured document (their own caps)
   B + "docs"     HASH   id-hash -> JSON metadata (id, sha256, bytes, meta_bytes, path, language,
-                        created, names)
+                        created, names, num, captured)
   B + "names"    HASH   name-hash -> id-hash (ids, paths and basenames a prompt may mention)
   B + "refs"     HASH   sha256 -> number of documents holding that content (dedupe)
   B + "stat"     HASH   "bytes" -> bytes stored: distinct content + every document's metadata,
-                        "ixbytes" -> bytes the retrieval index is charged, "seq" -> last
-                        document number given
+                        "ixbytes" -> bytes the retrieval index is charged, "cbytes" ->
+                        bytes of captured documents (content, metadata, index), "seq" ->
+                        last document number given (rebuilt from "docs" when evicted)
   B + "fps"      SET    tokenizer-fingerprint hashes with cached token arrays
   B + "ix"       HASH   anchor bucket (2 bytes) -> postings (4-byte fingerprint + 4-byte
                         document number each; see lookup.corpus.anchors)

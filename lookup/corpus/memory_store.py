@@ -22,6 +22,16 @@ class _Entry:
     order: str  # tie-break among equal times, as Redis sorted sets order members
     num: int = 0  # number in the retrieval index (newer documents have larger numbers)
     anchors: list[int] = field(default_factory=list)  # the anchors indexed for it
+    captured: bool = False  # counted against the captured caps, not the uploaded ones
+
+    @property
+    def index_cost(self) -> int:
+        return len(self.anchors) * INDEX_ANCHOR_BYTES + INDEX_DOC_BYTES if self.anchors else 0
+
+    @property
+    def captured_cost(self) -> int:
+        """The bytes a captured document counts toward its caps (its index entry's too)."""
+        return self.doc.bytes + self.doc.meta_bytes + self.index_cost
 
     def meta(self) -> DocumentMeta:
         d = self.doc
@@ -42,6 +52,8 @@ class _Namespace:
     index: dict[int, list[int]] = field(default_factory=dict)  # anchor -> document numbers
     nums: dict[int, str] = field(default_factory=dict)  # document number -> id
     index_bytes: int = 0
+    captured: set[str] = field(default_factory=set)
+    captured_bytes: int = 0
     seq: int = 0
     oldest: float = float("inf")  # a lower bound of every entry's last use
 
@@ -55,7 +67,7 @@ class _Namespace:
                 entry.anchors.append(anchor)
         if entry.anchors:
             self.nums[entry.num] = doc_id
-            self.index_bytes += len(entry.anchors) * INDEX_ANCHOR_BYTES + INDEX_DOC_BYTES
+            self.index_bytes += entry.index_cost
 
     def index_drop(self, entry: _Entry) -> None:
         if not entry.anchors:
@@ -66,7 +78,7 @@ class _Namespace:
             if not found:
                 del self.index[anchor]
         del self.nums[entry.num]
-        self.index_bytes -= len(entry.anchors) * INDEX_ANCHOR_BYTES + INDEX_DOC_BYTES
+        self.index_bytes -= entry.index_cost
 
     def retrieve(self, query: np.ndarray, limit: int) -> list[str]:
         """Ids of the ``limit`` documents best matching the query anchors."""
@@ -98,12 +110,20 @@ class _Namespace:
             if self.names.get(name) == doc_id:
                 del self.names[name]
 
+    def uncount(self, doc_id: str, entry: _Entry) -> None:
+        """Take ``entry`` off the answer and captured lists and counts (before its index
+        entry is dropped)."""
+        self.answers.pop(doc_id, None)
+        if entry.captured:
+            self.captured.discard(doc_id)
+            self.captured_bytes -= entry.captured_cost
+        self.stored_bytes -= entry.doc.meta_bytes
+
     def remove(self, doc_id: str) -> bool:
         entry = self.entries.pop(doc_id, None)
         if entry is None:
             return False
-        self.answers.pop(doc_id, None)
-        self.stored_bytes -= entry.doc.meta_bytes
+        self.uncount(doc_id, entry)
         self.drop_names(doc_id, entry)
         self.index_drop(entry)
         self.drop_ref(entry.doc)
@@ -116,11 +136,16 @@ class _Namespace:
             self.remove(doc_id)
         self.oldest = min((e.last_used for e in self.entries.values()), default=float("inf"))
 
-    def over(self, limits: Limits) -> bool:
-        """Whether the namespace is above one of its caps."""
+    def over(self, limits: Limits, captured: bool) -> bool:
+        """Whether the captured (or the uploaded) documents are above one of their caps."""
+        if captured:
+            return (
+                len(self.captured) > limits.max_captured_docs
+                or self.captured_bytes > limits.max_captured_bytes
+            )
         return (
-            len(self.entries) > limits.max_ns_docs
-            or self.stored_bytes + self.index_bytes > limits.max_ns_bytes
+            len(self.entries) - len(self.captured) > limits.max_ns_docs
+            or self.stored_bytes + self.index_bytes - self.captured_bytes > limits.max_ns_bytes
         )
 
     def lru_order(self) -> list[str]:
@@ -144,14 +169,21 @@ class MemoryDocumentStore:
         return space
 
     async def put(
-        self, ns: str, doc: NewDocument, *, answer: bool, limits: Limits, now: float
+        self,
+        ns: str,
+        doc: NewDocument,
+        *,
+        answer: bool,
+        limits: Limits,
+        now: float,
+        captured: bool = False,
     ) -> DocumentMeta:
         space = self._space(ns, limits, now)
         old = space.entries.get(doc.id)
         created = now
         if old is not None:
             created = old.created
-            space.stored_bytes -= old.doc.meta_bytes
+            space.uncount(doc.id, old)
             space.drop_names(doc.id, old)
             space.index_drop(old)
             if old.doc.sha256 != doc.sha256:
@@ -159,7 +191,7 @@ class MemoryDocumentStore:
                 space.add_ref(doc)
         else:
             space.add_ref(doc)
-        entry = _Entry(doc, created, now, digest(doc.id))
+        entry = _Entry(doc, created, now, digest(doc.id), captured=captured)
         space.index_add(doc.id, entry)
         space.entries[doc.id] = entry
         space.oldest = min(space.oldest, now)
@@ -168,10 +200,13 @@ class MemoryDocumentStore:
             space.names[name] = doc.id
         if answer:
             space.answers[doc.id] = now
-        for victim in space.lru_order() if space.over(limits) else []:
-            if not space.over(limits):
+        if captured:
+            space.captured.add(doc.id)
+            space.captured_bytes += entry.captured_cost
+        for victim in space.lru_order() if space.over(limits, captured) else []:
+            if not space.over(limits, captured):
                 break
-            if victim != doc.id:
+            if victim != doc.id and (victim in space.captured) == captured:
                 space.remove(victim)
         return entry.meta()
 

@@ -4,6 +4,11 @@ Every script gets KEYS[1] = the namespace's "lru" key (so Redis Cluster routes i
 namespace's slot) and ARGV[1..4] = key base, now, native expiry in ms, TTL cutoff. All keys
 a script touches share the namespace's hash tag, so they live in the same slot.
 The in-memory store (memory_store.py) implements the same algorithm.
+
+Under a ``maxmemory`` eviction policy Redis may drop any of a namespace's keys between
+calls: a listed id whose metadata is gone is taken off the lists, and a stats hash that is
+gone is rebuilt from the documents (byte counts and the next document number). Under
+``noeviction`` a full Redis refuses a script's first write, before it changed anything.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ _PRELUDE = (
 local B, NOW, EXPIRE_MS, CUTOFF = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local K_LRU, K_ANS, K_DOCS, K_NAMES = B .. 'lru', B .. 'ans', B .. 'docs', B .. 'names'
 local K_REFS, K_STAT, K_FPS = B .. 'refs', B .. 'stat', B .. 'fps'
-local K_IX, K_ANC, K_NUMS = B .. 'ix', B .. 'anc', B .. 'nums'
+local K_IX, K_ANC, K_NUMS, K_CAP = B .. 'ix', B .. 'anc', B .. 'nums', B .. 'cap'
 """
     + f"local MAX_POSTINGS, ANCHOR_COST, DOC_COST = {MAX_POSTINGS}, {INDEX_ANCHOR_BYTES}, "
     + f"{INDEX_DOC_BYTES}\n"
@@ -48,11 +53,12 @@ local function index_add(idh, num, packed)
   redis.call('HSET', K_ANC, idh, table.concat(kept))
   redis.call('HSET', K_NUMS, num, idh)
   redis.call('HINCRBY', K_STAT, 'ixbytes', #kept * ANCHOR_COST + DOC_COST)
+  return #kept * ANCHOR_COST + DOC_COST
 end
 
 local function index_drop(idh, meta)
   local packed = redis.call('HGET', K_ANC, idh)
-  if not packed or not meta.num then return end
+  if not packed or not meta.num then return 0 end
   local num = struct.pack('>I4', meta.num)
   for i = 1, #packed, 6 do
     local bucket, entry = string.sub(packed, i, i + 1), string.sub(packed, i + 2, i + 5) .. num
@@ -71,12 +77,40 @@ local function index_drop(idh, meta)
   end
   redis.call('HDEL', K_ANC, idh)
   redis.call('HDEL', K_NUMS, num)
-  redis.call('HINCRBY', K_STAT, 'ixbytes', -(#packed / 6 * ANCHOR_COST + DOC_COST))
+  local cost = #packed / 6 * ANCHOR_COST + DOC_COST
+  redis.call('HINCRBY', K_STAT, 'ixbytes', -cost)
+  return cost
 end
 
+-- bytes of the namespace (all) and of its captured documents
 local function stored_bytes()
-  local s = redis.call('HMGET', K_STAT, 'bytes', 'ixbytes')
-  return tonumber(s[1] or '0') + tonumber(s[2] or '0')
+  local s = redis.call('HMGET', K_STAT, 'bytes', 'ixbytes', 'cbytes')
+  return tonumber(s[1] or '0') + tonumber(s[2] or '0'), tonumber(s[3] or '0')
+end
+
+-- a captured document's own bytes (its index entry's are added as it is indexed)
+local function captured_cost(meta)
+  return meta.bytes + (meta.meta_bytes or 0)
+end
+
+-- the stats hash, rebuilt from the documents when Redis evicted it
+local function stats()
+  if redis.call('EXISTS', K_STAT) == 1 then return end
+  local bytes, ix, cbytes, seq, seen = 0, 0, 0, 0, {}
+  local docs = redis.call('HGETALL', K_DOCS)
+  for i = 1, #docs, 2 do
+    local meta = cjson.decode(docs[i + 1])
+    local packed = redis.call('HGET', K_ANC, docs[i])
+    local cost = packed and (#packed / 6 * ANCHOR_COST + DOC_COST) or 0
+    bytes = bytes + (meta.meta_bytes or 0)
+    if not seen[meta.sha256] then seen[meta.sha256] = true; bytes = bytes + meta.bytes end
+    ix = ix + cost
+    if meta.captured then cbytes = cbytes + captured_cost(meta) + cost end
+    if meta.num and meta.num > seq then seq = meta.num end
+  end
+  if #docs > 0 then
+    redis.call('HSET', K_STAT, 'bytes', bytes, 'ixbytes', ix, 'cbytes', cbytes, 'seq', seq)
+  end
 end
 """
     + """
@@ -97,17 +131,22 @@ local function drop_names(idh, meta)
   end
 end
 
+-- takes idh off every list even when its metadata is gone (evicted by Redis); returns
+-- whether anything was removed
 local function remove(idh)
+  local listed = redis.call('ZREM', K_LRU, idh) + redis.call('ZREM', K_ANS, idh)
+    + redis.call('ZREM', K_CAP, idh)
   local raw = redis.call('HGET', K_DOCS, idh)
-  if not raw then return false end
+  if not raw then return listed > 0 end
   local meta = cjson.decode(raw)
   redis.call('HDEL', K_DOCS, idh)
-  redis.call('ZREM', K_LRU, idh)
-  redis.call('ZREM', K_ANS, idh)
   drop_names(idh, meta)
-  index_drop(idh, meta)
+  local cost = index_drop(idh, meta)
   drop_ref(meta.sha256, meta.bytes)
   redis.call('HINCRBY', K_STAT, 'bytes', 0 - (meta.meta_bytes or 0))
+  if meta.captured then
+    redis.call('HINCRBY', K_STAT, 'cbytes', -(captured_cost(meta) + cost))
+  end
   return true
 end
 
@@ -118,7 +157,8 @@ local function purge()
 end
 
 local function keep_alive()
-  for _, k in ipairs({K_LRU, K_ANS, K_DOCS, K_NAMES, K_REFS, K_STAT, K_FPS, K_IX, K_ANC, K_NUMS}) do
+  for _, k in ipairs({K_LRU, K_ANS, K_CAP, K_DOCS, K_NAMES, K_REFS, K_STAT, K_FPS, K_IX, K_ANC,
+                      K_NUMS}) do
     redis.call('PEXPIRE', k, EXPIRE_MS)
   end
 end
@@ -126,15 +166,19 @@ end
 )
 
 # ARGV[5..]: id hash, metadata JSON (names = name hashes), text, answer flag, max docs,
-# max bytes, packed anchors (6 bytes each)
+# max bytes, packed anchors (6 bytes each), captured flag, max captured docs, max captured
+# bytes. Uploaded and captured documents have caps of their own: each evicts its own kind's
+# least recently used, never the other's.
 PUT = (
     _PRELUDE
     + """
+stats()
 purge()
-local idh, text, answer = ARGV[5], ARGV[7], ARGV[8]
+local idh, text, answer, captured = ARGV[5], ARGV[7], ARGV[8], ARGV[12] == '1'
 local max_docs, max_bytes = tonumber(ARGV[9]), tonumber(ARGV[10])
 local meta = cjson.decode(ARGV[6])
 meta.created = NOW
+meta.captured = captured or nil
 local add = true
 local old_raw = redis.call('HGET', K_DOCS, idh)
 if old_raw then
@@ -142,7 +186,12 @@ if old_raw then
   meta.created = old.created
   redis.call('HINCRBY', K_STAT, 'bytes', 0 - (old.meta_bytes or 0))
   drop_names(idh, old)
-  index_drop(idh, old)
+  local cost = index_drop(idh, old)
+  if old.captured then
+    redis.call('HINCRBY', K_STAT, 'cbytes', -(captured_cost(old) + cost))
+    redis.call('ZREM', K_CAP, idh)
+  end
+  redis.call('ZREM', K_ANS, idh)
   if old.sha256 == meta.sha256 then add = false else drop_ref(old.sha256, old.bytes) end
 end
 local bkey = B .. 'b:' .. meta.sha256
@@ -153,17 +202,43 @@ end
 redis.call('PEXPIRE', bkey, EXPIRE_MS)
 redis.call('HINCRBY', K_STAT, 'bytes', meta.meta_bytes)
 meta.num = redis.call('HINCRBY', K_STAT, 'seq', 1) % 4294967296
-index_add(idh, struct.pack('>I4', meta.num), ARGV[11])
+local cost = index_add(idh, struct.pack('>I4', meta.num), ARGV[11]) or 0
 redis.call('HSET', K_DOCS, idh, cjson.encode(meta))
 for _, n in ipairs(meta.names) do redis.call('HSET', K_NAMES, n, idh) end
 redis.call('ZADD', K_LRU, NOW, idh)
 if answer == '1' then redis.call('ZADD', K_ANS, NOW, idh) end
-while redis.call('ZCARD', K_LRU) > max_docs or stored_bytes() > max_bytes do
-  local oldest = redis.call('ZRANGE', K_LRU, 0, 1)
-  local victim = oldest[1]
-  if victim == idh then victim = oldest[2] end
-  if not victim then break end
-  remove(victim)
+if captured then
+  redis.call('ZADD', K_CAP, NOW, idh)
+  redis.call('HINCRBY', K_STAT, 'cbytes', captured_cost(meta) + cost)
+  max_docs, max_bytes = tonumber(ARGV[13]), tonumber(ARGV[14])
+end
+-- the oldest of this document's kind, other than itself (nil: none)
+local function victim()
+  if captured then
+    for _, v in ipairs(redis.call('ZRANGE', K_CAP, 0, 1)) do
+      if v ~= idh then return v end
+    end
+    return nil
+  end
+  local at = 0
+  while true do
+    local batch = redis.call('ZRANGE', K_LRU, at, at + 15)
+    if #batch == 0 then return nil end
+    for _, v in ipairs(batch) do
+      if v ~= idh and not redis.call('ZSCORE', K_CAP, v) then return v end
+    end
+    at = at + 16
+  end
+end
+local function over()
+  local total, cbytes = stored_bytes()
+  local caps = redis.call('ZCARD', K_CAP)
+  if captured then return caps > max_docs or cbytes > max_bytes end
+  return redis.call('ZCARD', K_LRU) - caps > max_docs or total - cbytes > max_bytes
+end
+while over() do
+  local v = victim()
+  if not v or not remove(v) then break end
 end
 keep_alive()
 return meta.created
@@ -178,6 +253,7 @@ return meta.created
 SELECT = (
     _PRELUDE
     + """
+stats()
 purge()
 local max_docs, max_bytes = tonumber(ARGV[5]), tonumber(ARGV[6])
 local recent, retrieve, query = tonumber(ARGV[7]), tonumber(ARGV[8]), ARGV[9]
@@ -258,6 +334,7 @@ return out
 DELETE = (
     _PRELUDE
     + """
+stats()
 purge()
 if remove(ARGV[5]) then return 1 end
 return 0
@@ -268,6 +345,7 @@ return 0
 LIST = (
     _PRELUDE
     + """
+stats()
 purge()
 local out = {}
 local ranked = redis.call('ZREVRANGE', K_LRU, 0, -1, 'WITHSCORES')

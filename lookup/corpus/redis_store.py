@@ -11,14 +11,14 @@ from typing import Any, TypeVar
 import numpy as np
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import RedisError
+from redis.exceptions import OutOfMemoryError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeout
 
 from lookup.corpus import redis_scripts
 from lookup.corpus.anchors import pack
 from lookup.corpus.breaker import CircuitBreaker
 from lookup.corpus.documents import Document, DocumentMeta
-from lookup.corpus.errors import StoreUnavailable
+from lookup.corpus.errors import StoreFull, StoreUnavailable
 from lookup.corpus.keys import digest, digests, index_key, namespace_base, tokens_key
 from lookup.corpus.store import Limits, NewDocument
 
@@ -62,6 +62,9 @@ class RedisDocumentStore:
         try:
             async with asyncio.timeout(self.timeout_s):
                 result = await request()
+        except OutOfMemoryError as exc:  # refused before the script wrote anything
+            self.breaker.success()
+            raise StoreFull("document store is full (Redis maxmemory reached)") from exc
         except (RedisError, OSError, TimeoutError) as exc:
             self.breaker.failure()
             timed_out = isinstance(exc, TimeoutError | RedisTimeout)
@@ -76,7 +79,14 @@ class RedisDocumentStore:
         return [index_key(base, "lru")], [base, repr(now), expire_ms, repr(now - limits.ttl_s)]
 
     async def put(
-        self, ns: str, doc: NewDocument, *, answer: bool, limits: Limits, now: float
+        self,
+        ns: str,
+        doc: NewDocument,
+        *,
+        answer: bool,
+        limits: Limits,
+        now: float,
+        captured: bool = False,
     ) -> DocumentMeta:
         keys, args = self._script_args(ns, limits, now)
         meta = {
@@ -96,6 +106,9 @@ class RedisDocumentStore:
             limits.max_ns_docs,
             limits.max_ns_bytes,
             pack(doc.anchors),
+            "1" if captured else "0",
+            limits.max_captured_docs,
+            limits.max_captured_bytes,
         ]
         created = await self._call(lambda: self._put(keys, args))
         return DocumentMeta(

@@ -24,6 +24,8 @@ class Limits:
     ttl_s: float
     max_ns_bytes: int
     max_ns_docs: int
+    max_captured_bytes: int = 8 << 20  # captured answers and code blocks, apart
+    max_captured_docs: int = 1000
 
 
 @dataclass(frozen=True)
@@ -53,9 +55,18 @@ class DocumentStore(Protocol):
     round_trips: int
 
     async def put(
-        self, ns: str, doc: NewDocument, *, answer: bool, limits: Limits, now: float
+        self,
+        ns: str,
+        doc: NewDocument,
+        *,
+        answer: bool,
+        limits: Limits,
+        now: float,
+        captured: bool = False,
     ) -> DocumentMeta:
-        """Store or replace a document (keeping its created time), evicting LRU to fit caps."""
+        """Store or replace a document (keeping its created time), evicting the least
+        recently used of its kind to fit that kind's caps: uploaded documents within
+        ``max_ns_docs``/``max_ns_bytes``, ``captured`` ones within the captured caps."""
         ...
 
     async def select(
