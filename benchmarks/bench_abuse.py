@@ -1,8 +1,8 @@
 """One abusive tenant against honest ones: does the gateway keep serving the honest clients?
 
-    python benchmarks/bench_abuse.py --json OUT [--seconds 20] [--rounds 2] [--redis-url URL]
-                                     [--watch-loop]
-    python benchmarks/bench_abuse.py --json OUT --cpu-per-request 20
+    python -m benchmarks.bench_abuse --json OUT [--seconds 20] [--rounds 2] [--redis-url URL]
+                                     [--watch-loop] [--smoke]
+    python -m benchmarks.bench_abuse --json OUT --cpu-per-request 20
 
 Four honest clients stream chat completions in a loop (each starting at most one request
 every 250 ms, so the honest tenant stays within its default 1200 requests a minute) while
@@ -36,23 +36,26 @@ import json
 import multiprocessing
 import os
 import re
-import socket
 import statistics
 import sys
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+
+from benchmarks.harness import Served, asgi_server, cpu_s, gateway, parse, pct, write_json
 
 if sys.platform != "win32":
     from uvloop import run as _run
 else:  # pragma: no cover - no uvloop on Windows
     _run = asyncio.run
 
-ROOT = Path(__file__).resolve().parents[1]
+SMOKE = ("--seconds", "1", "--rounds", "1")
 HONEST_KEY = "honest-key-0123456789"
 # each honest client starts at most one request per period: 4 clients stay at <= 960
 # requests a minute, within the default limit of 1200 a tenant may send
@@ -132,18 +135,6 @@ async def upstream_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _run_upstream(port: int) -> None:
-    import uvicorn
-
-    uvicorn.run(upstream_app, host="127.0.0.1", port=port, log_level="error", access_log=False)
-
-
 def _watch_slices(app: Any, longest: Any) -> Any:
     """``app`` with a task on its event loop that, while ``longest[2]`` is set, keeps in
     ``longest[0]`` and ``longest[1]`` (a shared array) the longest the loop ran other
@@ -171,54 +162,39 @@ def _watch_slices(app: Any, longest: Any) -> Any:
     return watched
 
 
-def _run_gateway(
-    port: int,
-    upstream_port: int,
-    redis_url: str,
-    prefix: str,
-    limits: dict[str, int],
-    longest: Any = None,
-) -> None:
-    """The gateway as ``draftgate serve`` runs it, with capture on, Redis and ``limits``
-    (empty: the defaults); with ``longest``, its event loop's longest slices kept there
-    (:func:`_watch_slices`)."""
-    sys.path.insert(0, str(ROOT))
-    from gateway.app import create_app
-    from gateway.cli.serve import run_server
-    from gateway.config import build_settings
+def _config(upstream: str, redis_url: str, limits: dict[str, int]) -> dict[str, Any]:
+    """The gateway in front of ``upstream`` with capture on, Redis (keys under a prefix of
+    their own) and ``limits`` (empty: the defaults)."""
+    return {
+        "endpoints": [
+            {
+                "name": "up",
+                "kind": "openai_compatible",
+                "base_url": f"{upstream}/v1",
+                "models": ["bench"],
+            }
+        ],
+        "keys": [
+            {"key_env": "BENCH_HONEST_KEY", "tenant": "honest"},
+            {"key_env": "BENCH_ABUSER_KEY", "tenant": "abuser"},
+        ],
+        "redis": {"url": redis_url, "prefix": f"dgbench:{uuid.uuid4().hex[:8]}:"},
+        "capture": True,
+        "limits": limits,
+    }
 
-    settings = build_settings(
-        {
-            "endpoints": [
-                {
-                    "name": "up",
-                    "kind": "openai_compatible",
-                    "base_url": f"http://127.0.0.1:{upstream_port}/v1",
-                    "models": ["bench"],
-                }
-            ],
-            "keys": [
-                {"key_env": "BENCH_HONEST_KEY", "tenant": "honest"},
-                {"key_env": "BENCH_ABUSER_KEY", "tenant": "abuser"},
-            ],
-            "redis": {"url": redis_url, "prefix": prefix},
-            "capture": True,
-            "limits": limits,
-        },
-        "benchmark",
-    )
+
+@contextlib.contextmanager
+def _served(redis_url: str, limits: dict[str, int], longest: Any = None) -> Iterator[Served]:
+    """The stand-in upstream and the gateway, each in its own process; with ``longest``,
+    the gateway's event loop's longest slices kept there (:func:`_watch_slices`)."""
     environ = {"BENCH_HONEST_KEY": HONEST_KEY, "BENCH_ABUSER_KEY": ABUSER_KEY}
-    app = create_app(settings, environ=environ)
-    if longest is not None:
-        app = _watch_slices(app, longest)
-    run_server(app, "127.0.0.1", port, server=settings.server, log_level="error")
-
-
-def _pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    wrap = None if longest is None else partial(_watch_slices, longest=longest)
+    with (
+        asgi_server(upstream_app) as up,
+        gateway(_config(up.url, redis_url, limits), environ, wrap) as served,
+    ):
+        yield served
 
 
 class Run:
@@ -452,23 +428,11 @@ async def _honest_documents(url: str) -> dict[str, str]:
     raise RuntimeError(f"listing the honest documents: {r.status} {answer}")
 
 
-async def _wait_ready(url: str) -> None:
-    async with aiohttp.ClientSession() as session:
-        for _ in range(600):
-            try:
-                async with session.get(f"{url}/healthz") as r:
-                    await r.read()
-                return
-            except aiohttp.ClientError:
-                await asyncio.sleep(0.1)
-    raise RuntimeError("the gateway did not start")
-
-
 def _percentiles(values: list[float]) -> dict[str, float | None]:
     """p50 and p99 of ``values`` (seconds) in ms."""
     return {
         "p50": 1000 * statistics.median(values) if values else None,
-        "p99": 1000 * (_pct(values, 0.99) or 0.0),
+        "p99": 1000 * pct(values, 99) if values else None,
     }
 
 
@@ -490,37 +454,11 @@ def _summary(runs: list[Run]) -> dict[str, Any]:
     }
 
 
-def _start(redis_url: str, limits: dict[str, int], longest: Any = None) -> tuple[list[Any], int]:
-    """The stand-in upstream and the gateway, each in its own process; the gateway's port."""
-    upstream_port, port = _free_port(), _free_port()
-    prefix = f"dgbench:{uuid.uuid4().hex[:8]}:"
-    ctx = multiprocessing.get_context("spawn")
-    procs = [
-        ctx.Process(target=_run_upstream, args=(upstream_port,), daemon=True),
-        ctx.Process(
-            target=_run_gateway,
-            args=(port, upstream_port, redis_url, prefix, limits, longest),
-            daemon=True,
-        ),
-    ]
-    for proc in procs:
-        proc.start()
-    return procs, port
-
-
-def _stop(procs: list[Any]) -> None:
-    for proc in procs:
-        proc.terminate()
-        proc.join(10)
-
-
 async def _main(args: argparse.Namespace) -> dict[str, Any]:
     longest = multiprocessing.get_context("spawn").Array("d", 3, lock=False)
-    procs, port = _start(args.redis_url, {}, longest if args.watch_loop else None)
-    url = f"http://127.0.0.1:{port}"
     slices: dict[str, list[float]] = {"without": [0.0, 0.0], "with": [0.0, 0.0]}
-    try:
-        await _wait_ready(url)
+    with _served(args.redis_url, {}, longest if args.watch_loop else None) as served:
+        url, port = served.url, served.port
         stored = await _put_honest_documents(url, 50)
         await _phase(url, port, 3, abuser=False)  # warm-up
         runs: dict[str, list[Run]] = {"without": [], "with": []}
@@ -535,8 +473,6 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
                     max(a, b) for a, b in zip(slices[condition], longest[:2], strict=True)
                 ]
         kept = await _honest_documents(url)
-    finally:
-        _stop(procs)
     without, with_ = _summary(runs["without"]), _summary(runs["with"])
     if args.watch_loop:  # the gateway's longest event-loop slices in each condition
         for summary, condition in ((without, "without"), (with_, "with")):
@@ -562,20 +498,14 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
 UNLIMITED = {"tokens_per_minute": 10**12, "requests_per_minute": 10**9, "uploads_per_minute": 10**9}
 
 
-def _cpu_s(pid: int) -> float:
-    """CPU seconds (user + system, every thread) process ``pid`` has used (Linux)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 async def _settled_cpu_s(pid: int, idle_per_s: float) -> float:
     """The gateway's CPU seconds once it is idle again (captures run after the answers):
     over 0.3 s it used no more than ``idle_per_s`` (its CPU seconds a second when idle)
     and 5 ms."""
-    last = _cpu_s(pid)
+    last = cpu_s(pid)
     while True:
         await asyncio.sleep(0.3)
-        now = _cpu_s(pid)
+        now = cpu_s(pid)
         if now - last < 0.005 + 0.3 * idle_per_s:
             return now
         last = now
@@ -584,9 +514,9 @@ async def _settled_cpu_s(pid: int, idle_per_s: float) -> float:
 async def _idle_cpu_per_s(pid: int, seconds: float = 3.0) -> float:
     """The gateway's CPU seconds a second while it serves nothing (timers, the slice
     watcher's ticks)."""
-    start, t0 = _cpu_s(pid), time.perf_counter()
+    start, t0 = cpu_s(pid), time.perf_counter()
     await asyncio.sleep(seconds)
-    return (_cpu_s(pid) - start) / (time.perf_counter() - t0)
+    return (cpu_s(pid) - start) / (time.perf_counter() - t0)
 
 
 async def _cost(redis_url: str, limits: dict[str, int], requests: int) -> dict[str, Any]:
@@ -597,13 +527,10 @@ async def _cost(redis_url: str, limits: dict[str, int], requests: int) -> dict[s
     busy machine does not inflate it, so it can be read on a shared one. With each, the
     longest slice its requests held the event loop for (:func:`_watch_slices`)."""
     longest = multiprocessing.get_context("spawn").Array("d", 3, lock=False)
-    procs, port = _start(redis_url, limits, longest)
-    url = f"http://127.0.0.1:{port}"
-    gateway = procs[1].pid
     headers = {"authorization": f"Bearer {ABUSER_KEY}", "content-type": "application/json"}
     result: dict[str, Any] = {}
-    try:
-        await _wait_ready(url)
+    with _served(redis_url, limits, longest) as served:
+        url, pid = served.url, served.pid
         async with aiohttp.ClientSession() as session:
 
             async def send(path: str, body: bytes) -> int:
@@ -621,13 +548,13 @@ async def _cost(redis_url: str, limits: dict[str, int], requests: int) -> dict[s
             if not limits:
                 while await send(*kinds["fenced-1MB"]) != 429:
                     pass
-            idle = await _idle_cpu_per_s(gateway)
+            idle = await _idle_cpu_per_s(pid)
             result["idle_cpu_ms_per_s"] = round(1000 * idle, 2)
             for name, (path, body) in kinds.items():
-                start = await _settled_cpu_s(gateway, idle)
+                start = await _settled_cpu_s(pid, idle)
                 t0 = time.perf_counter()
                 statuses = Counter([await send(path, body) for _ in range(requests)])
-                used = await _settled_cpu_s(gateway, idle) - start
+                used = await _settled_cpu_s(pid, idle) - start
                 used -= idle * (time.perf_counter() - t0)
                 longest[:] = [0.0, 0.0, 1.0]  # the same again, its slices watched
                 await asyncio.sleep(0.2)
@@ -641,8 +568,6 @@ async def _cost(redis_url: str, limits: dict[str, int], requests: int) -> dict[s
                     "longest_loop_slice_wall_ms": round(longest[1], 2),
                     "statuses": dict(statuses),
                 }
-    finally:
-        _stop(procs)
     return result
 
 
@@ -681,10 +606,9 @@ def main() -> None:
         help="instead: the gateway's CPU ms per abusive request of each kind (N of each, "
         "one at a time), admitted and refused (readable on a busy machine)",
     )
-    args = parser.parse_args()
+    args = parse(parser, SMOKE)
     result = _run(_costs(args) if args.cpu_per_request else _main(args))
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.json, result)
     print(json.dumps(result, indent=2))
 
 

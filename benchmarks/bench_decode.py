@@ -1,14 +1,14 @@
 """The cost of one forward step, and plain greedy decoding against transformers.
 
-    python benchmarks/bench_decode.py [--workload WORKLOAD.jsonl] --max-tokens 64 \
+    python -m benchmarks.bench_decode [--workload WORKLOAD.jsonl] --max-tokens 64 \
         --json /tmp/bench_decode.json [--limit 4] [--rows 1,4,16,64] \
-        [--prefill 1024,4096,8192] [--model smollm2-135m] [--dtype float32]
+        [--prefill 1024,4096,8192] [--model smollm2-135m] [--dtype float32] [--smoke]
 
 ``--dtype bf16`` measures the bf16 target (bf16 weights, float32 activations on the CPU),
 against transformers computing in fp32 on the same bf16-rounded weights.
 
-Reports, in one process:
-- the machine's sustained read bandwidth (the fastest of several 1 GiB reductions, each
+Reports:
+- the machine's sustained read bandwidth (the fastest of several ``--bandwidth-gib`` reductions, each
   best of 5: a float32 sum alone can fall short of the memory) and the physical floor
   of a decode step: the bytes of every weight matrix a token reads (all but the embedding
   table; half as many in bf16) over that bandwidth; the 1-row step as a fraction of it
@@ -25,7 +25,8 @@ Reports, in one process:
   share of the time in the attention kernel; the growth of the process's peak RSS: flat
   memory means no n x n attention matrix);
 - per prompt: prefill seconds and decode tokens/s of ours and of transformers, interleaved
-  (order alternating), and whether the greedy token ids are identical.
+  (order alternating), and whether the greedy token ids are identical; transformers runs in
+  a process of its own (``harness.TransformersPeer``): beside ours its runs would slow ours.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ from unittest import mock
 import torch
 
 import local_verifier.model
-from local_verifier.generate import PlainResult, generate_plain
+from benchmarks.harness import TransformersPeer, parse, workload, write_json
+from gateway.audit.workload import WorkloadItem
 from local_verifier.kernels import StepOps
 from local_verifier.kernels.cpp import load_library
 from local_verifier.kernels.fused import FUSED_ENV, PROFILE_KINDS
@@ -53,11 +55,13 @@ from local_verifier.kernels.packing import AMX_ENV, layout_of
 from local_verifier.kv_storage import KVStorage
 from local_verifier.loader import LoadedModel, load_model
 from local_verifier.model import SeqStep
-from local_verifier.reference import load_reference
 from local_verifier.sampling import SamplingParams
+from local_verifier.testing.generate import PlainResult, generate_plain
 
-WORKLOAD = Path(__file__).resolve().parent / "workloads" / "default.jsonl"
-"""The workload this project ships (``benchmarks/workloads/build.py`` makes it)."""
+SMOKE = (
+    *("--limit", "1", "--max-tokens", "8", "--rows", "1,4", "--repeats", "1"),
+    *("--prefill", "256", "--chunk", "128", "--bandwidth-gib", "0.0625"),
+)
 CONTEXT = 128  # committed tokens before each timed step
 
 
@@ -270,28 +274,26 @@ def run_ours(lm: LoadedModel, prompt: list[int], n: int) -> tuple[list[int], flo
     return result.token_ids, result.prefill_s, result.decode_s
 
 
-def run_hf(model: Any, prompt: list[int], n: int, eos: list[int]) -> tuple[list[int], float, float]:
-    """(token ids, prefill seconds, decode seconds) with transformers ``generate``."""
-    ids = torch.tensor([prompt])
+def run_hf(
+    peer: TransformersPeer, prompt: list[int], n: int, eos: list[int]
+) -> tuple[list[int], float, float]:
+    """(token ids, prefill seconds, decode seconds) with transformers ``generate``, in its
+    own process."""
     kwargs = dict(do_sample=False, eos_token_id=eos, pad_token_id=eos[0])
-    with torch.inference_mode():
-        start = time.perf_counter()
-        model.generate(ids, max_new_tokens=1, **kwargs)
-        prefill_s = time.perf_counter() - start
-        start = time.perf_counter()
-        out = model.generate(ids, max_new_tokens=n, **kwargs)
-        total = time.perf_counter() - start
-    tokens = [t for t in out[0, len(prompt) :].tolist() if t not in eos]
+    _, prefill_s = peer.generate(prompt, max_new_tokens=1, **kwargs)
+    out, total = peer.generate(prompt, max_new_tokens=n, **kwargs)
+    tokens = [t for t in out if t not in eos]
     return tokens, prefill_s, max(total - prefill_s, 1e-9)
 
 
 def compare_with_transformers(
-    lm: LoadedModel, rows: list[dict[str, Any]], max_tokens: int
+    lm: LoadedModel, rows: list[WorkloadItem], max_tokens: int
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Per-prompt entries and the summary of ours vs transformers, greedy."""
+    """Per-prompt entries and the summary of ours vs transformers (in a process of its
+    own), greedy."""
     eos = sorted(lm.tokenizer.eos_ids)
     tok = lm.tokenizer
-    prompts = [tok.encode(tok.apply_chat_template(r["messages"])) for r in rows]
+    prompts = [tok.encode(tok.apply_chat_template(r.messages)) for r in rows]
     warm = prompts[0][:32]
     run_ours(lm, warm, 4)
     # on the AMX kernels (weights in their layout after a step) linear inputs round to bf16;
@@ -299,19 +301,23 @@ def compare_with_transformers(
     library, _ = load_library()
     dot_scores = lm.dtype == torch.bfloat16 and lm.device.type == "cpu"
     dot_scores = dot_scores and library is not None and library.dg_bf16_kernels() != 0
-    hf = load_reference(
-        lm.name, lm.dtype, layout_of(lm.model.head.weight) == "amx", round_queries=dot_scores
-    )
-    run_hf(hf, warm, 4, eos)
+    amx = layout_of(lm.model.head.weight) == "amx"
+    with TransformersPeer(lm.name, lm.dtype, amx, dot_scores) as hf:
+        run_hf(hf, warm, 4, eos)
+        every = []
+        for i, (row, prompt) in enumerate(zip(rows, prompts, strict=True)):
+            n = min(max_tokens, row.max_tokens)
+            sides = {}
+            for side in ("ours", "hf") if i % 2 == 0 else ("hf", "ours"):
+                sides[side] = (
+                    run_ours(lm, prompt, n) if side == "ours" else run_hf(hf, prompt, n, eos)
+                )
+            every.append(sides)
     results = []
-    for i, (row, prompt) in enumerate(zip(rows, prompts, strict=True)):
-        n = min(max_tokens, row.get("max_tokens") or max_tokens)
-        runs = {}
-        for side in ("ours", "hf") if i % 2 == 0 else ("hf", "ours"):
-            runs[side] = run_ours(lm, prompt, n) if side == "ours" else run_hf(hf, prompt, n, eos)
+    for row, prompt, runs in zip(rows, prompts, every, strict=True):
         entry = {
-            "id": row["id"],
-            "category": row["category"],
+            "id": row.id,
+            "category": row.category,
             "prompt_tokens": len(prompt),
             "tokens": {s: len(runs[s][0]) for s in runs},
             "prefill_s": {s: round(runs[s][1], 4) for s in runs},
@@ -345,7 +351,7 @@ def compare_with_transformers(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--workload", type=Path, default=WORKLOAD, help="JSONL workload file")
+    parser.add_argument("--workload", type=Path, default=None, help="JSONL (default: shipped)")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--json", type=Path, required=True)
     parser.add_argument("--model", default="smollm2-135m")
@@ -367,7 +373,10 @@ def main() -> None:
     parser.add_argument(
         "--ab-bf16", type=int, default=0, help="rounds of DRAFTGATE_AMX=0 vs 1 (0 = none)"
     )
-    args = parser.parse_args()
+    parser.add_argument(
+        "--bandwidth-gib", type=float, default=1.0, help="GiB read by each bandwidth probe"
+    )
+    args = parse(parser, SMOKE)
 
     lm = load_model(args.model, device=args.device, dtype=args.dtype)
     report: dict[str, Any] = {
@@ -399,7 +408,7 @@ def main() -> None:
     for entry in report["prefill"]:
         print(f"prefill {entry}", flush=True)
     if lm.device.type == "cpu":
-        probes = read_bandwidth()
+        probes = read_bandwidth(args.bandwidth_gib)
         bandwidth = max(probes.values())
         floor_ms = weight_bytes_per_token(lm) / bandwidth * 1e3
         report["bandwidth_gb_s"] = round(bandwidth / 1e9, 2)
@@ -413,14 +422,12 @@ def main() -> None:
             flush=True,
         )
 
-    rows = [json.loads(x) for x in args.workload.read_text().splitlines() if x.strip()]
-    if args.category:
-        rows = [r for r in rows if r["category"] in args.category]
+    rows = workload(args.workload, args.category)
     if args.limit:
         rows = rows[: args.limit]
     prompts, summary = compare_with_transformers(lm, rows, args.max_tokens)
     report["summary"] = summary
-    args.json.write_text(json.dumps({**report, "prompts": prompts}, indent=2))
+    write_json(args.json, {**report, "prompts": prompts})
     print(json.dumps({k: v for k, v in report.items() if k != "prefill"}))
 
 

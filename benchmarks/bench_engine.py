@@ -1,13 +1,13 @@
 """The serving engine without HTTP: batch invariance, identity and throughput by concurrency.
 
-    python benchmarks/bench_engine.py --device cuda --dtypes float32,bfloat16 --json OUT
-        [--random-like DIR] [--max-tokens 64]
+    python -m benchmarks.bench_engine --device cuda --dtypes float32,bfloat16 --json OUT
+        [--random-like DIR] [--max-tokens 64] [--concurrency 1,4,8] [--smoke]
 
 For each dtype: (1) a prompt's last-row logits alone equal (``torch.equal``) the same row
 batched with the other prompts in one ``Transformer.step``, and when the prompt is
 prefilled in chunks of 1, 7 and 64; (2) every prompt's answer with drafts, all submitted
 at once, equals its answer alone without drafts (greedy and seeded sampling); (3) output
-tokens/s in closed loop at concurrency 1, 4 and 8, drafts off and on.
+tokens/s in closed loop at each ``--concurrency`` (1, 4 and 8), drafts off and on.
 
 ``--random-like DIR`` builds a model of the shape in ``DIR/meta.json`` with random weights
 and ``DIR/tokenizer.json`` (for machines without the SmolLM2 package: write DIR here with
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import threading
 import time
 from pathlib import Path
@@ -27,16 +26,16 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.harness import parse, write_json
+from local_verifier.engine import END, Engine, GenerationRequest, TextDelta
+from local_verifier.kv_pool import BlockTable, KVPool
+from local_verifier.kv_storage import KVStorage
+from local_verifier.loader import LoadedModel, load_model
+from local_verifier.model import ModelConfig, SeqStep, Transformer
+from local_verifier.sampling import SamplingParams
+from local_verifier.tokenizer import Tokenizer
 
-from local_verifier.engine import END, Engine, GenerationRequest, TextDelta  # noqa: E402
-from local_verifier.kv_pool import BlockTable, KVPool  # noqa: E402
-from local_verifier.kv_storage import KVStorage  # noqa: E402
-from local_verifier.loader import LoadedModel, load_model  # noqa: E402
-from local_verifier.model import ModelConfig, SeqStep, Transformer  # noqa: E402
-from local_verifier.sampling import SamplingParams  # noqa: E402
-from local_verifier.tokenizer import Tokenizer  # noqa: E402
-
+SMOKE = ("--max-tokens", "4", "--concurrency", "1,4")
 PROMPTS = [
     "def area(width, height):\n    return width * height\n\n# rename area to rect_area\n",
     "The quick brown fox jumps over the lazy dog. " * 6,
@@ -214,13 +213,15 @@ def main() -> None:
     parser.add_argument("--random-like", type=Path)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--export-shape", type=Path, help="write DIR for --random-like and exit")
+    parser.add_argument("--concurrency", default="1,4,8", help="comma-separated levels")
     parser.add_argument("--json")
-    args = parser.parse_args()
+    args = parse(parser, SMOKE)
     if args.export_shape:
         export_shape(args.export_shape)
         return
     if not args.json:
         parser.error("--json is required")
+    levels = [int(c) for c in args.concurrency.split(",")]
     results = []
     for dtype_name in args.dtypes.split(","):
         dtype = getattr(torch, dtype_name)
@@ -242,12 +243,12 @@ def main() -> None:
             f"c{c}_{'drafts' if d else 'plain'}": round(
                 throughput(engine, prompts, args.max_tokens, c, d), 1
             )
-            for c in (1, 4, 8)
+            for c in levels
             for d in (False, True)
         }
         print(json.dumps(row), flush=True)
         results.append(row)
-    Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    write_json(args.json, {"runs": results})
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Gateway overhead: the same requests direct to a zero-delay upstream and through the
 gateway, paired and interleaved, non-streaming and streaming, at several concurrencies.
 
-    python benchmarks/bench_gateway.py --json OUT [--requests 2000] [--concurrency 1,16]
+    python -m benchmarks.bench_gateway --json OUT [--requests 2000] [--concurrency 1,16] [--smoke]
 
 The upstream, the gateway and the client run as three processes. The client is one
 aiohttp session on uvloop (C-accelerated HTTP parsing), cheap enough per request that at
@@ -20,8 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import multiprocessing
-import socket
 import statistics
 import sys
 import time
@@ -30,12 +28,14 @@ from typing import Any
 
 import aiohttp
 
+from benchmarks.harness import asgi_server, gateway, parse, pct, write_json
+
 if sys.platform != "win32":
     from uvloop import run as _run  # the loop uvicorn gives the servers
 else:  # pragma: no cover - no uvloop on Windows
     _run = asyncio.run
 
-ROOT = Path(__file__).resolve().parents[1]
+SMOKE = ("--requests", "40", "--concurrency", "1,4")
 CHAT = {
     "id": "chatcmpl-bench",
     "object": "chat.completion",
@@ -108,59 +108,31 @@ async def upstream_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": CHAT_BODY})
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _run_upstream(port: int) -> None:
-    import uvicorn
-
-    uvicorn.run(
-        upstream_app,
-        host="127.0.0.1",
-        port=port,
-        log_level="error",
-        access_log=False,
-        lifespan="off",
-    )
-
-
-def _run_gateway(port: int, upstream_port: int) -> None:
-    """The gateway as ``draftgate serve`` runs it."""
-    sys.path.insert(0, str(ROOT))
-    from gateway.app import create_app
-    from gateway.cli.serve import run_server
-    from gateway.config import build_settings
-
-    settings = build_settings(
-        {
-            "endpoints": [
-                {
-                    "name": "bench",
-                    "kind": "openai_compatible",
-                    "base_url": f"http://127.0.0.1:{upstream_port}/v1",
-                    "models": ["bench"],
-                }
-            ],
-            "auth": False,
-        },
-        "benchmark",
-    )
-    run_server(create_app(settings, environ={}), "127.0.0.1", port, log_level="error")
+def gateway_config(upstream: str) -> dict[str, Any]:
+    """The gateway in front of ``upstream``, no auth, limits no load test reaches (the
+    defaults would refuse a closed loop of thousands of requests a minute with 429)."""
+    return {
+        "endpoints": [
+            {
+                "name": "bench",
+                "kind": "openai_compatible",
+                "base_url": f"{upstream}/v1",
+                "models": ["bench"],
+            }
+        ],
+        "auth": False,
+        "limits": {"requests_per_minute": 10**9, "tokens_per_minute": 10**12},
+    }
 
 
 async def _wait_ready(url: str) -> None:
-    async with aiohttp.ClientSession() as session:
-        for _ in range(600):
-            try:
-                async with session.post(f"{url}/v1/chat/completions", json=REQUEST) as r:
-                    await r.read()
-                return
-            except aiohttp.ClientConnectionError:
-                await asyncio.sleep(0.05)
-    raise RuntimeError(f"{url} did not start")
+    async with (
+        aiohttp.ClientSession() as session,
+        session.post(f"{url}/v1/chat/completions", json=REQUEST) as r,
+    ):
+        await r.read()
+        if r.status != 200:
+            raise RuntimeError(f"{url}: HTTP {r.status}")
 
 
 OVERHEAD: list[float] = []  # what the gateway itself reports (X-Draftgate-Overhead-Ms)
@@ -209,33 +181,25 @@ async def _measure(
         t0 = time.perf_counter()
         await asyncio.gather(*(worker(w) for w in range(concurrency)))
         wall = time.perf_counter() - t0
-    sys.path.insert(0, str(ROOT))
-    from gateway.audit.metrics import percentile
-
-    def _pct(values: list[float], q: float) -> float:
-        value = percentile(values, q)
-        assert value is not None, "no samples"
-        return value
-
     direct_s = [d for d, _ in results]
     gateway_s = [g for _, g in results]
     diffs = [g - d for d, g in results]
     ms = 1000.0
     return {
         "n": len(results),
-        "p50": (_pct(gateway_s, 50) - _pct(direct_s, 50)) * ms,
-        "p99": (_pct(gateway_s, 99) - _pct(direct_s, 99)) * ms,
-        "paired_diff_p50": _pct(diffs, 50) * ms,
-        "paired_diff_p99": _pct(diffs, 99) * ms,
-        "direct_p50_ms": _pct(direct_s, 50) * ms,
-        "direct_p99_ms": _pct(direct_s, 99) * ms,
-        "gateway_p50_ms": _pct(gateway_s, 50) * ms,
-        "gateway_p99_ms": _pct(gateway_s, 99) * ms,
+        "p50": (pct(gateway_s, 50) - pct(direct_s, 50)) * ms,
+        "p99": (pct(gateway_s, 99) - pct(direct_s, 99)) * ms,
+        "paired_diff_p50": pct(diffs, 50) * ms,
+        "paired_diff_p99": pct(diffs, 99) * ms,
+        "direct_p50_ms": pct(direct_s, 50) * ms,
+        "direct_p99_ms": pct(direct_s, 99) * ms,
+        "gateway_p50_ms": pct(gateway_s, 50) * ms,
+        "gateway_p99_ms": pct(gateway_s, 99) * ms,
         "direct_req_per_s": concurrency / statistics.fmean(direct_s),
         "gateway_req_per_s": concurrency / statistics.fmean(gateway_s),
         "wall_s": wall,
-        "reported_overhead_p50_ms": _pct(OVERHEAD, 50),
-        "reported_overhead_p99_ms": _pct(OVERHEAD, 99),
+        "reported_overhead_p50_ms": pct(OVERHEAD, 50),
+        "reported_overhead_p99_ms": pct(OVERHEAD, 99),
     }
 
 
@@ -244,25 +208,16 @@ def main() -> None:
     parser.add_argument("--json", type=Path, required=True, help="write the results here")
     parser.add_argument("--requests", type=int, default=2000, help="pairs per configuration")
     parser.add_argument("--concurrency", default="1,16", help="comma-separated levels")
-    args = parser.parse_args()
+    args = parse(parser, SMOKE)
     levels = [int(c) for c in args.concurrency.split(",")]
 
-    ctx = multiprocessing.get_context("spawn")
-    up_port, gw_port = _free_port(), _free_port()
-    procs = [
-        ctx.Process(target=_run_upstream, args=(up_port,), daemon=True),
-        ctx.Process(target=_run_gateway, args=(gw_port, up_port), daemon=True),
-    ]
-    for p in procs:
-        p.start()
-    direct, gateway = f"http://127.0.0.1:{up_port}", f"http://127.0.0.1:{gw_port}"
-    try:
-        _run(_wait_ready(direct))
-        _run(_wait_ready(gateway))
+    with asgi_server(upstream_app) as up, gateway(gateway_config(up.url)) as gw:
+        _run(_wait_ready(up.url))
+        _run(_wait_ready(gw.url))
         out: dict[str, Any] = {"requests": args.requests, "added_ms": {}, "added_ms_stream": {}}
         for level in levels:
             for key, stream in (("added_ms", False), ("added_ms_stream", True)):
-                result = _run(_measure(direct, gateway, level, args.requests, stream))
+                result = _run(_measure(up.url, gw.url, level, args.requests, stream))
                 out[key][f"c{level}"] = result
                 print(
                     f"{'stream' if stream else 'plain '} c{level:<3} added p50 {result['p50']:.3f} ms  "
@@ -272,12 +227,7 @@ def main() -> None:
                     f"header p50 {result['reported_overhead_p50_ms']:.3f} ms",
                     flush=True,
                 )
-    finally:
-        for p in procs:
-            p.terminate()
-            p.join(5)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(out, indent=2))
+    write_json(args.json, out)
 
 
 if __name__ == "__main__":

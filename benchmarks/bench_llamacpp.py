@@ -1,9 +1,9 @@
 """llama.cpp beside draftgate on the same prompts and the same weights (optional, not in CI).
 
-    python benchmarks/bench_llamacpp.py --build-dir /tmp/llamacpp [--sdist FILE] \
+    python -m benchmarks.bench_llamacpp --build-dir /tmp/llamacpp [--sdist FILE] \
         [--category code_edit] [--limit 10] [--max-tokens 256] [--threads 2] \
         [--dtype bf16] [--llama-quant Q4_1,Q8_0,F32] [--prefill 1024,4096,8192] \
-        [--json /tmp/bench_llamacpp.json]
+        [--json /tmp/bench_llamacpp.json] [--smoke]
 
 Builds llama.cpp from the source that llama-cpp-python's PyPI sdist vendors (the sdist is
 fetched with ``pip download`` unless ``--sdist`` names it; the build is kept in
@@ -50,12 +50,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from bench_decode import prefill
-from bench_speculative import WORKLOAD, document, run_plain, run_speculative
 
+from benchmarks.bench_decode import prefill
+from benchmarks.bench_speculative import document, run_plain, run_speculative
+from benchmarks.harness import parse, workload, write_json
+from gateway.audit.workload import WorkloadItem
 from local_verifier.engine import TOKEN_BUDGET, Engine, GenerationRequest
 from local_verifier.loader import LoadedModel, load_model, smollm2_path
 
+SMOKE = ("--limit", "1", "--max-tokens", "8", "--prefill", "128,256")
 SDIST = "llama-cpp-python==0.3.36"
 TARGETS = ("llama-completion", "llama-lookup", "llama-quantize")
 SIDES = ("llama_plain", "llama_lookup", "plain", "speculative")
@@ -154,18 +157,18 @@ def _same(text: str, reference: str) -> bool:
     return bool(text and reference) and (text.startswith(reference) or reference.startswith(text))
 
 
-def long_text(lm: LoadedModel, records: list[dict[str, Any]], length: int) -> list[int]:
+def long_text(lm: LoadedModel, records: list[WorkloadItem], length: int) -> list[int]:
     """The first ``length`` of our token ids of the records' messages and documents, one
     after another, repeated as needed (real text, no chat template)."""
-    parts = [str(m["content"]) for r in records for m in r["messages"]]
-    parts += [d["text"] for r in records for d in r.get("documents") or []]
+    parts = [str(m["content"]) for r in records for m in r.messages]
+    parts += [d["text"] for r in records for d in r.documents]
     ids = lm.tokenizer.encode("\n\n".join(parts))
     return (ids * (length // len(ids) + 1))[:length]
 
 
 def prefill_rates(
     lm: LoadedModel,
-    records: list[dict[str, Any]],
+    records: list[WorkloadItem],
     lengths: list[int],
     chunk: int,
     llama: Callable[..., dict[str, Any]],
@@ -203,7 +206,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--build-dir", type=Path, required=True)
     parser.add_argument("--sdist", type=Path, default=None, help="llama-cpp-python sdist file")
-    parser.add_argument("--workload", type=Path, default=WORKLOAD)
+    parser.add_argument("--workload", type=Path, default=None, help="default: the shipped one")
     parser.add_argument("--category", default="code_edit")
     parser.add_argument("--limit", type=int, default=10)
     parser.add_argument("--max-tokens", type=int, default=256)
@@ -226,7 +229,7 @@ def main() -> None:
     parser.add_argument("--prefill", default="", help="prompt lengths, e.g. 1024,4096,8192")
     parser.add_argument("--chunk", type=int, default=TOKEN_BUDGET, help="our prompt rows/step")
     parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args()
+    args = parse(parser, SMOKE)
 
     bin_dir = build(args.build_dir, args.sdist)
     quants = [q for q in args.llama_quant.split(",") if q]
@@ -238,8 +241,8 @@ def main() -> None:
     lm: LoadedModel = load_model(args.model, dtype=args.dtype, tune_threads=False)
     torch.set_num_threads(args.threads)
     engine = Engine(lm)
-    every = [json.loads(x) for x in args.workload.read_text().splitlines() if x.strip()]
-    records = [r for r in every if r["category"] == args.category][: args.limit]
+    every = workload(args.workload)
+    records = [r for r in every if r.category == args.category][: args.limit]
     prompt_file = args.build_dir / "prompt.txt"
     warm = lm.tokenizer.encode(
         lm.tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}])
@@ -248,15 +251,15 @@ def main() -> None:
     run_speculative(engine, GenerationRequest(prompt_ids=warm, max_tokens=8))
     rows = []
     for n, record in enumerate(records):
-        text = lm.tokenizer.apply_chat_template(record["messages"])
+        text = lm.tokenizer.apply_chat_template(record.messages)
         ids = lm.tokenizer.encode(text)
         prompt_file.write_text(text + "\n")  # llama.cpp's -f drops one trailing newline
-        limit = min(args.max_tokens, record.get("max_tokens") or args.max_tokens)
+        limit = min(args.max_tokens, record.max_tokens)
         req = GenerationRequest(
             prompt_ids=ids,
             max_tokens=limit,
-            prediction=record.get("prediction"),
-            documents=[document(lm, d["text"]) for d in record.get("documents") or []],
+            prediction=record.prediction,
+            documents=[document(lm, d["text"]) for d in record.documents],
         )
         runs: dict[str, dict[str, Any]] = {}
         for side in sides if n % 2 == 0 else sides[::-1]:  # alternate to spread drift
@@ -282,7 +285,7 @@ def main() -> None:
         )
         reference = runs["plain"]["text"].strip()
         row = {
-            "id": record["id"],
+            "id": record.id,
             "prompt_tokens": len(ids),
             "tokens": {s: runs[s]["tokens"] for s in sides},
             "tps": {s: round(runs[s]["tokens"] / runs[s]["wall"], 2) for s in sides},
@@ -344,7 +347,7 @@ def main() -> None:
             }
     print(json.dumps(summary, indent=1))
     if args.json:
-        args.json.write_text(json.dumps({"summary": summary, "prompts": rows}, indent=1))
+        write_json(args.json, {"summary": summary, "prompts": rows})
 
 
 if __name__ == "__main__":

@@ -26,8 +26,8 @@ metadata) up to ``--corpus-tokens`` tokens.
   proposals per width and the p99 is about the 10th-worst of them (``propose_samples``);
   ``proposals_with_gc`` counts those during which a garbage collection ran.
 
-Usage: ``python benchmarks/bench_lookup.py --json OUT [--redis-url redis://127.0.0.1:6379]
-[--scaling 1000,10000,100000]``
+Usage: ``python -m benchmarks.bench_lookup --json OUT [--redis-url redis://127.0.0.1:6379]
+[--scaling 1000,10000,100000] [--smoke]``
 """
 
 from __future__ import annotations
@@ -45,9 +45,15 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.harness import parse, stdlib_slices, write_json
 from lookup.draft import Draft
 from lookup.drafter import Drafter
 from lookup.index import build_index
+
+SMOKE = (
+    *("--corpus-tokens", "20000", "--context", "1024", "--steps", "50", "--repeats", "1"),
+    *("--scaling", "100", "--queries", "5"),
+)
 
 
 def load_tokenizer():  # type: ignore[no-untyped-def]
@@ -233,22 +239,6 @@ def drive(
         done += len(step)
 
 
-def stdlib_slices(chars: int, count: int) -> list[str]:
-    """``count`` consecutive ``chars``-character slices of the stdlib ``*.py`` text."""
-    root = Path(sysconfig.get_paths()["stdlib"])
-    paths = sorted(p for p in root.rglob("*.py") if "site-packages" not in p.parts)
-    out: list[str] = []
-    for path in paths:
-        try:
-            text = path.read_text(encoding="utf-8")
-        except (UnicodeDecodeError, OSError):
-            continue
-        out += [text[i : i + chars] for i in range(0, len(text) - chars // 2, chars)]
-        if len(out) >= count:
-            return out[:count]
-    raise RuntimeError(f"the stdlib holds only {len(out)} slices of {chars} characters")
-
-
 async def index_memory_bytes(url: str, prefix: str) -> int:
     """Redis ``MEMORY USAGE`` of every retrieval index key under ``prefix`` (sampling 1000
     fields of each hash: exact counting takes seconds on a 100k-field hash)."""
@@ -400,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--doc-chars", type=int, default=300, help="characters per document")
     parser.add_argument("--queries", type=int, default=200, help="selections per size")
     parser.add_argument("--only-scaling", action="store_true", help="skip the other parts")
-    args = parser.parse_args(argv)
+    args = parse(parser, SMOKE, argv)
     tokenizer = load_tokenizer()
     if args.scaling:
         sizes = [int(n) for n in args.scaling.split(",")]
@@ -410,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
                 bench_scaling(url, tokenizer, sizes, args.doc_chars, args.queries)
             )
         if args.only_scaling:
-            args.json.write_text(json.dumps({"scaling": scaling}, indent=2) + "\n")
+            write_json(args.json, {"scaling": scaling})
             return 0
 
     start = time.perf_counter()
@@ -439,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
         result.update(asyncio.run(bench_redis(args.redis_url, texts, max(args.repeats, 20))))
     if args.scaling:
         result["scaling"] = scaling
-    args.json.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.json, result)
     print(json.dumps(result, indent=2))
     return 0
 

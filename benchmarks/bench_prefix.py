@@ -1,7 +1,7 @@
 """Prefix reuse on the local target: time to first token warm vs cold, over HTTP.
 
-    python benchmarks/bench_prefix.py --json OUT [--system-tokens 3000] [--file-tokens 2000]
-        [--sessions 2] [--questions 8] [--cold-requests 8] [--max-tokens 16]
+    python -m benchmarks.bench_prefix --json OUT [--system-tokens 3000] [--file-tokens 2000]
+        [--sessions 2] [--questions 8] [--cold-requests 8] [--max-tokens 16] [--smoke]
 
 Serves two gateways as ``draftgate serve`` runs them (one local endpoint on SmolLM2-135M),
 each in a child process: ``reuse`` (the default) and ``cold`` (``prefix_cache = false``: no
@@ -21,34 +21,31 @@ Each scenario's text starts with a fresh nonce, so its first request is cold. Wa
 is compared with the ``cold`` gateway's TTFT for the same messages (``warm_over_cold``;
 goal <= 0.1 for a shared prefix of >= 2k tokens) and every ``reuse`` answer with the
 ``cold`` one (greedy: ``identical`` must be 100%). ``memory``: each pool's size and peak
-use, from ``/v1/endpoints/local/memory``. Shrink everything for a smoke run, e.g.
-``--system-tokens 120 --file-tokens 80 --sessions 1 --questions 2 --cold-requests 2
---repeat-items 2 --max-tokens 4 --kv-cache-mb 32``.
+use, from ``/v1/endpoints/local/memory``. ``--smoke`` shrinks everything to a seconds-long run.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
-import multiprocessing
 import statistics
 import sys
 import uuid
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchmarks.harness import MODEL, gateway, local_endpoint, parse, workload, write_json
 
-from bench_serving import MODEL, _free_port  # noqa: E402
-
-WORKLOAD = ROOT / "benchmarks" / "workloads" / "default.jsonl"
 TURNS = 4
+SMOKE = (
+    *("--system-tokens", "120", "--file-tokens", "80", "--sessions", "1", "--questions", "2"),
+    *("--cold-requests", "2", "--repeat-items", "2", "--max-tokens", "4", "--kv-cache-mb", "32"),
+)
 FILE = (
     "def load(path):\n    with open(path) as f:\n        return [line.strip() for line in f]\n\n"
     "def total(values):\n    result = 0\n    for v in values:\n        result += int(v)\n"
@@ -72,25 +69,6 @@ QUESTIONS = [
     "Summarise the code in one line.",
 ]
 Messages = list[dict[str, str]]
-
-
-def _run_gateway(port: int, prefix_cache: bool, kv_cache_mb: float) -> None:
-    """A gateway as ``draftgate serve`` runs it: one local endpoint, no auth."""
-    sys.path.insert(0, str(ROOT))
-    from gateway.app import create_app
-    from gateway.cli.serve import run_server
-    from gateway.config import build_settings
-
-    endpoint = {
-        "name": "local",
-        "kind": "local",
-        "model": MODEL,
-        "models": [MODEL],
-        "prefix_cache": prefix_cache,
-        "kv_cache_mb": kv_cache_mb,
-    }
-    settings = build_settings({"endpoints": [endpoint], "auth": False}, "bench_prefix")
-    run_server(create_app(settings, environ={}), "127.0.0.1", port, log_level="warning")
 
 
 async def _ask(client: openai.AsyncOpenAI, messages: Messages, max_tokens: int) -> dict[str, Any]:
@@ -192,16 +170,12 @@ def _system(n_tokens: int) -> dict[str, str]:
     }
 
 
-def _workload() -> list[dict[str, Any]]:
-    return [json.loads(line) for line in WORKLOAD.read_text().splitlines() if line.strip()]
-
-
 async def _nothing_shared(pair: Pair, n: int) -> dict[str, Any]:
-    items = [i for i in _workload() if not i.get("series")][:n]
+    items = [i for i in workload() if not i.series][:n]
     rows = []
     for k, item in enumerate(items):
         nonce = {"role": "system", "content": f"[{uuid.uuid4().hex}]"}
-        rows.append(await pair.ask(f"first/{item['id']}", [nonce, *item["messages"]], k % 2 == 1))
+        rows.append(await pair.ask(f"first/{item.id}", [nonce, *item.messages], k % 2 == 1))
     with_, without = [r["ttft_ms"] for r in rows], [r["cold_ttft_ms"] for r in rows]
     return {
         "requests": _public(rows),
@@ -244,11 +218,11 @@ async def _shared(pair: Pair, questions: int, system_tokens: int) -> Any:
 
 
 async def _repeat(pair: Pair, n: int) -> Any:
-    items = [i for i in _workload() if i.get("category") == "repeat"][:n]
+    items = workload(categories=["repeat"])[:n]
     nonce = {"role": "system", "content": f"[{uuid.uuid4().hex}]"}
     passes = []
     for p in range(2):  # the series, then the same requests again
-        rows = [await pair.ask(f"repeat/pass{p}/{i['id']}", [nonce, *i["messages"]]) for i in items]
+        rows = [await pair.ask(f"repeat/pass{p}/{i.id}", [nonce, *i.messages]) for i in items]
         passes.append({"requests": _public(rows), "warm": _warm_summary(rows)})
     return passes
 
@@ -317,26 +291,17 @@ def main() -> None:
     parser.add_argument("--repeat-items", type=int, default=4, help="of the repeat series")
     parser.add_argument("--kv-cache-mb", type=float, default=512)
     parser.add_argument("--timeout", type=float, default=3600, help="per request, seconds")
-    args = parser.parse_args()
-    ctx = multiprocessing.get_context("spawn")
-    urls, servers = {}, []
-    for name, on in (("reuse", True), ("cold", False)):
-        port = _free_port()
-        urls[name] = f"http://127.0.0.1:{port}"
-        servers.append(
-            ctx.Process(target=_run_gateway, args=(port, on, args.kv_cache_mb), daemon=True)
-        )
-    for server in servers:
-        server.start()
-    try:
+    args = parse(parser, SMOKE)
+    with contextlib.ExitStack() as servers:
+        urls = {
+            name: servers.enter_context(
+                gateway(local_endpoint(prefix_cache=on, kv_cache_mb=args.kv_cache_mb))
+            ).url
+            for name, on in (("reuse", True), ("cold", False))
+        }
         result = asyncio.run(_bench(urls, args))
-    finally:
-        for server in servers:
-            server.terminate()
-            server.join(10)
-    text = json.dumps(result, indent=2)
-    print(text)
-    Path(args.json).write_text(text + "\n")
+    print(json.dumps(result, indent=2))
+    write_json(args.json, result)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """Scale-out: one vs two ``draftgate verifier`` replicas behind the gateway, and ``prefix``
 vs ``least-busy`` routing on multi-turn sessions.
 
-    python benchmarks/bench_scale.py --json OUT [--max-batch 4] [--concurrency 12]
+    python -m benchmarks.bench_scale --json OUT [--max-batch 4] [--concurrency 12]
         [--warmup-s 10] [--window-s 45] [--sessions 8] [--turns 4] [--rounds 3]
-        [--sessions-only | --throughput-only]
+        [--sessions-only | --throughput-only] [--smoke]
 
 Two verifier processes (SmolLM2-135M, greedy) are started, each pinned to one CPU core
 (``os.sched_setaffinity`` in the child, and one torch/OpenMP thread) and each running at
@@ -39,8 +39,7 @@ after the first is a warm hit when the replica that answers it (``X-Draftgate-En
 already answered an earlier turn of the session, i.e. holds its prefix. Warm-hit rate and
 TTFT per strategy, interleaved likewise.
 
-Smoke run: ``--max-batch 1 --max-tokens 2 --warmup-s 1 --window-s 3 --sessions 2 --turns 2
---session-max-tokens 2 --think-s 0 --rounds 1``. The defaults took 10 minutes on a 2-core
+``--smoke`` runs for seconds (one request at a time per replica, 3-second windows). The defaults took 10 minutes on a 2-core
 machine beside one other job and 18 beside several (the summary's ``elapsed_s``).
 """
 
@@ -63,10 +62,14 @@ from typing import Any
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[1]
-CLK_TCK = os.sysconf("SC_CLK_TCK")
+from benchmarks.harness import MODEL, ROOT, cpu_s, free_port, machine_busy_s, parse, write_json
+from gateway.audit.metrics import percentile
 
-MODEL = "smollm2-135m"
+SMOKE = (
+    *("--max-batch", "1", "--max-tokens", "2", "--warmup-s", "1", "--window-s", "3"),
+    *("--sessions", "2", "--turns", "2", "--session-max-tokens", "2", "--think-s", "0"),
+    *("--rounds", "1"),
+)
 SYSTEM = "You are a careful assistant. Answer briefly."
 TOPICS = ["rivers", "volcanoes", "bridges", "owls", "tides", "glaciers", "comets", "maples"]
 
@@ -135,25 +138,6 @@ def _gateway(urls: dict[str, str], strategy: str, port: int) -> Iterator[tuple[s
             proc.wait(timeout=30)
 
 
-def _cpu_s(pid: int) -> float:
-    """CPU seconds (user + system, all threads) process ``pid`` has used."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-def _machine_busy_s() -> float:
-    """CPU seconds every core of the machine has spent busy since boot."""
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (
-        int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]
-    )
-    return (user + nice + system + irq + softirq + steal) / CLK_TCK
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 class _Meter:
     """CPU seconds of the replicas, the gateway, this process and the whole machine."""
 
@@ -163,10 +147,10 @@ class _Meter:
 
     def read(self) -> dict[str, float]:
         return {
-            **{name: _cpu_s(pid) for name, pid in self.replicas.items()},
-            "gateway": _cpu_s(self.gateway),
+            **{name: cpu_s(pid) for name, pid in self.replicas.items()},
+            "gateway": cpu_s(self.gateway),
             "client": time.process_time(),
-            "machine": _machine_busy_s(),
+            "machine": machine_busy_s(),
         }
 
 
@@ -228,8 +212,8 @@ async def _throughput(
         "requests_per_s": len(counted) / wall,
         "tokens_per_s": sum(d[3] for d in counted) / wall,
         "tokens_per_request": sum(d[3] for d in counted) / n,
-        "e2e_p50_s": _pct([d[1] for d in counted], 0.5),
-        "e2e_p99_s": _pct([d[1] for d in counted], 0.99),
+        "e2e_p50_s": percentile([d[1] for d in counted], 50),
+        "e2e_p99_s": percentile([d[1] for d in counted], 99),
         "served": served,
         "replica_core_share": {name: used[name] / wall for name in meter.replicas},
         "replica_cores": replica_cpu / wall,
@@ -298,9 +282,9 @@ async def _sessions(
     return {
         "warm_hit_rate": hits / warm_turns if warm_turns else 0.0,
         "warm_turns": warm_turns,
-        "ttft_p50_s": _pct(ttft_all, 0.5),
-        "ttft_p50_warm_s": _pct(ttft_warm, 0.5) if ttft_warm else None,
-        "ttft_p50_cold_s": _pct(ttft_cold, 0.5) if ttft_cold else None,
+        "ttft_p50_s": percentile(ttft_all, 50),
+        "ttft_p50_warm_s": percentile(ttft_warm, 50) if ttft_warm else None,
+        "ttft_p50_cold_s": percentile(ttft_cold, 50) if ttft_cold else None,
     }
 
 
@@ -335,7 +319,7 @@ def _summary(
         "other_processes_cores",
     )
     out = {
-        "machine": f"{os.cpu_count()} CPUs (shared), replicas pinned to cores {cores[:2]}",
+        "placement": f"{os.cpu_count()} CPUs (shared), replicas pinned to cores {cores[:2]}",
         "offered_load": (
             f"closed loop, {args.concurrency} workers, chats of {args.max_tokens} tokens; "
             f"each replica runs at most {args.max_batch} at once"
@@ -360,7 +344,7 @@ def _summary(
         },
         "runs": runs,
     }
-    args.json.write_text(json.dumps(out, indent=2))
+    write_json(args.json, out)
     return out
 
 
@@ -379,11 +363,10 @@ def main() -> None:
     parser.add_argument("--session-max-tokens", type=int, default=8)
     parser.add_argument("--think-s", type=float, default=1.0, help="mean pause between turns")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved repetitions")
-    parser.add_argument("--base-port", type=int, default=18311)
     only = parser.add_mutually_exclusive_group()
     only.add_argument("--sessions-only", action="store_true", help="skip the 1-vs-2 runs")
     only.add_argument("--throughput-only", action="store_true", help="skip the sessions")
-    args = parser.parse_args()
+    args = parse(parser, SMOKE)
     args.concurrency = args.concurrency or 3 * args.max_batch
     if args.concurrency < 2 * args.max_batch:
         parser.error("--concurrency must be at least 2 x --max-batch to fill two replicas")
@@ -392,8 +375,8 @@ def main() -> None:
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
         raise SystemExit("needs two CPU cores to pin two replicas")
-    ports = {"a": args.base_port, "b": args.base_port + 1}
-    gateway_port = args.base_port + 2
+    ports = {"a": free_port(), "b": free_port()}
+    gateway_port = free_port()
     urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
     procs = {
         name: _start_verifier(ports[name], cores[i], args.max_batch) for i, name in enumerate(ports)

@@ -1,7 +1,7 @@
 """Serving throughput and latency of the embedded default under concurrent clients.
 
-    python benchmarks/bench_serving.py --workload PATH --concurrency 1,4,8 --max-tokens N --json OUT
-        [--categories code_edit,chat] [--limit N] [--samplings greedy,seeded] [--dtype bf16]
+    python -m benchmarks.bench_serving --concurrency 1,4,8 --max-tokens N --json OUT [--workload PATH]
+        [--categories code_edit,chat] [--limit N] [--samplings greedy,seeded] [--dtype bf16] [--smoke]
 
 Starts ``draftgate serve``'s app (the embedded default, SmolLM2-135M) in a child process
 and drives it over HTTP with the real ``openai`` async client, streaming, closed loop:
@@ -20,46 +20,32 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import multiprocessing
-import socket
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import openai
 
-ROOT = Path(__file__).resolve().parents[1]
-MODEL = "smollm2-135m"
+from benchmarks.harness import (
+    MODEL,
+    WORKLOAD,
+    gateway,
+    local_endpoint,
+    parse,
+    pct,
+    workload,
+    write_json,
+)
+from gateway.audit.workload import WorkloadItem
+
+SMOKE = ("--limit", "2", "--concurrency", "1,2", "--max-tokens", "4", "--samplings", "greedy")
 SAMPLINGS: dict[str, dict[str, Any]] = {
     "greedy": {"temperature": 0},
     "seeded": {"temperature": 0.8, "seed": 1234},
 }
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _run_gateway(port: int, dtype: str | None) -> None:
-    """The gateway as ``draftgate serve [--dtype DTYPE]`` runs it with the embedded default."""
-    sys.path.insert(0, str(ROOT))
-    from gateway.app import create_app
-    from gateway.cli.serve import run_server, verifier_settings
-
-    settings = verifier_settings(MODEL, dtype=dtype)
-    run_server(create_app(settings, environ={}), "127.0.0.1", port)
-
-
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))]
-
-
 async def _one(
-    client: openai.AsyncOpenAI, item: dict[str, Any], extra: dict[str, Any]
+    client: openai.AsyncOpenAI, item: WorkloadItem, extra: dict[str, Any]
 ) -> dict[str, Any]:
     began = time.perf_counter()
     first: float | None = None
@@ -67,7 +53,7 @@ async def _one(
     tokens = 0
     stream = await client.chat.completions.create(
         model=MODEL,
-        messages=item["messages"],
+        messages=item.messages,  # type: ignore[arg-type]
         stream=True,
         stream_options={"include_usage": True},
         **extra,
@@ -81,7 +67,7 @@ async def _one(
     end = time.perf_counter()
     first = first or end
     return {
-        "id": item["id"],
+        "id": item.id,
         "text": "".join(pieces),
         "tokens": tokens,
         "ttft": first - began,
@@ -91,7 +77,7 @@ async def _one(
 
 
 async def _level(
-    client: openai.AsyncOpenAI, items: list[dict[str, Any]], concurrency: int, extra: dict[str, Any]
+    client: openai.AsyncOpenAI, items: list[WorkloadItem], concurrency: int, extra: dict[str, Any]
 ) -> tuple[list[dict[str, Any]], float]:
     todo = list(items)
     done: list[dict[str, Any]] = []
@@ -108,7 +94,7 @@ async def _level(
 def _summary(results: list[dict[str, Any]], wall: float) -> dict[str, Any]:
     def stat(key: str) -> dict[str, float]:
         values = [r[key] * 1000 for r in results]
-        return {"p50": round(_pct(values, 50), 1), "p99": round(_pct(values, 99), 1)}
+        return {"p50": round(pct(values, 50), 1), "p99": round(pct(values, 99), 1)}
 
     return {
         "output_tok_s": round(sum(r["tokens"] for r in results) / wall, 2),
@@ -119,29 +105,9 @@ def _summary(results: list[dict[str, Any]], wall: float) -> dict[str, Any]:
     }
 
 
-def select_items(
-    items: list[dict[str, Any]], categories: str | None, limit: int | None
-) -> list[Any]:
-    """The items of ``categories`` (all when None); at most ``limit``, categories in turn."""
-    if categories:
-        wanted = categories.split(",")
-        items = [i for i in items if i.get("category") in wanted]
-    if limit is None or limit >= len(items):
-        return items
-    queues: dict[str, list[dict[str, Any]]] = {}
-    for item in items:
-        queues.setdefault(item.get("category", ""), []).append(item)
-    picked: list[dict[str, Any]] = []
-    while len(picked) < limit:
-        for queue in queues.values():
-            if queue and len(picked) < limit:
-                picked.append(queue.pop(0))
-    return picked
-
-
 async def _bench(
     url: str,
-    items: list[dict[str, Any]],
+    items: list[WorkloadItem],
     levels: list[int],
     max_tokens: int,
     samplings: list[str],
@@ -181,7 +147,7 @@ async def _bench(
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workload", required=True, help="JSONL of items with messages")
+    parser.add_argument("--workload", default=WORKLOAD, help="JSONL workload file")
     parser.add_argument("--concurrency", default="1,4,8")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--json", required=True)
@@ -189,28 +155,19 @@ def main() -> None:
     parser.add_argument("--limit", type=int, help="at most N items, categories in turn")
     parser.add_argument("--samplings", default=",".join(SAMPLINGS), help="greedy,seeded")
     parser.add_argument("--dtype", help="the local endpoint's dtype (default: the embedded's)")
-    args = parser.parse_args()
-    lines = Path(args.workload).read_text().splitlines()
-    items = select_items([json.loads(line) for line in lines if line], args.categories, args.limit)
+    args = parse(parser, SMOKE)
+    categories = args.categories.split(",") if args.categories else ()
+    items = workload(args.workload, categories, args.limit)
     samplings = args.samplings.split(",")
     if not items or any(s not in SAMPLINGS for s in samplings):
         parser.error("no items selected, or an unknown sampling")
     levels = sorted({int(c) for c in args.concurrency.split(",")})
     if levels[0] != 1:
         levels = [1, *levels]  # the reference answers come from concurrency 1
-    port = _free_port()
-    server = multiprocessing.get_context("spawn").Process(
-        target=_run_gateway, args=(port, args.dtype), daemon=True
-    )
-    server.start()
-    try:
-        url = f"http://127.0.0.1:{port}"
-        rows = asyncio.run(_bench(url, items, levels, args.max_tokens, samplings))
-    finally:
-        server.terminate()
-        server.join(10)
-    result = {"dtype": args.dtype or "default", "levels": rows}
-    Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    config = local_endpoint(**({"dtype": args.dtype} if args.dtype else {}))
+    with gateway(config, log_level="info") as served:
+        rows = asyncio.run(_bench(served.url, items, levels, args.max_tokens, samplings))
+    write_json(args.json, {"dtype": args.dtype or "default", "levels": rows})
 
 
 if __name__ == "__main__":

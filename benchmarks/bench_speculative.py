@@ -1,11 +1,13 @@
 """Speculative decoding vs plain decoding, ours and transformers', on a workload file.
 
-    python benchmarks/bench_speculative.py --max-tokens 256 --json spec.json [--workload PATH]
+    python -m benchmarks.bench_speculative --max-tokens 256 --json spec.json [--workload PATH] [--smoke]
 
 Per prompt, interleaved after a warm-up: our plain greedy decoding, our speculative
 decoding (with the record's prediction and documents; in a series each answer becomes a
 document for the next request), transformers plain ``generate`` and transformers prompt
-lookup (``prompt_lookup_num_tokens=10``) on the same model read from the same GGUF.
+lookup (``prompt_lookup_num_tokens=10``) on the same model read from the same GGUF, in a
+process of its own (``harness.TransformersPeer``: in the engine's process, its OpenMP team
+stays beside the engine thread's and the engine's steps wait on wake-ups).
 tokens/s = output tokens / wall time of the whole generation call, prompt processing
 included; prompt-processing time is reported apart.
 
@@ -37,20 +39,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
-from bench_lookup import stdlib_slices
 
+from benchmarks.harness import TransformersPeer, parse, stdlib_slices, workload, write_json
+from gateway.audit.workload import WorkloadItem
 from local_verifier.engine import Engine, GenerationRequest, GenerationStats, TextDelta
-from local_verifier.generate import PlainResult, generate_plain
 from local_verifier.grammar import json_grammar
 from local_verifier.loader import LoadedModel, load_model
-from local_verifier.reference import load_reference
 from local_verifier.sampling import SamplingParams
+from local_verifier.testing.generate import PlainResult, generate_plain
 from lookup.corpus import Corpus, open_store
 from lookup.draft import Source
 
-WORKLOAD = Path(__file__).resolve().parent / "workloads" / "default.jsonl"
-"""The workload this project ships (``benchmarks/workloads/build.py`` makes it)."""
+SMOKE = ("--ids", "edit00", "json00", "--max-tokens", "8")
 
 CONFIGS = ("plain", "speculative", "hf_plain", "hf_pld")
 
@@ -92,32 +92,17 @@ def run_speculative(engine: Engine, req: GenerationRequest) -> dict[str, Any]:
     }
 
 
-def run_hf(model: Any, ids: list[int], limit: int, eos: list[int], pld: bool) -> dict[str, Any]:
-    inputs = torch.tensor([ids])
+def run_hf(
+    peer: TransformersPeer, ids: list[int], limit: int, eos: list[int], pld: bool
+) -> dict[str, Any]:
+    """transformers' greedy ``generate`` (with prompt lookup when ``pld``), in its process."""
     extra = {"prompt_lookup_num_tokens": 10} if pld else {}
-    with torch.inference_mode():
-        begin = time.perf_counter()
-        out = model.generate(
-            inputs,
-            attention_mask=torch.ones_like(inputs),
-            max_new_tokens=limit,
-            do_sample=False,
-            eos_token_id=eos,
-            pad_token_id=eos[0],
-            **extra,
-        )
-        wall = time.perf_counter() - begin
-    new = out[0, len(ids) :].tolist()
+    new, wall = peer.generate(
+        ids, max_new_tokens=limit, do_sample=False, eos_token_id=eos, pad_token_id=eos[0], **extra
+    )
     while new and new[-1] in eos:
         new.pop()
     return {"ids": new, "wall": wall}
-
-
-def hf_prefill(model: Any, ids: list[int]) -> float:
-    with torch.inference_mode():
-        begin = time.perf_counter()
-        model(torch.tensor([ids]))
-        return time.perf_counter() - begin
 
 
 def summarise(prompts: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -159,7 +144,7 @@ def distractors(count: int, chars: int = 2000) -> list[str]:
 
 
 def run_recall(
-    lm: LoadedModel, engine: Engine, records: list[dict[str, Any]], max_tokens: int
+    lm: LoadedModel, engine: Engine, records: list[WorkloadItem], max_tokens: int
 ) -> dict[str, Any]:
     """The ``recall`` category (see the module docstring): rows and a summary per kind."""
     corpus = Corpus(open_store(None), max_ns_docs=100_000, max_ns_bytes=1 << 34)
@@ -167,27 +152,27 @@ def run_recall(
     ns = "recall"
     for i, text in enumerate(distractors(1000)):
         loop.run_until_complete(corpus.put(ns, f"stdlib/{i}.py", text))
-    edits = [r for r in records if r["category"] == "code_edit" and r.get("prediction")]
-    singles = [r for r in records if r["category"] in ("chat", "json", "multilingual", "doc_qa")]
+    edits = [r for r in records if r.category == "code_edit" and r.prediction]
+    singles = [r for r in records if r.category in ("chat", "json", "multilingual", "doc_qa")]
     for r in edits:
-        loop.run_until_complete(corpus.put(ns, f"src/{r['id']}.py", r["prediction"]))
+        loop.run_until_complete(corpus.put(ns, f"src/{r.id}.py", r.prediction))
     earlier: dict[str, str] = {}
     for r in singles:  # first asks: the answers are captured as the gateway does
-        ids = lm.tokenizer.encode(lm.tokenizer.apply_chat_template(r["messages"]))
-        limit = min(max_tokens, r.get("max_tokens") or max_tokens)
+        ids = lm.tokenizer.encode(lm.tokenizer.apply_chat_template(r.messages))
+        limit = min(max_tokens, r.max_tokens)
         first = run_speculative(engine, GenerationRequest(prompt_ids=ids, max_tokens=limit))
-        earlier[r["id"]] = first["text"]
-        text = prompt_text(r["messages"])
+        earlier[r.id] = first["text"]
+        text = prompt_text(r.messages)
         loop.run_until_complete(corpus.capture(ns, [first["text"]], request_texts=[text]))
         loop.run_until_complete(corpus.drain())
     rows = []
-    jobs = [("recall_doc", r, r["prediction"]) for r in edits]
-    jobs += [("recall_repeat", r, earlier[r["id"]]) for r in singles]
+    jobs = [("recall_doc", r, r.prediction) for r in edits]
+    jobs += [("recall_repeat", r, earlier[r.id]) for r in singles]
     for n, (kind, r, named_text) in enumerate(jobs):
-        ids = lm.tokenizer.encode(lm.tokenizer.apply_chat_template(r["messages"]))
-        limit = min(max_tokens, r.get("max_tokens") or max_tokens)
+        ids = lm.tokenizer.encode(lm.tokenizer.apply_chat_template(r.messages))
+        limit = min(max_tokens, r.max_tokens)
         docs = loop.run_until_complete(
-            corpus.select(ns, prompt_text=prompt_text(r["messages"]), recent=2)
+            corpus.select(ns, prompt_text=prompt_text(r.messages), recent=2)
         )
         arrays = loop.run_until_complete(
             corpus.tokens(ns, docs, lm.tokenizer.fingerprint, lm.tokenizer.encode)
@@ -211,7 +196,7 @@ def run_recall(
                 )
         stats: GenerationStats = runs["recall"]["stats"]
         row = {
-            "id": r["id"],
+            "id": r.id,
             "category": kind,
             "tokens": len(runs["plain"]["ids"]),
             "wall": {c: runs[c]["wall"] for c in RECALL_CONFIGS},
@@ -227,7 +212,7 @@ def run_recall(
         rows.append(row)
         w = row["wall"]
         print(
-            f"{r['id']:<16} {kind:<14} {row['tokens']:>4} tok  named x{w['plain'] / w['named']:.2f}"
+            f"{r.id:<16} {kind:<14} {row['tokens']:>4} tok  named x{w['plain'] / w['named']:.2f}"
             f"  recall x{w['plain'] / w['recall']:.2f}  found {row['found']}"
             f"  identical {row['identical']}",
             flush=True,
@@ -268,16 +253,16 @@ PACKAGES_SCHEMA = {
 
 
 def run_structured(
-    lm: LoadedModel, engine: Engine, records: list[dict[str, Any]], max_tokens: int
+    lm: LoadedModel, engine: Engine, records: list[WorkloadItem], max_tokens: int
 ) -> dict[str, Any]:
     """The ``structured`` category (see the module docstring): rows and a summary."""
     grammar = json_grammar(PACKAGES_SCHEMA)
     series_docs: dict[str, list[str]] = defaultdict(list)
     rows = []
-    for n, r in enumerate(x for x in records if x["category"] == "json"):
-        ids = lm.tokenizer.encode(lm.tokenizer.apply_chat_template(r["messages"]))
-        limit = min(max_tokens, r.get("max_tokens") or max_tokens)
-        earlier = series_docs[r["series"]] if r.get("series") else []
+    for n, r in enumerate(x for x in records if x.category == "json"):
+        ids = lm.tokenizer.encode(lm.tokenizer.apply_chat_template(r.messages))
+        limit = min(max_tokens, r.max_tokens)
+        earlier = series_docs[r.series] if r.series else []
         follows = bool(earlier)
         reqs = {
             "text": GenerationRequest(prompt_ids=ids, max_tokens=limit, draft=False),
@@ -294,11 +279,11 @@ def run_structured(
         }
         order = STRUCTURED_CONFIGS if n % 2 == 0 else STRUCTURED_CONFIGS[::-1]
         runs = {c: run_speculative(engine, reqs[c]) for c in order}
-        if r.get("series"):
+        if r.series:
             earlier.append(runs["speculative"]["text"])
         stats = {c: runs[c]["stats"] for c in STRUCTURED_CONFIGS}
         row = {
-            "id": r["id"],
+            "id": r.id,
             "follows_earlier": follows,
             "tokens_by": {c: len(runs[c]["ids"]) for c in STRUCTURED_CONFIGS},
             "wall": {c: runs[c]["wall"] for c in STRUCTURED_CONFIGS},
@@ -312,7 +297,7 @@ def run_structured(
         rows.append(row)
         w, t = row["wall"], row["tokens_by"]
         print(
-            f"{r['id']:<10} {t['plain']:>4} tok  text {t['text'] / w['text']:6.1f}"
+            f"{r.id:<10} {t['plain']:>4} tok  text {t['text'] / w['text']:6.1f}"
             f"  plain {t['plain'] / w['plain']:6.1f}  spec {t['speculative'] / w['speculative']:6.1f}"
             f"  grammar {1e6 * row['grammar_s']['plain'] / max(t['plain'], 1):6.0f} us/tok"
             f"  follows {row['follows_earlier']}  identical {row['identical']}",
@@ -356,7 +341,9 @@ def _parses(text: str) -> bool:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--workload", type=Path, default=WORKLOAD, help="JSONL workload file")
+    parser.add_argument(
+        "--workload", type=Path, default=None, help="JSONL workload file (default: the shipped one)"
+    )
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--model", default="smollm2-135m")
@@ -365,11 +352,11 @@ def main() -> None:
     parser.add_argument(
         "--structured", action="store_true", help="run the structured category only"
     )
-    args = parser.parse_args()
+    args = parse(parser, SMOKE)
 
-    records = [json.loads(line) for line in args.workload.read_text().splitlines() if line.strip()]
+    records = workload(args.workload)
     if args.ids:
-        records = [r for r in records if r["id"] in set(args.ids)]
+        records = [r for r in records if r.id in set(args.ids)]
     lm = load_model(args.model)
     # recall runs each prompt twice through the engine (named, then recall, or the reverse):
     # without prefix reuse both process it cold, as plain decoding does, and neither is
@@ -390,9 +377,22 @@ def main() -> None:
         else:
             result = {"recall": run_recall(lm, engine, records, args.max_tokens)}
         if args.json:
-            args.json.write_text(json.dumps(result, indent=1))
+            write_json(args.json, result)
         return
-    hf = load_reference(args.model)
+    with TransformersPeer(args.model) as hf:
+        result = compare(lm, engine, hf, records, args.max_tokens)
+    if args.json:
+        write_json(args.json, result)
+
+
+def compare(
+    lm: LoadedModel,
+    engine: Engine,
+    hf: TransformersPeer,
+    records: list[WorkloadItem],
+    max_tokens: int,
+) -> dict[str, Any]:
+    """Every record on the four ``CONFIGS`` (see the module docstring): rows and summary."""
     eos = sorted(lm.tokenizer.eos_ids)
     print(
         "step costs c(k)/c(0) at k=1,4,16,64: "
@@ -414,14 +414,14 @@ def main() -> None:
     series_docs: dict[str, list[str]] = defaultdict(list)
     prompts = []
     for n, record in enumerate(records):
-        ids = lm.tokenizer.encode(lm.tokenizer.apply_chat_template(record["messages"]))
-        limit = min(args.max_tokens, record.get("max_tokens") or args.max_tokens)
-        docs = [d["text"] for d in record.get("documents") or []]
-        docs += series_docs[record.get("series") or ""] if record.get("series") else []
+        ids = lm.tokenizer.encode(lm.tokenizer.apply_chat_template(record.messages))
+        limit = min(max_tokens, record.max_tokens)
+        docs = [d["text"] for d in record.documents or []]
+        docs += series_docs[record.series or ""] if record.series else []
         req = GenerationRequest(
             prompt_ids=ids,
             max_tokens=limit,
-            prediction=record.get("prediction"),
+            prediction=record.prediction,
             documents=[document(lm, d) for d in docs],
         )
         runs: dict[str, dict[str, Any]] = {}
@@ -433,20 +433,20 @@ def main() -> None:
                 runs[config] = run_speculative(engine, req)
             else:
                 runs[config] = run_hf(hf, ids, limit, eos, pld=config == "hf_pld")
-        if record.get("series"):
-            series_docs[record["series"]].append(runs["speculative"]["text"])
+        if record.series:
+            series_docs[record.series].append(runs["speculative"]["text"])
         stats: GenerationStats = runs["speculative"]["stats"]
         tokens_by = {c: len(runs[c]["ids"]) for c in CONFIGS}
         wall = {c: runs[c]["wall"] for c in CONFIGS}
         row = {
-            "id": record["id"],
-            "category": record["category"],
+            "id": record.id,
+            "category": record.category,
             "tokens": tokens_by["plain"],
             "tps": {c: tokens_by[c] / wall[c] for c in CONFIGS},
             "prefill_s": {
                 "plain": runs["plain"]["prefill"],
                 "speculative": runs["speculative"]["prefill"],
-                "hf": hf_prefill(hf, ids),
+                "hf": hf.forward_s(ids),
             },
             "steps": stats.verify_steps,
             "drafted": stats.drafted_tokens,
@@ -480,8 +480,7 @@ def main() -> None:
             f"{t['hf_plain']:8.1f} {t['hf_pld']:7.1f} {s['speedup_vs_plain']:10.2f} "
             f"{s['speedup_vs_hf_pld']:9.2f} {s['accepted_per_step']:9.2f} {s['identical']:9.0%}"
         )
-    if args.json:
-        args.json.write_text(json.dumps({"prompts": prompts, "summary": summary}, indent=1))
+    return {"prompts": prompts, "summary": summary}
 
 
 if __name__ == "__main__":

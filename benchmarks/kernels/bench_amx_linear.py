@@ -1,7 +1,7 @@
 """The bf16 linear kernel alone (``dg_linear_amx``: AMX tiles, or AVX512-BF16 dot products
 where AMX is absent) on SmolLM2-135M's shapes, random weights:
 
-    python benchmarks/bench_amx_linear.py [--rows 16,64,512] [--threads 2] [--repeats 4] \
+    python -m benchmarks.kernels.bench_amx_linear [--rows 16,64,512] [--threads 2] [--repeats 4] \
         [--baseline OLD_step_cpu.cpp] [--packed] [--passes N] [--json OUT.json]
 
 Per row count: each of a step's linear layers (qkv with its bias, o, gate_up, down: 30

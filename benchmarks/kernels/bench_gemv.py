@@ -1,6 +1,6 @@
 """The linear kernels alone: one decode step's weight stream, with no Python model around it.
 
-    python benchmarks/bench_gemv.py [--model smollm2-135m] [--rows 1,4,16] [--repeats 7] \
+    python -m benchmarks.kernels.bench_gemv [--model smollm2-135m] [--rows 1,4,16] [--repeats 7] \
         [--threads N] [--baseline OTHER_step_cpu.cpp] [--steps] [--json OUT.json]
 
 Loads the model's linear weights (every layer's, then the vocabulary head: far more than
@@ -25,29 +25,26 @@ import ctypes
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.bench_decode import CONTEXT, read_bandwidth  # noqa: E402
-from local_verifier.devices import cpu_flags  # noqa: E402
-from local_verifier.kernels import cpp  # noqa: E402
-from local_verifier.kernels.packing import (  # noqa: E402
+from benchmarks.bench_decode import CONTEXT, read_bandwidth
+from local_verifier.devices import cpu_flags
+from local_verifier.kernels import cpp
+from local_verifier.kernels.packing import (
     PACKED_ENV,
     Layout,
     dense_shape,
     pack,
     packable,
 )
-from local_verifier.kv_storage import KVStorage  # noqa: E402
-from local_verifier.linear import Linear  # noqa: E402
-from local_verifier.loader import LoadedModel, load_model  # noqa: E402
-from local_verifier.model import SeqStep  # noqa: E402
-from lookup.shared_library import build  # noqa: E402
+from local_verifier.kv_storage import KVStorage
+from local_verifier.linear import Linear
+from local_verifier.loader import LoadedModel, load_model
+from local_verifier.model import SeqStep
+from lookup.shared_library import build
 
 Kernels = dict[tuple[torch.dtype, Layout], ctypes._CFuncPtr]  # (dtype, layout) -> kernel
 ENTRY_POINTS: dict[tuple[torch.dtype, Layout], str] = {

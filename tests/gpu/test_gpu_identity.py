@@ -1,6 +1,5 @@
-"""Greedy identity and bitwise batch invariance of the real model on one device and dtype.
-
-    python benchmarks/gpu_identity.py --device cuda --dtype bfloat16 --json OUT
+"""Greedy identity and bitwise batch invariance of the real model on CUDA, bf16 and float32
+(marked ``cuda``, skipped where no CUDA device is; ``benchmarks/gpu_check.sh`` runs them).
 
 The embedded default (SmolLM2-135M) decodes a few chat prompts greedily, one token per
 step; then, with ``torch.equal``:
@@ -10,29 +9,28 @@ step; then, with ``torch.equal``:
   last row's logits of the prompt prefilled at once;
 - ``reference`` (float32 only): transformers' argmax at each generated position equals the
   token emitted (a count: near-ties may differ on another device's kernels).
-Then the step cost by row count as the engine measures it at start-up. Exits 1 when a
-bitwise check fails.
+Then the step cost by row count as the engine measures it at start-up.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
-import time
-from pathlib import Path
+from collections.abc import Callable
+from typing import Any
 
+import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from local_verifier.kv_storage import KVStorage
+from local_verifier.loader import LoadedModel, load_model
+from local_verifier.model import SeqStep
+from local_verifier.sampling import SamplingParams
+from local_verifier.step_costs import measure_row_costs
+from local_verifier.testing.generate import generate_plain
 
-from local_verifier.generate import generate_plain  # noqa: E402
-from local_verifier.kv_storage import KVStorage  # noqa: E402
-from local_verifier.loader import LoadedModel, load_model  # noqa: E402
-from local_verifier.model import SeqStep  # noqa: E402
-from local_verifier.sampling import SamplingParams  # noqa: E402
-from local_verifier.step_costs import measure_row_costs  # noqa: E402
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
 
 PROMPTS = [
     "Rename the variable x to count:\ndef f(x):\n    return x + 1\n",
@@ -42,6 +40,7 @@ PROMPTS = [
 ]
 CHUNKS = (1, 7, 64)
 COST_ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
+MAX_TOKENS = 48
 
 
 def _arange(start: int, n: int) -> torch.Tensor:
@@ -64,7 +63,7 @@ def _prefill(lm: LoadedModel, kv: KVStorage, ids: list[int], base: int, chunk: i
     return last
 
 
-def check(lm: LoadedModel, max_tokens: int, reference: object | None) -> dict[str, object]:
+def check(lm: LoadedModel, max_tokens: int, reference: Any) -> dict[str, Any]:
     tok = lm.tokenizer
     prompts = [
         tok.encode(tok.apply_chat_template([{"role": "user", "content": p}])) for p in PROMPTS
@@ -116,7 +115,7 @@ def check(lm: LoadedModel, max_tokens: int, reference: object | None) -> dict[st
         chunked_ok.append(
             all(all(torch.equal(a, b) for a, b in zip(r, whole, strict=True)) for r in runs)
         )
-    result: dict[str, object] = {
+    result: dict[str, Any] = {
         "tokens": [len(o) for o in outs],
         "chain_equals_steps": chain_ok,
         "batched_equals_alone": batched_ok,
@@ -134,32 +133,27 @@ def check(lm: LoadedModel, max_tokens: int, reference: object | None) -> dict[st
     return result
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", default=None)
-    parser.add_argument("--dtype", default=None)
-    parser.add_argument("--max-tokens", type=int, default=48)
-    parser.add_argument("--json", required=True)
-    args = parser.parse_args()
-    begin = time.perf_counter()
-    lm = load_model("smollm2-135m", device=args.device, dtype=args.dtype, max_seq_len=2048)
+@pytest.fixture(scope="module", params=["bfloat16", "float32"])
+def cuda_model(request: pytest.FixtureRequest) -> LoadedModel:
+    return load_model("smollm2-135m", device="cuda", dtype=request.param, max_seq_len=2048)
+
+
+def test_real_model_is_bitwise_invariant_on_cuda(
+    cuda_model: LoadedModel, record_property: Callable[[str, object], None]
+) -> None:
+    """Chain = steps, batched = alone, chunked = whole prefill, all ``torch.equal``; the
+    reference agreement and the step costs are recorded (``--junitxml``), not asserted."""
+    lm = cuda_model
     reference = None
     if lm.dtype == torch.float32:
-        from local_verifier.reference import load_reference
+        from local_verifier.testing.reference import load_reference
 
         reference = load_reference("smollm2-135m").to(lm.device)
-    result = {"device": str(lm.device), "dtype": str(lm.dtype).removeprefix("torch.")}
-    if lm.device.type == "cuda":
-        result["gpu"] = torch.cuda.get_device_name(lm.device)
-    result.update(check(lm, args.max_tokens, reference))
+    result = check(lm, MAX_TOKENS, reference)
     costs = measure_row_costs(lm, max(COST_ROWS))
-    result["step_ms_by_rows"] = {r: round(costs[r] * 1e3, 3) for r in COST_ROWS}
-    result["seconds"] = round(time.perf_counter() - begin, 1)
-    Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result))
-    bitwise = ("chain_equals_steps", "batched_equals_alone", "chunked_prefill_equal")
-    sys.exit(0 if all(all(result[k]) for k in bitwise) else 1)  # type: ignore[call-overload]
-
-
-if __name__ == "__main__":
-    main()
+    record_property("gpu", torch.cuda.get_device_name(lm.device))
+    record_property("step_ms_by_rows", {r: round(costs[r] * 1e3, 3) for r in COST_ROWS})
+    record_property("reference_argmax_agree", result.get("reference_argmax_agree"))
+    assert all(result["chain_equals_steps"]), result
+    assert all(result["batched_equals_alone"]), result
+    assert all(result["chunked_prefill_equal"]), result

@@ -1,7 +1,7 @@
 """The C++ attention kernel alone, on SmolLM2-135M's head geometry (9 query heads, 3 kv
 heads, head_dim 64; one layer's K/V) and random data:
 
-    python benchmarks/bench_attention.py [--repeats 3] [--baseline OLD_step_cpu.cpp] [--cold]
+    python -m benchmarks.kernels.bench_attention [--repeats 3] [--baseline OLD_step_cpu.cpp] [--cold]
 
 Per case (a 512-row causal prompt chunk after 0..7680 context keys: the chunks of 1k, 4k
 and 8k prompts; decode rows after long contexts): the best wall ms and process CPU ms of a

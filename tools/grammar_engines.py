@@ -1,8 +1,9 @@
-"""Grammar engines on SmolLM2's tokenizer: set-up, compile, per-token mask, fork, rollback.
+"""Which grammar engine should structured output use? Set-up, compile, per-token mask, fork
+and rollback of each on SmolLM2's tokenizer.
 
-    python benchmarks/bench_grammar_engines.py llguidance [--json out.json]
-    python benchmarks/bench_grammar_engines.py xgrammar      # needs xgrammar installed
-    python benchmarks/bench_grammar_engines.py outlines-core # needs outlines-core installed
+    python tools/grammar_engines.py llguidance [--json out.json]
+    python tools/grammar_engines.py xgrammar      # needs xgrammar installed
+    python tools/grammar_engines.py outlines-core # needs outlines-core installed
 
 How docs/structured-output.md chose the engine. One engine per process (import time and
 peak memory are its own). A valid answer (the ``json`` workload's packages, 110 tokens)
