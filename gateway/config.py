@@ -40,6 +40,9 @@ EndpointKind = Literal[
     "local",
 ]
 RoutingStrategy = Literal["least-busy", "prefix", "ordered"]
+RemoteVerify = Literal["off", "remote", "remote-approximate"]
+# kinds whose own API scores given tokens (docs/remote-verification.md)
+REMOTE_VERIFY_KINDS = frozenset({"sglang", "vllm"})
 # kinds run by a hosted provider: no active health check unless an endpoint asks for one
 HOSTED_KINDS = frozenset({"openai", "azure", "fireworks", "cerebras", "mistral", "openrouter"})
 
@@ -119,6 +122,19 @@ class EndpointConfig(_Strict):
         default=None,
         description="active GET {base_url}/models checks (default: on unless a hosted provider)",
     )
+    verify: RemoteVerify = Field(
+        default="off",
+        description="sglang/vllm kinds: verify drafts over the engine's own API once the "
+        "self-test finds it exact (`remote-approximate`: also when only approximate)",
+    )
+    tokenizer: str | None = Field(
+        default=None,
+        description="verify: the served model's tokenizer (a .gguf file, a tokenizer.json or "
+        "its Hugging Face directory, or the smollm2-135m alias)",
+    )
+    verify_check_interval_s: float = Field(
+        default=600.0, ge=0, description="verify: how often the self-test reruns (0 = start only)"
+    )
 
     @field_validator("models", mode="before")
     @classmethod
@@ -141,6 +157,11 @@ class EndpointConfig(_Strict):
             object.__setattr__(self, "base_url", default)
         if (self.max_tokens_default or 0) > self.max_tokens_cap:
             raise ValueError("`max_tokens_default` must not exceed `max_tokens_cap`")
+        if self.verify != "off":
+            if self.kind not in REMOTE_VERIFY_KINDS:
+                raise ValueError("`verify` needs an sglang or vllm endpoint")
+            if not self.tokenizer:
+                raise ValueError("`verify` needs `tokenizer` (the served model's tokenizer)")
         if self.kind == "azure" and not self.api_version:
             raise ValueError("an azure endpoint needs `api_version`")
         if not self.models:

@@ -18,8 +18,11 @@ from gateway.auth import Authenticator
 from gateway.call import Call
 from gateway.config import EndpointConfig, Settings
 from gateway.endpoints.local import LocalEndpoint
+from gateway.endpoints.remote import RemoteEndpoint
+from gateway.endpoints.remote_selftest import SelfTest
 from gateway.endpoints.upstream import Upstream
 from gateway.limits import open_limiter
+from gateway.records.evidence import make
 from gateway.records.service import Records
 from gateway.records.store import open_record_store
 from gateway.routing.balancer import Balancer
@@ -73,6 +76,7 @@ class Runtime:
         self.records = Records(settings.endpoints, self.telemetry.store)
         self.upstreams: dict[str, Upstream] = {}
         self.local: dict[str, LocalEndpoint] = {}
+        self.remote: dict[str, RemoteEndpoint] = {}  # sglang/vllm endpoints with `verify`
         for endpoint in settings.endpoints:
             if _in_process(endpoint):
                 self.local[endpoint.name] = LocalEndpoint(
@@ -83,6 +87,10 @@ class Runtime:
                 )
             else:
                 self.upstreams[endpoint.name] = Upstream(endpoint, env, transport)
+            if endpoint.verify != "off":
+                self.remote[endpoint.name] = RemoteEndpoint(
+                    endpoint, self.corpus, env, recent=settings.documents.recent
+                )
         self.balancer = Balancer(
             settings.routing,
             settings.endpoints,
@@ -101,6 +109,8 @@ class Runtime:
         """Start loading local models (queued first on their worker threads)."""
         for local in self.local.values():
             local.start()
+        for remote in self.remote.values():
+            remote.start(self._remote_self_test)
         interval = self.settings.routing.health_check_interval_s
         if interval > 0 and self.health_checks.upstreams:
             self._checking = asyncio.create_task(
@@ -114,10 +124,26 @@ class Runtime:
                 await self._checking
         for upstream in self.upstreams.values():
             await upstream.aclose()
+        for remote in self.remote.values():
+            await remote.aclose()
         for local in self.local.values():
             local.close()
         await self.corpus.aclose()
         await self.limiter.aclose()
+
+    async def _remote_self_test(self, endpoint: str, result: SelfTest) -> None:
+        """A remote-verify self-test's outcome, as the endpoint's record evidence."""
+        await self.records.add_evidence(
+            endpoint,
+            make(
+                "measured",
+                "remote verify self-test",
+                "yes" if result.state == "exact" else "no",
+                result.detail,
+                result.values(),
+                feature="remote_verify",
+            ),
+        )
 
     async def document_text(self, tenant: str, ids: list[str]) -> tuple[str | None, str]:
         """The named documents' text joined (for a synthesized prediction), or ``None``

@@ -38,6 +38,21 @@ def model_names(endpoint: EndpointLike) -> list[str]:
     return [m if isinstance(m, str) else m.name for m in endpoint.models]
 
 
+def remote_verify_state(verify: str, evidence: Sequence[Evidence]) -> tuple[Any, float | None]:
+    """(state, agreement) of remote verification from the newest self-test evidence: its
+    ``detail`` starts with the state (``exact``/``approximate``; anything else failed)."""
+    if verify == "off":
+        return "off", None
+    tests = [ev for ev in evidence if ev.feature == "remote_verify"]
+    if not tests:
+        return "unknown", None
+    newest = max(tests, key=lambda ev: ev.observed_at)
+    state = newest.detail.split(":", 1)[0]
+    if state not in ("exact", "approximate"):
+        state = "failed"
+    return state, newest.values.get("agreement")
+
+
 class Records:
     """Builds records from the table and the store; runs probes on demand."""
 
@@ -56,6 +71,7 @@ class Records:
         evidence = await self.store.evidence(name)
         enabled, basis = verdict(evidence)
         prefix_cache, prefix_basis = verdict(evidence, "prefix_cache")
+        remote, agreement = remote_verify_state(getattr(e, "verify", "off"), evidence)
         return EndpointRecord(
             name=name,
             kind=e.kind,
@@ -65,6 +81,8 @@ class Records:
             enabled_evidence=basis,
             prefix_cache=prefix_cache,
             prefix_cache_evidence=prefix_basis,
+            remote_verify=remote,
+            remote_verify_agreement=agreement,
             evidence=sorted(evidence, key=lambda ev: ev.observed_at, reverse=True),
             latency=await latency(self.store, name),
         )

@@ -20,6 +20,7 @@ from gateway import prediction_policy
 from gateway.call import API_PATHS, Api, Call, apply_usage
 from gateway.config import EndpointConfig
 from gateway.endpoints.capabilities import CAPABILITIES
+from gateway.endpoints.remote import REMOTE_VERIFY_HEADER
 from gateway.endpoints.upstream import UpstreamFailure
 from gateway.errors import GatewayError, InvalidJSON, ModelNotFound, UpstreamError
 from gateway.http.asgi import (
@@ -175,6 +176,10 @@ class CompletionsEndpoint:
                 if local is not None:
                     await local.serve(call, send)
                     return
+                remote = self.runtime.remote.get(endpoint.name)
+                passthrough = None if remote is None else await remote.serve(call, send)
+                if remote is not None and passthrough is None:
+                    return
                 upstream = self.runtime.upstreams[endpoint.name]
                 decision, body = await self._prepare(call, endpoint)
                 call.timing.prediction_status = decision.status
@@ -202,6 +207,8 @@ class CompletionsEndpoint:
                     (PREDICTION_HEADER, decision.status.encode()),
                     (ENDPOINT_HEADER, endpoint.name.encode()),
                 ]
+                if passthrough is not None:
+                    headers.append((REMOTE_VERIFY_HEADER, b"passthrough:" + passthrough.encode()))
                 if call.request.stream:
                     await self._relay_stream(call, response, send, headers)
                 else:

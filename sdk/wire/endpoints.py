@@ -76,6 +76,14 @@ class EndpointRecord(BaseModel):
     prefix_cache_evidence: Evidence | None = Field(
         default=None, description="the evidence the prefix_cache verdict rests on"
     )
+    remote_verify: Literal["off", "unknown", "exact", "approximate", "failed"] = Field(
+        default="off",
+        description="sglang/vllm endpoints with `verify` set: what the latest self-test found "
+        "(greedy tokens of the verify path vs the engine's own decoding)",
+    )
+    remote_verify_agreement: float | None = Field(
+        default=None, description="the latest self-test's agreeing tokens / compared"
+    )
     evidence: list[Evidence] = Field(default_factory=list, description="newest first")
     latency: LatencySummary | None = None
     routing: RoutingState | None = None

@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field
 
 Verdict = Literal["yes", "no", "unknown"]
 EvidenceKind = Literal["probe", "passive", "measured"]
-Feature = Literal["speculation", "prefix_cache"]
+Feature = Literal["speculation", "prefix_cache", "remote_verify"]
 
 
 class Evidence(BaseModel):

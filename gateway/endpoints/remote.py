@@ -1,0 +1,490 @@
+"""An ``sglang`` or ``vllm`` endpoint whose greedy answers the gateway drafts and the
+engine verifies over its own API (``verify = "remote"``; docs/remote-verification.md).
+
+:meth:`RemoteEndpoint.serve` answers a request itself, or returns why it passes through
+(the reason goes to the ``X-Draftgate-Remote-Verify`` header of the proxied answer):
+verification is not enabled (the self-test has not found the engine exact, or found it
+only approximate without ``remote-approximate``), the request samples, asks for fields
+only the engine's OpenAI API implements, or drafts cannot pay. The tokenizer is loaded
+with ``local_verifier`` (imported lazily, like the local endpoints do).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+from starlette.types import Send
+
+from gateway.call import Call
+from gateway.config import EndpointConfig
+from gateway.endpoints.local import capabilities as local_capabilities
+from gateway.endpoints.openai_objects import ChoiceResult, ResponseBuilder, draft_stats
+from gateway.endpoints.providers import adapter_for
+from gateway.endpoints.remote_selftest import SelfTest, run_self_test
+from gateway.endpoints.remote_verify import (
+    MAX_DRAFT,
+    LoopStats,
+    Pacing,
+    VerifyLoop,
+)
+from gateway.endpoints.remote_wire import EngineClient, RemoteFailure, engine_client
+from gateway.http.asgi import ENDPOINT_HEADER, PREDICTION_HEADER, Headers, send_body
+from gateway.http.sse import DONE_EVENT, SSE_HEADERS, data_event, error_event
+from gateway.records.probes import server_root
+from lookup.corpus import Corpus, CorpusError
+from lookup.draft import Source
+from lookup.drafter import Drafter
+from lookup.index import IndexCache
+from sdk.wire import ChatCompletionRequest, CompletionRequest
+
+if TYPE_CHECKING:
+    from local_verifier.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+REMOTE_VERIFY_HEADER = b"x-draftgate-remote-verify"
+VERIFIED = b"verified-remotely"
+MAX_TOKENS_DEFAULT = 4096  # an answer's bound when the request gives none
+_SOURCES = {"named": Source.DOCUMENT, "retrieved": Source.RETRIEVED, "answer": Source.ANSWER}
+# request fields the verify path honours: the local endpoints' less what only sampling,
+# logprobs or structured output need (those pass through to the engine's OpenAI API)
+_HONOURED = frozenset(local_capabilities()["supported_parameters"]) - {
+    "top_k",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "logit_bias",
+    "logprobs",
+    "top_logprobs",
+    "response_format",
+}
+
+
+def load_tokenizer(spec: str) -> Tokenizer:
+    """The tokenizer of a .gguf file, a Hugging Face directory (or its tokenizer.json), or
+    the smollm2-135m alias."""
+    from gguf import GGUFReader
+
+    from local_verifier.gguf_loader import read_tokenizer as gguf_tokenizer
+    from local_verifier.hf_loader import read_tokenizer as hf_tokenizer
+    from local_verifier.loader import resolve_spec
+
+    path, _ = resolve_spec(spec)
+    if path.suffix == ".gguf":
+        return gguf_tokenizer(GGUFReader(str(path)))
+    return hf_tokenizer(path if path.is_dir() else Path(path).parent)
+
+
+def _is_off(name: str, value: Any) -> bool:
+    if value is None or value is False or value in ("", [], {}):
+        return True
+    return name == "n" and value == 1
+
+
+def passthrough_reason(request: ChatCompletionRequest | CompletionRequest) -> str | None:
+    """Why ``request`` cannot be verified remotely (None: it can)."""
+    if request.temperature != 0:
+        return "sampled"
+    if request.top_p not in (None, 1, 1.0):
+        return "sampled"
+    fields = {name: getattr(request, name) for name in request.model_fields_set}
+    fields.update(request.model_extra or {})
+    for name, value in fields.items():
+        if name not in _HONOURED and not _is_off(name, value):
+            return f"unsupported:{name}"
+    if (request.n or 1) != 1:
+        return "unsupported:n"
+    if isinstance(request, ChatCompletionRequest):
+        for message in request.messages:
+            parts = message.content if isinstance(message.content, list) else []
+            if any(part.get("type") != "text" for part in parts) or any(
+                not _is_off(k, v) for k, v in (message.model_extra or {}).items()
+            ):
+                return "unsupported:messages"
+    elif (
+        isinstance(request.prompt, list)
+        and len(request.prompt) > 1
+        and isinstance(request.prompt[0], str)
+    ):
+        return "unsupported:prompt"  # a batch of prompts
+    if request.draftgate is not None and not request.draftgate.draft:
+        return "draft-off"
+    return None
+
+
+@dataclass
+class AnswerStats:
+    """One answer's counters in the shape ``openai_objects.usage``/``draft_stats`` read."""
+
+    prompt_tokens: int
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    accepted_prediction_tokens: int | None = None
+    rejected_prediction_tokens: int | None = None
+    verify_steps: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_by_position: list[int] = field(default_factory=list)
+    accepted_by_source: dict[str, int] = field(default_factory=dict)
+    drafted_by_source: dict[str, int] = field(default_factory=dict)
+    prefill_s: float = 0.0
+    total_s: float = 0.0
+
+
+def remote_stats(loop: LoopStats) -> dict[str, Any]:
+    """draftgate's ``remote`` object: round trips, cached tokens per round, recoveries."""
+    return {
+        "round_trips": loop.round_trips,
+        "scoring_rounds": loop.rounds,
+        "scoring_requests": loop.score_requests,
+        "plain_decodes": loop.decodes,
+        "near_ties": loop.near_ties,
+        "recovered": loop.recovered,
+        "cached_tokens_per_round": list(loop.cached_tokens),
+    }
+
+
+class RemoteEndpoint:
+    """Remote verification in front of one sglang/vllm endpoint."""
+
+    def __init__(
+        self,
+        config: EndpointConfig,
+        corpus: Corpus,
+        environ: Mapping[str, str],
+        *,
+        recent: int = 0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.config = config
+        self.corpus = corpus
+        self.recent = recent
+        adapter = adapter_for(config, environ)
+        headers = {k.decode(): v.decode() for k, v in adapter.auth_headers()}
+        self.client: EngineClient = engine_client(
+            config.kind,
+            server_root(config.base_url or ""),
+            headers,
+            config.timeout_s,
+            config.connect_timeout_s,
+            transport,
+        )
+        self.pacing = Pacing()
+        self.index_cache = IndexCache()
+        self.self_test: SelfTest | None = None
+        self._tokenizer: Tokenizer | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.checked = threading.Event()  # set once a self-test has finished
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def tokenizer(self) -> Tokenizer:
+        if self._tokenizer is None:
+            self._tokenizer = await asyncio.to_thread(load_tokenizer, self.config.tokenizer or "")
+        return self._tokenizer
+
+    def start(self, on_result: Any = None) -> None:
+        """Run the self-test now and every ``verify_check_interval_s`` (in the background);
+        ``on_result(endpoint_name, SelfTest)`` is awaited after each."""
+        if self._task is None:
+            self._task = asyncio.create_task(
+                self._checking(on_result), name=f"draftgate-verify-{self.config.name}"
+            )
+
+    async def _checking(self, on_result: Any) -> None:
+        while True:
+            await self.check(on_result)
+            if self.config.verify_check_interval_s <= 0:
+                return
+            await asyncio.sleep(self.config.verify_check_interval_s)
+
+    async def check(self, on_result: Any = None) -> SelfTest:
+        """One self-test; its result decides whether verification runs."""
+        try:
+            result = await run_self_test(self.client, await self.tokenizer(), self.pacing)
+        except Exception as exc:  # an unreachable server or an unloadable tokenizer
+            log.warning("endpoint %s: remote verify self-test failed: %s", self.config.name, exc)
+            result = SelfTest.failed(f"{type(exc).__name__}")
+        self.self_test = result
+        self.checked.set()
+        log.info("endpoint %s: remote verify self-test: %s", self.config.name, result.detail)
+        if on_result is not None:
+            await on_result(self.config.name, result)
+        return result
+
+    @property
+    def enabled(self) -> bool:
+        test = self.self_test
+        if test is None:
+            return False
+        if test.state == "exact":
+            return True
+        return test.state == "approximate" and self.config.verify == "remote-approximate"
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.client.aclose()
+
+    # -- requests ----------------------------------------------------------------------
+
+    async def serve(self, call: Call, send: Send) -> str | None:
+        """Answer ``call`` by remote verification, or return why it passes through (then
+        nothing was sent)."""
+        request = call.request
+        if not self.enabled:
+            return "not-enabled" if self.self_test is None else f"self-test:{self.self_test.state}"
+        reason = passthrough_reason(request)
+        if reason is not None:
+            return reason
+        if not self.pacing.pays(MAX_DRAFT + 1):
+            return "does-not-pay"
+        try:
+            tokenizer = await self.tokenizer()
+            prompt = _prompt_ids(request, tokenizer)
+        except ValueError:
+            return "unsupported:prompt"
+        prediction_text = (
+            request.prediction.text()
+            if isinstance(request, ChatCompletionRequest) and request.prediction
+            else ""
+        )
+        prediction = tokenizer.encode(prediction_text) if prediction_text else None
+        documents, sources = await self._documents(call, tokenizer, prediction_text)
+        drafter = Drafter(prompt, prediction, documents, document_sources=sources)
+        if prediction is None and not documents:
+            first = drafter.propose(MAX_DRAFT, 1)
+            if len(self.pacing.controller().choose(first)) == 0:
+                return "does-not-pay"
+        limit = (
+            request.max_completion_tokens or request.max_tokens
+            if isinstance(request, ChatCompletionRequest)
+            else request.max_tokens
+        )
+        loop = VerifyLoop(
+            self.client,
+            prompt,
+            drafter,
+            limit or MAX_TOKENS_DEFAULT,
+            self.pacing,
+            tokenizer.eos_ids,
+        )
+        answer = _Answer(call, loop, tokenizer, request.stop_list(), prediction is not None)
+        if not await answer.first():
+            return "failed-before-output"
+        call.timing.prediction_status = VERIFIED.decode()
+        headers: Headers = [
+            (PREDICTION_HEADER, VERIFIED),
+            (ENDPOINT_HEADER, self.config.name.encode()),
+        ]
+        if request.stream:
+            await answer.stream(send, headers)
+        else:
+            await answer.complete(send, headers)
+        return None
+
+    async def _documents(
+        self, call: Call, tokenizer: Tokenizer, prediction_text: str
+    ) -> tuple[list[Any], list[Source]]:
+        try:
+            docs = await self.corpus.select(
+                call.tenant,
+                ids=call.doc_ids,
+                prompt_text=call.prompt_text(),
+                prediction_text=prediction_text,
+                recent=self.recent,
+            )
+            if not docs:
+                return [], []
+            tokens = await self.corpus.tokens(
+                call.tenant, docs, tokenizer.fingerprint, tokenizer.encode
+            )
+        except CorpusError as exc:
+            log.warning("endpoint %s: documents unavailable: %s", self.config.name, exc)
+            return [], []
+        indexes = [self.index_cache.get_or_build(key, ids) for key, ids in tokens]
+        return indexes, [_SOURCES[d.kind] for d in docs]
+
+
+def _prompt_ids(
+    request: ChatCompletionRequest | CompletionRequest, tokenizer: Tokenizer
+) -> list[int]:
+    if isinstance(request, ChatCompletionRequest):
+        messages = [{"role": m.role, "content": m.text()} for m in request.messages]
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        return tokenizer.encode(text, add_special_tokens=False)
+    prompt = request.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        ids = tokenizer.encode(prompt, add_special_tokens=True)
+    else:
+        ids = [int(t) for t in prompt]
+    if not ids:
+        raise ValueError("the prompt is empty")
+    return ids
+
+
+class _Answer:
+    """One verified answer on its way to the client: committed tokens become text
+    (``local_verifier``'s output assembler: EOS, stop strings, max tokens)."""
+
+    def __init__(
+        self, call: Call, loop: VerifyLoop, tokenizer: Tokenizer, stop: list[str], predicted: bool
+    ) -> None:
+        from local_verifier.output import OutputAssembler
+
+        self.call = call
+        self.loop = loop
+        self.predicted = predicted
+        self.output = OutputAssembler(tokenizer, stop, loop.budget)
+        self.tokens = loop.tokens()
+        self.pending: list[int] | None = None
+        self.t0 = time.perf_counter()
+
+    async def first(self) -> bool:
+        """Wait for the first committed tokens; False when the engine failed before any."""
+        try:
+            self.pending = await anext(self.tokens)
+        except StopAsyncIteration:
+            self.pending = []
+        except RemoteFailure as exc:
+            log.warning("remote verify failed before any output: %s", exc)
+            await self.tokens.aclose()
+            return False
+        return True
+
+    async def texts(self) -> Any:
+        """Text deltas until the output ends (``RemoteFailure`` when the engine is gone)."""
+        timing = self.call.timing
+        try:
+            batch = self.pending or []
+            while True:
+                delta = self.output.push(batch)
+                now = time.perf_counter()
+                if timing.t_first_byte is None:
+                    timing.t_first_byte = now
+                timing.chunk_times.append(now)
+                timing.chunk_tokens.append(len(delta.token_ids))
+                if delta.text:
+                    if timing.t_first_content is None:
+                        timing.t_first_content = now
+                    yield delta.text
+                if self.output.finish_reason is not None:
+                    break
+                try:
+                    batch = await anext(self.tokens)
+                except StopAsyncIteration:
+                    break
+            tail = self.output.finish()
+            if tail.text:
+                yield tail.text
+        finally:
+            await self.tokens.aclose()
+
+    def stats(self) -> AnswerStats:
+        loop = self.loop
+        drafter = loop.drafter
+        accepted, rejected = (
+            drafter.prediction_usage() if self.predicted and drafter is not None else (None, None)
+        )
+        s = loop.stats
+        stats = AnswerStats(
+            prompt_tokens=len(loop.prompt),
+            completion_tokens=len(self.output.token_ids),
+            cached_tokens=s.cached_tokens[0] if s.cached_tokens else 0,
+            accepted_prediction_tokens=accepted,
+            rejected_prediction_tokens=rejected,
+            verify_steps=s.rounds,
+            drafted_tokens=s.drafted,
+            accepted_tokens=s.accepted,
+            accepted_by_position=list(s.accepted_by_position),
+            total_s=time.perf_counter() - self.t0,
+        )
+        timing = self.call.timing
+        timing.t_end = time.perf_counter()
+        timing.output_tokens = stats.completion_tokens
+        timing.prompt_tokens = stats.prompt_tokens
+        timing.cached_tokens = stats.cached_tokens
+        timing.accepted_prediction_tokens = accepted
+        timing.rejected_prediction_tokens = rejected
+        return stats
+
+    def extension(self, stats: AnswerStats) -> dict[str, Any]:
+        return {**draft_stats(stats), "remote": remote_stats(self.loop.stats)}
+
+    async def complete(self, send: Send, headers: Headers) -> None:
+        call = self.call
+        try:
+            text = "".join([t async for t in self.texts()])
+        except RemoteFailure as exc:
+            from gateway.errors import UpstreamError
+
+            error = UpstreamError(f"the engine failed mid-answer: {exc}")
+            from gateway.http.asgi import send_error
+
+            call.timing.status = error.status
+            call.timing.error = error.message
+            await send_error(send, error, headers)
+            return
+        stats = self.stats()
+        builder = ResponseBuilder(call.api, call.request.model)
+        finish = self.output.finish_reason or "length"
+        body = builder.complete([ChoiceResult(text, finish)], stats)
+        body["draftgate"] = self.extension(stats)
+        call.response_text = [text]
+        await send_body(
+            send,
+            200,
+            json.dumps(body, ensure_ascii=False).encode(),
+            [(b"content-type", b"application/json"), *headers],
+        )
+
+    async def stream(self, send: Send, headers: Headers) -> None:
+        call = self.call
+        builder = ResponseBuilder(call.api, call.request.model)
+        options = call.request.stream_options
+        include_usage = bool(options and options.include_usage)
+        await send(
+            {"type": "http.response.start", "status": 200, "headers": [*SSE_HEADERS, *headers]}
+        )
+
+        async def emit(body: bytes) -> None:
+            await send({"type": "http.response.body", "body": body, "more_body": True})
+
+        if call.api == "chat":
+            await emit(data_event(builder.chunk(role=True)))
+        texts: list[str] = []
+        try:
+            async for text in self.texts():
+                texts.append(text)
+                await emit(data_event(builder.chunk(text)))
+        except RemoteFailure as exc:
+            log.warning("remote verify: the engine failed mid-answer: %s", exc)
+            call.timing.status = 502
+            call.timing.error = "the engine failed mid-answer"
+            await emit(error_event("the engine failed mid-answer", "upstream_error"))
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return
+        stats = self.stats()
+        final = builder.chunk(finish=self.output.finish_reason or "length")
+        final["draftgate"] = self.extension(stats)
+        await emit(data_event(final))
+        if include_usage:
+            await emit(data_event(builder.usage_chunk(stats)))
+        await emit(DONE_EVENT)
+        call.response_text = ["".join(texts)]
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
