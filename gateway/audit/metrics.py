@@ -120,6 +120,10 @@ def group_stats(
             by_position[i] += int(n)
     chunks = sum(len(r.chunk_offsets_s) for r in ok)
     tokens = sum(r.output_tokens or 0 for r in ok)
+    remote = [(r.draft_stats or {}).get("remote") for r in ok]
+    remote_ok = [(r, m) for r, m in zip(ok, remote, strict=True) if isinstance(m, dict)]
+    trips = sum(int(m.get("round_trips", 0)) for _, m in remote_ok)
+    cached = [int(c) for _, m in remote_ok for c in m.get("cached_tokens_per_round") or []]
     return GroupStats(
         config=config,
         setting=setting,
@@ -149,6 +153,10 @@ def group_stats(
             accepted_by_position=by_position,
             by_source=by_source(ok),
         ),
+        remote_round_trips_per_token=_ratio(trips, sum(r.output_tokens or 0 for r, _ in remote_ok))
+        if remote_ok
+        else None,
+        remote_cached_tokens_per_round=_ratio(sum(cached), len(cached)) if cached else None,
     )
 
 

@@ -65,6 +65,13 @@ class GroupStats(BaseModel):
     time_per_token_s: float | None = None
     chars_per_token: float | None = None
     acceptance: Acceptance
+    remote_round_trips_per_token: float | None = Field(
+        default=None,
+        description="remotely verified answers: engine requests per output token",
+    )
+    remote_cached_tokens_per_round: float | None = Field(
+        default=None, description="remotely verified answers: engine-cached tokens per round"
+    )
 
 
 class Level(BaseModel):
