@@ -62,7 +62,10 @@ def _generated(match: re.Match[str]) -> str:
 
 def _repo_link(match: re.Match[str]) -> str:
     target = posixpath.normpath(posixpath.join(posixpath.dirname(RESULTS_SOURCE), match.group(2)))
-    return f"{match.group(1)} (`{target}`)"
+    text = match.group(1)
+    if text.startswith("`") and text.endswith("`"):  # a file's name: its path instead
+        return f"`{target}`"
+    return f"{text} (`{target}`)"
 
 
 def _results(markdown: str) -> str:
