@@ -9,8 +9,10 @@ activations' dtype; every reduction runs in float32.
 from __future__ import annotations
 
 import math
+import threading
 
 import torch
+import torch.nn.functional as F
 
 from local_verifier.kernels import triton_kernels as tk
 from local_verifier.kernels.plan import AttentionPlan
@@ -49,7 +51,7 @@ class TritonOps:
     name = "triton"
 
     def __init__(self) -> None:
-        self._plan: tuple[AttentionPlan, KeyLists] | None = None
+        self._steps = threading.local()  # per engine thread: its step's plan and key lists
 
     def linear(
         self,
@@ -134,9 +136,12 @@ class TritonOps:
         return q
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        hidden = gate_up.shape[1] // 2  # element-wise: a row's result is its own
+        return F.silu(gate_up[:, :hidden]) * gate_up[:, hidden:]
+
+    def gelu_tanh_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         hidden = gate_up.shape[1] // 2
-        gate, up = gate_up[:, :hidden].float(), gate_up[:, hidden:].float()
-        return (gate / (1.0 + torch.exp(-gate)) * up).to(gate_up.dtype)
+        return F.gelu(gate_up[:, :hidden], approximate="tanh") * gate_up[:, hidden:]
 
     def attention(
         self,
@@ -145,9 +150,10 @@ class TritonOps:
         v_cache: torch.Tensor,
         plan: AttentionPlan,
     ) -> torch.Tensor:
-        if self._plan is None or self._plan[0] is not plan:  # built once per step
-            self._plan = (plan, KeyLists.of(plan, q.device))
-        return self.attend(q, k_cache, v_cache, self._plan[1])
+        last = getattr(self._steps, "last", None)
+        if last is None or last[0] is not plan:  # built once per step, for every layer
+            last = self._steps.last = (plan, KeyLists.of(plan, q.device))
+        return self.attend(q, k_cache, v_cache, last[1])
 
     def attend(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, lists: KeyLists

@@ -25,6 +25,9 @@ from local_verifier.kernels.triton_ops import KeyLists, TritonOps
 if TYPE_CHECKING:
     from local_verifier.model import Transformer
 
+GRAPH_ROWS = 256
+"""Rows of the largest bucket captured; a larger step (a long prompt chunk) runs eagerly on
+the same kernels, with the same bits."""
 PAD_SLOT = -1
 """The slot a padding row's K/V would go to: the rope/store kernel writes nothing there."""
 
