@@ -100,6 +100,12 @@ class EndpointConfig(_Strict):
         description="local kind: requests running at once (None: the engine's default, 16)",
     )
     max_queue: int = Field(default=64, ge=1, description="local kind: waiting requests")
+    tenant_places: int | None = Field(
+        default=None,
+        ge=1,
+        description="local kind: one tenant's requests running and waiting (None: half of "
+        "max_batch + max_queue); a tenant past it gets 429s while others are served",
+    )
     prefix_cache: bool = Field(
         default=True,
         description="local kind: reuse computed prompt prefixes (K/V and the drafter's index)",
@@ -205,6 +211,9 @@ class KeyConfig(_Strict):
     key_env: str = Field(min_length=1)
     tenant: str = Field(min_length=1)
     admin: bool = Field(default=False, description="may run audits and probes")
+    weight: float = Field(
+        default=1.0, gt=0, description="the tenant's share of a local engine, relative to others"
+    )
 
 
 class RedisConfig(_Strict):

@@ -84,6 +84,7 @@ class Runtime:
                     self.corpus,
                     recent=settings.documents.recent,
                     engine=(engines or {}).get(endpoint.name),
+                    weights={key.tenant: key.weight for key in settings.keys},
                 )
             else:
                 self.upstreams[endpoint.name] = Upstream(endpoint, env, transport)

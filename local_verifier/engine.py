@@ -22,7 +22,13 @@ from typing import Any
 import numpy as np
 
 from local_verifier.devices import ThreadTuner, available_cpus
-from local_verifier.errors import EngineBusy, EngineClosed, PredictionTooLong, PromptTooLong
+from local_verifier.errors import (
+    EngineBusy,
+    EngineClosed,
+    PredictionTooLong,
+    PromptTooLong,
+    TenantBusy,
+)
 from local_verifier.grammar import GrammarCompiler, check_grammar
 from local_verifier.kernels.cpp import release_threads
 from local_verifier.kv_pool import DEFAULT_BLOCK_SIZE, KVPool
@@ -83,6 +89,8 @@ class GenerationRequest:
     draft: bool = True
     max_draft: int | None = None  # cap on draft tokens per verify step (None = measured range)
     tenant: str = ""  # prefixes are reused only between requests of the same tenant
+    owner: str = ""  # the tenant whose fair share of the engine (and queue places) it uses
+    weight: float = 1.0  # the owner's weight in fair scheduling (> 0)
     penalties: Penalties = field(default_factory=Penalties)
     logprobs: int | None = None  # report logprobs with this many top alternatives (None: off)
     grammar: str | None = None  # structured output: an llguidance grammar (grammar.json_grammar)
@@ -143,19 +151,23 @@ class Engine:
         max_queue: int = MAX_QUEUE,
         row_costs: Sequence[float] | None = None,
         prefix_cache: bool = True,
+        tenant_places: int | None = None,
     ) -> None:
         """``row_costs[r]``: seconds of a step with r rows, r = 0..token_budget + max_draft,
         used as given (measured at start-up when None, then kept up to date by the steps
         run). ``prefix_cache``: reuse the K/V of full blocks of
         earlier requests' committed tokens and the drafter's prompt index (per
-        ``GenerationRequest.tenant``)."""
-        self.lm = model if isinstance(model, LoadedModel) else load_model(model, device, dtype)
+        ``GenerationRequest.tenant``). ``max_batch + max_queue`` places bound the requests
+        running and waiting; ``tenant_places`` (None: all of them) those of one owner."""
+        mb = DEFAULT_KV_CACHE_MB if kv_cache_mb is None else kv_cache_mb
+        if not isinstance(model, LoadedModel):
+            model = load_model(model, device, dtype, kv_cache_mb=mb)
+        self.lm = model
         self.tokenizer = self.lm.tokenizer
         self.name = self.lm.name
         cfg = self.lm.config
         model_ = self.lm.model
         per_block = KVStorage.bytes_per_slot(cfg, model_.kv_dtype) * block_size
-        mb = DEFAULT_KV_CACHE_MB if kv_cache_mb is None else kv_cache_mb
         n_blocks = max(int(mb * 2**20) // per_block, 1)
         storage = KVStorage(cfg, n_blocks * block_size, device=model_.device, dtype=model_.kv_dtype)
         self.pool = KVPool(storage, block_size)
@@ -190,6 +202,8 @@ class Engine:
             threads=_thread_tuner(model_.device) if measured else None,
         )
         self._max_outstanding = max_batch + max_queue
+        self._tenant_places = self._max_outstanding if tenant_places is None else tenant_places
+        self._owned: dict[str, int] = {}  # owner -> its requests running or waiting
         self._cond = threading.Condition()
         self._inbox: list[list[tuple[Request, GenerationRequest]]] = []
         self._outstanding = 0
@@ -294,6 +308,8 @@ class Engine:
             isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS
         ):
             raise ValueError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {top!r}")
+        if not (isinstance(req.weight, int | float) and 0 < req.weight < float("inf")):
+            raise ValueError(f"weight must be a positive number, got {req.weight!r}")
         max_new = room if req.max_tokens is None else min(req.max_tokens, room)
         req.penalties.check_vocab(self.lm.config.vocab_size)
         if req.grammar is not None:
@@ -314,6 +330,8 @@ class Engine:
             on_delta=on_item,
             on_finish=lambda r, error: self._finished(r, error, req, on_item),
             tenant=req.tenant,
+            owner=req.owner,
+            weight=req.weight,
             penalties=req.penalties,
             logprobs=top,
         )
@@ -325,6 +343,11 @@ class Engine:
                 raise EngineClosed("the local engine is closed")
             if self._outstanding + len(group) > self._max_outstanding:
                 raise EngineBusy(self._outstanding - self._scheduler.max_batch)
+            owner = group[0][1].owner
+            owned = self._owned.get(owner, 0)
+            if owned + len(group) > self._tenant_places:
+                raise TenantBusy(owned, self._tenant_places)
+            self._owned[owner] = owned + len(group)
             self._outstanding += len(group)
             self._inbox.append(group)
             if self._thread is None:
@@ -449,6 +472,11 @@ class Engine:
     ) -> None:
         with self._cond:
             self._outstanding -= 1
+            left = self._owned[req.owner] - 1
+            if left:
+                self._owned[req.owner] = left
+            else:
+                del self._owned[req.owner]
             self._cond.notify_all()
         if error is not None:
             on_item(error)

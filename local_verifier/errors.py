@@ -34,5 +34,16 @@ class EngineBusy(RuntimeError):
         self.waiting = waiting
 
 
+class TenantBusy(EngineBusy):
+    """One tenant's requests fill its share of the engine's places; others may still run."""
+
+    def __init__(self, owned: int, places: int) -> None:
+        RuntimeError.__init__(
+            self, f"{owned} of this tenant's requests are running or waiting (at most {places})"
+        )
+        self.waiting = owned
+        self.places = places
+
+
 class EngineClosed(RuntimeError):
     """The engine was closed (``Engine.close`` or interpreter exit); it takes no requests."""

@@ -2,7 +2,8 @@
 
 Each step carries, for every decoding request, its pending token plus the draft chosen for
 it (chain or tree), and prompt chunks of requests still in prefill, up to a token budget
-per step. Requests join (when the pool has blocks for their whole generation) and leave
+per step that tenants share by weight. Requests join (when the pool has blocks for their
+whole generation; tenants take turns by deficit round robin, ``fair_queue``) and leave
 between steps; a cancelled request's blocks go back to the pool at the next step.
 
 Only the scheduler's thread touches the pool, the model and the requests' state.
@@ -13,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -21,6 +21,7 @@ from typing import Protocol
 import torch
 
 from local_verifier.devices import ThreadTuner
+from local_verifier.fair_queue import FairQueue, split
 from local_verifier.grammar import Constraint
 from local_verifier.kv_pool import BlockTable, KVPool, block_keys, chain_key, root_key
 from local_verifier.logits_processors import Penalties, adjust_rows
@@ -104,6 +105,8 @@ class Request:
     on_delta: Callable[[TextDelta], None]
     on_finish: Callable[[Request, Exception | None], None]  # error None: done or cancelled
     tenant: str = ""  # whose prefix cache the request reads and fills
+    owner: str = ""  # the tenant whose share of the engine the request uses
+    weight: float = 1.0  # the owner's weight in fair scheduling
     penalties: Penalties = field(default_factory=Penalties)
     logprobs: int | None = None  # None: none reported; else how many top alternatives
     followers: list[Request] = field(default_factory=list)  # admitted once our prompt is in
@@ -166,8 +169,10 @@ class Scheduler:
         self.hit_tokens = 0  # prompt tokens found in the prefix cache
         self.miss_tokens = 0  # prompt tokens computed
         self.vocab_size = model.config.vocab_size
-        self.waiting: deque[Request] = deque()
+        self.waiting: FairQueue[Request] = FairQueue()
         self.running: list[Request] = []
+        self._prefill_credit: dict[str, float] = {}  # tenants' carried prefill shares
+        self._claimed: tuple[list[bytes], list[int]] = ([], [])  # the admitted one's prefix
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -177,24 +182,31 @@ class Scheduler:
     def _drop_cancelled(self) -> None:
         for req in [r for r in self.running if r.cancelled]:
             self._finish(req)
-        if any(r.cancelled for r in self.waiting):
-            for req in [r for r in self.waiting if r.cancelled]:
-                self.waiting.remove(req)
-                self._finish(req)
+        for req in [r for r in self.waiting if r.cancelled]:
+            self.waiting.remove(req)
+            self._finish(req)
+
+    def _fits(self, req: Request) -> bool:
+        """Whether the pool has room for ``req`` now (its cached prefix blocks claimed)."""
+        bs = self.pool.block_size
+        keys: list[bytes] = []
+        hits: list[int] = []
+        if self.prefix_cache:  # the last prompt token is always computed (its logits)
+            keys = block_keys(req.tenant, req.prompt_ids[:-1], bs)
+            hits = self.pool.lookup(keys)
+        if -(-req.positions // bs) - len(hits) > self.pool.available():
+            self.pool.release(hits)
+            return False
+        self._claimed = (keys, hits)
+        return True
 
     def _admit(self) -> None:
-        while self.waiting and len(self.running) < self.max_batch:
-            head = self.waiting[0]
-            bs = self.pool.block_size
-            keys: list[bytes] = []
-            hits: list[int] = []
-            if self.prefix_cache:  # the last prompt token is always computed (its logits)
-                keys = block_keys(head.tenant, head.prompt_ids[:-1], bs)
-                hits = self.pool.lookup(keys)
-            if -(-head.positions // bs) - len(hits) > self.pool.available():
-                self.pool.release(hits)
+        while len(self.running) < self.max_batch:
+            head = self.waiting.pop(self._fits)
+            if head is None:
                 return
-            self.waiting.popleft()
+            keys, hits = self._claimed
+            bs = self.pool.block_size
             head.table = BlockTable(self.pool)
             head.table.blocks = list(hits)
             head.table.reserve(head.positions)
@@ -221,8 +233,10 @@ class Scheduler:
         req.on_finish(req, error)
 
     def _release_followers(self, req: Request) -> None:
-        """Queue ``req``'s followers first in line: its prompt blocks are published now."""
-        self.waiting.extendleft(reversed(req.followers))
+        """Queue ``req``'s followers first in its tenant's line (its prompt blocks are
+        published now); other tenants' turns come as before."""
+        for follower in reversed(req.followers):
+            self.waiting.append(follower, front=True)
         req.followers = []
 
     def fail_all(self, error: Exception) -> None:
@@ -244,13 +258,20 @@ class Scheduler:
         budget = max(self.token_budget - len(decoding), 1)
         rows: list[_Row] = []
         seqs: list[SeqStep] = []
+        wants: dict[str, int] = {}
+        weights: dict[str, float] = {}
         for req in prefilling:
-            if budget <= 0:
-                break
-            end = min(len(req.prompt_ids), req.computed + budget)
+            wants[req.owner] = wants.get(req.owner, 0) + len(req.prompt_ids) - req.computed
+            weights[req.owner] = req.weight
+        grants = split(budget, wants, weights, self._prefill_credit)
+        for req in prefilling:
+            grant = grants[req.owner]
+            if grant <= 0:
+                continue
+            end = min(len(req.prompt_ids), req.computed + grant)
             seqs.append(self._chunk(req, end))
             rows.append(_Row(req, None))
-            budget -= end - req.computed
+            grants[req.owner] -= end - req.computed
         began = time.perf_counter()
         base_rows = len(decoding) + sum(len(s.tokens) for s in seqs)
         proposed = [self._propose(r) for r in decoding]

@@ -14,6 +14,7 @@ import dataclasses
 import json
 import logging
 import time
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +26,13 @@ from gateway.config import EndpointConfig
 from gateway.endpoints.capabilities import CAPABILITIES
 from gateway.endpoints.openai_objects import ChoiceResult, Logprobs, ResponseBuilder, draft_stats
 from gateway.endpoints.response_format import grammar_for
-from gateway.errors import GatewayError, InvalidRequest, ServiceUnavailable, UpstreamError
+from gateway.errors import (
+    GatewayError,
+    InvalidRequest,
+    RateLimited,
+    ServiceUnavailable,
+    UpstreamError,
+)
 from gateway.http.asgi import (
     ENDPOINT_HEADER,
     PREDICTION_HEADER,
@@ -284,11 +291,14 @@ class LocalEndpoint:
         *,
         recent: int = 0,
         engine: Engine | None = None,
+        weights: Mapping[str, float] | None = None,
     ) -> None:
-        """``engine``: an already loaded engine to use instead of loading ``config.model``."""
+        """``engine``: an already loaded engine to use instead of loading ``config.model``;
+        ``weights``: each tenant's share of the engine (1 when not listed)."""
         self.config = config
         self.corpus = corpus
         self.recent = recent
+        self.weights = dict(weights or {})
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"dg-{config.name}")
         self._engine: Engine | None = engine
         self._owns_engine = engine is None  # a given engine is its owner's to close
@@ -319,6 +329,8 @@ class LocalEndpoint:
                 max_queue=config.max_queue,
                 max_batch=config.max_batch or MAX_BATCH,
                 prefix_cache=config.prefix_cache,
+                tenant_places=config.tenant_places
+                or ((config.max_batch or MAX_BATCH) + config.max_queue) // 2,
             )
             log.info(
                 "local endpoint %s: %s loaded (%s weights) in %.1f s",
@@ -394,6 +406,8 @@ class LocalEndpoint:
             draft=draft,
             max_draft=request.draftgate.max_draft_tokens if request.draftgate else None,
             tenant="" if self.config.share_prefix_cache else call.tenant,
+            owner=call.tenant,
+            weight=self.weights.get(call.tenant, 1.0),
             penalties=penalties,
             logprobs=_top_logprobs(request),
             grammar=grammar,
@@ -484,7 +498,7 @@ class LocalEndpoint:
                 self.stopped += 1
 
     def _submit(self, engine: Engine, gen: GenerationRequest, job: _Job) -> Handle:
-        from local_verifier.errors import EngineBusy, EngineClosed, PromptTooLong
+        from local_verifier.errors import EngineBusy, EngineClosed, PromptTooLong, TenantBusy
 
         try:
             return engine.submit_n(gen, job.n, job.push)
@@ -494,6 +508,11 @@ class LocalEndpoint:
             ) from None
         except ValueError as exc:
             raise _invalid(exc) from None
+        except TenantBusy as exc:  # this tenant's share is taken; others are still served
+            raise RateLimited(
+                f"local endpoint {self.config.name!r}: {exc}; try again",
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            ) from None
         except EngineBusy:
             raise self._busy() from None
         except EngineClosed:  # the gateway is shutting down

@@ -1,0 +1,141 @@
+"""Tenants share the engine fairly: deficit round robin over per-tenant queues (weights,
+a blocked tenant passed over, carried prefill shares), per-tenant places, and on the tiny
+model an ``n > 1`` request's answers and a tenant's backlog never queue ahead of another
+tenant's request."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from local_verifier.engine import Engine, GenerationRequest, TextDelta
+from local_verifier.errors import TenantBusy
+from local_verifier.fair_queue import FairQueue, split
+from local_verifier.loader import LoadedModel
+
+
+@dataclass(eq=False)
+class Item:
+    owner: str
+    weight: float = 1.0
+    name: str = ""
+
+
+def drain(queue: FairQueue[Item], admissible: Any = lambda item: True) -> list[str]:
+    order = []
+    while (item := queue.pop(admissible)) is not None:
+        order.append(item.name)
+    return order
+
+
+def test_tenants_take_turns_by_weight() -> None:
+    queue: FairQueue[Item] = FairQueue()
+    queue.extend(Item("a", 1.0, f"a{i}") for i in range(6))
+    queue.extend(Item("b", 2.0, f"b{i}") for i in range(6))
+    queue.extend(Item("c", 0.5, f"c{i}") for i in range(2))
+    # per round: a is admitted once, b twice, c every other round
+    assert drain(queue) == [
+        *("a0", "b0", "b1"),
+        *("a1", "b2", "b3", "c0"),
+        *("a2", "b4", "b5"),
+        *("a3", "c1"),
+        *("a4", "a5"),
+    ]
+
+
+def test_a_blocked_tenant_does_not_block_the_others() -> None:
+    queue: FairQueue[Item] = FairQueue()
+    queue.append(Item("big", name="huge"))
+    queue.extend(Item("small", name=f"s{i}") for i in range(3))
+    assert drain(queue, lambda item: item.name != "huge") == ["s0", "s1", "s2"]
+    assert len(queue) == 1 and queue.pop(lambda item: True) is not None
+
+
+def test_front_places_stay_within_the_tenant() -> None:
+    queue: FairQueue[Item] = FairQueue()
+    queue.append(Item("a", name="a-later"))
+    queue.append(Item("b", name="b0"))
+    queue.append(Item("a", name="a-answer-1"), front=True)
+    assert drain(queue) == ["a-answer-1", "b0", "a-later"]
+
+
+def test_prefill_budget_is_shared_by_weight_and_what_is_left_goes_on() -> None:
+    credit: dict[str, float] = {}
+    weights = {"a": 1.0, "b": 3.0}
+    assert split(64, {"a": 1000, "b": 1000}, weights, credit) == {"a": 16, "b": 48}
+    assert split(64, {"a": 1000, "b": 10}, weights, credit) == {"a": 54, "b": 10}
+    assert "b" in credit and credit["b"] == 0.0  # no backlog: nothing carried
+    assert split(64, {"a": 1000}, weights, credit) == {"a": 64}
+    assert "b" not in credit  # a tenant with nothing to prefill keeps no credit
+
+
+# -- on the engine ---------------------------------------------------------------------------
+
+
+def make_engine(lm: LoadedModel, **kw: Any) -> Engine:
+    costs = [1e-3 + 1e-5 * r for r in range(32 + 8 + 1)]
+    return Engine(lm, max_draft=8, token_budget=32, row_costs=costs, kv_cache_mb=4, **kw)
+
+
+class FirstTokens:
+    """The order in which requests delivered their first token (on the engine thread)."""
+
+    def __init__(self) -> None:
+        self.order: list[str] = []
+
+    def on(self, name: str) -> Any:
+        def item(value: Any) -> None:
+            if isinstance(value, TextDelta) and value.token_ids and name not in self.order:
+                self.order.append(name)
+
+        return item
+
+
+def test_another_tenants_request_is_not_queued_behind_a_backlog(tiny_lm: LoadedModel) -> None:
+    engine = make_engine(tiny_lm, max_batch=1)
+    release = threading.Event()
+    seen = FirstTokens()
+    first = seen.on("a0")
+
+    def hold(item: Any) -> None:  # the engine waits in a0's first step until all are queued
+        first(item)
+        release.wait(60)
+
+    req = GenerationRequest(prompt_ids=[5, 6, 7], max_tokens=3, draft=False, owner="a")
+    engine.submit(req, hold)
+    for i in range(1, 5):
+        engine.submit(req, seen.on(f"a{i}"))
+    answers = GenerationRequest(prompt_ids=[9, 8, 7], max_tokens=3, draft=False, owner="c")
+    engine.submit_n(answers, 3, lambda i, item: seen.on(f"c.{i}")(item))
+    engine.submit(
+        GenerationRequest(prompt_ids=[5, 9], max_tokens=3, draft=False, owner="b"), seen.on("b")
+    )
+    release.set()
+    assert engine.wait_idle(60)
+    order = seen.order
+    assert len(order) == 9
+    # first in, but a's backlog and c's extra answers take turns with b
+    assert order.index("b") < order.index("a3")
+    assert order.index("b") < order.index("c.2")
+    assert order.index("a1") < order.index("a2") < order.index("a3") < order.index("a4")
+    engine.close()
+
+
+def test_one_tenant_cannot_take_every_place(tiny_lm: LoadedModel) -> None:
+    engine = make_engine(tiny_lm, max_batch=1, max_queue=8, tenant_places=3)
+    release = threading.Event()
+    req = GenerationRequest(prompt_ids=[5, 6, 7], max_tokens=2, draft=False, owner="a")
+    engine.submit(req, lambda item: release.wait(60))
+    engine.submit_n(req, 2, lambda i, item: None)
+    with pytest.raises(TenantBusy):
+        engine.submit(req, lambda item: None)
+    other = GenerationRequest(prompt_ids=[5, 6, 7], max_tokens=2, draft=False, owner="b")
+    engine.submit_n(other, 3, lambda i, item: None)  # another tenant still has its places
+    release.set()
+    assert engine.wait_idle(60)
+    engine.submit_n(req, 3, lambda i, item: None)  # its places are free again
+    assert engine.wait_idle(60)
+    engine.close()
