@@ -138,12 +138,20 @@ def buckets(max_rows: int) -> list[int]:
 
 
 class StepGraphs:
-    """Steps padded to row buckets; on CUDA each bucket's step is a captured graph."""
+    """Steps padded to row buckets; on CUDA (with ``capture``) each bucket's step is a
+    captured graph, else it runs eagerly on the same kernels."""
 
     def __init__(
-        self, stack: TritonStack, k: torch.Tensor, v: torch.Tensor, max_rows: int, max_keys: int
+        self,
+        stack: TritonStack,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        max_rows: int,
+        max_keys: int,
+        capture: bool = True,
     ) -> None:
         self.stack, self.k, self.v = stack, k, v
+        self.capture = capture and k.device.type == "cuda"
         self.sizes = buckets(max_rows)
         self.max_keys = max_keys
         self.device = k.device
@@ -173,7 +181,7 @@ class StepGraphs:
         if lists.keys.shape[0] > buf.keys.shape[0]:
             raise ValueError(f"{lists.keys.shape[0]} keys exceed the bucket's {buf.max_keys}")
         buf.fill(tokens, positions, slots, lists)
-        if self.device.type != "cuda" or size not in self.sizes:
+        if not self.capture or size not in self.sizes:
             self.stack.forward(buf, self.k, self.v)
         else:
             if size not in self._graphs:
