@@ -7,18 +7,16 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType, GGUFReader
+from gguf import GGUFReader
 from gguf.quants import dequantize
-from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
-from tokenizers import Tokenizer as BackendTokenizer
 
+from local_verifier import gemma
 from local_verifier.errors import ModelLoadError
+from local_verifier.gguf_tokenizer import tokenizer_from_metadata
 from local_verifier.model import ModelConfig
 from local_verifier.tokenizer import Tokenizer
 
-SUPPORTED_ARCHS = ("llama", "qwen2")
-Q = GGMLQuantizationType
-SUPPORTED_TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q5_K, Q.Q6_K)
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
 
 _LAYER_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
@@ -30,37 +28,23 @@ _LAYER_NAMES = {
     "attn_k.bias": "self_attn.k_proj.bias",
     "attn_v.bias": "self_attn.v_proj.bias",
     "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
+}
+_GEMMA_LAYER_NAMES = {  # Gemma's norms around attention and MLP
+    **_LAYER_NAMES,
+    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
 }
 _TOP_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
-
-# llama.cpp pre-tokenizer names -> split regex (byte-level BPE vocabularies)
-_GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
-_LLAMA3_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_QWEN2_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_PRE_SPLITS = {
-    "default": _GPT2_SPLIT,
-    "gpt2": _GPT2_SPLIT,
-    "llama3": _LLAMA3_SPLIT,
-    "llama-v3": _LLAMA3_SPLIT,
-    "llama-bpe": _LLAMA3_SPLIT,
-    "smaug-bpe": _LLAMA3_SPLIT,
-    "qwen2": _QWEN2_SPLIT,
-    "deepseek-r1-qwen": _QWEN2_SPLIT,
-}
-_CONTROL, _USER_DEFINED = 3, 4
 
 
 def _field(reader: GGUFReader, key: str, default: Any = None) -> Any:
@@ -104,10 +88,26 @@ def read_config(reader: GGUFReader, max_seq_len: int | None) -> ModelConfig:
     if "rope_freqs.weight" in names:
         rope_scaling = {"rope_type": "freq_factors"}
     context = int(get("context_length"))
+    n_layers = int(get("block_count"))
+    family: dict[str, Any] = {}
+    window = _field(reader, f"{arch}.attention.sliding_window")
+    if window:
+        family.update(sliding_window=int(window))
+    if arch == "qwen3":
+        family.update(qk_norm=True)
+    if arch == "gemma3":  # llama.cpp's converter stores the norms' (1 + w)
+        family.update(
+            qk_norm=True,
+            post_norms=True,
+            activation="gelu_tanh",
+            embed_scale=dim**0.5,
+            layer_types=gemma.layer_types(n_layers) if window else None,
+            rope_local_theta=gemma.LOCAL_ROPE_THETA,
+        )
     return ModelConfig(
         vocab_size=int(vocab),
         dim=dim,
-        n_layers=int(get("block_count")),
+        n_layers=n_layers,
         n_heads=n_heads,
         n_kv_heads=int(get("attention.head_count_kv", n_heads)),
         head_dim=head_dim,
@@ -118,6 +118,7 @@ def read_config(reader: GGUFReader, max_seq_len: int | None) -> ModelConfig:
         tie_embeddings="output.weight" not in names,
         qkv_bias="blk.0.attn_q.bias" in names,
         max_seq_len=min(context, max_seq_len) if max_seq_len else context,
+        **family,
     )
 
 
@@ -132,15 +133,18 @@ def _unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
 def read_tensors(reader: GGUFReader, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """All tensors dequantized to float32 under Hugging Face names."""
     arch = _field(reader, "general.architecture")
+    layer_names = _GEMMA_LAYER_NAMES if arch == "gemma3" else _LAYER_NAMES
     out: dict[str, torch.Tensor] = {}
     for t in reader.tensors:
-        if t.tensor_type not in SUPPORTED_TYPES:
-            raise ModelLoadError(
-                f"tensor {t.name} has unsupported type {t.tensor_type.name}; supported: "
-                + ", ".join(q.name for q in SUPPORTED_TYPES)
-            )
         shape = tuple(int(d) for d in reversed(t.shape))
-        array = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape)
+        try:
+            values = dequantize(t.data, t.tensor_type)
+        except NotImplementedError as exc:
+            raise ModelLoadError(
+                f"tensor {t.name} has type {t.tensor_type.name}, which the gguf package "
+                "cannot dequantize"
+            ) from exc
+        array = np.asarray(values, dtype=np.float32).reshape(shape)
         tensor = torch.from_numpy(array.copy())
         if t.name == "rope_freqs.weight":
             out["rope_freqs"] = tensor
@@ -149,80 +153,15 @@ def read_tensors(reader: GGUFReader, cfg: ModelConfig) -> dict[str, torch.Tensor
             name = _TOP_NAMES[t.name]
         else:
             _, layer, rest = t.name.split(".", 2)
-            if rest not in _LAYER_NAMES:
+            if rest not in layer_names:
                 raise ModelLoadError(f"unexpected GGUF tensor {t.name}")
-            name = f"model.layers.{layer}.{_LAYER_NAMES[rest]}"
+            name = f"model.layers.{layer}.{layer_names[rest]}"
             if arch == "llama" and rest.startswith("attn_q."):
                 tensor = _unpermute(tensor, cfg.n_heads)
             elif arch == "llama" and rest.startswith("attn_k."):
                 tensor = _unpermute(tensor, cfg.n_kv_heads)
         out[name] = tensor
     return out
-
-
-def read_tokenizer(reader: GGUFReader) -> Tokenizer:
-    """Rebuild the byte-level BPE tokenizer from ``tokenizer.ggml.*`` metadata."""
-    kind = _field(reader, "tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise ModelLoadError(
-            f"unsupported GGUF tokenizer {kind!r}; supported: gpt2 (byte-level BPE)"
-        )
-    tokens: list[str] = _field(reader, "tokenizer.ggml.tokens")
-    types: list[int] = _field(reader, "tokenizer.ggml.token_type") or [1] * len(tokens)
-    merges = [tuple(m.split(" ", 1)) for m in _field(reader, "tokenizer.ggml.merges")]
-    vocab = {tok: i for i, tok in enumerate(tokens)}
-    backend = BackendTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
-    pre = _field(reader, "tokenizer.ggml.pre", "default")
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    if pre == "smollm":
-        split = [
-            pre_tokenizers.Digits(individual_digits=True),
-            pre_tokenizers.Split(Regex(_GPT2_SPLIT), behavior="isolated"),
-        ]
-    elif pre in _PRE_SPLITS:
-        split = [pre_tokenizers.Split(Regex(_PRE_SPLITS[pre]), behavior="isolated")]
-    else:
-        raise ModelLoadError(
-            f"unsupported GGUF pre-tokenizer {pre!r}; supported: smollm, {', '.join(_PRE_SPLITS)}"
-        )
-    backend.pre_tokenizer = pre_tokenizers.Sequence([*split, byte_level])
-    backend.decoder = decoders.ByteLevel()
-    special = [
-        AddedToken(t, special=True, normalized=False)
-        for t, ty in zip(tokens, types, strict=True)
-        if ty == _CONTROL
-    ]
-    backend.add_special_tokens(special)
-    backend.add_tokens(
-        [
-            AddedToken(t, special=False, normalized=False)
-            for t, ty in zip(tokens, types, strict=True)
-            if ty == _USER_DEFINED
-        ]
-    )
-
-    def token_of(key: str) -> int | None:
-        value = _field(reader, f"tokenizer.ggml.{key}")
-        return None if value is None else int(value)
-
-    bos, eos = token_of("bos_token_id"), token_of("eos_token_id")
-    eos_ids = {
-        i for i in (eos, token_of("eot_token_id"), token_of("eom_token_id")) if i is not None
-    }
-    named = {
-        "bos_token": bos,
-        "eos_token": eos,
-        "unk_token": token_of("unknown_token_id"),
-        "pad_token": token_of("padding_token_id"),
-    }
-    return Tokenizer(
-        backend,
-        eos_ids=eos_ids,
-        bos_id=bos,
-        chat_template=_field(reader, "tokenizer.chat_template"),
-        special_tokens={k: tokens[v] for k, v in named.items() if v is not None},
-        add_bos=bool(_field(reader, "tokenizer.ggml.add_bos_token", False)),
-    )
 
 
 def read_gguf(
@@ -239,3 +178,9 @@ def read_gguf(
     if freqs is not None:
         cfg.rope_scaling = {"rope_type": "freq_factors", "factors": freqs.tolist()}
     return cfg, tensors, read_tokenizer(reader)
+
+
+def read_tokenizer(reader: GGUFReader) -> Tokenizer:
+    """The tokenizer of an open GGUF file."""
+    arch = _field(reader, "general.architecture")
+    return tokenizer_from_metadata(lambda key: _field(reader, key), arch)

@@ -10,11 +10,19 @@ import torch
 from safetensors.torch import load_file
 from tokenizers import Tokenizer as BackendTokenizer
 
+from local_verifier import gemma
 from local_verifier.errors import ModelLoadError
 from local_verifier.model import SUPPORTED_ROPE_SCALING, ModelConfig
 from local_verifier.tokenizer import Tokenizer
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+SUPPORTED_ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "Gemma3ForCausalLM",
+)
+GEMMA3 = "Gemma3ForCausalLM"
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -27,11 +35,14 @@ def read_config(directory: Path, max_seq_len: int | None) -> ModelConfig:
     if not raw:
         raise ModelLoadError(f"{directory} has no config.json")
     archs = raw.get("architectures") or []
-    if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
+    arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
+    if arch is None:
         raise ModelLoadError(
             f"unsupported architecture {archs}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
         )
-    scaling = raw.get("rope_scaling") or raw.get("rope_parameters")
+    params = raw.get("rope_parameters") or {}
+    global_params = params.get("full_attention", params)  # per layer type (Gemma 3) or one
+    scaling = raw.get("rope_scaling") or global_params or None
     theta = raw.get("rope_theta") or (scaling or {}).get("rope_theta") or 10000.0
     if scaling is not None:
         kind = scaling.get("rope_type", scaling.get("type", "default"))
@@ -42,21 +53,58 @@ def read_config(directory: Path, max_seq_len: int | None) -> ModelConfig:
         if kind == "default":
             scaling = None
     n_heads = raw["num_attention_heads"]
+    head_dim = raw.get("head_dim") or raw["hidden_size"] // n_heads
     context = int(raw.get("max_position_embeddings", 2048))
+    family: dict[str, Any] = {}
+    window = raw.get("sliding_window")
+    if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM") and not raw.get("use_sliding_window"):
+        window = None
+    if window is not None:
+        types = raw.get("layer_types")
+        if types is None and arch == GEMMA3:
+            types = gemma.layer_types(raw["num_hidden_layers"])
+        elif types is None and arch.startswith("Qwen"):
+            first = int(raw.get("max_window_layers", 0))
+            types = [
+                "sliding_attention" if i >= first else "full_attention"
+                for i in range(raw["num_hidden_layers"])
+            ]
+        family.update(
+            sliding_window=int(window), layer_types=None if types is None else tuple(types)
+        )
+    if arch == "Qwen3ForCausalLM":
+        family.update(qk_norm=True)
+    if arch == GEMMA3:
+        for key in ("final_logit_softcapping", "attn_logit_softcapping"):
+            if raw.get(key) is not None:
+                raise ModelLoadError(f"unsupported Gemma setting {key}={raw[key]}")
+        if raw.get("query_pre_attn_scalar", head_dim) != head_dim:
+            raise ModelLoadError("unsupported Gemma query_pre_attn_scalar other than head_dim")
+        local = params.get("sliding_attention", {}).get("rope_theta")
+        family.update(
+            qk_norm=True,
+            post_norms=True,
+            activation="gelu_tanh",
+            embed_scale=raw["hidden_size"] ** 0.5,
+            rope_local_theta=float(
+                local or raw.get("rope_local_base_freq") or gemma.LOCAL_ROPE_THETA
+            ),
+        )
     return ModelConfig(
         vocab_size=raw["vocab_size"],
         dim=raw["hidden_size"],
         n_layers=raw["num_hidden_layers"],
         n_heads=n_heads,
         n_kv_heads=raw.get("num_key_value_heads") or n_heads,
-        head_dim=raw.get("head_dim") or raw["hidden_size"] // n_heads,
+        head_dim=head_dim,
         hidden_dim=raw["intermediate_size"],
         rope_theta=float(theta),
         rope_scaling=scaling,
         norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-        tie_embeddings=bool(raw.get("tie_word_embeddings", False)),
-        qkv_bias=bool(raw.get("attention_bias", "Qwen2ForCausalLM" in archs)),
+        tie_embeddings=bool(raw.get("tie_word_embeddings", arch == GEMMA3)),
+        qkv_bias=bool(raw.get("attention_bias", arch == "Qwen2ForCausalLM")),
         max_seq_len=min(context, max_seq_len) if max_seq_len else context,
+        **family,
     )
 
 
@@ -119,5 +167,13 @@ def read_tokenizer(directory: Path) -> Tokenizer:
 def read_hf_dir(
     directory: Path, max_seq_len: int | None = None
 ) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
-    """Config, weights (HF names) and tokenizer of a checkpoint directory."""
-    return read_config(directory, max_seq_len), read_tensors(directory), read_tokenizer(directory)
+    """Config, weights (HF names; Gemma's norms as the (1 + w) they apply) and tokenizer of a
+    checkpoint directory."""
+    cfg = read_config(directory, max_seq_len)
+    tokenizer = read_tokenizer(directory)
+    tensors = read_tensors(directory)
+    if GEMMA3 in _read_json(directory / "config.json").get("architectures", []):
+        for name, value in tensors.items():
+            if name.endswith("norm.weight"):
+                tensors[name] = value.float() + 1.0
+    return cfg, tensors, tokenizer

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import torch
@@ -121,6 +121,21 @@ class _StepInputs:
     sin: torch.Tensor
     new_slots: torch.Tensor  # long [N]
     plan: AttentionPlan
+    local_rope: tuple[torch.Tensor, torch.Tensor] | None = None  # sliding layers' cos, sin
+    _windowed: dict[int, AttentionPlan] = field(default_factory=dict)
+
+    def rope(self, local: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of a global (or, with ``local``, a sliding-window) layer."""
+        return self.local_rope if local and self.local_rope else (self.cos, self.sin)
+
+    def plan_for(self, window: int | None) -> AttentionPlan:
+        """The plan of a layer attending to its rows' last ``window`` keys (None: all);
+        built once per step and window."""
+        if window is None:
+            return self.plan
+        if window not in self._windowed:
+            self._windowed[window] = self.plan.windowed(window)
+        return self._windowed[window]
 
 
 class Attention(nn.Module):
@@ -133,33 +148,51 @@ class Attention(nn.Module):
         q, kv = cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
         self.wqkv = Linear(cfg.dim, q + 2 * kv, bias=cfg.qkv_bias)
         self.wo = Linear(q, cfg.dim)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
+            self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
+        self.window = cfg.window(layer)
+        self.local_rope = self.window is not None and cfg.rope_local_theta is not None
 
     def forward(self, x: torch.Tensor, kv: KVStorage, step: _StepInputs) -> torch.Tensor:
         cfg, ops = self.cfg, step.ops
         keys, values = kv.k[self.layer], kv.v[self.layer]
         qkv = ops.linear(x, self.wqkv.weight, self.wqkv.bias)
-        q = ops.rope_store(
-            qkv, step.cos, step.sin, keys, values, step.new_slots, cfg.n_heads, cfg.n_kv_heads
-        )
-        out = ops.attention(q, keys, values, step.plan)
+        if cfg.qk_norm:
+            qkv = self._norm_qk(qkv, ops)
+        cos, sin = step.rope(self.local_rope)
+        q = ops.rope_store(qkv, cos, sin, keys, values, step.new_slots, cfg.n_heads, cfg.n_kv_heads)
+        out = ops.attention(q, keys, values, step.plan_for(self.window))
         return ops.linear(out.view(x.shape[0], -1), self.wo.weight, None)
+
+    def _norm_qk(self, qkv: torch.Tensor, ops: StepOps) -> torch.Tensor:
+        """``qkv`` with each query and key head RMS-normed (one row per head)."""
+        n, d = qkv.shape[0], self.cfg.head_dim
+        q_end = self.cfg.n_heads * d
+        k_end = q_end + self.cfg.n_kv_heads * d
+        q = ops.rms_norm(qkv[:, :q_end].reshape(-1, d), self.q_norm.weight, self.q_norm.eps)
+        k = ops.rms_norm(qkv[:, q_end:k_end].reshape(-1, d), self.k_norm.weight, self.k_norm.eps)
+        return torch.cat([q.view(n, -1), k.view(n, -1), qkv[:, k_end:]], dim=1)
 
 
 class FeedForward(nn.Module):
-    """SwiGLU MLP with fused gate/up projection."""
+    """SwiGLU (or GeGLU) MLP with fused gate/up projection."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.w13 = Linear(cfg.dim, 2 * cfg.hidden_dim)
         self.w2 = Linear(cfg.hidden_dim, cfg.dim)
+        self.gelu = cfg.activation == "gelu_tanh"
 
     def forward(self, x: torch.Tensor, ops: StepOps) -> torch.Tensor:
         gate_up = ops.linear(x, self.w13.weight, None)
-        return ops.linear(ops.silu_mul(gate_up), self.w2.weight, None)
+        hidden = ops.gelu_tanh_mul(gate_up) if self.gelu else ops.silu_mul(gate_up)
+        return ops.linear(hidden, self.w2.weight, None)
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block."""
+    """Pre-norm transformer block (with ``post_norms``, the attention's and the MLP's outputs
+    normed too before the residual add)."""
 
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
@@ -167,6 +200,10 @@ class Block(nn.Module):
         self.attn = Attention(cfg, layer)
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.ffn = FeedForward(cfg)
+        self.post_norms = cfg.post_norms
+        if cfg.post_norms:
+            self.post_attn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+            self.post_ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
 
     def stack_weights(self) -> LayerWeights:
         """The parameters as the fused C++ stack reads them."""
@@ -184,10 +221,14 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, kv: KVStorage, step: _StepInputs) -> torch.Tensor:
         ops = step.ops
-        x = x + self.attn(ops.rms_norm(x, self.attn_norm.weight, self.attn_norm.eps), kv, step)
-        out: torch.Tensor = x + self.ffn(
-            ops.rms_norm(x, self.ffn_norm.weight, self.ffn_norm.eps), ops
-        )
+        h = self.attn(ops.rms_norm(x, self.attn_norm.weight, self.attn_norm.eps), kv, step)
+        if self.post_norms:
+            h = ops.rms_norm(h, self.post_attn_norm.weight, self.post_attn_norm.eps)
+        x = x + h
+        h = self.ffn(ops.rms_norm(x, self.ffn_norm.weight, self.ffn_norm.eps), ops)
+        if self.post_norms:
+            h = ops.rms_norm(h, self.post_ffn_norm.weight, self.post_ffn_norm.eps)
+        out: torch.Tensor = x + h
         return out
 
 
@@ -208,6 +249,10 @@ class Transformer(nn.Module):
         self.head = Linear(cfg.dim, cfg.vocab_size)
         # plain attributes, not buffers: dtype casts of the module must not round them
         self.rope_cos, self.rope_sin = rope_tables(cfg, torch.device("cpu"))
+        self.local_rope: tuple[torch.Tensor, torch.Tensor] | None = None
+        if cfg.rope_local_theta is not None:  # sliding layers: their own base, no scaling
+            local = replace(cfg, rope_theta=cfg.rope_local_theta, rope_scaling=None)
+            self.local_rope = rope_tables(local, torch.device("cpu"))
         self._stack: tuple[FusedStack | None] | None = None  # built at first use
         self._layout: Layout = "row"  # the linear weights' layout (where they can take it)
 
@@ -259,6 +304,11 @@ class Transformer(nn.Module):
         super().to(*args, **kwargs)
         self.rope_cos = self.rope_cos.to(self.device)
         self.rope_sin = self.rope_sin.to(self.device)
+        if self.local_rope is not None:
+            self.local_rope = (
+                self.local_rope[0].to(self.device),
+                self.local_rope[1].to(self.device),
+            )
         return self
 
     def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Transformer:
@@ -293,8 +343,8 @@ class Transformer(nn.Module):
         self._layout = layout
 
     def _fused(self, ops: StepOps) -> FusedStack | None:
-        if not isinstance(ops, CppOps) or not fused_enabled():
-            return None
+        if not isinstance(ops, CppOps) or not fused_enabled() or not self.config.llama_layers:
+            return None  # the other families' layers run op by op
         if self._stack is None:
             layers = [cast(Block, b).stack_weights() for b in self.layers]
             cfg = self.config
@@ -335,6 +385,8 @@ class Transformer(nn.Module):
         inputs = _StepInputs(
             ops, self.rope_cos[positions], self.rope_sin[positions], new_slots, plan
         )
+        if self.local_rope is not None:
+            inputs.local_rope = (self.local_rope[0][positions], self.local_rope[1][positions])
         logit_rows: list[int] = []
         counts: list[int] = []
         start = 0
@@ -354,9 +406,12 @@ class Transformer(nn.Module):
             counts.append(len(picked))
             start += t
         x = self.embed(tokens).to(dtype)
+        if self.config.embed_scale is not None:  # rounded to the weights' dtype, as HF does
+            x = x * torch.tensor(self.config.embed_scale, dtype=self.weight_dtype, device=device)
         stack = self._fused(ops) if kv.k.is_contiguous() and kv.v.is_contiguous() else None
         if stack is not None:  # the same kernels in the same order, in one C++ call
             rows_out = torch.tensor(logit_rows, dtype=torch.long)
+            plan = inputs.plan_for(self.config.window(0))  # one window on every layer
             logits = stack.run(x, inputs.cos, inputs.sin, new_slots, plan, kv.k, kv.v, rows_out)
             return list(logits.split(counts))
         for layer in self.layers:
@@ -386,7 +441,17 @@ class Transformer(nn.Module):
             p = f"model.layers.{i}."
             ours = f"layers.{i}."
             params[ours + "attn_norm.weight"] = take(p + "input_layernorm.weight")
-            params[ours + "ffn_norm.weight"] = take(p + "post_attention_layernorm.weight")
+            if cfg.post_norms:  # Gemma's names: the post-attention norm is not the pre-MLP one
+                params[ours + "ffn_norm.weight"] = take(p + "pre_feedforward_layernorm.weight")
+                params[ours + "post_attn_norm.weight"] = take(p + "post_attention_layernorm.weight")
+                params[ours + "post_ffn_norm.weight"] = take(
+                    p + "post_feedforward_layernorm.weight"
+                )
+            else:
+                params[ours + "ffn_norm.weight"] = take(p + "post_attention_layernorm.weight")
+            if cfg.qk_norm:
+                params[ours + "attn.q_norm.weight"] = take(p + "self_attn.q_norm.weight")
+                params[ours + "attn.k_norm.weight"] = take(p + "self_attn.k_norm.weight")
             params[ours + "attn.wqkv.weight"] = torch.cat(
                 [take(p + f"self_attn.{n}_proj.weight") for n in "qkv"]
             )

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import hashlib
-import json
 from typing import Any
 
 from tokenizers import Tokenizer as BackendTokenizer
+from tokenizers import decoders
 
 from local_verifier.chat_template import render_chat, uses_tools
 
@@ -48,9 +48,8 @@ class Tokenizer:
         self.special_tokens = dict(special_tokens or {})
         self.add_bos = add_bos
         self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
-        self.fingerprint = self._fingerprint()
-        decoder = json.loads(backend.to_str()).get("decoder") or {}
-        self._byte_level = decoder.get("type") == "ByteLevel"
+        self.fingerprint = hashlib.sha256(backend.to_str().encode()).hexdigest()[:16]
+        self._byte_level = isinstance(backend.decoder, decoders.ByteLevel)
         self._added = set(backend.get_added_tokens_decoder())
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
@@ -86,14 +85,6 @@ class Tokenizer:
         if not self.chat_template:
             raise ValueError("this tokenizer has no chat template; send a plain prompt instead")
         return render_chat(self.chat_template, messages, self.special_tokens, add_generation_prompt)
-
-    def _fingerprint(self) -> str:
-        model = json.loads(self.backend.to_str()).get("model", {})
-        digest = hashlib.sha256()
-        digest.update(json.dumps(model.get("vocab"), sort_keys=True).encode())
-        digest.update(json.dumps(model.get("merges")).encode())
-        digest.update(json.dumps(sorted(self.backend.get_added_tokens_decoder())).encode())
-        return digest.hexdigest()[:16]
 
 
 class IncrementalDetokenizer:

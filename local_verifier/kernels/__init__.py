@@ -62,6 +62,8 @@ class StepOps(Protocol):
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor: ...
 
+    def gelu_tanh_mul(self, gate_up: torch.Tensor) -> torch.Tensor: ...
+
     def attention(
         self,
         q: torch.Tensor,

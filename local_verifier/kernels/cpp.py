@@ -16,6 +16,7 @@ from local_verifier.devices import cpu_flags
 from local_verifier.kernels.packing import amx_wanted, dense_shape, layout_of
 from local_verifier.kernels.plan import AttentionPlan
 from local_verifier.kernels.step_args import StepArgs
+from local_verifier.kernels.torch_ops import gelu_tanh_mul
 from lookup.shared_library import build
 
 SOURCE = Path(__file__).with_name("step_cpu.cpp")
@@ -193,6 +194,10 @@ class CppOps:
         y = torch.empty(n, hidden)
         self.library.dg_silu_mul(gate_up.data_ptr(), y.data_ptr(), n, hidden)
         return y
+
+    def gelu_tanh_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """GeGLU on the torch kernels' row tiles (no C++ kernel of its own yet)."""
+        return gelu_tanh_mul(gate_up)
 
     def attention(
         self,

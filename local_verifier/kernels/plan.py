@@ -75,6 +75,19 @@ class AttentionPlan:
             self._rows_on[device] = (joined.to(device), [len(r) for r in rows])
         return self._rows_on[device]
 
+    def windowed(self, window: int) -> AttentionPlan:
+        """The plan with every row's key list cut to its last ``window`` keys (sliding-window
+        attention), each row then its own one-row sequence: the cut list depends on the row
+        alone, so chunks, trees and batches keep the same bits. ``self`` where no list is
+        longer than ``window``."""
+        longest = int((self.ctx_len + self.row_start.diff()).max()) if len(self.ctx_len) else 0
+        if longest <= window:
+            return self
+        rows = [self.row_keys(r)[-window:] for r in range(int(self.row_start[-1]))]
+        return AttentionPlan.build(
+            [r[:-1] for r in rows], [r[-1:] for r in rows], [None] * len(rows)
+        )
+
     def row_keys(self, row: int) -> torch.Tensor:
         """The slots ``row`` attends to, in attention order."""
         s = int(torch.searchsorted(self.row_start, row, right=True)) - 1

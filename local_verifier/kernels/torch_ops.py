@@ -86,6 +86,9 @@ class TorchOps:
         hidden = gate_up.shape[1] // 2
         return _tiled(lambda t: F.silu(t[:, :hidden]) * t[:, hidden:], gate_up)
 
+    def gelu_tanh_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        return gelu_tanh_mul(gate_up)
+
     def attention(
         self,
         q: torch.Tensor,
@@ -111,6 +114,12 @@ class TorchOps:
                     )[0, :, 0]
                 )
         return torch.stack(outs) if outs else torch.empty_like(q)
+
+
+def gelu_tanh_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """GeGLU: ``gelu_tanh(gate) * up`` of ``[gate | up]`` rows, on row tiles."""
+    hidden = gate_up.shape[1] // 2
+    return _tiled(lambda t: F.gelu(t[:, :hidden], approximate="tanh") * t[:, hidden:], gate_up)
 
 
 def _gather_groups(lengths: list[int], budget: int) -> list[tuple[int, int, int, int]]:

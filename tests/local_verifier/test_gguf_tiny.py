@@ -86,6 +86,8 @@ def write_gguf(src: Path, dst: Path, qtype: GGMLQuantizationType) -> Path:
             writer.add_tensor(gguf_name, array.astype(np.float32))
         elif qtype == GGMLQuantizationType.F16:
             writer.add_tensor(gguf_name, array.astype(np.float16))
+        elif qtype == GGMLQuantizationType.I8:  # a type the gguf package does not dequantize
+            writer.add_tensor(gguf_name, array.astype(np.int8))
         else:
             writer.add_tensor(gguf_name, quantize(array, qtype), raw_dtype=qtype)
     writer.write_header_to_file()
@@ -101,6 +103,8 @@ def write_gguf(src: Path, dst: Path, qtype: GGMLQuantizationType) -> Path:
         (GGMLQuantizationType.F32, 1e-4),
         (GGMLQuantizationType.F16, 0.05),
         (GGMLQuantizationType.Q8_0, 0.1),
+        (GGMLQuantizationType.Q5_0, 0.3),
+        (GGMLQuantizationType.Q5_1, 0.3),
     ],
 )
 def test_gguf_matches_hf_directory(
@@ -127,9 +131,9 @@ def test_gguf_matches_hf_directory(
     torch.testing.assert_close(ours, ref, atol=atol, rtol=0.0)
 
 
-def test_unsupported_gguf_tensor_type_names_supported(
+def test_tensor_type_without_dequantization_is_named(
     tiny_checkpoint: Path, tmp_path: Path
 ) -> None:
-    path = write_gguf(tiny_checkpoint, tmp_path / "q5.gguf", GGMLQuantizationType.Q5_0)
-    with pytest.raises(ModelLoadError, match="Q5_0.*supported: F32, F16, BF16, Q8_0"):
+    path = write_gguf(tiny_checkpoint, tmp_path / "i8.gguf", GGMLQuantizationType.I8)
+    with pytest.raises(ModelLoadError, match="type I8, which the gguf package cannot dequantize"):
         load_model(str(path))

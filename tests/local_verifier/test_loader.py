@@ -57,12 +57,3 @@ def test_corrupt_gguf_is_a_load_error(tmp_path: Path) -> None:
     with pytest.raises(ModelLoadError, match="GGUF"):
         load_model(str(bad))
 
-
-def test_unsupported_tensor_type_is_named() -> None:
-    from gguf import GGMLQuantizationType
-
-    from local_verifier.gguf_loader import SUPPORTED_TYPES
-
-    names = {t.name for t in SUPPORTED_TYPES}
-    assert {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K"} == names
-    assert GGMLQuantizationType.IQ2_XXS not in SUPPORTED_TYPES
