@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import pytest
 import torch
-from local_verifier.kernels.options import KernelOptions
 
+from local_verifier.kernels.options import KernelOptions
 from local_verifier.kv_storage import KVStorage
 from local_verifier.model import ModelConfig, SeqStep, Transformer
 
