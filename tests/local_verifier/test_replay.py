@@ -6,9 +6,9 @@ import pytest
 
 from local_verifier.hf_loader import read_tokenizer
 from local_verifier.step_costs import LiveCosts
-from local_verifier.testing.replay import Answer, StepCostTable, replay
 from local_verifier.tokenizer import Tokenizer
 from tests.local_verifier.conftest import write_tiny_tokenizer
+from tests.local_verifier.replay import Answer, StepCostTable, replay
 
 COSTS = StepCostTable({1: 0.035, 4: 0.041, 16: 0.078, 64: 0.221})
 CODE = "def add(a, b):\n    return a + b\n"

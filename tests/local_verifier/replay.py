@@ -6,15 +6,13 @@ with all mass on the token the recorded answer puts after that row's context (an
 for a context off the answer: greedy verification never reads past a mismatch). So each
 request emits exactly its recorded answer, through the same admission, prompt chunks,
 drafts, verification and tree compaction as the engine, and a step costs
-``costs(rows)`` of virtual time (plus ``seq_overhead_s`` per sequence in the step, the
-host's work per sequence). Clients run closed loop: ``concurrency`` of them, each sending
-its next request when its last answer ended. Scheduling and draft-sizing decisions are
-then compared by modeled throughput and latency, deterministically, on a busy machine.
+``costs(rows)`` of virtual time. Clients run closed loop: ``concurrency`` of them, each
+sending its next request when its last answer ended. The scheduler's decisions are then
+checked by modeled throughput and latency, deterministically.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -86,17 +84,14 @@ class ReplayModel:
         answers: Sequence[Answer],
         tokenizer: Tokenizer,
         costs: StepCostTable,
-        seq_overhead_s: float,
     ) -> None:
         self.config = ModelConfig(
             vocab_size=tokenizer.vocab_size, dim=1, n_layers=1, n_heads=1, n_kv_heads=1, head_dim=1,
             hidden_dim=1, max_seq_len=1 << 20,
         )  # fmt: skip
         self.costs = costs
-        self.seq_overhead_s = seq_overhead_s
         self.now = 0.0  # virtual seconds
         self.log: list[StepRecord] = []
-        self.cpu_s = 0.0  # process CPU time spent in ``step`` (not the scheduler's)
         self._next: dict[tuple[int, ...], int] = {}
         eos = min(tokenizer.eos_ids)
         for a in answers:
@@ -107,7 +102,6 @@ class ReplayModel:
                 self._next[tuple(seq[:end])] = seq[end]
 
     def step(self, seqs: Sequence[SeqStep], kv: KVStorage) -> list[torch.Tensor]:
-        began = time.process_time()
         out = []
         for s in seqs:
             kv.v[0, s.new_slots, 0, 0] = s.tokens.to(kv.v.dtype)
@@ -125,10 +119,9 @@ class ReplayModel:
             out.append(logits)
         rows_total = sum(len(s.tokens) for s in seqs)
         prompt_rows = sum(len(s.tokens) for s in seqs if s.logits != "all")
-        cost = self.costs(rows_total) + self.seq_overhead_s * len(seqs)
+        cost = self.costs(rows_total)
         self.now += cost
         self.log.append(StepRecord(rows_total, len(seqs), prompt_rows, cost))
-        self.cpu_s += time.process_time() - began
         return out
 
 
@@ -143,13 +136,12 @@ class _Done:
 
 @dataclass
 class Replay:
-    """The outcome of one replayed level: per-request times, the step log, host CPU."""
+    """The outcome of one replayed level: per-request times and the step log."""
 
     concurrency: int
     drafts: bool
     requests: list[_Done]
     steps: list[StepRecord]
-    scheduler_cpu_s: float  # process CPU time in the scheduler outside the stand-in model
     final_costs: list[float]  # the scheduler's step-cost table at the end (kept up to date)
 
     @property
@@ -180,7 +172,6 @@ class Replay:
             "rows_per_token": round(rows / tokens, 3),
             "tokens_per_step": round(tokens / len(self.steps), 3),
             "mean_rows_per_step": round(rows / len(self.steps), 2),
-            "scheduler_cpu_ms_per_step": round(1000 * self.scheduler_cpu_s / len(self.steps), 2),
         }
 
 
@@ -195,22 +186,18 @@ def replay(
     token_budget: int = 128,
     max_batch: int = 16,
     kv_slots: int = 1 << 16,
-    seq_overhead_s: float = 0.0,
     client_s: float = 0.0,
     warm: bool = False,
-    host_time: bool = False,
     startup: StepCostTable | None = None,
 ) -> Replay:
     """Serve every answer once, closed loop at ``concurrency``, in virtual time (greedy).
 
     A client sends its next request ``client_s`` after its last answer ended (it waits for
     the step in flight). ``warm``: every prompt was served before, so its full blocks are
-    in the prefix cache (as in a benchmark's later levels). ``host_time``: the clock also
-    advances by the scheduler's own CPU time in each step (measured, so not deterministic).
-    ``startup``: the step costs the scheduler starts from, as if measured at start-up
+    in the prefix cache. ``startup``: the step costs the scheduler starts from, as if measured at start-up
     (default ``costs``); it keeps them up to date with the steps' modeled times.
     """
-    model = ReplayModel(answers, tokenizer, costs, seq_overhead_s)
+    model = ReplayModel(answers, tokenizer, costs)
     storage = KVStorage(model.config, kv_slots, dtype=torch.long)
     row_costs = (startup or costs).table(token_budget + max_draft)
     scheduler = Scheduler(
@@ -265,26 +252,20 @@ def replay(
         scheduler.waiting.extend(request(a, None, 1, False) for a in answers)
         while scheduler.has_work():
             scheduler.step()
-        model.now, model.log, model.cpu_s = 0.0, [], 0.0
+        model.now, model.log = 0.0, []
     for _ in range(concurrency):
         arrive(0.0)
-    cpu = 0.0
     while arrivals or scheduler.has_work():
         if not scheduler.has_work():
             model.now = max(model.now, min(t for t, _ in arrivals))
         scheduler.waiting.extend(r for t, r in arrivals if t <= model.now)
         arrivals = [(t, r) for t, r in arrivals if t > model.now]
-        began, model_cpu = time.process_time(), model.cpu_s
         stepped = len(model.log)
         scheduler.step()
-        spent = time.process_time() - began
-        cpu += spent
-        if host_time:
-            model.now += spent - (model.cpu_s - model_cpu)
         if len(model.log) == stepped:
             raise RuntimeError("the scheduler made no progress")
     for record, answer in zip(done, answers, strict=True):
         if record.tokens != answer.output_ids:
             raise AssertionError(f"{answer.id}: the replay diverged from the recorded answer")
     final = scheduler.costs.table
-    return Replay(concurrency, drafts, done, model.log, cpu - model.cpu_s, final)
+    return Replay(concurrency, drafts, done, model.log, final)
