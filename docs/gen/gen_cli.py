@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 
 import typer.main
@@ -10,6 +11,7 @@ from typer.testing import CliRunner
 from gateway.cli import app
 
 WIDTH = 90
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def _commands(group: object, prefix: tuple[str, ...]) -> Iterator[tuple[str, ...]]:
@@ -28,7 +30,8 @@ def _help(args: tuple[str, ...]) -> str:
     )
     if result.exit_code != 0:
         raise RuntimeError(f"draftgate {' '.join(args)} --help failed: {result.output}")
-    return "\n".join(line.rstrip() for line in result.output.splitlines()).strip("\n")
+    text = ANSI.sub("", result.output)  # in case a terminal setting forced colours anyway
+    return "\n".join(line.rstrip() for line in text.splitlines()).strip("\n")
 
 
 def cli_reference() -> str:
