@@ -157,6 +157,12 @@ class _Metrics:
             ("endpoint", "part"),
             registry=registry,
         )
+        self.preemptions = Counter(
+            "draftgate_local_preemptions",
+            "requests a local endpoint preempted (KV blocks taken back, recomputed later)",
+            ("endpoint",),
+            registry=registry,
+        )
 
 
 class Telemetry:
@@ -180,6 +186,7 @@ class Telemetry:
         self._task: asyncio.Task[None] | None = None
         self._wake_pending = False
         self._rollup = TrafficRollup(self.store)
+        self._preempted: dict[str, int] = {}  # endpoint -> the engine's count last exported
 
     def record(self, timing: RequestTiming) -> None:
         """Record one finished request; must return at once and never raise."""
@@ -203,6 +210,13 @@ class Telemetry:
         for part, value in memory.items():
             if isinstance(value, int | float):
                 self._m.memory.labels(endpoint, part).set(value)
+
+    def set_preemptions(self, endpoint: str, total: int) -> None:
+        """Export a local engine's count of preemptions so far."""
+        seen = self._preempted.get(endpoint, 0)
+        if total > seen:
+            self._m.preemptions.labels(endpoint).inc(total - seen)
+            self._preempted[endpoint] = total
 
     async def flush(self) -> None:
         """Write every queued roll-up to the store now."""

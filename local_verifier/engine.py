@@ -386,6 +386,11 @@ class Engine:
         """(hit, miss): prompt tokens found in the prefix cache and computed, so far."""
         return self._scheduler.hit_tokens, self._scheduler.miss_tokens
 
+    @property
+    def preemptions(self) -> int:
+        """Requests preempted so far (their KV blocks taken back, recomputed later)."""
+        return self._scheduler.preemptions
+
     def memory(self) -> dict[str, int]:
         """Bytes: model weights, KV pool reserved and in use, document indexes."""
         weights = sum(p.numel() * p.element_size() for p in self.lm.model.parameters())

@@ -3,8 +3,15 @@
 Each step carries, for every decoding request, its pending token plus the draft chosen for
 it (chain or tree), and prompt chunks of requests still in prefill, up to a token budget
 per step that tenants share by weight. Requests join (when the pool has blocks for their
-whole generation; tenants take turns by deficit round robin, ``fair_queue``) and leave
-between steps; a cancelled request's blocks go back to the pool at the next step.
+prompt; tenants take turns by deficit round robin, ``fair_queue``) and leave between
+steps; a cancelled request's blocks go back to the pool at the next step.
+
+KV blocks are taken as tokens are committed. When the pool runs out, the request of the
+lowest-weight tenant that arrived last is preempted: its blocks are freed and it waits
+first in its tenant's line to recompute its K/V (from the prefix cache where its blocks
+still are) and go on where it stopped. A row's K/V and logits do not depend on what else
+shares its forward pass or on how its prompt was chunked, so the resumed answer is the
+uninterrupted one, bit for bit.
 
 Only the scheduler's thread touches the pool, the model and the requests' state.
 """
@@ -23,7 +30,14 @@ import torch
 from local_verifier.devices import ThreadTuner
 from local_verifier.fair_queue import FairQueue, split
 from local_verifier.grammar import Constraint
-from local_verifier.kv_pool import BlockTable, KVPool, block_keys, chain_key, root_key
+from local_verifier.kv_pool import (
+    BlockTable,
+    KVPool,
+    PoolExhausted,
+    block_keys,
+    chain_key,
+    root_key,
+)
 from local_verifier.logits_processors import Penalties, adjust_rows
 from local_verifier.logprobs import TokenLogprob, token_logprobs
 from local_verifier.model import SeqStep, Transformer
@@ -125,9 +139,18 @@ class Request:
     calibration: ScoreCalibration = field(default_factory=ScoreCalibration)
 
     @property
-    def positions(self) -> int:
-        """Positions the request may write: its prompt and every output token."""
-        return len(self.prompt_ids) + self.max_new
+    def to_fill(self) -> int:
+        """Positions whose K/V must be in the pool before the request decodes: its prompt,
+        or after a preemption every token but the pending one."""
+        return len(self.tokens) - (self.pending is not None)
+
+    @property
+    def prefilling(self) -> bool:
+        return self.computed < self.to_fill
+
+    def priority(self) -> tuple[float, float]:
+        """Preempted first when largest: the lowest weight, then the latest submitted."""
+        return (-self.weight, self.submitted)
 
 
 @dataclass
@@ -170,6 +193,7 @@ class Scheduler:
         self.miss_tokens = 0  # prompt tokens computed
         self.vocab_size = model.config.vocab_size
         self.waiting: FairQueue[Request] = FairQueue()
+        self.preemptions = 0  # requests whose blocks were taken back to let others run
         self.running: list[Request] = []
         self._prefill_credit: dict[str, float] = {}  # tenants' carried prefill shares
         self._claimed: tuple[list[bytes], list[int]] = ([], [])  # the admitted one's prefix
@@ -187,14 +211,17 @@ class Scheduler:
             self._finish(req)
 
     def _fits(self, req: Request) -> bool:
-        """Whether the pool has room for ``req`` now (its cached prefix blocks claimed)."""
+        """Whether the pool has room for ``req``'s prompt (or, resumed, its tokens) and
+        then one more block for each running request (its cached prefix blocks claimed)."""
         bs = self.pool.block_size
         keys: list[bytes] = []
         hits: list[int] = []
-        if self.prefix_cache:  # the last prompt token is always computed (its logits)
-            keys = block_keys(req.tenant, req.prompt_ids[:-1], bs)
+        if self.prefix_cache:  # until decoding, the last token is computed (its logits)
+            cacheable = req.tokens[:-1] if req.pending is not None else req.prompt_ids[:-1]
+            keys = block_keys(req.tenant, cacheable, bs)
             hits = self.pool.lookup(keys)
-        if -(-req.positions // bs) - len(hits) > self.pool.available():
+        fill = req.to_fill if req.tokens else len(req.prompt_ids)
+        if -(-fill // bs) - len(hits) + len(self.running) > self.pool.available():
             self.pool.release(hits)
             return False
         self._claimed = (keys, hits)
@@ -209,15 +236,50 @@ class Scheduler:
             bs = self.pool.block_size
             head.table = BlockTable(self.pool)
             head.table.blocks = list(hits)
-            head.table.reserve(head.positions)
             head.keys = keys[: len(hits)]
-            head.computed = head.cached_tokens = len(hits) * bs
-            head.tokens = list(head.prompt_ids)
-            self.hit_tokens += head.cached_tokens
-            self.miss_tokens += len(head.prompt_ids) - head.cached_tokens
-            head.started = time.perf_counter()
-            head.stats.queued_s = head.started - head.submitted
+            head.computed = len(hits) * bs
+            if not head.tokens:  # first admission (a preempted request has its tokens)
+                head.tokens = list(head.prompt_ids)
+                head.cached_tokens = head.computed
+                self.hit_tokens += head.cached_tokens
+                self.miss_tokens += len(head.prompt_ids) - head.cached_tokens
+                head.started = time.perf_counter()
+                head.stats.queued_s = head.started - head.submitted
+            head.table.reserve(head.to_fill)
             self.running.append(head)
+
+    def _grow(self) -> None:
+        """Give every running request a block for its next row, highest priority first;
+        when the pool is out, preempt the lowest-priority running request (which may be
+        the one asking) until there is one."""
+        for req in sorted(self.running, key=Request.priority):
+            while req in self.running:
+                assert req.table is not None
+                try:
+                    req.table.reserve(req.computed + 1)
+                    break
+                except PoolExhausted:
+                    self._preempt(max(self.running, key=Request.priority))
+
+    def _preempt(self, req: Request) -> None:
+        """Free ``req``'s blocks; it waits first in its tenant's line to recompute them."""
+        assert req.table is not None
+        self.running.remove(req)
+        req.table.release()
+        req.table = None
+        req.keys = []
+        req.computed = 0
+        self.preemptions += 1
+        self.waiting.append(req, front=True)
+
+    def _room(self, req: Request, end: int) -> int:
+        """Reserve blocks for ``req``'s positions up to ``end`` as far as the pool allows
+        without preempting; the end reserved."""
+        assert req.table is not None
+        bs = self.pool.block_size
+        end = min(end, (len(req.table.blocks) + self.pool.available()) * bs)
+        req.table.reserve(end)
+        return end
 
     def _finish(self, req: Request, error: Exception | None = None) -> None:
         """Release the request's blocks and tell its owner it is over."""
@@ -251,24 +313,25 @@ class Scheduler:
         """Admit what fits, run one forward over every active request, deliver the output."""
         self._drop_cancelled()
         self._admit()
+        self._grow()
         if not self.running:
             return
-        decoding = [r for r in self.running if r.pending is not None]
-        prefilling = [r for r in self.running if r.pending is None]
+        decoding = [r for r in self.running if not r.prefilling]
+        prefilling = [r for r in self.running if r.prefilling]
         budget = max(self.token_budget - len(decoding), 1)
         rows: list[_Row] = []
         seqs: list[SeqStep] = []
         wants: dict[str, int] = {}
         weights: dict[str, float] = {}
         for req in prefilling:
-            wants[req.owner] = wants.get(req.owner, 0) + len(req.prompt_ids) - req.computed
+            wants[req.owner] = wants.get(req.owner, 0) + req.to_fill - req.computed
             weights[req.owner] = req.weight
         grants = split(budget, wants, weights, self._prefill_credit)
         for req in prefilling:
             grant = grants[req.owner]
             if grant <= 0:
                 continue
-            end = min(len(req.prompt_ids), req.computed + grant)
+            end = min(req.to_fill, req.computed + grant)
             seqs.append(self._chunk(req, end))
             rows.append(_Row(req, None))
             grants[req.owner] -= end - req.computed
@@ -285,6 +348,9 @@ class Scheduler:
         drafted = time.perf_counter()
         for req, draft in zip(decoding, drafts, strict=True):
             req.stats.draft_s += drafted - began
+            fits = self._room(req, req.computed + 1 + len(draft)) - req.computed - 1
+            if fits < len(draft):  # the pool is short: the draft, never the answer, is cut
+                draft = draft.subset(list(range(fits)))
             seqs.append(self._verify_rows(req, draft))
             rows.append(_Row(req, draft))
         clock = self.clock
@@ -313,9 +379,9 @@ class Scheduler:
     def _chunk(self, req: Request, end: int) -> SeqStep:
         assert req.table is not None
         start = req.computed
-        last = end == len(req.prompt_ids)
+        last = end == req.to_fill and req.pending is None  # a resumed one emits nothing
         return SeqStep(
-            tokens=torch.tensor(req.prompt_ids[start:end], dtype=torch.long),
+            tokens=torch.tensor(req.tokens[start:end], dtype=torch.long),
             positions=torch.arange(start, end),
             new_slots=req.table.slots(start, end),
             context_slots=req.table.slots(0, start),
@@ -366,7 +432,7 @@ class Scheduler:
     def _after_chunk(self, req: Request, n: int, logits: torch.Tensor) -> None:
         req.computed += n
         self._publish(req)
-        if req.computed < len(req.prompt_ids):
+        if req.prefilling or req.pending is not None:  # more to fill, or resumed: decodes next
             return
         req.stats.prefill_s = time.perf_counter() - req.started
         self._release_followers(req)

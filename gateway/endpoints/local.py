@@ -356,6 +356,10 @@ class LocalEndpoint:
         """The loaded engine's memory by part (KV pool reserved and in use...), else None."""
         return None if self._engine is None else self._engine.memory()
 
+    def preemptions(self) -> int:
+        """Requests the loaded engine preempted so far (0 before it loads)."""
+        return 0 if self._engine is None else self._engine.preemptions
+
     async def engine(self) -> Engine:
         """The loaded engine (loads it on the worker thread if needed)."""
         if self._engine is None:

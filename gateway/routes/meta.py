@@ -47,6 +47,7 @@ def meta_routes(runtime: Runtime) -> list[Route]:
             memory = local.memory()
             if memory is not None:
                 runtime.telemetry.set_memory(name, memory)
+                runtime.telemetry.set_preemptions(name, local.preemptions())
         return Response(
             runtime.telemetry.metrics_text(), media_type="text/plain; version=0.0.4; charset=utf-8"
         )
