@@ -34,11 +34,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import resource
 import statistics
 import time
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -50,8 +50,8 @@ from benchmarks.harness import TransformersPeer, parse, workload, write_json
 from gateway.audit.workload import WorkloadItem
 from local_verifier.kernels import StepOps
 from local_verifier.kernels.cpp import load_library
-from local_verifier.kernels.fused import FUSED_ENV, PROFILE_KINDS
-from local_verifier.kernels.packing import AMX_ENV, layout_of
+from local_verifier.kernels.fused import PROFILE_KINDS
+from local_verifier.kernels.packing import layout_of
 from local_verifier.kv_storage import KVStorage
 from local_verifier.loader import LoadedModel, load_model
 from local_verifier.model import SeqStep
@@ -131,7 +131,8 @@ def fused_vs_per_op(lm: LoadedModel, rows: list[int], rounds: int) -> dict[str, 
     tokens = torch.arange(CONTEXT + max(rows)) % cfg.vocab_size
     context = torch.arange(CONTEXT)
     model.step([SeqStep(tokens[:CONTEXT], context, context, context[:0], logits="none")], kv)
-    paths = {"fused": "1", "per_op": "0"}
+    options = model.kernel_options
+    paths = {"fused": replace(options, fused=True), "per_op": replace(options, fused=False)}
     wall: dict[str, dict[int, list[float]]] = {p: {r: [] for r in rows} for p in paths}
     cpu: dict[str, dict[int, list[float]]] = {p: {r: [] for r in rows} for p in paths}
     for round_ in range(rounds + 1):  # the first is a warm-up
@@ -139,12 +140,13 @@ def fused_vs_per_op(lm: LoadedModel, rows: list[int], rounds: int) -> dict[str, 
             new = torch.arange(CONTEXT, CONTEXT + r)
             step = SeqStep(tokens[CONTEXT : CONTEXT + r], new, new, context)
             for path in list(paths)[:: 1 if round_ % 2 else -1]:
-                with mock.patch.dict(os.environ, {FUSED_ENV: paths[path]}):
-                    start, start_cpu = time.perf_counter(), time.process_time()
-                    model.step([step], kv)
-                    if round_:
-                        wall[path][r].append(time.perf_counter() - start)
-                        cpu[path][r].append(time.process_time() - start_cpu)
+                model.kernel_options = paths[path]
+                start, start_cpu = time.perf_counter(), time.process_time()
+                model.step([step], kv)
+                if round_:
+                    wall[path][r].append(time.perf_counter() - start)
+                    cpu[path][r].append(time.process_time() - start_cpu)
+    model.kernel_options = options
 
     def median_ms(times: dict[str, dict[int, list[float]]]) -> dict[str, dict[int, float]]:
         return {
@@ -160,10 +162,12 @@ def bf16_kernels_ab(lm: LoadedModel, rows: list[int], rounds: int) -> dict[str, 
     kernels) and 1 (the bf16 kernels), alternating in one process (the weights repacked at
     each switch, outside the timing), per round; and per setting the least disturbed round."""
     times: dict[str, list[dict[int, float]]] = {"0": [], "1": []}
+    options = lm.model.kernel_options
     for round_ in range(rounds):
         for setting in ("0", "1")[:: 1 if round_ % 2 == 0 else -1]:
-            with mock.patch.dict(os.environ, {AMX_ENV: setting}):
-                times[setting].append(step_ms(lm, rows, 3))
+            lm.model.kernel_options = replace(options, amx=setting == "1")
+            times[setting].append(step_ms(lm, rows, 3))
+    lm.model.kernel_options = options
     best = {s: {r: min(t[r] for t in ts) for r in rows} for s, ts in times.items()}
     return {"rounds": times, "min_ms": best}
 

@@ -17,8 +17,9 @@ from torch import nn
 from local_verifier.config import ModelConfig
 from local_verifier.kernels import AttentionPlan, StepOps, step_ops
 from local_verifier.kernels.cpp import CppOps
-from local_verifier.kernels.fused import FusedStack, LayerWeights, fused_enabled
-from local_verifier.kernels.packing import Layout, packing_enabled
+from local_verifier.kernels.fused import FusedStack, LayerWeights
+from local_verifier.kernels.options import KernelOptions
+from local_verifier.kernels.packing import Layout
 from local_verifier.kv_storage import KVStorage
 from local_verifier.linear import Linear
 
@@ -255,6 +256,9 @@ class Transformer(nn.Module):
             self.local_rope = rope_tables(local, torch.device("cpu"))
         self._stack: tuple[FusedStack | None] | None = None  # built at first use
         self._layout: Layout = "row"  # the linear weights' layout (where they can take it)
+        self.kernel_options = KernelOptions.from_env()
+        """The kernel switches, read once here; assign other options to change them (the
+        next step repacks the weights and rebuilds the fused stack if they call for it)."""
 
     @classmethod
     def from_config(
@@ -319,18 +323,18 @@ class Transformer(nn.Module):
 
     def fused_stack(self) -> FusedStack | None:
         """The C++ layer stack this model's steps run on now: None on the torch backend,
-        with ``DRAFTGATE_FUSED=0`` or where it does not apply. Built once per parameter set."""
-        ops = step_ops(self.device, self.dtype)
+        with ``kernel_options.fused`` off or where it does not apply. Built once per parameter set."""
+        ops = step_ops(self.device, self.dtype, self.kernel_options.backend)
         self._use_layout(ops)
         return self._fused(ops)
 
     def _use_layout(self, ops: StepOps) -> None:
-        """Packs the linear weights for the C++ kernels (unless ``DRAFTGATE_PACKED=0``; for
-        the bf16 kernels where ``CppOps.amx``), row-major for the others: in place, one matrix
-        at a time, so one copy stays resident."""
+        """Packs the linear weights for the C++ kernels (``CppOps.weight_layout`` under
+        ``kernel_options``), row-major for the others: in place, one matrix at a time, so one
+        copy stays resident."""
         layout: Layout = "row"
-        if isinstance(ops, CppOps) and packing_enabled():
-            layout = "amx" if ops.amx() else "packed"
+        if isinstance(ops, CppOps):
+            layout = ops.weight_layout(self.kernel_options)
         self._set_layout(layout)
 
     def _set_layout(self, layout: Layout) -> None:
@@ -343,7 +347,11 @@ class Transformer(nn.Module):
         self._layout = layout
 
     def _fused(self, ops: StepOps) -> FusedStack | None:
-        if not isinstance(ops, CppOps) or not fused_enabled() or not self.config.llama_layers:
+        if (
+            not isinstance(ops, CppOps)
+            or not self.kernel_options.fused
+            or not self.config.llama_layers
+        ):
             return None  # the other families' layers run op by op
         if self._stack is None:
             layers = [cast(Block, b).stack_weights() for b in self.layers]
@@ -365,7 +373,7 @@ class Transformer(nn.Module):
         simply overwritten later). See ``SeqStep`` for what a row attends to.
         """
         device, dtype = self.device, self.dtype
-        ops = step_ops(device, dtype)
+        ops = step_ops(device, dtype, self.kernel_options.backend)
         self._use_layout(ops)
         tokens = _joined([s.tokens for s in seqs]).to(device)
         positions = _joined([s.positions for s in seqs]).to(device)

@@ -26,6 +26,7 @@ import json
 import os
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -33,8 +34,8 @@ import torch
 from benchmarks.bench_decode import CONTEXT, read_bandwidth
 from local_verifier.devices import cpu_flags
 from local_verifier.kernels import cpp
+from local_verifier.kernels.options import PACKED_ENV
 from local_verifier.kernels.packing import (
-    PACKED_ENV,
     Layout,
     dense_shape,
     pack,
@@ -120,13 +121,13 @@ def passes(
 
 def decode_steps(models: dict[str, LoadedModel], repeats: int) -> dict[str, list]:
     """Seconds of 1-row decode steps (after a ``CONTEXT``-token context) of each model, its
-    weights packed or not as ``models``' key says (``DRAFTGATE_PACKED`` set per step),
+    weights packed or not as ``models``' key says (``KernelOptions.packed``),
     alternating model by step (order reversed every round)."""
     seconds: dict[str, list] = {side: [] for side in models}
     runs = {}
     for side, lm in models.items():
-        os.environ[PACKED_ENV] = "1" if side == "packed" else "0"
         model, cfg = lm.model, lm.config
+        model.kernel_options = replace(model.kernel_options, packed=side == "packed")
         kv = KVStorage(cfg, CONTEXT + 1, lm.device, model.kv_dtype)
         tokens = torch.arange(CONTEXT + 1) % cfg.vocab_size
         context, new = torch.arange(CONTEXT), torch.arange(CONTEXT, CONTEXT + 1)
@@ -134,13 +135,11 @@ def decode_steps(models: dict[str, LoadedModel], repeats: int) -> dict[str, list
         runs[side] = (model, kv, SeqStep(tokens[CONTEXT:], new, new, context))
     for i in range(repeats + 1):  # the first round is a warm-up
         for side in list(models)[:: 1 if i % 2 == 0 else -1]:
-            os.environ[PACKED_ENV] = "1" if side == "packed" else "0"
             model, kv, step = runs[side]
             start = time.perf_counter()
             model.step([step], kv)
             if i:
                 seconds[side].append(time.perf_counter() - start)
-    os.environ.pop(PACKED_ENV)
     return seconds
 
 

@@ -16,25 +16,26 @@ logits and K/V are bitwise the same alone, batched, in a draft tree or in a prom
 - ``torch``: stock torch ops on fixed-size row tiles (a row count the matrix product is
   row-independent at) and attention one row at a time over its own keys; used on CUDA/MPS
   and where the C++ build is unavailable. Invariant, slower.
+
+The switches among them (``DRAFTGATE_KERNELS``, ``DRAFTGATE_FUSED``, ``DRAFTGATE_PACKED``,
+``DRAFTGATE_AMX``) are read once per model into its ``KernelOptions`` (``options``).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import os
 from typing import Protocol
 
 import torch
 
+from local_verifier.kernels.options import Backend, KernelOptions
 from local_verifier.kernels.plan import AttentionPlan
 from local_verifier.kernels.torch_ops import TorchOps
 
-__all__ = ["AttentionPlan", "StepOps", "step_ops"]
+__all__ = ["AttentionPlan", "KernelOptions", "StepOps", "step_ops"]
 
 log = logging.getLogger(__name__)
-
-BACKEND_ENV = "DRAFTGATE_KERNELS"  # "cpp" | "torch": force one (default: cpp where it builds)
 
 
 class StepOps(Protocol):
@@ -73,22 +74,20 @@ class StepOps(Protocol):
     ) -> torch.Tensor: ...
 
 
-def step_ops(device: torch.device, dtype: torch.dtype) -> StepOps:
-    """The kernels for ``device``/``dtype``: chosen once per process (and per value of
-    ``DRAFTGATE_KERNELS``) and logged."""
-    return _ops_for(device.type, dtype, os.environ.get(BACKEND_ENV, ""))
+def step_ops(device: torch.device, dtype: torch.dtype, backend: Backend = "") -> StepOps:
+    """The kernels for ``device``/``dtype`` and ``backend`` (``KernelOptions.backend``):
+    chosen once per process and argument, and logged."""
+    return _ops_for(device.type, dtype, backend)
 
 
 @functools.cache
-def _ops_for(device_type: str, dtype: torch.dtype, wanted: str) -> StepOps:
+def _ops_for(device_type: str, dtype: torch.dtype, wanted: Backend) -> StepOps:
     ops = _choose(device_type, dtype, wanted)
     log.info("forward step kernels on %s/%s: %s", device_type, dtype, ops.name)
     return ops
 
 
-def _choose(device_type: str, dtype: torch.dtype, wanted: str) -> StepOps:
-    if wanted not in ("", "cpp", "torch"):
-        raise ValueError(f"{BACKEND_ENV} must be 'cpp' or 'torch', got {wanted!r}")
+def _choose(device_type: str, dtype: torch.dtype, wanted: Backend) -> StepOps:
     if wanted != "torch" and device_type == "cpu" and dtype == torch.float32:
         from local_verifier.kernels.cpp import CppOps, load_library
 

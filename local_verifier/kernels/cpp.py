@@ -13,7 +13,8 @@ from typing import Any
 import torch
 
 from local_verifier.devices import cpu_flags
-from local_verifier.kernels.packing import amx_wanted, dense_shape, layout_of
+from local_verifier.kernels.options import KernelOptions
+from local_verifier.kernels.packing import Layout, dense_shape, layout_of
 from local_verifier.kernels.plan import AttentionPlan
 from local_verifier.kernels.step_args import StepArgs
 from local_verifier.kernels.torch_ops import gelu_tanh_mul
@@ -144,11 +145,14 @@ class CppOps:
             torch.bfloat16: library.dg_attention_bf16,
         }
 
-    def amx(self) -> bool:
-        """Whether bf16 weights are packed in the ``amx`` layout for the bf16 kernels: this
-        process runs them (``bf16_kernels``: AMX tiles, or AVX512-BF16 dot products where
-        AMX is absent or not granted) and ``DRAFTGATE_AMX`` is not 0."""
-        return self.bf16_kernels is not None and amx_wanted()
+    def weight_layout(self, options: KernelOptions) -> Layout:
+        """The layout linear weights take for these kernels under ``options`` (where a weight
+        can: ``packing.packable``): ``row`` unless ``options.packed``; ``amx`` for the bf16
+        kernels where this process runs them (``bf16_kernels``: AMX tiles, or AVX512-BF16
+        dot products where AMX is absent or not granted) and ``options.amx``; else ``packed``."""
+        if not options.packed:
+            return "row"
+        return "amx" if self.bf16_kernels is not None and options.amx else "packed"
 
     def linear(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None

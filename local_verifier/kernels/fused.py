@@ -1,12 +1,12 @@
 """The layer stack of a step in one C++ call (``dg_stack_step``): the per-op path's kernels
 in the same order on the same values, so bitwise the same logits and K/V, without Python,
 ctypes and allocation per op. Used by ``Transformer.step`` on the C++ backend unless
-``DRAFTGATE_FUSED=0`` (then it runs op by op through ``CppOps``)."""
+``KernelOptions.fused`` is off (``DRAFTGATE_FUSED=0``: then it runs op by op through
+``CppOps``)."""
 
 from __future__ import annotations
 
 import ctypes
-import os
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,14 +18,8 @@ from local_verifier.kernels.packing import dense_shape, layout_of
 from local_verifier.kernels.plan import AttentionPlan
 from local_verifier.kernels.step_args import StepArgs
 
-FUSED_ENV = "DRAFTGATE_FUSED"  # "0": the C++ backend runs a step op by op
 LAYOUT_CODES = {"row": 0, "packed": 1, "amx": 2}  # a weight's layout, as dg_stack_new takes it
 PROFILE_KINDS = ("linear", "head", "attention", "row_ops")  # the entries of ``profile``
-
-
-def fused_enabled() -> bool:
-    """Whether the C++ backend runs steps through the fused stack (``DRAFTGATE_FUSED``)."""
-    return os.environ.get(FUSED_ENV, "1") != "0"
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,6 @@ same values in another order (packing and unpacking are exact):
 from __future__ import annotations
 
 import mmap
-import os
 from typing import Literal
 
 import torch
@@ -27,21 +26,9 @@ from local_verifier.huge_pages import HUGE_PAGE, huge_page_mapping
 
 PACK = 16
 AMX_K = 32
-PACKED_ENV = "DRAFTGATE_PACKED"  # "0": the C++ backend reads linear weights row-major
-AMX_ENV = "DRAFTGATE_AMX"  # "0": no bf16 kernels (AMX or dot products), float32 ones
 
 Layout = Literal["row", "packed", "amx"]
 _LAYOUTS: dict[int, Layout] = {4: "packed", 5: "amx"}
-
-
-def packing_enabled() -> bool:
-    """Whether the C++ backend packs linear weights (``DRAFTGATE_PACKED``)."""
-    return os.environ.get(PACKED_ENV, "1") != "0"
-
-
-def amx_wanted() -> bool:
-    """Whether bf16 weights use the bf16 kernels where the CPU has them (``DRAFTGATE_AMX``)."""
-    return os.environ.get(AMX_ENV, "1") != "0"
 
 
 def layout_of(weight: torch.Tensor) -> Layout:

@@ -16,9 +16,9 @@ import os
 import pytest
 import torch
 
-from local_verifier.kernels import BACKEND_ENV
 from local_verifier.kernels.cpp import load_library
-from local_verifier.kernels.packing import AMX_ENV, layout_of
+from local_verifier.kernels.options import Backend, KernelOptions
+from local_verifier.kernels.packing import layout_of
 from local_verifier.kv_storage import KVStorage
 from local_verifier.loader import LoadedModel
 from local_verifier.model import SeqStep, Transformer
@@ -29,7 +29,7 @@ DTYPE = getattr(torch, os.environ.get("DRAFTGATE_TEST_DTYPE", "float32"))
 LIBRARY, WHY = load_library()
 CPP = DEVICE.type == "cpu" and torch.float32 == DTYPE and LIBRARY is not None
 AMX = CPP and LIBRARY is not None and LIBRARY.dg_bf16_kernels() != 0
-BACKENDS = ["cpp", "torch"] if CPP else ["torch"]
+BACKENDS: list[Backend] = ["cpp", "torch"] if CPP else ["torch"]
 # (kernel backend, weight dtype) pairs every invariance test runs on
 CASES = [(b, DTYPE) for b in BACKENDS] + ([("cpp", torch.bfloat16)] if CPP else [])
 
@@ -42,11 +42,12 @@ def _model(dtype: torch.dtype) -> Transformer:
 
 
 @pytest.fixture(params=CASES, ids=lambda c: f"{c[0]}-{str(c[1]).removeprefix('torch.')}")
-def tiny(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Transformer:
+def tiny(request: pytest.FixtureRequest) -> Transformer:
     """The tiny model in the case's weight dtype, its backend set for the test."""
     backend, dtype = request.param
-    monkeypatch.setenv(BACKEND_ENV, backend)
-    return _model(dtype)
+    model = _model(dtype)
+    model.kernel_options = KernelOptions(backend=backend)
+    return model
 
 
 def _tokens(n: int, seed: int, vocab: int = CFG.vocab_size) -> torch.Tensor:
@@ -185,24 +186,19 @@ def test_backends_agree_with_each_other_closely() -> None:
     tiny = _model(DTYPE)
     outs = []
     for name in BACKENDS:
-        os.environ[BACKEND_ENV] = name
-        try:
-            kv = _kv(tiny, 64)
-            outs.append(tiny.step([_rows(_tokens(40, 16), list(range(40)), [])], kv)[0])
-        finally:
-            del os.environ[BACKEND_ENV]
+        tiny.kernel_options = KernelOptions(backend=name)
+        kv = _kv(tiny, 64)
+        outs.append(tiny.step([_rows(_tokens(40, 16), list(range(40)), [])], kv)[0])
     torch.testing.assert_close(outs[0], outs[1], atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.skipif(not CPP, reason=f"no C++ kernels in this run: {WHY or f'{DEVICE}/{DTYPE}'}")
-def test_bf16_target_is_the_float32_step_on_bf16_rounded_weights_and_kv(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_bf16_target_is_the_float32_step_on_bf16_rounded_weights_and_kv() -> None:
     """Without bf16 kernels (``DRAFTGATE_AMX=0``, or a CPU without AMX or AVX512-BF16): the
     first layer's K/V (no attention before them) are the float32 step's rounded to bf16
     exactly; the later layers' read rounded K/V, so the logits are close, not equal."""
-    monkeypatch.setenv(AMX_ENV, "0")
     bf16 = _model(torch.bfloat16)
+    bf16.kernel_options = KernelOptions(amx=False)
     rounded = Transformer.from_config(CFG, DEVICE, torch.float32)
     rounded.load_state_dict({k: v.float() for k, v in bf16.state_dict().items()})
     assert bf16.weight_dtype == torch.bfloat16 and bf16.dtype == torch.float32
@@ -224,17 +220,14 @@ def test_bf16_target_is_the_float32_step_on_bf16_rounded_weights_and_kv(
 
 
 @pytest.mark.skipif(not AMX, reason="no bf16 kernels here (AMX-BF16 or AVX512-BF16)")
-def test_bf16_target_on_amx_takes_the_amx_kernels_and_is_close_to_the_fp32_ones(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_bf16_target_on_amx_takes_the_amx_kernels_and_is_close_to_the_fp32_ones() -> None:
     """Linear inputs rounded to bf16: close to, not bitwise, the float32 kernels' step."""
-    monkeypatch.setenv(BACKEND_ENV, "cpp")
     bf16, outs = _model(torch.bfloat16), []
-    for amx in ("1", "0"):
-        monkeypatch.setenv(AMX_ENV, amx)
+    for amx in (True, False):
+        bf16.kernel_options = KernelOptions(backend="cpp", amx=amx)
         kv = _kv(bf16, 64)
         outs.append(bf16.step([_rows(_tokens(40, 20), list(range(40)), [])], kv)[0])
-        assert layout_of(bf16.head.weight) == ("amx" if amx == "1" else "packed")
+        assert layout_of(bf16.head.weight) == ("amx" if amx else "packed")
     assert not torch.equal(outs[0], outs[1])
     torch.testing.assert_close(outs[0], outs[1], atol=0.05, rtol=0.05)
 

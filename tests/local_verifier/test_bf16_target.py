@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from local_verifier.kernels.cpp import load_library
-from local_verifier.kernels.packing import amx_wanted, layout_of
+from local_verifier.kernels.options import KernelOptions
+from local_verifier.kernels.packing import layout_of
 from local_verifier.loader import LoadedModel, load_model
 from local_verifier.sampling import SamplingParams
 from local_verifier.testing.generate import PlainResult, generate_plain
@@ -25,7 +26,7 @@ from local_verifier.testing.reference import load_reference
 pytestmark = pytest.mark.slow
 LIBRARY, _ = load_library()
 DOT_SCORES = LIBRARY is not None and LIBRARY.dg_bf16_kernels() != 0  # bf16 K/V's scores
-AMX = DOT_SCORES and amx_wanted()
+AMX = DOT_SCORES and KernelOptions.from_env().amx
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,8 @@ import torch
 
 from local_verifier.devices import cpu_flags
 from local_verifier.kernels.cpp import CppOps, load_library, release_threads
-from local_verifier.kernels.packing import AMX_ENV, AMX_K, PACK, layout_of, pack, unpack
+from local_verifier.kernels.options import KernelOptions
+from local_verifier.kernels.packing import AMX_K, PACK, layout_of, pack, unpack
 from local_verifier.kernels.plan import AttentionPlan
 from local_verifier.kernels.torch_ops import TorchOps
 from local_verifier.kv_storage import KEY_TILE, key_tiles
@@ -338,18 +339,15 @@ def test_packed_linear_is_bitwise_the_row_major_one(
         torch.set_num_threads(before)
 
 
-def test_the_bf16_kernels_run_exactly_where_the_cpu_has_them(
-    cpp: CppOps, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_bf16_kernels_run_exactly_where_the_cpu_has_them(cpp: CppOps) -> None:
     """GCC 12+ with -march=native builds them wherever the CPU has AMX-BF16 (AMX tiles, the
     tile state granted by Linux) or AVX512-BF16 (dot products) and AVX-512."""
     flags = cpu_flags()
     assert ({"amx_tile", "amx_bf16"} <= flags) == (cpp.bf16_kernels == "amx")
     assert ("avx512_bf16" in flags and "avx512f" in flags) == AMX
-    monkeypatch.setenv(AMX_ENV, "1")
-    assert cpp.amx() == AMX
-    monkeypatch.setenv(AMX_ENV, "0")
-    assert not cpp.amx()
+    assert cpp.weight_layout(KernelOptions()) == ("amx" if AMX else "packed")
+    assert cpp.weight_layout(KernelOptions(amx=False)) == "packed"
+    assert cpp.weight_layout(KernelOptions(packed=False)) == "row"
 
 
 @pytest.mark.skipif(not AMX, reason="no bf16 kernels here (AMX-BF16 or AVX512-BF16)")

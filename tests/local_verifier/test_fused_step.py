@@ -1,21 +1,21 @@
 """The fused C++ layer stack (one call per step) against the per-op C++ path
-(``DRAFTGATE_FUSED=0``): bitwise the same logits and K/V for prompt chunks, decode rows,
+(``KernelOptions.fused`` off): bitwise the same logits and K/V for prompt chunks, decode rows,
 chains, trees and several sequences in one step, with float32 and bfloat16 weights (on
 CPUs with AMX, a bf16 model whose linear weights all take the AMX kernels too)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
 import torch
 
 from local_verifier.config import ModelConfig
-from local_verifier.kernels import BACKEND_ENV
 from local_verifier.kernels.cpp import CppOps, load_library
-from local_verifier.kernels.fused import FUSED_ENV
-from local_verifier.kernels.packing import AMX_ENV, PACKED_ENV, amx_wanted, is_packed, layout_of
+from local_verifier.kernels.options import AMX_ENV, KernelOptions
+from local_verifier.kernels.packing import is_packed, layout_of
 from local_verifier.kv_storage import KVStorage
 from local_verifier.linear import Linear
 from local_verifier.loader import LoadedModel, load_model
@@ -118,9 +118,8 @@ def _run(
     """Each step's logits and the K/V storage after the script, on one path."""
     kv = KVStorage(model.config, 400, "cpu", model.kv_dtype)
     before = torch.get_num_threads()
+    model.kernel_options = replace(model.kernel_options, backend="cpp", fused=fused)
     with mp.context() as m:
-        m.setenv(BACKEND_ENV, "cpp")
-        m.setenv(FUSED_ENV, "1" if fused else "0")
         if fused:
             for kernel in ("linear", "rms_norm", "rope_store", "silu_mul", "attention"):
                 m.setattr(CppOps, kernel, _not_called)
@@ -154,7 +153,7 @@ def test_fused_step_is_bitwise_the_per_op_step(
     model = Transformer.from_config(cfg, "cpu", dtype)
     _assert_same(model, _script(cfg.vocab_size, 70), monkeypatch, threads)  # 70: two row blocks
     if cfg is AMX_CFG:
-        expected = "amx" if AMX and amx_wanted() else "packed"
+        expected = "amx" if AMX and model.kernel_options.amx else "packed"
         assert all(layout_of(w) == expected for w in _linear_weights(model))
 
 
@@ -217,16 +216,16 @@ def test_packed_bf16_weights_give_bitwise_the_row_major_steps(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """bf16 weights packed on the C++ backend (fused and per-op) against the same model
-    row-major (``DRAFTGATE_PACKED=0``): the same logits and K/V. State dicts are row-major;
+    row-major (``KernelOptions.packed`` off): the same logits and K/V. State dicts are row-major;
     the layout follows the backend: row-major again for the torch kernels and after a cast
     (fp32 stays row-major)."""
     model = Transformer.from_config(PACKED_CFG, "cpu", torch.bfloat16)
     script = _script(PACKED_CFG.vocab_size, 40)
     wqkv, head = model.layers[0].attn.wqkv, model.head  # type: ignore[union-attr]
-    with monkeypatch.context() as m:
-        m.setenv(PACKED_ENV, "0")
-        row_major, kv_ref = _run(model, script, True, m)
+    model.kernel_options = KernelOptions(packed=False)
+    row_major, kv_ref = _run(model, script, True, monkeypatch)
     assert not is_packed(wqkv.weight)
+    model.kernel_options = KernelOptions()
     _assert_same(model, script, monkeypatch)  # packed, fused and per-op alike
     packed, kv = _run(model, script, True, monkeypatch)
     assert is_packed(wqkv.weight) and not is_packed(head.weight)
@@ -238,9 +237,8 @@ def test_packed_bf16_weights_give_bitwise_the_row_major_steps(
     for i, (a, b) in enumerate(zip(packed, row_major, strict=True)):
         assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True)), f"step {i}"
     assert torch.equal(kv.k, kv_ref.k) and torch.equal(kv.v, kv_ref.v)
-    with monkeypatch.context() as m:
-        m.setenv(BACKEND_ENV, "torch")
-        model.step(script[1], KVStorage(model.config, 400, "cpu", model.kv_dtype))
+    model.kernel_options = KernelOptions(backend="torch")
+    model.step(script[1], KVStorage(model.config, 400, "cpu", model.kv_dtype))
     assert not is_packed(wqkv.weight)
     _run(model, script[:2], True, monkeypatch)
     model.to(torch.float32)
@@ -251,17 +249,18 @@ def test_packed_bf16_weights_give_bitwise_the_row_major_steps(
 
 @pytest.mark.skipif(not AMX, reason="no bf16 kernels here (AMX-BF16 or AVX512-BF16)")
 def test_amx_weights_follow_the_switch_and_save_row_major(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``DRAFTGATE_AMX=0`` repacks the weights for the float32 kernels (a different but
-    close y) and back; state dicts are row-major and load into the AMX layout."""
+    """``KernelOptions.amx`` off (``DRAFTGATE_AMX=0``) repacks the weights for the float32
+    kernels (a different but close y) and back; state dicts are row-major and load into the
+    AMX layout."""
     monkeypatch.setenv(AMX_ENV, "1")
     model = Transformer.from_config(AMX_CFG, "cpu", torch.bfloat16)
     script = _script(AMX_CFG.vocab_size, 40)
     amx, kv = _run(model, script, True, monkeypatch)
     assert all(layout_of(w) == "amx" for w in _linear_weights(model))
-    with monkeypatch.context() as m:
-        m.setenv(AMX_ENV, "0")
-        fp32, _ = _run(model, script, True, m)
-        assert all(layout_of(w) == "packed" for w in _linear_weights(model))
+    model.kernel_options = KernelOptions(amx=False)
+    fp32, _ = _run(model, script, True, monkeypatch)
+    assert all(layout_of(w) == "packed" for w in _linear_weights(model))
+    model.kernel_options = KernelOptions()
     for a, b in zip(amx, fp32, strict=True):
         for x, y in zip(a, b, strict=True):
             torch.testing.assert_close(x, y, atol=0.05, rtol=0.05)
