@@ -23,7 +23,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import torch
 
@@ -51,6 +51,7 @@ from lookup.controller import ScoreCalibration, plan_batch
 from lookup.draft import Draft, Source
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 class DraftSource(Protocol):
@@ -332,12 +333,16 @@ class Scheduler:
             if grant <= 0:
                 continue
             end = min(req.to_fill, req.computed + grant)
-            seqs.append(self._chunk(req, end))
-            rows.append(_Row(req, None))
             grants[req.owner] -= end - req.computed
+            chunk = self._isolated(req, self._chunk, req, end)
+            if chunk is not None:
+                seqs.append(chunk)
+                rows.append(_Row(req, None))
         began = time.perf_counter()
         base_rows = len(decoding) + sum(len(s.tokens) for s in seqs)
-        proposed = [self._propose(r) for r in decoding]
+        proposals = [(r, self._isolated(r, self._propose, r)) for r in decoding]
+        proposed = [d for _, d in proposals if d is not None]
+        decoding = [r for r, d in proposals if d is not None]
         drafts = plan_batch(
             proposed,
             base_rows,
@@ -351,8 +356,12 @@ class Scheduler:
             fits = self._room(req, req.computed + 1 + len(draft)) - req.computed - 1
             if fits < len(draft):  # the pool is short: the draft, never the answer, is cut
                 draft = draft.subset(list(range(fits)))
-            seqs.append(self._verify_rows(req, draft))
-            rows.append(_Row(req, draft))
+            verify = self._isolated(req, self._verify_rows, req, draft)
+            if verify is not None:
+                seqs.append(verify)
+                rows.append(_Row(req, draft))
+        if not seqs:
+            return
         clock = self.clock
         if self.threads is not None:
             self.threads.apply()
@@ -369,6 +378,14 @@ class Scheduler:
             except Exception as exc:  # one request's failure ends only that request
                 self._finish(row.request, exc)
 
+    def _isolated(self, req: Request, stage: Callable[..., _T], *args: object) -> _T | None:
+        """``stage(*args)`` for ``req``; if it raises, only ``req`` ends (None)."""
+        try:
+            return stage(*args)
+        except Exception as exc:  # one request's failure ends only that request
+            self._finish(req, exc)
+            return None
+
     def _timed(self, rows: int, seconds: float) -> None:
         """Feed a forward's time to the thread choice and (on the chosen count) the costs."""
         table = self.costs.table
@@ -376,12 +393,21 @@ class Scheduler:
         if self.threads is None or self.threads.observe(ratio):
             self.costs.observe(rows, seconds)
 
+    def _checked(self, tokens: list[int]) -> torch.Tensor:
+        """``tokens`` as a tensor; a ``ValueError`` for an id past the embedding's rows
+        (which would fail the whole forward)."""
+        ids = torch.tensor(tokens, dtype=torch.long)
+        bad = ids[(ids < 0) | (ids >= self.vocab_size)]
+        if bad.numel():
+            raise ValueError(f"token id {int(bad[0])} is past the model's {self.vocab_size} ids")
+        return ids
+
     def _chunk(self, req: Request, end: int) -> SeqStep:
         assert req.table is not None
         start = req.computed
         last = end == req.to_fill and req.pending is None  # a resumed one emits nothing
         return SeqStep(
-            tokens=torch.tensor(req.tokens[start:end], dtype=torch.long),
+            tokens=self._checked(req.tokens[start:end]),
             positions=torch.arange(start, end),
             new_slots=req.table.slots(start, end),
             context_slots=req.table.slots(0, start),
@@ -411,7 +437,7 @@ class Scheduler:
         k = len(draft)
         depths = torch.as_tensor(draft.depths(), dtype=torch.long)
         return SeqStep(
-            tokens=torch.tensor([req.pending, *draft.tokens.tolist()], dtype=torch.long),
+            tokens=self._checked([req.pending, *draft.tokens.tolist()]),
             positions=start + torch.cat([torch.zeros(1, dtype=torch.long), depths]),
             new_slots=req.table.slots(start, start + 1 + k),
             context_slots=req.table.slots(0, start),
