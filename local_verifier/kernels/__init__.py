@@ -1,6 +1,6 @@
 """Batch-invariant kernels of one forward step, and the choice between them.
 
-Both implementations compute every row's output by a fixed sequence of operations that
+Every implementation computes every row's output by a fixed sequence of operations that
 does not depend on the other rows of the call (their number, values or order), so a row's
 logits and K/V are bitwise the same alone, batched, in a draft tree or in a prompt chunk:
 
@@ -13,9 +13,12 @@ logits and K/V are bitwise the same alone, batched, in a draft tree or in a prom
   key order. ``Transformer.step`` runs them as one C++ call per step (``fused.FusedStack``:
   the same kernels in the same order, bitwise the same), or op by op through ``CppOps``
   with ``DRAFTGATE_FUSED=0``.
+- ``triton``: fixed-order Triton kernels (``triton_kernels``), the default on CUDA where
+  Triton is installed; a Llama-family step runs as one CUDA graph per row bucket
+  (``triton_stack.StepGraphs``), other families op by op through ``TritonOps``.
 - ``torch``: stock torch ops on fixed-size row tiles (a row count the matrix product is
-  row-independent at) and attention one row at a time over its own keys; used on CUDA/MPS
-  and where the C++ build is unavailable. Invariant, slower.
+  row-independent at) and attention one row at a time over its own keys; used on CUDA
+  without Triton, on MPS and where the C++ build is unavailable. Invariant, slower.
 
 The switches among them (``DRAFTGATE_KERNELS``, ``DRAFTGATE_FUSED``, ``DRAFTGATE_PACKED``,
 ``DRAFTGATE_AMX``) are read once per model into its ``KernelOptions`` (``options``).
@@ -24,7 +27,9 @@ The switches among them (``DRAFTGATE_KERNELS``, ``DRAFTGATE_FUSED``, ``DRAFTGATE
 from __future__ import annotations
 
 import functools
+import importlib.util
 import logging
+import os
 from typing import Protocol
 
 import torch
@@ -88,6 +93,15 @@ def _ops_for(device_type: str, dtype: torch.dtype, wanted: Backend) -> StepOps:
 
 
 def _choose(device_type: str, dtype: torch.dtype, wanted: Backend) -> StepOps:
+    if wanted == "triton" or (wanted == "" and device_type == "cuda" and _has_triton()):
+        if device_type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise RuntimeError(
+                f"the Triton step kernels run on CUDA, not {device_type} (on the CPU only "
+                "under Triton's interpreter, TRITON_INTERPRET=1, for tests)"
+            )
+        from local_verifier.kernels.triton_ops import TritonOps
+
+        return TritonOps()
     if wanted != "torch" and device_type == "cpu" and dtype == torch.float32:
         from local_verifier.kernels.cpp import CppOps, load_library
 
@@ -102,3 +116,7 @@ def _choose(device_type: str, dtype: torch.dtype, wanted: Backend) -> StepOps:
             f"C++ step kernels run on float32 CPU activations, not {device_type}/{dtype}"
         )
     return TorchOps()
+
+
+def _has_triton() -> bool:
+    return importlib.util.find_spec("triton") is not None

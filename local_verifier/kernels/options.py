@@ -8,13 +8,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-BACKEND_ENV = "DRAFTGATE_KERNELS"  # "cpp" | "torch": force one (default: cpp where it builds)
+BACKEND_ENV = "DRAFTGATE_KERNELS"  # "cpp" | "torch" | "triton": force one (default below)
 FUSED_ENV = "DRAFTGATE_FUSED"  # "0": the C++ backend runs a step op by op
 PACKED_ENV = "DRAFTGATE_PACKED"  # "0": the C++ backend reads linear weights row-major
 AMX_ENV = "DRAFTGATE_AMX"  # "0": no bf16 kernels (AMX or dot products), float32 ones
+GRAPHS_ENV = "DRAFTGATE_CUDA_GRAPHS"  # "0": the Triton backend runs its steps eagerly
 
-Backend = Literal["", "cpp", "torch"]
-_BACKENDS: dict[str, Backend] = {"": "", "cpp": "cpp", "torch": "torch"}
+Backend = Literal["", "cpp", "torch", "triton"]
+_BACKENDS: dict[str, Backend] = {"": "", "cpp": "cpp", "torch": "torch", "triton": "triton"}
 
 
 @dataclass(frozen=True)
@@ -24,13 +25,16 @@ class KernelOptions:
     kernels' own fixed order."""
 
     backend: Backend = ""
-    """``cpp`` or ``torch`` to force one; "" for the C++ kernels where they build."""
+    """``cpp``, ``torch`` or ``triton`` to force one; "" for the C++ kernels where they build
+    on the CPU, the Triton kernels on CUDA where Triton is installed, else torch's."""
     fused: bool = True
     """The C++ backend runs a step's layer stack in one call (``fused.FusedStack``)."""
     packed: bool = True
     """The C++ backend packs linear weights (``packing``)."""
     amx: bool = True
     """bf16 weights run on the bf16 kernels where the CPU has them (AMX or AVX512-BF16)."""
+    graphs: bool = True
+    """The Triton backend replays a Llama-family step as a CUDA graph per row bucket."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> KernelOptions:
@@ -40,10 +44,11 @@ class KernelOptions:
         wanted = env.get(BACKEND_ENV, "")
         backend = _BACKENDS.get(wanted)
         if backend is None:
-            raise ValueError(f"{BACKEND_ENV} must be 'cpp' or 'torch', got {wanted!r}")
+            raise ValueError(f"{BACKEND_ENV} must be 'cpp', 'torch' or 'triton', got {wanted!r}")
         return cls(
             backend=backend,
             fused=env.get(FUSED_ENV, "1") != "0",
             packed=env.get(PACKED_ENV, "1") != "0",
             amx=env.get(AMX_ENV, "1") != "0",
+            graphs=env.get(GRAPHS_ENV, "1") != "0",
         )
