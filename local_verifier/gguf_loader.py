@@ -1,4 +1,4 @@
-"""Read a GGUF file: model config, dequantized weights (HF names) and tokenizer."""
+"""Read a GGUF file: model config, weights (HF names, read on demand) and tokenizer."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGUFReader
+from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
 from gguf.quants import dequantize
 
 from local_verifier import gemma
@@ -15,6 +15,7 @@ from local_verifier.errors import ModelLoadError
 from local_verifier.gguf_tokenizer import tokenizer_from_metadata
 from local_verifier.model import ModelConfig
 from local_verifier.tokenizer import Tokenizer
+from local_verifier.weights import row_chunks
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
 
@@ -122,62 +123,98 @@ def read_config(reader: GGUFReader, max_seq_len: int | None) -> ModelConfig:
     )
 
 
-def _unpermute(w: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """Undo llama.cpp's rotary permutation of q/k rows (interleaved -> rotate-half layout)."""
-    rows = w.shape[0]
-    return (
-        w.reshape(n_heads, rows // n_heads // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
-    )
+class GGUFSource:
+    """The tensors of a GGUF file under Hugging Face names.
+
+    A tensor is read from the file chunk by chunk of rows (plain reads: no page of the file
+    stays resident) and each chunk reinterpreted (F32, F16, BF16) or dequantized by the gguf
+    package, then written into its destination (cast once); llama's q/k rows go back to the
+    rotate-half order as they are written."""
+
+    def __init__(self, path: Path, reader: GGUFReader, cfg: ModelConfig) -> None:
+        arch = _field(reader, "general.architecture")
+        layer_names = _GEMMA_LAYER_NAMES if arch == "gemma3" else _LAYER_NAMES
+        self._path = path
+        self._tensors: dict[str, tuple[ReaderTensor, int | None]] = {}  # name: (tensor, heads)
+        for t in reader.tensors:
+            if t.name == "rope_freqs.weight":  # read into the config by ``read_gguf``
+                continue
+            try:  # one row of zeros: the type is checked without reading the file
+                dequantize(np.zeros_like(t.data[:1]), t.tensor_type)
+            except NotImplementedError as exc:
+                raise ModelLoadError(
+                    f"tensor {t.name} has type {t.tensor_type.name}, which the gguf package "
+                    "cannot dequantize"
+                ) from exc
+            heads = None
+            if t.name in _TOP_NAMES:
+                name = _TOP_NAMES[t.name]
+            else:
+                _, layer, rest = t.name.split(".", 2)
+                if rest not in layer_names:
+                    raise ModelLoadError(f"unexpected GGUF tensor {t.name}")
+                name = f"model.layers.{layer}.{layer_names[rest]}"
+                if arch == "llama" and rest.startswith("attn_q."):
+                    heads = cfg.n_heads
+                elif arch == "llama" and rest.startswith("attn_k."):
+                    heads = cfg.n_kv_heads
+            self._tensors[name] = (t, heads)
+
+    def shape(self, name: str) -> tuple[int, ...] | None:
+        entry = self._tensors.get(name)
+        return None if entry is None else tuple(int(d) for d in reversed(entry[0].shape))
+
+    def read_into(self, name: str, out: torch.Tensor) -> None:
+        t, heads = self._tensors[name]
+        stored = t.data  # the reader's memory map: its shape and dtype, no page read
+        rows = stored.shape[0] if stored.ndim > 1 else 1
+        row_bytes = t.n_bytes // rows
+        whole = heads is not None or stored.ndim == 1  # permuted across rows, or a vector
+        chunks = [(0, rows)] if whole else row_chunks(rows, out[0].numel() * 4)
+        for start, end in chunks:
+            count = (end - start) * row_bytes
+            raw = np.fromfile(
+                self._path, dtype=np.uint8, count=count, offset=t.data_offset + start * row_bytes
+            )
+            if raw.size != count:
+                raise ModelLoadError(f"{self._path} is truncated (tensor {t.name})")
+            shape = stored.shape if whole else (end - start, *stored.shape[1:])
+            values = _values(raw.view(stored.dtype).reshape(shape), t.tensor_type)
+            if heads is None:
+                target = out if whole else out[start:end]
+                target.copy_(values.reshape(target.shape))
+            else:  # out's rows [head, 2, half] are the file's [head, half, 2]
+                half = out.shape[0] // heads // 2
+                rest = out.shape[1:]
+                out.view(heads, 2, half, *rest).transpose(1, 2).copy_(
+                    values.reshape(heads, half, 2, *rest)
+                )
 
 
-def read_tensors(reader: GGUFReader, cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """All tensors dequantized to float32 under Hugging Face names."""
-    arch = _field(reader, "general.architecture")
-    layer_names = _GEMMA_LAYER_NAMES if arch == "gemma3" else _LAYER_NAMES
-    out: dict[str, torch.Tensor] = {}
-    for t in reader.tensors:
-        shape = tuple(int(d) for d in reversed(t.shape))
-        try:
-            values = dequantize(t.data, t.tensor_type)
-        except NotImplementedError as exc:
-            raise ModelLoadError(
-                f"tensor {t.name} has type {t.tensor_type.name}, which the gguf package "
-                "cannot dequantize"
-            ) from exc
-        array = np.asarray(values, dtype=np.float32).reshape(shape)
-        tensor = torch.from_numpy(array.copy())
-        if t.name == "rope_freqs.weight":
-            out["rope_freqs"] = tensor
-            continue
-        if t.name in _TOP_NAMES:
-            name = _TOP_NAMES[t.name]
-        else:
-            _, layer, rest = t.name.split(".", 2)
-            if rest not in layer_names:
-                raise ModelLoadError(f"unexpected GGUF tensor {t.name}")
-            name = f"model.layers.{layer}.{layer_names[rest]}"
-            if arch == "llama" and rest.startswith("attn_q."):
-                tensor = _unpermute(tensor, cfg.n_heads)
-            elif arch == "llama" and rest.startswith("attn_k."):
-                tensor = _unpermute(tensor, cfg.n_kv_heads)
-        out[name] = tensor
-    return out
+def _values(chunk: np.ndarray, qtype: GGMLQuantizationType) -> torch.Tensor:
+    """A chunk of a GGUF tensor as a torch tensor: float types as they are, the others
+    dequantized to float32."""
+    if qtype == GGMLQuantizationType.BF16:  # bytes -> bfloat16 pairs
+        return torch.from_numpy(chunk).view(torch.bfloat16)
+    if qtype in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+        return torch.from_numpy(chunk)
+    return torch.from_numpy(dequantize(chunk, qtype))
 
 
 def read_gguf(
     path: Path, max_seq_len: int | None = None
-) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
-    """Config, float32 weights (HF names) and tokenizer of a GGUF file."""
+) -> tuple[ModelConfig, GGUFSource, Tokenizer]:
+    """Config, weights (HF names, read on demand) and tokenizer of a GGUF file."""
     try:
         reader = GGUFReader(str(path))
     except Exception as exc:
         raise ModelLoadError(f"cannot read GGUF file {path}: {exc}") from exc
     cfg = read_config(reader, max_seq_len)
-    tensors = read_tensors(reader, cfg)
-    freqs = tensors.pop("rope_freqs", None)
+    freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
     if freqs is not None:
-        cfg.rope_scaling = {"rope_type": "freq_factors", "factors": freqs.tolist()}
-    return cfg, tensors, read_tokenizer(reader)
+        factors = dequantize(freqs.data, freqs.tensor_type).reshape(-1)
+        cfg.rope_scaling = {"rope_type": "freq_factors", "factors": factors.tolist()}
+    return cfg, GGUFSource(path, reader, cfg), read_tokenizer(reader)
 
 
 def read_tokenizer(reader: GGUFReader) -> Tokenizer:

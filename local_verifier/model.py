@@ -19,9 +19,10 @@ from local_verifier.kernels import AttentionPlan, StepOps, step_ops
 from local_verifier.kernels.cpp import CppOps
 from local_verifier.kernels.fused import FusedStack, LayerWeights
 from local_verifier.kernels.options import KernelOptions
-from local_verifier.kernels.packing import Layout
+from local_verifier.kernels.packing import Layout, gather_rows
 from local_verifier.kv_storage import KVStorage
-from local_verifier.linear import Linear
+from local_verifier.linear import Linear, row_major_state
+from local_verifier.weights import TensorSource
 
 __all__ = ["ModelConfig", "SeqStep", "Transformer"]
 
@@ -248,12 +249,17 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.head = Linear(cfg.dim, cfg.vocab_size)
-        # plain attributes, not buffers: dtype casts of the module must not round them
-        self.rope_cos, self.rope_sin = rope_tables(cfg, torch.device("cpu"))
+        if cfg.tie_embeddings:  # one tensor: the head's layout is the embedding's too
+            self.head.weight = cast(nn.Parameter, self.embed.weight)
+            row_major_state(self.embed)
+        # plain attributes, not buffers: dtype casts of the module must not round them; on
+        # the CPU also when the model is built on the meta device
         self.local_rope: tuple[torch.Tensor, torch.Tensor] | None = None
-        if cfg.rope_local_theta is not None:  # sliding layers: their own base, no scaling
-            local = replace(cfg, rope_theta=cfg.rope_local_theta, rope_scaling=None)
-            self.local_rope = rope_tables(local, torch.device("cpu"))
+        with torch.device("cpu"):
+            self.rope_cos, self.rope_sin = rope_tables(cfg, torch.device("cpu"))
+            if cfg.rope_local_theta is not None:  # sliding layers: their own base, no scaling
+                local = replace(cfg, rope_theta=cfg.rope_local_theta, rope_scaling=None)
+                self.local_rope = rope_tables(local, torch.device("cpu"))
         self._stack: tuple[FusedStack | None] | None = None  # built at first use
         self._layout: Layout = "row"  # the linear weights' layout (where they can take it)
         self.kernel_options = KernelOptions.from_env()
@@ -413,7 +419,7 @@ class Transformer(nn.Module):
             logit_rows.extend(picked)
             counts.append(len(picked))
             start += t
-        x = self.embed(tokens).to(dtype)
+        x = gather_rows(self.embed.weight, tokens).to(dtype)
         if self.config.embed_scale is not None:  # rounded to the weights' dtype, as HF does
             x = x * torch.tensor(self.config.embed_scale, dtype=self.weight_dtype, device=device)
         stack = self._fused(ops) if kv.k.is_contiguous() and kv.v.is_contiguous() else None
@@ -428,60 +434,61 @@ class Transformer(nn.Module):
         x = ops.rms_norm(x, self.norm.weight, self.norm.eps)
         return list(ops.linear(x, self.head.weight, None).float().split(counts))
 
-    def load_hf_weights(self, tensors: dict[str, torch.Tensor]) -> None:
-        """Copy weights named as in a Hugging Face Llama/Qwen2 checkpoint (``model.layers...``)."""
+    def load_hf_weights(self, source: TensorSource) -> None:
+        """Write the weights of a checkpoint named as Hugging Face's Llama family names them
+        (``model.layers...``) into the parameters in place: a fused matrix's parts into its
+        row slices, each tensor converted once into the parameter's dtype and device. A tied
+        head is the embedding (the checkpoint's ``lm_head.weight``, if any, unread)."""
         cfg = self.config
 
-        def take(name: str) -> torch.Tensor:
-            if name not in tensors:
-                raise KeyError(f"checkpoint has no tensor {name!r}")
-            return tensors[name]
-
-        params: dict[str, torch.Tensor] = {
-            "embed.weight": take("model.embed_tokens.weight"),
-            "norm.weight": take("model.norm.weight"),
+        params: dict[str, list[str]] = {
+            "embed.weight": ["model.embed_tokens.weight"],
+            "norm.weight": ["model.norm.weight"],
         }
-        head = tensors.get("lm_head.weight")
-        params["head.weight"] = (
-            head if head is not None and not cfg.tie_embeddings else params["embed.weight"]
-        )
+        if self.head.weight is not self.embed.weight:
+            params["head.weight"] = ["lm_head.weight"]
         for i in range(cfg.n_layers):
             p = f"model.layers.{i}."
             ours = f"layers.{i}."
-            params[ours + "attn_norm.weight"] = take(p + "input_layernorm.weight")
+            params[ours + "attn_norm.weight"] = [p + "input_layernorm.weight"]
             if cfg.post_norms:  # Gemma's names: the post-attention norm is not the pre-MLP one
-                params[ours + "ffn_norm.weight"] = take(p + "pre_feedforward_layernorm.weight")
-                params[ours + "post_attn_norm.weight"] = take(p + "post_attention_layernorm.weight")
-                params[ours + "post_ffn_norm.weight"] = take(
-                    p + "post_feedforward_layernorm.weight"
-                )
+                params[ours + "ffn_norm.weight"] = [p + "pre_feedforward_layernorm.weight"]
+                params[ours + "post_attn_norm.weight"] = [p + "post_attention_layernorm.weight"]
+                params[ours + "post_ffn_norm.weight"] = [p + "post_feedforward_layernorm.weight"]
             else:
-                params[ours + "ffn_norm.weight"] = take(p + "post_attention_layernorm.weight")
+                params[ours + "ffn_norm.weight"] = [p + "post_attention_layernorm.weight"]
             if cfg.qk_norm:
-                params[ours + "attn.q_norm.weight"] = take(p + "self_attn.q_norm.weight")
-                params[ours + "attn.k_norm.weight"] = take(p + "self_attn.k_norm.weight")
-            params[ours + "attn.wqkv.weight"] = torch.cat(
-                [take(p + f"self_attn.{n}_proj.weight") for n in "qkv"]
-            )
+                params[ours + "attn.q_norm.weight"] = [p + "self_attn.q_norm.weight"]
+                params[ours + "attn.k_norm.weight"] = [p + "self_attn.k_norm.weight"]
+            params[ours + "attn.wqkv.weight"] = [p + f"self_attn.{n}_proj.weight" for n in "qkv"]
             if cfg.qkv_bias:
-                params[ours + "attn.wqkv.bias"] = torch.cat(
-                    [take(p + f"self_attn.{n}_proj.bias") for n in "qkv"]
-                )
-            params[ours + "attn.wo.weight"] = take(p + "self_attn.o_proj.weight")
-            params[ours + "ffn.w13.weight"] = torch.cat(
-                [take(p + "mlp.gate_proj.weight"), take(p + "mlp.up_proj.weight")]
-            )
-            params[ours + "ffn.w2.weight"] = take(p + "mlp.down_proj.weight")
+                params[ours + "attn.wqkv.bias"] = [p + f"self_attn.{n}_proj.bias" for n in "qkv"]
+            params[ours + "attn.wo.weight"] = [p + "self_attn.o_proj.weight"]
+            params[ours + "ffn.w13.weight"] = [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]
+            params[ours + "ffn.w2.weight"] = [p + "mlp.down_proj.weight"]
         self._set_layout("row")  # the checkpoint's layout
         own = dict(self.named_parameters())
         missing = set(own) - set(params)
         if missing:
             raise KeyError(f"no weights for {sorted(missing)[:5]}")
         with torch.no_grad():
-            for name, value in params.items():
-                target = own[name]
-                if tuple(value.shape) != tuple(target.shape):
-                    raise ValueError(
-                        f"{name}: checkpoint shape {tuple(value.shape)} != model {tuple(target.shape)}"
-                    )
-                target.copy_(value.to(target.dtype))
+            for name, parts in params.items():
+                _write_rows(own[name], parts, source, name)
+
+
+def _write_rows(target: torch.Tensor, parts: list[str], source: TensorSource, name: str) -> None:
+    """Checkpoint tensors ``parts`` into consecutive row slices of ``target`` (parameter
+    ``name``), checking that their shapes make up its shape."""
+    shapes = []
+    for part in parts:
+        shape = source.shape(part)
+        if shape is None:
+            raise KeyError(f"checkpoint has no tensor {part!r}")
+        shapes.append(shape)
+    whole = (sum(s[0] for s in shapes), *shapes[0][1:])
+    if any(s[1:] != shapes[0][1:] for s in shapes) or whole != tuple(target.shape):
+        raise ValueError(f"{name}: checkpoint shape {whole} != model {tuple(target.shape)}")
+    start = 0
+    for part, shape in zip(parts, shapes, strict=True):
+        source.read_into(part, target[start : start + shape[0]])
+        start += shape[0]
