@@ -312,6 +312,11 @@ class Settings(BaseSettings):
     )
     allow_public_bind: bool = False
     auth: bool = Field(default=True, description="false: no keys checked (the verifier server)")
+    metrics_public: bool = Field(
+        default=False,
+        description="true: /metrics, /v1/endpoints and endpoint memory open to every tenant "
+        "(/metrics without a key); false: with keys configured, admin keys only",
+    )
 
     @classmethod
     def settings_customise_sources(

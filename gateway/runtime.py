@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import httpx
+from starlette.types import Scope
 
 from gateway.auth import Authenticator
 from gateway.call import Call
@@ -117,6 +118,13 @@ class Runtime:
             self._checking = asyncio.create_task(
                 self.health_checks.run(interval), name="draftgate-health-checks"
             )
+
+    def traffic_viewer(self, scope: Scope) -> None:
+        """Check that a request may see traffic figures (every tenant's requests, routing
+        state, engine memory): an admin key, unless ``metrics_public`` (or no keys)."""
+        if self.settings.metrics_public:
+            return
+        self.auth.admin(scope)
 
     async def aclose(self) -> None:
         if self._checking is not None:

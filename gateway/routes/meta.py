@@ -43,6 +43,7 @@ def meta_routes(runtime: Runtime) -> list[Route]:
         return json_response({"status": "ok", "endpoints": endpoints, "local": local})
 
     async def metrics(request: Request) -> Response:
+        runtime.traffic_viewer(request.scope)
         for name, local in runtime.local.items():  # local endpoints' KV pool gauges, fresh
             memory = local.memory()
             if memory is not None:

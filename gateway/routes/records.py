@@ -2,7 +2,9 @@
 first), ``GET /v1/endpoints/{name}/memory`` (a local endpoint's memory) and
 ``POST /v1/audits`` (run an audit through this gateway).
 
-Probes and audits need an admin key (anyone, with no keys configured), and call this
+Probes and audits need an admin key (anyone, with no keys configured), and so do the
+records and memory, which show every tenant's traffic (unless ``metrics_public``); probes
+and audits call this
 gateway in process (:class:`AppTransport`): nothing in a request decides where they
 connect. One audit runs at a time; one probe run per endpoint; an audit stops when its
 client goes away.
@@ -52,8 +54,10 @@ async def _listing(runtime: Runtime) -> Response:
 
 
 async def list_endpoints(runtime: Runtime, request: Request) -> Response:
-    """Every endpoint's record."""
+    """Every endpoint's record (its traffic and routing state: admin keys only unless
+    ``metrics_public``)."""
     runtime.auth.tenant(request.scope)
+    runtime.traffic_viewer(request.scope)
     if "probe" in request.query_params:
         raise InvalidRequest("probes run with POST /v1/endpoints/probe", param="probe")
     return await _listing(runtime)
@@ -91,8 +95,10 @@ async def _engine_memory(runtime: Runtime, name: str) -> dict[str, Any]:
 
 
 async def endpoint_memory(runtime: Runtime, request: Request) -> Response:
-    """Memory of an in-process local endpoint's engine (weights, KV cache, indexes), bytes."""
+    """Memory of an in-process local endpoint's engine (weights, KV cache, indexes), bytes
+    (admin keys only unless ``metrics_public``)."""
     runtime.auth.tenant(request.scope)
+    runtime.traffic_viewer(request.scope)
     return json_response(await _engine_memory(runtime, request.path_params["name"]))
 
 

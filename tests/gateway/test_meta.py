@@ -6,7 +6,7 @@ import httpx
 import openai
 
 from gateway.app import create_app
-from tests.gateway.conftest import standin_settings
+from tests.gateway.conftest import ENVIRON, standin_settings
 from tests.gateway.servers import serve
 from tests.openai_standin import StandIn
 
@@ -24,7 +24,10 @@ def test_healthz_and_metrics(gateway_url: str, standin: StandIn) -> None:
     openai.OpenAI(base_url=f"{gateway_url}/v1", api_key="alice-key").chat.completions.create(
         model="gpt-4o-mini", messages=[{"role": "user", "content": "x"}]
     )
-    metrics = httpx.get(f"{gateway_url}/metrics")
+    assert httpx.get(f"{gateway_url}/metrics").status_code == 401  # every tenant's traffic
+    alice = httpx.get(f"{gateway_url}/metrics", headers={"authorization": "Bearer alice-key"})
+    assert alice.status_code == 403
+    metrics = httpx.get(f"{gateway_url}/metrics", headers={"authorization": "Bearer ops-key"})
     assert metrics.status_code == 200
     e2e = 'draftgate_e2e_seconds_count{endpoint="openai",model="gpt-4o-mini"}'
     counts = [float(line.split()[-1]) for line in metrics.text.splitlines() if line.startswith(e2e)]
@@ -47,3 +50,13 @@ def test_no_keys_means_one_tenant_and_no_check(standin_server: tuple[StandIn, st
             ]
             == "t"
         )
+
+
+def test_metrics_public_opens_traffic_figures(standin_server: tuple[StandIn, str]) -> None:
+    settings = standin_settings(standin_server[1], metrics_public=True)
+    app = create_app(settings, environ=ENVIRON)
+    with serve(app) as url:
+        assert httpx.get(f"{url}/metrics").status_code == 200
+        alice = {"authorization": "Bearer alice-key"}
+        assert httpx.get(f"{url}/v1/endpoints", headers=alice, timeout=30).status_code == 200
+        assert httpx.get(f"{url}/v1/endpoints").status_code == 401  # still a tenant's key

@@ -21,7 +21,8 @@ def test_records_need_a_gateway_key(gateway_url: str) -> None:
 
 
 def test_records_list_every_endpoint_with_its_documented_row(gateway_url: str) -> None:
-    resp = httpx.get(f"{gateway_url}/v1/endpoints", headers=ALICE)
+    assert httpx.get(f"{gateway_url}/v1/endpoints", headers=ALICE).status_code == 403
+    resp = httpx.get(f"{gateway_url}/v1/endpoints", headers=OPS)
     assert resp.status_code == 200
     data = resp.json()
     assert {r["name"] for r in data["data"]} >= {"openai", "vllm", "azure", "dead"}
@@ -77,7 +78,7 @@ def test_an_audit_of_an_endpoint_that_ignores_prediction_records_no_yes(gateway_
     assert result["records"] == []  # not asked for
     assert result["summary"]["requests"] == 6
     assert result["summary"]["measured_evidence"]["verdict"] != "yes"
-    record = _record(httpx.get(f"{gateway_url}/v1/endpoints", headers=ALICE).json(), "vllm")
+    record = _record(httpx.get(f"{gateway_url}/v1/endpoints", headers=OPS).json(), "vllm")
     assert "measured" in {e["kind"] for e in record["evidence"]}  # type: ignore[union-attr]
     assert record["enabled"] != "yes"
 

@@ -30,7 +30,7 @@ def gateways(
     config = tmp_path / "draftgate.toml"
     config.write_text(
         f"{endpoints}\n"
-        '[[keys]]\nkey_env = "SCALE_TEST_KEY"\ntenant = "alice"\n\n'
+        '[[keys]]\nkey_env = "SCALE_TEST_KEY"\ntenant = "alice"\nadmin = true\n\n'
         f'[redis]\nurl = "{redis_url}"\nprefix = "{redis_prefix}"\n'
     )
     env = {"SCALE_TEST_KEY": "scale-test-key", "REDIS_URL": redis_url}
