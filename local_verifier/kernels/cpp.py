@@ -78,7 +78,10 @@ def build_library(source: Path, parts: Sequence[Path] = ()) -> tuple[ctypes.CDLL
     path, reason = build(source, CFLAGS, sorted(cpu_flags()), parts)
     if path is None:
         return None, reason
-    library = ctypes.CDLL(str(path))
+    try:
+        library = ctypes.CDLL(str(path))
+    except OSError as exc:  # a damaged file: the caller falls back to the torch kernels
+        return None, f"{path.name} failed to load: {exc}"
     typed = {**SIGNATURES, **(AMX_SIGNATURES if library.dg_bf16_kernels() else {})}
     for name, argtypes in typed.items():
         function = getattr(library, name)
