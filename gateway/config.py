@@ -141,6 +141,16 @@ class EndpointConfig(_Strict):
     verify_check_interval_s: float = Field(
         default=600.0, ge=0, description="verify: how often the self-test reruns (0 = start only)"
     )
+    verify_round_trip_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="verify: a scoring round trip's cost, pinned (None: measured)",
+    )
+    verify_token_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="verify: the engine's time per output token, pinned (None: measured)",
+    )
 
     @field_validator("models", mode="before")
     @classmethod

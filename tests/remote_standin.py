@@ -39,7 +39,7 @@ from local_verifier.testing.kv_cache import forward, new_cache
 class _Scorer:
     """Logits of given tokens with a one-sequence prefix cache (the last request's ids)."""
 
-    def __init__(self, engine: Engine, max_len: int = 4096) -> None:
+    def __init__(self, engine: Engine, max_len: int = 2048) -> None:
         self.engine = engine
         self.cache = new_cache(engine.lm, max_len)
         self.ids: list[int] = []
@@ -71,7 +71,8 @@ class RemoteStandIn:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
-        self.scorer = _Scorer(engine)
+        # one prefix cache per API, as if each were a server of its own
+        self.scorers = {"sglang": _Scorer(engine), "vllm": _Scorer(engine)}
         self.fail_scores_after: int | None = None  # scoring answers 503 after this many
         self.gone_after_scores: int | None = None  # every route 503s after this many scores
         self.fail_all = False  # every route answers 503 (the server is gone)
@@ -116,7 +117,9 @@ class RemoteStandIn:
             finally:
                 handle.cancel()
 
-    async def _greedy_ids(self, ids: list[int], max_tokens: int) -> AsyncIterator[list[int]]:
+    async def _greedy_ids(
+        self, api: str, ids: list[int], max_tokens: int
+    ) -> AsyncIterator[list[int]]:
         """Greedy token ids after ``ids``, ending with the EOS token when one was chosen."""
         self.decodes += 1
         gen = GenerationRequest(
@@ -128,14 +131,16 @@ class RemoteStandIn:
             if isinstance(item, GenerationStats):
                 if item.finish_reason == "stop" and len(out) < max_tokens:
                     rows, _, _ = await asyncio.to_thread(
-                        self.scorer.logprobs, ids + out, len(ids + out) - 1
+                        self.scorers[api].logprobs, ids + out, len(ids + out) - 1
                     )
                     yield [int(rows[-1].argmax())]
             elif item.token_ids:
                 out += item.token_ids
                 yield list(item.token_ids)
 
-    async def _score(self, ids: list[int], start: int | None, k: int) -> tuple[Any, int, int]:
+    async def _score(
+        self, api: str, ids: list[int], start: int | None, k: int
+    ) -> tuple[Any, int, int]:
         """Top-``k`` (values, ids) per position from ``first`` on, ``first``, cached tokens."""
         self.scores += 1
         if self.gone_after_scores is not None and self.scores > self.gone_after_scores:
@@ -145,7 +150,7 @@ class RemoteStandIn:
         ):
             raise _Unavailable
         async with self.busy:
-            rows, first, cached = await asyncio.to_thread(self.scorer.logprobs, ids, start)
+            rows, first, cached = await asyncio.to_thread(self.scorers[api].logprobs, ids, start)
         top = torch.topk(rows, k, dim=-1)
         values, indices = top.values.tolist(), top.indices.tolist()
         if self.perturb_every:
@@ -169,7 +174,7 @@ class RemoteStandIn:
             start = len(ids) - 1 if start < 0 else start
             try:
                 top_k = int(body.get("top_logprobs_num", 0))
-                rows, _, cached = await self._score(ids, start, top_k)
+                rows, _, cached = await self._score("sglang", ids, start, top_k)
             except _Unavailable:
                 return _unavailable()
             tops = [[[v, i, None] for v, i in zip(*row, strict=True)] for row in rows]
@@ -195,7 +200,7 @@ class RemoteStandIn:
 
         async def events() -> AsyncIterator[bytes]:
             out: list[int] = []
-            async for new in self._greedy_ids(ids, max_new):
+            async for new in self._greedy_ids("sglang", ids, max_new):
                 out += new
                 meta = {"id": rid, "prompt_tokens": len(ids), "completion_tokens": len(out)}
                 event = {"text": "", "output_ids": list(out), "meta_info": meta}
@@ -204,7 +209,7 @@ class RemoteStandIn:
 
         if body.get("stream"):
             return StreamingResponse(events(), media_type="text/event-stream")
-        out = [t async for new in self._greedy_ids(ids, max_new) for t in new]
+        out = [t async for new in self._greedy_ids("sglang", ids, max_new) for t in new]
         meta = {"id": rid, "prompt_tokens": len(ids), "completion_tokens": len(out)}
         return JSONResponse({"text": "", "output_ids": out, "meta_info": meta})
 
@@ -223,7 +228,7 @@ class RemoteStandIn:
             try:
                 skip = params.get("skip_reading_prefix_cache")
                 start = 0 if skip or skip is None else None  # vLLM's default: skip
-                rows, first, cached = await self._score(ids, start, max(int(k), 1))
+                rows, first, cached = await self._score("vllm", ids, start, max(int(k), 1))
             except _Unavailable:
                 return _unavailable()
             # positions read from the prefix cache have no logprobs
@@ -278,7 +283,7 @@ class RemoteStandIn:
             )
 
         async def events() -> AsyncIterator[bytes]:
-            async for new in self._greedy_ids(ids, max_tokens):
+            async for new in self._greedy_ids("vllm", ids, max_tokens):
                 chunk = {
                     "request_id": rid,
                     "choices": [
@@ -290,7 +295,7 @@ class RemoteStandIn:
 
         if body.get("stream"):
             return StreamingResponse(events(), media_type="text/event-stream")
-        out = [t async for new in self._greedy_ids(ids, max_tokens) for t in new]
+        out = [t async for new in self._greedy_ids("vllm", ids, max_tokens) for t in new]
         choice = {"index": 0, "logprobs": None, "finish_reason": "stop", "token_ids": out}
         return JSONResponse({"request_id": rid, "choices": [choice], "prompt_logprobs": None})
 

@@ -27,7 +27,7 @@ from starlette.types import Send
 
 from gateway.call import Call
 from gateway.config import EndpointConfig
-from gateway.endpoints.local import capabilities as local_capabilities
+from gateway.endpoints.local_request import capabilities as local_capabilities
 from gateway.endpoints.openai_objects import ChoiceResult, ResponseBuilder, draft_stats
 from gateway.endpoints.providers import adapter_for
 from gateway.endpoints.remote_selftest import SelfTest, run_self_test
@@ -180,7 +180,7 @@ class RemoteEndpoint:
             config.connect_timeout_s,
             transport,
         )
-        self.pacing = Pacing()
+        self.pacing = Pacing.configured(config.verify_round_trip_s, config.verify_token_s)
         self.index_cache = IndexCache()
         self.self_test: SelfTest | None = None
         self._tokenizer: Tokenizer | None = None
@@ -265,10 +265,6 @@ class RemoteEndpoint:
         prediction = tokenizer.encode(prediction_text) if prediction_text else None
         documents, sources = await self._documents(call, tokenizer, prediction_text)
         drafter = Drafter(prompt, prediction, documents, document_sources=sources)
-        if prediction is None and not documents:
-            first = drafter.propose(MAX_DRAFT, 1)
-            if len(self.pacing.controller().choose(first)) == 0:
-                return "does-not-pay"
         limit = (
             request.max_completion_tokens or request.max_tokens
             if isinstance(request, ChatCompletionRequest)
@@ -405,7 +401,7 @@ class _Answer:
         stats = AnswerStats(
             prompt_tokens=len(loop.prompt),
             completion_tokens=len(self.output.token_ids),
-            cached_tokens=s.cached_tokens[0] if s.cached_tokens else 0,
+            cached_tokens=min(s.cached_tokens[0], len(loop.prompt)) if s.cached_tokens else 0,
             accepted_prediction_tokens=accepted,
             rejected_prediction_tokens=rejected,
             verify_steps=s.rounds,

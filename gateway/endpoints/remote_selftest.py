@@ -24,10 +24,9 @@ if TYPE_CHECKING:
 PROMPTS = (
     "The capital of France is",
     "def fibonacci(n):\n",
-    "Here is a list of three colours:",
     "Once upon a time, in a small village,",
 )
-TOKENS = 24
+TOKENS = 16
 TOKENIZER_SAMPLE = "Draftgate checks tokenizers: café, naïve, 日本語, 12345 and `code()`."
 State = Literal["exact", "approximate", "failed"]
 

@@ -36,16 +36,29 @@ EMA = 0.8
 
 @dataclass
 class Pacing:
-    """An endpoint's measured costs (exponential moving averages, in seconds)."""
+    """An endpoint's costs in seconds: measured (exponential moving averages), or pinned
+    by the operator (``verify_round_trip_s``/``verify_token_s``), then never changed."""
 
     round_trip_s: float = 0.05  # one scoring request
     token_s: float = 0.02  # one output token of the engine's plain streamed decoding
+    pinned_round_trip: bool = False
+    pinned_token: bool = False
+
+    @staticmethod
+    def configured(round_trip_s: float | None, token_s: float | None) -> Pacing:
+        pacing = Pacing(
+            pinned_round_trip=round_trip_s is not None, pinned_token=token_s is not None
+        )
+        pacing.round_trip_s = round_trip_s or pacing.round_trip_s
+        pacing.token_s = token_s or pacing.token_s
+        return pacing
 
     def note_round_trip(self, seconds: float) -> None:
-        self.round_trip_s = EMA * self.round_trip_s + (1 - EMA) * seconds
+        if not self.pinned_round_trip:
+            self.round_trip_s = EMA * self.round_trip_s + (1 - EMA) * seconds
 
     def note_decode(self, seconds: float, tokens: int) -> None:
-        if tokens > 0:
+        if tokens > 0 and not self.pinned_token:
             self.token_s = EMA * self.token_s + (1 - EMA) * seconds / tokens
 
     def controller(self, max_draft: int = MAX_DRAFT) -> DraftController:
