@@ -91,10 +91,11 @@ def read_bandwidth(gib: float = 1.0, repeats: int = 5) -> dict[str, float]:
 
 
 def weight_bytes_per_token(lm: LoadedModel) -> int:
-    """Bytes of the weights a decode step reads (the embedding table is only gathered)."""
+    """Bytes of the weights a decode step reads (the embedding table is only gathered; a
+    tied head, the same tensor, is read whole)."""
     return sum(
         p.numel() * p.element_size()
-        for name, p in lm.model.named_parameters()
+        for name, p in lm.model.named_parameters(remove_duplicate=False)
         if name != "embed.weight"
     )
 
