@@ -13,9 +13,8 @@ import openai
 import pytest
 import torch
 
-from local_verifier.kv_storage import KVStorage
 from local_verifier.loader import GEMMA3_ALIAS, LoadedModel, load_model
-from local_verifier.model import SeqStep, Transformer
+from tests.local_verifier.stepping import plain_decode, verify_batched
 
 pytestmark = pytest.mark.timeout(1200)
 
@@ -101,28 +100,10 @@ def gemma() -> Gemma:
     )
     assert len(prompt) > lm.config.sliding_window + 16
     hf = transformers_twin(lm)  # before any step: the weights still row-major
-    tokens, logits = _plain(lm, prompt, NEW_TOKENS)
+    tokens, logits = plain_decode(lm, prompt, NEW_TOKENS)
     with torch.no_grad():  # teacher-forced on our tokens: one forward
         rows = hf(torch.tensor([prompt + tokens[:-1]])).logits[0, len(prompt) - 1 :].float()
     return Gemma(lm, prompt, tokens, logits, rows)
-
-
-def _step(model: Transformer, kv: KVStorage, tokens: list[int], start: int) -> torch.Tensor:
-    """Logits of every row of ``tokens`` fed at slots/positions [start, start + T)."""
-    slots = torch.arange(start, start + len(tokens))
-    (logits,) = model.step([SeqStep(torch.tensor(tokens), slots, slots, torch.arange(start))], kv)
-    return logits
-
-
-def _plain(lm: LoadedModel, prompt: list[int], n: int) -> tuple[list[int], torch.Tensor]:
-    """Greedy decoding one token per step: the tokens and each step's logits."""
-    kv = KVStorage(lm.config, len(prompt) + n, dtype=lm.model.kv_dtype)
-    rows = [_step(lm.model, kv, prompt, 0)[-1:]]
-    tokens = [int(rows[-1].argmax())]
-    for i in range(n - 1):
-        rows.append(_step(lm.model, kv, tokens[-1:], len(prompt) + i))
-        tokens.append(int(rows[-1].argmax()))
-    return tokens, torch.cat(rows)
 
 
 def test_greedy_identical_to_transformers_past_the_window(gemma: Gemma) -> None:
@@ -135,22 +116,9 @@ def test_chunks_drafts_and_batches_are_bitwise_plain(gemma: Gemma) -> None:
     """The prompt in two chunks, then the whole continuation as one verify step (a draft
     chain) batched with another sequence's prefill: every row's logits bitwise those of
     plain decoding."""
-    lm, prompt, tokens, n = gemma.lm, gemma.prompt, gemma.tokens, len(gemma.prompt)
-    other = lm.tokenizer.encode("Hello there, " * 20)
-    base = n + NEW_TOKENS
-    kv = KVStorage(lm.config, base + len(other), dtype=lm.model.kv_dtype)
-    _step(lm.model, kv, prompt[:300], 0)
-    first = _step(lm.model, kv, prompt[300:], 300)[-1:]
-    rows = torch.arange(n, n + NEW_TOKENS - 1)
-    other_slots = torch.arange(base, base + len(other))
-    verify, _ = lm.model.step(
-        [
-            SeqStep(torch.tensor(tokens[:-1]), rows, rows, torch.arange(n)),
-            SeqStep(torch.tensor(other), torch.arange(len(other)), other_slots, other_slots[:0]),
-        ],
-        kv,
-    )
-    assert torch.equal(torch.cat([first, verify]), gemma.logits)
+    other = gemma.lm.tokenizer.encode("Hello there, " * 20)
+    rows = verify_batched(gemma.lm, gemma.prompt, gemma.tokens, other, split=300)
+    assert torch.equal(rows, gemma.logits)
 
 
 @pytest.fixture(scope="module")
