@@ -68,7 +68,7 @@ def check_fits(weights: int, kv_cache_bytes: int, device: torch.device) -> None:
         raise ModelLoadError(
             f"the model needs {needed / GIB:.2f} GiB ({weights / GIB:.2f} GiB of weights + "
             f"{kv_cache_bytes / GIB:.2f} GiB of K/V cache) but {device} has {free / GIB:.2f} GiB "
-            "available; use a smaller model, a quantised target dtype or a smaller kv_cache_mb"
+            "available; use a smaller model, the bf16 target (dtype) or a smaller kv_cache_mb"
         )
 
 
