@@ -6,8 +6,8 @@ Per prompt, interleaved after a warm-up: our plain greedy decoding, our speculat
 decoding (with the record's prediction and documents; in a series each answer becomes a
 document for the next request), transformers plain ``generate`` and transformers prompt
 lookup (``prompt_lookup_num_tokens=10``) on the same model read from the same GGUF, in a
-process of its own (``harness.TransformersPeer``: in the engine's process, its OpenMP team
-stays beside the engine thread's and the engine's steps wait on wake-ups).
+process of its own (``harness.TransformersPeer``), so that the engine's figures are what a
+user's engine, alone in its process, does.
 tokens/s = output tokens / wall time of the whole generation call, prompt processing
 included; prompt-processing time is reported apart.
 
@@ -50,7 +50,7 @@ from local_verifier.testing.generate import PlainResult, generate_plain
 from lookup.corpus import Corpus, open_store
 from lookup.draft import Source
 
-SMOKE = ("--ids", "edit00", "json00", "--max-tokens", "8")
+SMOKE = ("--ids", "edit00", "--max-tokens", "8")
 
 CONFIGS = ("plain", "speculative", "hf_plain", "hf_pld")
 

@@ -224,6 +224,23 @@ def local_endpoint(**options: Any) -> dict[str, Any]:
     return {"endpoints": [endpoint | options], "auth": False}
 
 
+class _FirstToken:
+    """A ``generate`` streamer that notes when the first new token came (transformers puts
+    the prompt first, then each new token)."""
+
+    def __init__(self) -> None:
+        self.puts = 0
+        self.at: float | None = None
+
+    def put(self, value: Any) -> None:
+        self.puts += 1
+        if self.puts == 2:
+            self.at = time.perf_counter()
+
+    def end(self) -> None:
+        pass
+
+
 def _peer(conn: Connection, reference_args: tuple[Any, ...]) -> None:
     import torch
 
@@ -234,24 +251,28 @@ def _peer(conn: Connection, reference_args: tuple[Any, ...]) -> None:
     while (call := conn.recv()) is not None:
         name, ids, kwargs = call
         inputs = torch.tensor([ids])
+        first = _FirstToken() if name == "generate_timed" else None
         with torch.inference_mode():
             begin = time.perf_counter()
             if name == "forward":
                 model(inputs)
                 new: list[int] = []
             else:
-                out = model.generate(inputs, attention_mask=torch.ones_like(inputs), **kwargs)
+                mask = torch.ones_like(inputs)
+                out = model.generate(inputs, attention_mask=mask, streamer=first, **kwargs)
                 new = out[0, len(ids) :].tolist()
             wall = time.perf_counter() - begin
-        conn.send((new, wall))
+        first_s = None if first is None or first.at is None else first.at - begin
+        conn.send((new, wall, first_s))
 
 
 class TransformersPeer:
     """transformers' model (``load_reference(*reference_args)``) in a process of its own.
 
-    Beside the engine in one process, transformers' runs slow the engine's (thread pools,
-    OpenMP teams and the allocator are the process's); in its own process each side's
-    figures are its own. Calls are one at a time: the peer waits while the engine runs."""
+    A user's engine does not share its process with transformers: thread pools, OpenMP
+    teams and the allocator are per process, so a peer beside the engine can change the
+    engine's figures. Here each side's figures are its own; calls are one at a time (the
+    peer waits while the engine runs) and each is timed inside the peer."""
 
     def __init__(self, *reference_args: Any) -> None:
         self._conn, child = SPAWN.Pipe()
@@ -263,8 +284,14 @@ class TransformersPeer:
     def generate(self, ids: Sequence[int], **kwargs: Any) -> tuple[list[int], float]:
         """``model.generate``'s new token ids (the prompt's ones cut) and its seconds."""
         self._conn.send(("generate", list(ids), kwargs))
-        new, wall = self._conn.recv()
+        new, wall, _ = self._conn.recv()
         return new, wall
+
+    def generate_timed(self, ids: Sequence[int], **kwargs: Any) -> tuple[list[int], float, float]:
+        """As :meth:`generate`, with the seconds to the first new token (the prompt pass)."""
+        self._conn.send(("generate_timed", list(ids), kwargs))
+        new, wall, first_s = self._conn.recv()
+        return new, wall, first_s
 
     def forward_s(self, ids: Sequence[int]) -> float:
         """Seconds of one forward pass over ``ids`` (prompt processing)."""
