@@ -282,8 +282,6 @@ class Transformer(nn.Module):
                     p.fill_(1.0)
                 else:
                     p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
-            if cfg.tie_embeddings:
-                model.head.weight.copy_(model.embed.weight)
         return model.to(device=device, dtype=dtype).eval()
 
     @property
