@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from local_verifier.errors import ModelLoadError
+from local_verifier.kernels.options import KernelOptions
 from local_verifier.loader import LoadedModel, load_model
 from tests.local_verifier.conftest import write_tiny_tokenizer
 from tests.local_verifier.stepping import plain_decode, verify_batched
@@ -128,7 +129,7 @@ def test_drafts_chunks_and_batches_are_bitwise_plain(
     family: Any, backend: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ours: LoadedModel = family[0]
-    monkeypatch.setenv("DRAFTGATE_KERNELS", backend)
+    monkeypatch.setattr(ours.model, "kernel_options", KernelOptions(backend=backend))
     ids = ours.tokenizer.encode(PROMPTS[1])
     assert len(ids) > WINDOW + 8
     tokens, plain = plain_decode(ours, ids, NEW_TOKENS)
