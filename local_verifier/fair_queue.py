@@ -46,6 +46,10 @@ class FairQueue(Generic[R]):
         for queue in self._queues.values():
             yield from queue
 
+    def owners(self) -> list[str]:
+        """Tenants with requests waiting."""
+        return list(self._queues)
+
     def count(self, owner: str) -> int:
         """Requests of ``owner`` waiting."""
         queue = self._queues.get(owner)

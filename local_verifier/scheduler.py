@@ -4,7 +4,9 @@ Each step carries, for every decoding request, its pending token plus the draft 
 it (chain or tree), and prompt chunks of requests still in prefill, up to a token budget
 per step that tenants share by weight. Requests join (when the pool has blocks for their
 prompt; tenants take turns by deficit round robin, ``fair_queue``) and leave between
-steps; a cancelled request's blocks go back to the pool at the next step.
+steps; a cancelled request's blocks go back to the pool at the next step. With the batch
+full, a tenant waiting below its weighted share of the batch's places takes one from the
+tenant furthest above its share, whose latest request is preempted.
 
 KV blocks are taken as tokens are committed. When the pool runs out, the request of the
 lowest-weight tenant that arrived last is preempted: its blocks are freed and it waits
@@ -19,8 +21,10 @@ Only the scheduler's thread touches the pool, the model and the requests' state.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
@@ -211,9 +215,12 @@ class Scheduler:
             self.waiting.remove(req)
             self._finish(req)
 
-    def _fits(self, req: Request) -> bool:
+    def _fits(self, req: Request, among: frozenset[str] | None = None) -> bool:
         """Whether the pool has room for ``req``'s prompt (or, resumed, its tokens) and
-        then one more block for each running request (its cached prefix blocks claimed)."""
+        then one more block for each running request (its cached prefix blocks claimed);
+        False for a tenant not ``among`` those given."""
+        if among is not None and req.owner not in among:
+            return False
         bs = self.pool.block_size
         keys: list[bytes] = []
         hits: list[int] = []
@@ -233,21 +240,46 @@ class Scheduler:
             head = self.waiting.pop(self._fits)
             if head is None:
                 return
-            keys, hits = self._claimed
-            bs = self.pool.block_size
-            head.table = BlockTable(self.pool)
-            head.table.blocks = list(hits)
-            head.keys = keys[: len(hits)]
-            head.computed = len(hits) * bs
-            if not head.tokens:  # first admission (a preempted request has its tokens)
-                head.tokens = list(head.prompt_ids)
-                head.cached_tokens = head.computed
-                self.hit_tokens += head.cached_tokens
-                self.miss_tokens += len(head.prompt_ids) - head.cached_tokens
-                head.started = time.perf_counter()
-                head.stats.queued_s = head.started - head.submitted
-            head.table.reserve(head.to_fill)
-            self.running.append(head)
+            self._start(head)
+        self._rebalance()
+
+    def _rebalance(self) -> None:
+        """With the batch full, a tenant waiting below its weighted share of the batch's
+        places takes one from the tenant furthest above its share (that tenant's latest
+        request is preempted), until no tenant waits below its share."""
+        while self.waiting and len(self.running) >= self.max_batch:
+            running = Counter(r.owner for r in self.running)
+            weights = {r.owner: r.weight for r in (*self.running, *self.waiting)}
+            total = sum(weights.values())
+            share = {o: self.max_batch * w / total for o, w in weights.items()}
+            starved = {o for o in self.waiting.owners() if running[o] + 1 <= share[o]}
+            over = max(running, key=lambda o: running[o] - share[o])
+            if not starved or running[over] - 1 < share[over]:
+                return
+            victim = max((r for r in self.running if r.owner == over), key=Request.priority)
+            self._preempt(victim)
+            head = self.waiting.pop(functools.partial(self._fits, among=frozenset(starved)))
+            if head is None:
+                return
+            self._start(head)
+
+    def _start(self, head: Request) -> None:
+        """Run ``head``: its table holds the prefix blocks ``_fits`` claimed and its prompt's."""
+        keys, hits = self._claimed
+        bs = self.pool.block_size
+        head.table = BlockTable(self.pool)
+        head.table.blocks = list(hits)
+        head.keys = keys[: len(hits)]
+        head.computed = len(hits) * bs
+        if not head.tokens:  # first admission (a preempted request has its tokens)
+            head.tokens = list(head.prompt_ids)
+            head.cached_tokens = head.computed
+            self.hit_tokens += head.cached_tokens
+            self.miss_tokens += len(head.prompt_ids) - head.cached_tokens
+            head.started = time.perf_counter()
+            head.stats.queued_s = head.started - head.submitted
+        head.table.reserve(head.to_fill)
+        self.running.append(head)
 
     def _grow(self) -> None:
         """Give every running request a block for its next row, highest priority first;

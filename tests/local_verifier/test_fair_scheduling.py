@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from local_verifier.engine import Engine, GenerationRequest, TextDelta
+from local_verifier.engine import END, Engine, GenerationRequest, TextDelta
 from local_verifier.errors import TenantBusy
 from local_verifier.fair_queue import FairQueue, split
 from local_verifier.loader import LoadedModel
@@ -138,4 +138,34 @@ def test_one_tenant_cannot_take_every_place(tiny_lm: LoadedModel) -> None:
     assert engine.wait_idle(60)
     engine.submit_n(req, 3, lambda i, item: None)  # its places are free again
     assert engine.wait_idle(60)
+    engine.close()
+
+
+def test_a_full_batch_makes_room_for_a_tenant_below_its_share(tiny_lm: LoadedModel) -> None:
+    engine = make_engine(tiny_lm, max_batch=4)
+    long = GenerationRequest(prompt_ids=[5, 6, 7], max_tokens=80, draft=False, owner="a")
+    alone: list[list[int]] = [[] for _ in range(4)]
+    engine.submit_n(long, 4, lambda i, item: alone[i].extend(getattr(item, "token_ids", [])))
+    assert engine.wait_idle(60)
+    events: list[str] = []
+    started, queued = threading.Event(), threading.Event()
+    ids: list[list[int]] = [[] for _ in range(4)]
+
+    def on_a(i: int, item: Any) -> None:
+        ids[i].extend(getattr(item, "token_ids", []))
+        if item is END:
+            events.append(f"a{i} end")
+        if all(ids) and not started.is_set():  # the engine waits here until b is queued
+            started.set()
+            queued.wait(60)
+
+    engine.submit_n(long, 4, on_a)  # every place of the batch
+    assert started.wait(60)
+    short = GenerationRequest(prompt_ids=[9, 8], max_tokens=4, draft=False, owner="b")
+    engine.submit(short, lambda item: events.append("b end") if item is END else None)
+    queued.set()
+    assert engine.wait_idle(120)
+    assert events.index("b end") < min(events.index(f"a{i} end") for i in range(4))
+    assert engine.preemptions >= 1  # one of a's answers gave b its place ...
+    assert ids == alone  # ... and came back to the same tokens
     engine.close()
