@@ -1,7 +1,7 @@
 """The serving engine without HTTP: batch invariance, identity and throughput by concurrency.
 
     python -m benchmarks.bench_engine --device cuda --dtypes float32,bfloat16 --json OUT
-        [--random-like DIR] [--max-tokens 64] [--concurrency 1,4,8] [--smoke]
+        [--random-like DIR] [--max-tokens 64] [--concurrency 1,4,8] [--prompts 8] [--smoke]
 
 For each dtype: (1) a prompt's last-row logits alone equal (``torch.equal``) the same row
 batched with the other prompts in one ``Transformer.step``, and when the prompt is
@@ -35,7 +35,7 @@ from local_verifier.model import ModelConfig, SeqStep, Transformer
 from local_verifier.sampling import SamplingParams
 from local_verifier.tokenizer import Tokenizer
 
-SMOKE = ("--max-tokens", "4", "--concurrency", "1,4")
+SMOKE = ("--max-tokens", "4", "--concurrency", "1,3", "--prompts", "3")
 PROMPTS = [
     "def area(width, height):\n    return width * height\n\n# rename area to rect_area\n",
     "The quick brown fox jumps over the lazy dog. " * 6,
@@ -214,6 +214,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--export-shape", type=Path, help="write DIR for --random-like and exit")
     parser.add_argument("--concurrency", default="1,4,8", help="comma-separated levels")
+    parser.add_argument("--prompts", type=int, default=len(PROMPTS), help="the first N prompts")
     parser.add_argument("--json")
     args = parse(parser, SMOKE)
     if args.export_shape:
@@ -229,7 +230,7 @@ def main() -> None:
             lm = random_like(args.random_like, args.device, dtype)
         else:
             lm = load_model("smollm2-135m", args.device, dtype_name)
-        prompts = [lm.tokenizer.encode(p) for p in PROMPTS]
+        prompts = [lm.tokenizer.encode(p) for p in PROMPTS[: args.prompts]]
         began = time.perf_counter()
         engine = Engine(lm, max_draft=32)
         row = {

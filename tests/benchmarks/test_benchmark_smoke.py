@@ -1,0 +1,132 @@
+"""Every product benchmark's ``--smoke`` run, as a user runs it (``python -m benchmarks.NAME``
+from the repository root, in a process of its own), and the shape of the JSON it writes:
+a benchmark that nothing runs breaks unnoticed. Every ``benchmarks/bench_*.py`` is run; the
+ones named in ``SHAPES`` have their figures' shape checked too."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCHMARKS = sorted(p.stem for p in (ROOT / "benchmarks").glob("bench_*.py"))
+NEEDS_REDIS = {"bench_abuse", "bench_lookup"}
+LLAMACPP_BUILD = os.environ.get("DRAFTGATE_LLAMACPP_BUILD")
+
+
+def smoke(name: str, out: Path, *extra: str) -> dict[str, Any]:
+    """``python -m benchmarks.NAME --smoke --json OUT EXTRA...``; the JSON it wrote."""
+    command = [sys.executable, "-m", f"benchmarks.{name}", "--smoke", "--json", str(out), *extra]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"{' '.join(command)}\n{done.stdout[-4000:]}{done.stderr[-4000:]}"
+    result: dict[str, Any] = json.loads(out.read_text())
+    assert result["machine"]["cpu"] and result["machine"]["cpus"] >= 1
+    return result
+
+
+def _gateway_overhead(result: dict[str, Any]) -> None:
+    for key in ("added_ms", "added_ms_stream"):
+        assert set(result[key]) == {"c1", "c4"}
+        for level in result[key].values():
+            assert level["n"] >= 40
+            assert level["gateway_req_per_s"] > 0 and level["reported_overhead_p50_ms"] >= 0
+
+
+def _abuse(result: dict[str, Any]) -> None:
+    for condition in ("without_abuser", "with_abuser"):
+        assert result[condition]["ttft_ms"]["p99"] > 0
+    assert result["honest_documents"]["kept_unchanged"] == result["honest_documents"]["stored"]
+
+
+def _lookup(result: dict[str, Any]) -> None:
+    assert result["corpus_tokens"] == 20000 and result["build_tokens_per_s"] > 0
+    assert result["tree"] and result["redis_round_trips"] >= 1
+    assert {row["store"] for row in result["scaling"]} == {"memory", "redis"}
+
+
+def _speculative(result: dict[str, Any]) -> None:
+    assert [p["id"] for p in result["prompts"]] == ["edit00"]
+    assert all(p["identical"] for p in result["prompts"])  # lossless: the same tokens
+    assert set(result["summary"]["all"]["tps"]) == {"plain", "speculative", "hf_plain", "hf_pld"}
+
+
+def _decode(result: dict[str, Any]) -> None:
+    assert set(result["step_ms"]) == {"1", "4"}
+    assert result["prefill"][0]["tokens"] == 256
+    assert result["summary"]["prompts_run"] == 1 and result["summary"]["decode_tps"]["hf"] > 0
+
+
+def _engine(result: dict[str, Any]) -> None:
+    (run,) = result["runs"]
+    assert all(run["invariance"].values()), run["invariance"]
+    assert run["identical"] == {"greedy": 1.0, "seeded": 1.0}
+    assert set(run["output_tok_s"]) == {f"c{c}_{d}" for c in (1, 3) for d in ("plain", "drafts")}
+
+
+def _serving(result: dict[str, Any]) -> None:
+    levels = [(r["concurrency"], r["drafts"]) for r in result["levels"]]
+    assert levels == [(1, False), (1, True), (2, False), (2, True)]
+    assert all(r["identical"] == 1.0 and r["output_tok_s"] > 0 for r in result["levels"])
+
+
+def _prefix(result: dict[str, Any]) -> None:
+    assert result["identical"]["answers"] == result["identical"]["identical"] > 0
+    assert result["identical"]["with_hits"] > 0  # the reuse gateway found its prefixes
+    assert set(result["memory"]) == {"reuse", "cold"}
+
+
+def _scale(result: dict[str, Any]) -> None:
+    assert result["rounds_done"] == 1
+    assert result["throughput"]["two"]["requests_per_s"] > 0
+    assert set(result["sessions"]) == {"least-busy", "prefix"}
+
+
+def _llamacpp(result: dict[str, Any]) -> None:
+    assert result["summary"]["prompts"] == 1
+    assert set(result["summary"]["tps"]) == {"llama_plain", "llama_lookup", "plain", "speculative"}
+    assert result["summary"]["prefill"][0]["length"] == 128
+
+
+SHAPES: dict[str, Callable[[dict[str, Any]], None]] = {
+    "bench_abuse": _abuse,
+    "bench_decode": _decode,
+    "bench_engine": _engine,
+    "bench_gateway": _gateway_overhead,
+    "bench_llamacpp": _llamacpp,
+    "bench_lookup": _lookup,
+    "bench_prefix": _prefix,
+    "bench_scale": _scale,
+    "bench_serving": _serving,
+    "bench_speculative": _speculative,
+}
+
+
+def _param(name: str) -> Any:
+    marks = [pytest.mark.redis] if name in NEEDS_REDIS else []
+    if name == "bench_llamacpp":
+        marks.append(
+            pytest.mark.skipif(
+                not LLAMACPP_BUILD,
+                reason="llama.cpp is built from source (minutes): set DRAFTGATE_LLAMACPP_BUILD "
+                "to a --build-dir of benchmarks.bench_llamacpp",
+            )
+        )
+    return pytest.param(name, marks=marks, id=name)
+
+
+@pytest.mark.parametrize("name", [_param(n) for n in BENCHMARKS])
+def test_smoke(name: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    extra: list[str] = []
+    if name in NEEDS_REDIS:
+        extra = ["--redis-url", request.getfixturevalue("redis_url")]
+    if name == "bench_llamacpp":
+        extra = ["--build-dir", str(LLAMACPP_BUILD)]
+    result = smoke(name, tmp_path / f"{name}.json", *extra)
+    SHAPES.get(name, lambda _: None)(result)
