@@ -97,13 +97,20 @@ def read_config(reader: GGUFReader, max_seq_len: int | None) -> ModelConfig:
     if arch == "qwen3":
         family.update(qk_norm=True)
     if arch == "gemma3":  # llama.cpp's converter stores the norms' (1 + w)
+        pattern = _field(reader, f"{arch}.attention.sliding_window_pattern", gemma.SLIDING_PATTERN)
+        types = (
+            tuple("sliding_attention" if s else "full_attention" for s in pattern)
+            if isinstance(pattern, list)
+            else gemma.layer_types(n_layers, int(pattern))
+        )
+        local_theta = _field(reader, f"{arch}.rope.freq_base_swa", gemma.LOCAL_ROPE_THETA)
         family.update(
             qk_norm=True,
             post_norms=True,
             activation="gelu_tanh",
             embed_scale=dim**0.5,
-            layer_types=gemma.layer_types(n_layers) if window else None,
-            rope_local_theta=gemma.LOCAL_ROPE_THETA,
+            layer_types=types if window else None,
+            rope_local_theta=float(local_theta),
         )
     return ModelConfig(
         vocab_size=int(vocab),

@@ -80,7 +80,7 @@ def tokenizer_from_metadata(field: Field, arch: str) -> Tokenizer:
         i for i in (eos, token_of("eot_token_id"), token_of("eom_token_id")) if i is not None
     }
     template = field("tokenizer.chat_template")
-    if arch == "gemma3":  # its turns end with <end_of_turn>; base-model files carry no template
+    if arch == "gemma3" and gemma.END_OF_TURN in tokens:  # base-model files carry no template
         eos_ids.add(tokens.index(gemma.END_OF_TURN))
         template = template or gemma.CHAT_TEMPLATE
     named = {

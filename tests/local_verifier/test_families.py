@@ -6,9 +6,11 @@ a batch bitwise equal to plain decoding on both kernel backends."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -54,8 +56,7 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
         "Gemma3",
         {
             "sliding_window": WINDOW,
-            "num_hidden_layers": 3,
-            "layer_types": ["sliding_attention", "sliding_attention", "full_attention"],
+            "num_hidden_layers": 6,  # Gemma's pattern: five sliding layers, one global
             "query_pre_attn_scalar": 16,
             "tie_word_embeddings": True,
         },
@@ -145,3 +146,103 @@ def test_unsupported_architecture_names_the_supported(tmp_path: Path) -> None:
     )
     with pytest.raises(ModelLoadError, match="supported: LlamaForCausalLM.*Gemma3ForCausalLM"):
         load_model(str(directory))
+
+
+GGUF_ARCHS = {"Qwen3ForCausalLM": "qwen3", "Gemma3ForCausalLM": "gemma3"}
+GGUF_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "self_attn.q_norm.weight": "attn_q_norm.weight",
+    "self_attn.k_norm.weight": "attn_k_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+GEMMA_NAMES = {  # Gemma's norms around attention and MLP, as llama.cpp names them
+    "post_attention_layernorm.weight": "post_attention_norm.weight",
+    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+}
+
+
+def write_family_gguf(src: Path, dst: Path) -> Path:
+    """``src``'s checkpoint as llama.cpp's converter writes it (float32; Gemma's norms as
+    their 1 + w; the byte-level BPE vocabulary)."""
+    from gguf import GGUFWriter
+    from safetensors.torch import load_file
+
+    cfg = json.loads((src / "config.json").read_text())
+    arch = GGUF_ARCHS[cfg["architectures"][0]]
+    gemma = arch == "gemma3"
+    tok = json.loads((src / "tokenizer.json").read_text())
+    tok_cfg = json.loads((src / "tokenizer_config.json").read_text())
+    writer = GGUFWriter(str(dst), arch)
+    writer.add_block_count(cfg["num_hidden_layers"])
+    writer.add_context_length(cfg["max_position_embeddings"])
+    writer.add_embedding_length(cfg["hidden_size"])
+    writer.add_feed_forward_length(cfg["intermediate_size"])
+    writer.add_head_count(cfg["num_attention_heads"])
+    writer.add_head_count_kv(cfg["num_key_value_heads"])
+    writer.add_key_length(cfg["head_dim"])
+    writer.add_value_length(cfg["head_dim"])
+    rope = cfg["rope_parameters"]
+    writer.add_rope_freq_base(float(rope.get("full_attention", rope)["rope_theta"]))
+    writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    if gemma:
+        writer.add_sliding_window(cfg["sliding_window"])
+        writer.add_rope_freq_base_swa(float(rope["sliding_attention"]["rope_theta"]))
+    vocab = tok["model"]["vocab"]
+    tokens = sorted(vocab, key=vocab.__getitem__)
+    specials = {t["content"] for t in tok["added_tokens"] if t["special"]}
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3 if t in specials else 1 for t in tokens])
+    writer.add_token_merges(
+        [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
+    )
+    writer.add_bos_token_id(vocab[tok_cfg["bos_token"]])
+    writer.add_eos_token_id(vocab[tok_cfg["eos_token"]])
+    writer.add_chat_template(tok_cfg["chat_template"])
+    names = {
+        **GGUF_NAMES,
+        **(GEMMA_NAMES if gemma else {"post_attention_layernorm.weight": "ffn_norm.weight"}),
+    }
+    top = {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "model.norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight",
+    }
+    for name, tensor in load_file(str(src / "model.safetensors")).items():
+        array = tensor.float().numpy()
+        if gemma and name.endswith("norm.weight"):
+            array = array + np.float32(1.0)
+        if name.startswith("model.layers."):
+            _, _, layer, rest = name.split(".", 3)
+            writer.add_tensor(f"blk.{layer}.{names[rest]}", array)
+        elif name in top and not (name == "lm_head.weight" and cfg["tie_word_embeddings"]):
+            writer.add_tensor(top[name], array)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dst
+
+
+@pytest.mark.parametrize("family_name", list(GGUF_ARCHS.values()))
+def test_gguf_bitwise_as_the_directory(family_name: str, tmp_path: Path) -> None:
+    """The same float32 weights from a GGUF file and from the directory: the same config
+    and bitwise the same logits."""
+    directory = write_family(tmp_path / family_name, family_name)
+    from_dir = load_model(str(directory), device="cpu", dtype="float32", tune_threads=False)
+    path = write_family_gguf(directory, tmp_path / f"{family_name}.gguf")
+    from_gguf = load_model(str(path), device="cpu", dtype="float32", tune_threads=False)
+    assert replace(from_gguf.config, norm_eps=0.0, max_seq_len=0) == replace(
+        from_dir.config, norm_eps=0.0, max_seq_len=0
+    )
+    ids = from_dir.tokenizer.encode(PROMPTS[1])
+    assert from_gguf.tokenizer.encode(PROMPTS[1]) == ids
+    assert torch.equal(plain_decode(from_gguf, ids, 4)[1], plain_decode(from_dir, ids, 4)[1])

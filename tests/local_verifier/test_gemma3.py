@@ -13,12 +13,18 @@ import openai
 import pytest
 import torch
 
-from local_verifier.loader import GEMMA3_ALIAS, LoadedModel, load_model
+from local_verifier.loader import GEMMA3_ALIAS, LoadedModel, load_model, resolve_spec
 from tests.local_verifier.stepping import plain_decode, verify_batched
 
 pytestmark = pytest.mark.timeout(1200)
 
 CODE = "def add(a, b):\n    return a + b\n"
+TEXTS = [
+    CODE,
+    "  leading spaces,   runs\t\ttabs\n\n\nand newlines",
+    "emoji 🙂🚀 café naïve 日本語 안녕하세요",
+    "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n",
+]
 NEW_TOKENS = 8
 ENGINE_ROWS = 80  # a step's rows at most: prompt budget + drafts
 LOGITS_ATOL = 2e-3  # ours vs transformers, float32 on the same weights (values up to ~40)
@@ -119,6 +125,22 @@ def test_chunks_drafts_and_batches_are_bitwise_plain(gemma: Gemma) -> None:
     other = gemma.lm.tokenizer.encode("Hello there, " * 20)
     rows = verify_batched(gemma.lm, gemma.prompt, gemma.tokens, other, split=300)
     assert torch.equal(rows, gemma.logits)
+
+
+@pytest.mark.slow
+def test_tokenizer_matches_transformers(gemma: Gemma) -> None:
+    """Our SentencePiece tokenizer from the file's metadata vs transformers' from the same
+    file (its merges derived from the vocabulary in Python: slow)."""
+    from transformers import AutoTokenizer
+
+    path, _ = resolve_spec(GEMMA3_ALIAS)
+    hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    ours = gemma.lm.tokenizer
+    for text in TEXTS:
+        ids = ours.encode(text)
+        assert ids == hf.encode(text, add_special_tokens=False)
+        assert ours.decode(ids) == hf.decode(ids) == text
+    assert ours.encode("hi", add_special_tokens=True) == hf.encode("hi")
 
 
 @pytest.fixture(scope="module")
