@@ -45,7 +45,7 @@ SHAPES["head"] = (VOCAB, DIM)
 
 def linear_amx(source: Path) -> ctypes._CFuncPtr:
     """``dg_linear_amx`` of the kernels built from ``source``."""
-    path, why = build(source, cpp.CFLAGS, sorted(cpu_flags()))
+    path, why = build(source, cpp.CFLAGS, sorted(cpu_flags()), cpp.parts_of(source))
     if path is None:
         raise RuntimeError(why)
     library = ctypes.CDLL(str(path))

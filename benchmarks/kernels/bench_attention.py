@@ -59,7 +59,7 @@ def stored(k: torch.Tensor, side: Side) -> torch.Tensor:
 
 def kernels(source: Path) -> Side:
     """The C++ kernels built from ``source``."""
-    path, why = build(source, cpp.CFLAGS, sorted(cpu_flags()))
+    path, why = build(source, cpp.CFLAGS, sorted(cpu_flags()), cpp.parts_of(source))
     if path is None:
         raise RuntimeError(why)
     library = ctypes.CDLL(str(path))

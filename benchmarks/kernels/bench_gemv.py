@@ -75,7 +75,7 @@ def kernels(library: ctypes.CDLL) -> Kernels:
 
 def baseline(source: Path) -> Kernels:
     """The linear kernels of another ``step_cpu.cpp``, built with the project's flags."""
-    path, reason = build(source, cpp.CFLAGS, sorted(cpu_flags()))
+    path, reason = build(source, cpp.CFLAGS, sorted(cpu_flags()), cpp.parts_of(source))
     if path is None:
         raise SystemExit(f"baseline {source}: {reason}")
     return kernels(ctypes.CDLL(str(path)))

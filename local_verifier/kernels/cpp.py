@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ctypes
 import platform
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,6 @@ from local_verifier.kernels.torch_ops import gelu_tanh_mul
 from lookup.shared_library import build
 
 SOURCE = Path(__file__).with_name("step_cpu.cpp")
-PARTS = tuple(sorted(SOURCE.with_name("cpu").glob("*.h")))  # what SOURCE includes
 CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-std=c++17", "-fPIC"]
 # AVX2 + FMA at least; -march=native builds the AVX-512 kernels where the CPU has it
 REQUIRED_CPU_FLAGS = ("avx2", "fma")
@@ -68,14 +66,19 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     missing = [f for f in REQUIRED_CPU_FLAGS if f not in flags]
     if missing:
         return None, f"the CPU lacks {', '.join(missing)}"
-    return build_library(SOURCE, PARTS)
+    return build_library(SOURCE)
 
 
-def build_library(source: Path, parts: Sequence[Path] = ()) -> tuple[ctypes.CDLL | None, str]:
-    """The kernels compiled from ``source`` and the ``parts`` it includes for this CPU and
-    typed (``load_library`` loads this package's own; a benchmark may load another version
-    beside it), or (None, why)."""
-    path, reason = build(source, CFLAGS, sorted(cpu_flags()), parts)
+def parts_of(source: Path) -> tuple[Path, ...]:
+    """The parts a kernel source includes: every header in the ``cpu`` folder beside it."""
+    return tuple(sorted(source.with_name("cpu").glob("*.h")))
+
+
+def build_library(source: Path) -> tuple[ctypes.CDLL | None, str]:
+    """The kernels compiled from ``source`` (and ``parts_of`` it) for this CPU and typed
+    (``load_library`` loads this package's own; a benchmark may load another version beside
+    it), or (None, why)."""
+    path, reason = build(source, CFLAGS, sorted(cpu_flags()), parts_of(source))
     if path is None:
         return None, reason
     try:

@@ -13,7 +13,7 @@ import pytest
 import tomllib
 
 from local_verifier.kernels import step_args
-from local_verifier.kernels.cpp import PARTS, SOURCE, load_library
+from local_verifier.kernels.cpp import SOURCE, load_library, parts_of
 from lookup.shared_library import CACHE_ENV, build
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,14 +36,14 @@ def _included(source: Path) -> set[Path]:
 
 
 def test_the_parts_are_exactly_what_the_source_includes() -> None:
-    assert _included(SOURCE) == {p.resolve() for p in PARTS}
+    assert _included(SOURCE) == {p.resolve() for p in parts_of(SOURCE)}
 
 
 def test_the_package_ships_every_part() -> None:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     patterns = config["tool"]["setuptools"]["package-data"]["local_verifier.kernels"]
     package = SOURCE.parent
-    for path in (SOURCE, *PARTS):
+    for path in (SOURCE, *parts_of(SOURCE)):
         relative = path.relative_to(package).as_posix()
         assert any(fnmatch.fnmatch(relative, p) for p in patterns), relative
 
