@@ -12,10 +12,10 @@ from typing import Any
 import torch
 
 from local_verifier.devices import cpu_flags
+from local_verifier.kernels import step_args
 from local_verifier.kernels.options import KernelOptions
 from local_verifier.kernels.packing import Layout, dense_shape, layout_of
 from local_verifier.kernels.plan import AttentionPlan
-from local_verifier.kernels.step_args import StepArgs
 from local_verifier.kernels.torch_ops import gelu_tanh_mul
 from lookup.shared_library import build
 
@@ -41,7 +41,7 @@ SIGNATURES = {
     "dg_attention_bf16": [_ptr] * 10 + [_i64] * 5 + [_int],
     "dg_stack_new": [_i64] * 7 + [_int, _ptr, _ptr, _ptr],
     "dg_stack_free": [_ptr],
-    "dg_stack_step": [_ptr, ctypes.POINTER(StepArgs)],
+    "dg_stack_step": [_ptr, ctypes.POINTER(step_args.StepArgs)],
     "dg_step_args_layout": [ctypes.POINTER(_i64)],
 }
 AMX_SIGNATURES = {"dg_linear_amx": SIGNATURES["dg_linear_bf16"]}  # where dg_bf16_kernels
@@ -85,11 +85,17 @@ def build_library(source: Path) -> tuple[ctypes.CDLL | None, str]:
         library = ctypes.CDLL(str(path))
     except OSError as exc:  # a damaged file: the caller falls back to the torch kernels
         return None, f"{path.name} failed to load: {exc}"
+    if not hasattr(library, "dg_step_args_layout"):  # a source from before DgStepArgs
+        return None, f"{source.name}'s dg_stack_step does not take one DgStepArgs"
     typed = {**SIGNATURES, **(AMX_SIGNATURES if library.dg_bf16_kernels() else {})}
     for name, argtypes in typed.items():
         function = getattr(library, name)
         function.argtypes = argtypes
         function.restype = RESTYPES.get(name)
+    expected = step_args.layout()
+    layout = (ctypes.c_int64 * len(expected))()
+    if library.dg_step_args_layout(layout) != len(expected) or list(layout) != expected:
+        return None, f"{source.name}'s DgStepArgs is not step_args.StepArgs field for field"
     return library, ""
 
 

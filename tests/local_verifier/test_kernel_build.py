@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import tomllib
 
+from local_verifier.devices import cpu_flags
 from local_verifier.kernels import step_args
-from local_verifier.kernels.cpp import SOURCE, load_library, parts_of
+from local_verifier.kernels.cpp import CFLAGS, SOURCE, build_library, load_library, parts_of
 from lookup.shared_library import CACHE_ENV, build
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -65,10 +66,33 @@ def test_a_changed_part_builds_a_new_library(
 
 
 def test_the_step_args_mirror_matches_the_c_struct() -> None:
-    library, why = load_library()
-    if library is None:
-        pytest.skip(f"no C++ kernels here: {why}")
+    if load_library()[0] is None:
+        pytest.skip(f"no C++ kernels here: {load_library()[1]}")
+    path, why = build(SOURCE, CFLAGS, sorted(cpu_flags()), parts_of(SOURCE))
+    assert path is not None, why
+    library = ctypes.CDLL(str(path))  # untyped and unchecked: the layout as the C side has it
     expected = step_args.layout()
     out = (ctypes.c_int64 * len(expected))()
     assert library.dg_step_args_layout(out) == len(expected)
     assert list(out) == expected
+
+
+def test_a_library_whose_struct_differs_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    if load_library()[0] is None:
+        pytest.skip(f"no C++ kernels here: {load_library()[1]}")
+    wrong = step_args.layout()
+    wrong[-1] += 4  # the last field one int wider
+    monkeypatch.setattr(step_args, "layout", lambda: wrong)
+    library, why = build_library(SOURCE)
+    assert library is None and "DgStepArgs" in why
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="no C++ compiler")
+def test_a_source_from_before_the_struct_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    source = tmp_path / "old.cpp"
+    source.write_text('extern "C" int dg_bf16_kernels() { return 0; }\n')
+    library, why = build_library(source)
+    assert library is None and "DgStepArgs" in why
