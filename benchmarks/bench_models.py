@@ -1,8 +1,9 @@
 """Draftgate at real model sizes, on random-weight checkpoints written here (no download).
 
     python -m benchmarks.bench_models [--shapes 1b,3b] [--dtype bf16] [--prefill 512] \
-        [--max-tokens 32] [--repeats 5] [--load-only] [--spec-models smollm2-135m,gemma3-270m] \
-        [--spec-limit 4] [--dir /tmp/bench-models] [--json FILE] [--smoke]
+        [--max-tokens 32] [--repeats 5] [--load-only] [--gguf gguf-bf16,gguf-q8_0] \
+        [--spec-models smollm2-135m,gemma3-270m] [--spec-limit 4] [--dir /tmp/bench-models] \
+        [--json FILE] [--smoke]
 
 Each of ``--shapes`` (``1b``: Llama-3.2-1B's shapes, ``3b``: Llama-3.2-3B's, ``smoke``: a
 tiny one) is written as a Llama checkpoint in bf16 safetensors (random weights, in shards,
@@ -20,10 +21,11 @@ shape:
   ``decode_tok_s`` of plain greedy decoding (``--max-tokens`` tokens after a 32-token
   prompt, ``generate_plain``).
 
-llama.cpp is not measured beside them: the peer needs a llama.cpp build
-(``benchmarks.bench_llamacpp`` builds one from llama-cpp-python's sdist) and its
-``convert_hf_to_gguf.py`` refuses a tokenizer it does not recognise, which a random
-checkpoint's is; the JSON says so.
+The same weights are then written as GGUF files (``--gguf``: BF16, and Q8_0 quantized from
+the bf16 values, with gguf-py's writer and quantizer as llama.cpp's converter uses them; the
+converter itself refuses the random checkpoint's tokenizer) and each one's load measured
+the same way (``load_model`` dequantizes Q8_0 and rounds to ``--dtype``). llama.cpp itself
+is not run beside them (it needs a build: ``benchmarks.bench_llamacpp``); the JSON says so.
 
 Then, for each of ``--spec-models`` that is installed, speculative vs plain decoding on the
 workload's first ``--spec-limit`` code edits, in a process of its own: tokens/s of each, the
@@ -36,11 +38,13 @@ import argparse
 import json
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
+from gguf import GGMLQuantizationType, GGUFWriter
+from gguf.quants import quantize
 from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
@@ -54,9 +58,8 @@ MIB = 2**20
 EOS = "<|end|>"
 SHARD_BYTES = 512 * MIB
 LLAMA_NOT_RUN = (
-    "not measured: no llama.cpp build on this run (benchmarks.bench_llamacpp builds one from "
-    "llama-cpp-python's sdist), and convert_hf_to_gguf.py refuses the random checkpoint's "
-    "tokenizer"
+    "not measured: this benchmark does not run llama.cpp (benchmarks.bench_llamacpp builds "
+    "and runs it); the GGUF files of these weights are written and loaded here"
 )
 
 # Llama 3.2's shapes and rope (https://huggingface.co/meta-llama/Llama-3.2-1B, -3B config.json)
@@ -74,6 +77,22 @@ LLAMA32 = {
     "vocab_size": 128256,
     "tie_word_embeddings": True,
 }
+GGUF_TOP_NAMES = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+}
+GGUF_LAYER_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
+GGUF_FORMATS = {"gguf-bf16": GGMLQuantizationType.BF16, "gguf-q8_0": GGMLQuantizationType.Q8_0}
 SHAPES: dict[str, dict[str, Any]] = {
     "smoke": {
         "hidden_size": 64,
@@ -132,20 +151,25 @@ def tensor_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def random_weights(cfg: dict[str, Any]) -> Iterator[tuple[str, torch.Tensor]]:
+    """The bf16 tensors of a random Llama checkpoint with ``cfg`` (the same every time)."""
+    gen = torch.Generator().manual_seed(0)
+    for name, dims in tensor_shapes(cfg).items():
+        if name.endswith("norm.weight"):
+            yield name, torch.ones(dims, dtype=torch.bfloat16)
+        else:
+            yield name, (torch.randn(dims, generator=gen) * 0.02).to(torch.bfloat16)
+
+
 def write_checkpoint(directory: Path, shape: str) -> int:
     """A random-weight bf16 Llama checkpoint of ``SHAPES[shape]`` in ``directory`` (shards
     of at most ``SHARD_BYTES``, an index, config, byte-level tokenizer); its bytes."""
     cfg = SHAPES[shape]
     directory.mkdir(parents=True, exist_ok=True)
-    gen = torch.Generator().manual_seed(0)
     shard: dict[str, torch.Tensor] = {}  # the writer holds one shard at a time
     weight_map: dict[str, str] = {}
     total = 0
-    for name, dims in tensor_shapes(cfg).items():
-        if name.endswith("norm.weight"):
-            value = torch.ones(dims, dtype=torch.bfloat16)
-        else:
-            value = (torch.randn(dims, generator=gen) * 0.02).to(torch.bfloat16)
+    for name, value in random_weights(cfg):
         if shard and sum(v.nbytes for v in shard.values()) + value.nbytes > SHARD_BYTES:
             _save_shard(directory, shard, weight_map)
             shard = {}
@@ -168,15 +192,70 @@ def _save_shard(
     weight_map.update(dict.fromkeys(shard, name))
 
 
+def tokenizer_tokens() -> tuple[list[str], list[tuple[str, str]]]:
+    """The vocabulary (the 256 bytes, one merge, ``EOS``) and merges of the checkpoints'
+    byte-level BPE tokenizer."""
+    return [*sorted(pre_tokenizers.ByteLevel.alphabet()), "ab", EOS], [("a", "b")]
+
+
 def write_tokenizer(directory: Path) -> None:
-    """A byte-level BPE tokenizer of the 256 bytes (no merges) and an end token."""
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    tokenizer = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    """The byte-level BPE tokenizer of ``tokenizer_tokens``."""
+    tokens, merges = tokenizer_tokens()
+    vocab = {t: i for i, t in enumerate(tokens[:-1])}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.add_special_tokens([EOS])
     tokenizer.save(str(directory / "tokenizer.json"))
     (directory / "tokenizer_config.json").write_text(json.dumps({"eos_token": EOS}))
+
+
+def write_gguf(path: Path, shape: str, qtype: GGMLQuantizationType) -> int:
+    """The weights of ``write_checkpoint`` as a GGUF file, written as llama.cpp's converter
+    writes one (gguf-py's writer; q/k rows in llama.cpp's rotary order; matrices in
+    ``qtype``: BF16 as they are, Q8_0 quantized by gguf-py from the bf16 values); its bytes."""
+    cfg = SHAPES[shape]
+    heads, kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    writer = GGUFWriter(str(path), "llama")
+    writer.add_block_count(cfg["num_hidden_layers"])
+    writer.add_context_length(cfg["max_position_embeddings"])
+    writer.add_embedding_length(cfg["hidden_size"])
+    writer.add_feed_forward_length(cfg["intermediate_size"])
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_vocab_size(cfg["vocab_size"])
+    writer.add_rope_freq_base(cfg.get("rope_theta", 10000.0))
+    writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    writer.add_rope_dimension_count(cfg["hidden_size"] // heads)
+    tokens, merges = tokenizer_tokens()
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([1] * (len(tokens) - 1) + [3])  # the end token is a control one
+    writer.add_token_merges([" ".join(m) for m in merges])
+    writer.add_eos_token_id(len(tokens) - 1)
+    for name, value in random_weights(cfg):
+        if name.startswith("model.layers."):
+            _, _, layer, rest = name.split(".", 3)
+            gguf_name = f"blk.{layer}.{GGUF_LAYER_NAMES[rest]}"
+            if rest in ("self_attn.q_proj.weight", "self_attn.k_proj.weight"):
+                n = heads if rest.startswith("self_attn.q") else kv_heads
+                value = value.reshape(n, 2, -1, value.shape[1]).transpose(1, 2)
+                value = value.reshape(-1, value.shape[-1])
+        else:
+            gguf_name = GGUF_TOP_NAMES[name]
+        if value.dim() == 1:
+            writer.add_tensor(gguf_name, value.float().numpy())
+        elif qtype == GGMLQuantizationType.BF16:
+            raw = value.contiguous().view(torch.uint8).numpy()
+            writer.add_tensor(gguf_name, raw, raw_shape=raw.shape, raw_dtype=qtype)
+        else:
+            writer.add_tensor(gguf_name, quantize(value.float().numpy(), qtype), raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path.stat().st_size
 
 
 def vm_hwm_mib() -> float:
@@ -295,6 +374,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32, help="plain decode tokens")
     parser.add_argument("--repeats", type=int, default=5, help="1-row steps timed")
     parser.add_argument("--load-only", action="store_true", help="load time and peak RSS only")
+    parser.add_argument(
+        "--gguf", default=",".join(GGUF_FORMATS), help="GGUF files of the same weights loaded too"
+    )
     parser.add_argument("--spec-models", default="smollm2-135m,gemma3-270m")
     parser.add_argument("--spec-limit", type=int, default=4, help="code edits per model")
     parser.add_argument("--spec-max-tokens", type=int, default=256)
@@ -313,6 +395,16 @@ def main() -> None:
             shutil.rmtree(directory, ignore_errors=True)
         result["shapes"][shape] = {"checkpoint_mib": round(written / MIB), **figures}
         print(shape, json.dumps(result["shapes"][shape]), flush=True)
+        for fmt in filter(None, args.gguf.split(",")):
+            path = args.dir / f"{shape}-{fmt}.gguf"
+            try:
+                written = write_gguf(path, shape, GGUF_FORMATS[fmt])
+                load_only = {**opts, "load_only": True}
+                figures = in_child(measure_shape, str(path), args.dtype, load_only)
+            finally:
+                path.unlink(missing_ok=True)
+            result["shapes"][shape][fmt] = {"file_mib": round(written / MIB), **figures}
+            print(shape, fmt, json.dumps(result["shapes"][shape][fmt]), flush=True)
     for model in filter(None, args.spec_models.split(",")):
         figures = in_child(measure_speculative, model, args.spec_limit, args.spec_max_tokens)
         result["speculative"][model] = figures
