@@ -18,6 +18,7 @@ Order and semantics follow vLLM (the OpenAI formula for the two OpenAI penalties
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -60,6 +61,13 @@ class Penalties:
             or self.logit_bias
         )
 
+    @functools.cached_property
+    def bias(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``logit_bias`` as (token ids, float32 biases), built once per request: a bias
+        over the whole vocabulary is applied to every verify row of every step."""
+        ids = torch.tensor(list(self.logit_bias), dtype=torch.long)
+        return ids, torch.tensor(list(self.logit_bias.values()), dtype=torch.float32)
+
     def check_vocab(self, vocab_size: int) -> None:
         """Raise ``ValueError`` when a ``logit_bias`` token is outside the vocabulary."""
         bad = [t for t in self.logit_bias if t >= vocab_size]
@@ -79,9 +87,8 @@ def adjust(
     """Float32 logits ``[V]`` after logit_bias and the penalties, given the tokens so far."""
     out = logits.float().clone()
     if penalties.logit_bias:
-        ids = torch.tensor(list(penalties.logit_bias), dtype=torch.long, device=out.device)
-        bias = torch.tensor(list(penalties.logit_bias.values()), device=out.device)
-        out[ids] += bias
+        ids, bias = penalties.bias
+        out[ids.to(out.device)] += bias.to(out.device)
     if penalties.repetition_penalty != 1.0:
         seen = torch.tensor(sorted({*prompt, *output}), dtype=torch.long, device=out.device)
         values = out[seen]

@@ -94,10 +94,18 @@ def _llamacpp(result: dict[str, Any]) -> None:
     assert result["summary"]["prefill"][0]["length"] == 128
 
 
+def _fairness(result: dict[str, Any]) -> None:
+    for phase in ("alone", "beside_abuser"):
+        assert result[phase]["answers"] == 2 and not result[phase]["errors"]
+    assert result["honest_text_identical"]  # greedy and batch-invariant: the same answers
+    assert result["engine"]["within_pool"]
+
+
 SHAPES: dict[str, Callable[[dict[str, Any]], None]] = {
     "bench_abuse": _abuse,
     "bench_decode": _decode,
     "bench_engine": _engine,
+    "bench_fairness": _fairness,
     "bench_gateway": _gateway_overhead,
     "bench_llamacpp": _llamacpp,
     "bench_lookup": _lookup,
