@@ -53,6 +53,7 @@ from benchmarks.bench_speculative import run_plain, run_speculative
 from benchmarks.harness import SPAWN, parse, workload, write_json
 
 SMOKE = ("--shapes", "smoke", "--prefill", "64", "--max-tokens", "4", "--repeats", "2")
+SMOKE += ("--bandwidth-gib", "0.125")
 SMOKE += ("--spec-models", "smollm2-135m", "--spec-limit", "1", "--spec-max-tokens", "8")
 MIB = 2**20
 EOS = "<|end|>"
@@ -289,7 +290,7 @@ def measure_shape(path: str, dtype: str, opts: dict[str, Any]) -> dict[str, Any]
         return out
     step = step_ms(lm, [1], opts["repeats"])[1]
     out["peak_rss_after_step_mib"] = round(vm_hwm_mib())
-    bandwidth = max(read_bandwidth(gib=1.0).values())
+    bandwidth = max(read_bandwidth(gib=opts["bandwidth_gib"]).values())
     floor_ms = weight_bytes_per_token(lm) / bandwidth * 1e3
     ids = list(range(1, 33))
     plain = run_plain(lm, ids, opts["max_tokens"])
@@ -374,6 +375,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32, help="plain decode tokens")
     parser.add_argument("--repeats", type=int, default=5, help="1-row steps timed")
     parser.add_argument("--load-only", action="store_true", help="load time and peak RSS only")
+    parser.add_argument("--bandwidth-gib", type=float, default=1.0, help="bandwidth probe size")
     parser.add_argument(
         "--gguf", default=",".join(GGUF_FORMATS), help="GGUF files of the same weights loaded too"
     )
@@ -383,7 +385,8 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=Path("/tmp/bench-models"))
     parser.add_argument("--json", type=Path, default=None)
     args = parse(parser, SMOKE)
-    opts = {k: getattr(args, k) for k in ("prefill", "max_tokens", "repeats", "load_only")}
+    names = ("prefill", "max_tokens", "repeats", "load_only", "bandwidth_gib")
+    opts = {k: getattr(args, k) for k in names}
     result: dict[str, Any] = {"shapes": {}, "speculative": {}}
     for shape in args.shapes.split(","):
         directory = args.dir / shape

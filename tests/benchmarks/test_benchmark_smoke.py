@@ -94,6 +94,13 @@ def _llamacpp(result: dict[str, Any]) -> None:
     assert result["summary"]["prefill"][0]["length"] == 128
 
 
+def _models(result: dict[str, Any]) -> None:
+    shape = result["shapes"]["smoke"]
+    assert shape["head_is_embedding"] and shape["peak_rss_mib"] > 0 and shape["step_1row_ms"] > 0
+    assert {"gguf-bf16", "gguf-q8_0"} <= set(shape)
+    assert result["speculative"]["smollm2-135m"]["identical"] == "1/1"  # lossless
+
+
 def _fairness(result: dict[str, Any]) -> None:
     for phase in ("alone", "beside_abuser"):
         assert result[phase]["answers"] == 2 and not result[phase]["errors"]
@@ -108,6 +115,7 @@ SHAPES: dict[str, Callable[[dict[str, Any]], None]] = {
     "bench_fairness": _fairness,
     "bench_gateway": _gateway_overhead,
     "bench_llamacpp": _llamacpp,
+    "bench_models": _models,
     "bench_lookup": _lookup,
     "bench_prefix": _prefix,
     "bench_scale": _scale,
