@@ -108,7 +108,8 @@ def gemma() -> Gemma:
     hf = transformers_twin(lm)  # before any step: the weights still row-major
     tokens, logits = plain_decode(lm, prompt, NEW_TOKENS)
     with torch.no_grad():  # teacher-forced on our tokens: one forward
-        rows = hf(torch.tensor([prompt + tokens[:-1]])).logits[0, len(prompt) - 1 :].float()
+        ids = torch.tensor([prompt + tokens[:-1]])
+        rows = hf(ids, logits_to_keep=NEW_TOKENS).logits[0].float()
     return Gemma(lm, prompt, tokens, logits, rows)
 
 
