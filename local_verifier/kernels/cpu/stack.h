@@ -15,8 +15,10 @@
 #include "linear.h"
 
 // The arguments of one dg_stack_step call: a plain C struct, mirrored field for field by
-// fused.py's StepArgs (a ctypes.Structure; dg_step_args_layout reports this side's layout
-// for a test to compare). The attention plan's arrays are dg_attention's.
+// step_args.py's StepArgs (a ctypes.Structure; dg_step_args_layout reports this side's
+// layout, which cpp.build_library compares before it uses a library). The attention plan's
+// arrays are dg_attention's. A field added here goes to StepArgs and to dg_step_args_layout
+// in the same place.
 struct DgStepArgs {
   float* x;  // [N, dim]: the rows' embeddings, then their hidden states
   const float* cos;  // [N, Dh]
