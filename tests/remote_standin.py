@@ -23,6 +23,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -80,6 +81,8 @@ class RemoteStandIn:
         self.scores = 0
         self.decodes = 0
         self.busy = asyncio.Lock()  # one request on the model at a time, like one GPU
+        # one thread for every forward: a thread's first forward pays a warm-up
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="standin-score")
         self.app = Starlette(
             routes=[
                 Route("/generate", self._sglang_generate, methods=["POST"]),
@@ -98,6 +101,9 @@ class RemoteStandIn:
         self.perturb_every = 0
         self.scores = 0
         self.decodes = 0
+
+    async def _on_scorer_thread(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
 
     # -- the engine ------------------------------------------------------------------------
 
@@ -130,7 +136,7 @@ class RemoteStandIn:
         async for item in self._generate(gen):
             if isinstance(item, GenerationStats):
                 if item.finish_reason == "stop" and len(out) < max_tokens:
-                    rows, _, _ = await asyncio.to_thread(
+                    rows, _, _ = await self._on_scorer_thread(
                         self.scorers[api].logprobs, ids + out, len(ids + out) - 1
                     )
                     yield [int(rows[-1].argmax())]
@@ -150,7 +156,9 @@ class RemoteStandIn:
         ):
             raise _Unavailable
         async with self.busy:
-            rows, first, cached = await asyncio.to_thread(self.scorers[api].logprobs, ids, start)
+            rows, first, cached = await self._on_scorer_thread(
+                self.scorers[api].logprobs, ids, start
+            )
         top = torch.topk(rows, k, dim=-1)
         values, indices = top.values.tolist(), top.indices.tolist()
         if self.perturb_every:

@@ -27,7 +27,7 @@ from starlette.types import Send
 
 from gateway.call import Call
 from gateway.config import EndpointConfig
-from gateway.endpoints.local_request import capabilities as local_capabilities
+from gateway.endpoints.local_request import requested_max_tokens, unsupported
 from gateway.endpoints.openai_objects import ChoiceResult, ResponseBuilder, draft_stats
 from gateway.endpoints.providers import adapter_for
 from gateway.endpoints.remote_selftest import SelfTest, run_self_test
@@ -56,9 +56,9 @@ REMOTE_VERIFY_HEADER = b"x-draftgate-remote-verify"
 VERIFIED = b"verified-remotely"
 MAX_TOKENS_DEFAULT = 4096  # an answer's bound when the request gives none
 _SOURCES = {"named": Source.DOCUMENT, "retrieved": Source.RETRIEVED, "answer": Source.ANSWER}
-# request fields the verify path honours: the local endpoints' less what only sampling,
-# logprobs or structured output need (those pass through to the engine's OpenAI API)
-_HONOURED = frozenset(local_capabilities()["supported_parameters"]) - {
+# fields the local endpoints honour that the verify path does not (sampling, logprobs,
+# structured output, tools): a request setting one passes through to the engine's own API
+_LOCAL_ONLY = (
     "top_k",
     "min_p",
     "presence_penalty",
@@ -68,7 +68,9 @@ _HONOURED = frozenset(local_capabilities()["supported_parameters"]) - {
     "logprobs",
     "top_logprobs",
     "response_format",
-}
+    "tools",
+)
+_OFF: tuple[Any, ...] = (None, False, 0, "", [], {})
 
 
 def load_tokenizer(spec: str) -> Tokenizer:
@@ -86,38 +88,19 @@ def load_tokenizer(spec: str) -> Tokenizer:
     return hf_tokenizer(path if path.is_dir() else Path(path).parent)
 
 
-def _is_off(name: str, value: Any) -> bool:
-    if value is None or value is False or value in ("", [], {}):
-        return True
-    return name == "n" and value == 1
-
-
 def passthrough_reason(request: ChatCompletionRequest | CompletionRequest) -> str | None:
     """Why ``request`` cannot be verified remotely (None: it can)."""
-    if request.temperature != 0:
+    if request.temperature != 0 or request.top_p not in (None, 1):
         return "sampled"
-    if request.top_p not in (None, 1, 1.0):
-        return "sampled"
-    fields = {name: getattr(request, name) for name in request.model_fields_set}
-    fields.update(request.model_extra or {})
-    for name, value in fields.items():
-        if name not in _HONOURED and not _is_off(name, value):
-            return f"unsupported:{name}"
-    if (request.n or 1) != 1:
-        return "unsupported:n"
-    if isinstance(request, ChatCompletionRequest):
-        for message in request.messages:
-            parts = message.content if isinstance(message.content, list) else []
-            if any(part.get("type") != "text" for part in parts) or any(
-                not _is_off(k, v) for k, v in (message.model_extra or {}).items()
-            ):
-                return "unsupported:messages"
-    elif (
-        isinstance(request.prompt, list)
-        and len(request.prompt) > 1
-        and isinstance(request.prompt[0], str)
-    ):
-        return "unsupported:prompt"  # a batch of prompts
+    field = unsupported(request)  # what even a local endpoint refuses
+    if field is None:
+        given = {name: getattr(request, name) for name in request.model_fields_set}
+        given.update(request.model_extra or {})
+        field = next((f for f in _LOCAL_ONLY if given.get(f) not in _OFF), None)
+    if field is None and (request.n or 1) != 1:
+        field = "n"
+    if field is not None:
+        return f"unsupported:{field}"
     if request.draftgate is not None and not request.draftgate.draft:
         return "draft-off"
     return None
@@ -265,16 +248,11 @@ class RemoteEndpoint:
         prediction = tokenizer.encode(prediction_text) if prediction_text else None
         documents, sources = await self._documents(call, tokenizer, prediction_text)
         drafter = Drafter(prompt, prediction, documents, document_sources=sources)
-        limit = (
-            request.max_completion_tokens or request.max_tokens
-            if isinstance(request, ChatCompletionRequest)
-            else request.max_tokens
-        )
         loop = VerifyLoop(
             self.client,
             prompt,
             drafter,
-            limit or MAX_TOKENS_DEFAULT,
+            requested_max_tokens(request) or MAX_TOKENS_DEFAULT,
             self.pacing,
             tokenizer.eos_ids,
         )

@@ -53,13 +53,22 @@ class Pacing:
         pacing.token_s = token_s or pacing.token_s
         return pacing
 
+    measured_round_trips: int = 0
+    measured_decodes: int = 0
+
     def note_round_trip(self, seconds: float) -> None:
+        """One scoring request's time (the first replaces the seed value)."""
         if not self.pinned_round_trip:
-            self.round_trip_s = EMA * self.round_trip_s + (1 - EMA) * seconds
+            keep = EMA if self.measured_round_trips else 0.0
+            self.round_trip_s = keep * self.round_trip_s + (1 - keep) * seconds
+            self.measured_round_trips += 1
 
     def note_decode(self, seconds: float, tokens: int) -> None:
+        """A plain decoding request's time and tokens (the first replaces the seed value)."""
         if tokens > 0 and not self.pinned_token:
-            self.token_s = EMA * self.token_s + (1 - EMA) * seconds / tokens
+            keep = EMA if self.measured_decodes else 0.0
+            self.token_s = keep * self.token_s + (1 - keep) * seconds / tokens
+            self.measured_decodes += 1
 
     def controller(self, max_draft: int = MAX_DRAFT) -> DraftController:
         """c(0): a plain decoded token; c(k >= 1): one round trip (the cached prefix is not

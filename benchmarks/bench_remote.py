@@ -1,0 +1,183 @@
+"""Remote verification vs pass-through, through the gateway, against the SGLang stand-in
+(``tests/remote_standin.py``, the real SmolLM2 engine behind SGLang's ``/generate``).
+
+    python -m benchmarks.bench_remote --workload PATH --max-tokens N --json OUT [--smoke]
+
+Every workload item is asked twice, greedy and not streamed: once with drafting off (the
+gateway passes it through to the stand-in's own decoding) and once remotely verified
+(the item's prediction and prompt drafted by the gateway, scored by the stand-in). Per
+category: ``remote_tok_s`` and ``passthrough_tok_s`` (output tokens over wall seconds),
+``round_trips_per_token`` (scoring plus plain-decoding requests per output token),
+``drafted``/``accepted`` draft tokens, ``identical`` (the fraction of answers equal to the
+pass-through one) and ``passed_through`` (verified requests the gateway passed through).
+The stand-in and the gateway run in child processes; the client runs here.
+``--round-trip-s``/``--token-s`` pin the gateway's cost model (``verify_round_trip_s``,
+``verify_token_s``) instead of the self-test's measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+import httpx
+
+from benchmarks.harness import (
+    MODEL,
+    free_port,
+    gateway,
+    parse,
+    spawned,
+    wait_port,
+    workload,
+    write_json,
+)
+
+SMOKE = ("--limit", "3", "--max-tokens", "24")
+ENDPOINT = "standin"
+
+
+def _serve_standin(port: int) -> None:
+    import uvicorn
+
+    from local_verifier.engine import Engine
+    from tests.remote_standin import RemoteStandIn
+
+    standin = RemoteStandIn(Engine(MODEL, "cpu", "float32"))
+    uvicorn.run(standin.app, host="127.0.0.1", port=port, log_level="error", access_log=False)
+
+
+def _config(url: str, round_trip_s: float | None, token_s: float | None) -> dict[str, Any]:
+    endpoint = {
+        "name": ENDPOINT,
+        "kind": "sglang",
+        "base_url": f"{url}/v1",
+        "models": [MODEL],
+        "verify": "remote",
+        "tokenizer": MODEL,
+        "verify_check_interval_s": 0,
+        "timeout_s": 600,
+        "verify_round_trip_s": round_trip_s,
+        "verify_token_s": token_s,
+    }
+    return {"endpoints": [endpoint], "auth": False}
+
+
+def _wait_self_test(client: httpx.Client, deadline_s: float = 600) -> dict[str, Any]:
+    """The endpoint's self-test (state, agreement, measured costs), once there is one
+    (polled: a benchmark's wait)."""
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        record = client.get("/v1/endpoints").json()["data"][0]
+        if record["remote_verify"] != "unknown":
+            test = next(e for e in record["evidence"] if e["feature"] == "remote_verify")
+            return {"state": record["remote_verify"], "detail": test["detail"], **test["values"]}
+        time.sleep(0.5)
+    raise RuntimeError("the remote-verify self-test did not finish")
+
+
+def _ask(client: httpx.Client, body: dict[str, Any]) -> tuple[dict[str, Any], float, str]:
+    t0 = time.perf_counter()
+    response = client.post("/v1/chat/completions", json=body)
+    seconds = time.perf_counter() - t0
+    response.raise_for_status()
+    return response.json(), seconds, response.headers.get("x-draftgate-prediction", "")
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    items = workload(args.workload, limit=args.limit)
+    port = free_port()
+    with spawned(_serve_standin, port) as proc:
+        wait_port(port, proc, deadline_s=600)
+        with gateway(
+            _config(f"http://127.0.0.1:{port}", args.round_trip_s, args.token_s)
+        ) as served:
+            client = httpx.Client(base_url=served.url, timeout=600)
+            state = _wait_self_test(client)
+            totals: dict[str, dict[str, float]] = {}
+            for item in items:
+                body: dict[str, Any] = {
+                    "model": MODEL,
+                    "messages": item.messages,
+                    "temperature": 0,
+                    "max_tokens": min(args.max_tokens, item.max_tokens or args.max_tokens),
+                }
+                plain, plain_s, _ = _ask(client, {**body, "draftgate": {"draft": False}})
+                if item.prediction:
+                    body["prediction"] = {"type": "content", "content": item.prediction}
+                verified, verified_s, how = _ask(client, body)
+                t = totals.setdefault(item.category, dict.fromkeys(_KEYS, 0.0))
+                t["answers"] += 1
+                t["plain_tokens"] += plain["usage"]["completion_tokens"]
+                t["plain_s"] += plain_s
+                t["tokens"] += verified["usage"]["completion_tokens"]
+                t["seconds"] += verified_s
+                t["identical"] += (
+                    verified["choices"][0]["message"]["content"]
+                    == plain["choices"][0]["message"]["content"]
+                )
+                extension = verified.get("draftgate") or {}
+                if how != "verified-remotely":
+                    t["passed_through"] += 1
+                t["round_trips"] += (extension.get("remote") or {}).get("round_trips", 0)
+                t["drafted"] += extension.get("drafted_tokens", 0)
+                t["accepted"] += extension.get("accepted_tokens", 0)
+            client.close()
+    categories = {
+        name: {
+            "remote_tok_s": round(t["tokens"] / t["seconds"], 2),
+            "passthrough_tok_s": round(t["plain_tokens"] / t["plain_s"], 2),
+            "round_trips_per_token": round(t["round_trips"] / max(t["tokens"], 1), 4),
+            "drafted": int(t["drafted"]),
+            "accepted": int(t["accepted"]),
+            "identical": round(t["identical"] / t["answers"], 4),
+            "passed_through": int(t["passed_through"]),
+            "answers": int(t["answers"]),
+        }
+        for name, t in totals.items()
+    }
+    pinned = {"round_trip_s": args.round_trip_s, "token_s": args.token_s}
+    return {
+        "self_test": state,
+        "pinned_costs": pinned,
+        "max_tokens": args.max_tokens,
+        "categories": categories,
+    }
+
+
+_KEYS = (
+    "answers",
+    "plain_tokens",
+    "plain_s",
+    "tokens",
+    "seconds",
+    "identical",
+    "passed_through",
+    "round_trips",
+    "drafted",
+    "accepted",
+)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workload", default=None, help="a workload .jsonl (default: shipped)")
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--limit", type=int, default=None, help="items, mixed across categories")
+    parser.add_argument("--json", required=True, help="where the result goes")
+    parser.add_argument(
+        "--round-trip-s", type=float, default=None, help="pin the gateway's round-trip cost"
+    )
+    parser.add_argument(
+        "--token-s", type=float, default=None, help="pin the gateway's time per output token"
+    )
+    args = parse(parser, SMOKE, argv)
+    result = run(args)
+    write_json(args.json, result)
+    for name, row in result["categories"].items():
+        print(name, row)
+
+
+if __name__ == "__main__":
+    main()
