@@ -50,6 +50,10 @@ class FairQueue(Generic[R]):
         """Tenants with requests waiting."""
         return list(self._queues)
 
+    def first(self, owner: str) -> R:
+        """The request of ``owner`` that would be admitted next."""
+        return self._queues[owner][0]
+
     def count(self, owner: str) -> int:
         """Requests of ``owner`` waiting."""
         queue = self._queues.get(owner)

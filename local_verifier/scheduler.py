@@ -228,8 +228,7 @@ class Scheduler:
             cacheable = req.tokens[:-1] if req.pending is not None else req.prompt_ids[:-1]
             keys = block_keys(req.tenant, cacheable, bs)
             hits = self.pool.lookup(keys)
-        fill = req.to_fill if req.tokens else len(req.prompt_ids)
-        if -(-fill // bs) - len(hits) + len(self.running) > self.pool.available():
+        if -(-_fill(req) // bs) - len(hits) + len(self.running) > self.pool.available():
             self.pool.release(hits)
             return False
         self._claimed = (keys, hits)
@@ -257,6 +256,11 @@ class Scheduler:
             if not starved or running[over] - 1 < share[over]:
                 return
             victim = max((r for r in self.running if r.owner == over), key=Request.priority)
+            assert victim.table is not None
+            freed = self.pool.available() + len(victim.table.blocks)
+            bs = self.pool.block_size
+            if all(-(-_fill(self.waiting.first(o)) // bs) > freed for o in starved):
+                return  # no starved request would fit even then: nothing to preempt for
             self._preempt(victim)
             head = self.waiting.pop(functools.partial(self._fits, among=frozenset(starved)))
             if head is None:
@@ -565,6 +569,11 @@ class Scheduler:
         if tail.text:
             req.on_delta(tail)
         self._finish(req)
+
+
+def _fill(req: Request) -> int:
+    """Positions ``req`` fills once admitted: its prompt, or resumed, its tokens so far."""
+    return req.to_fill if req.tokens else len(req.prompt_ids)
 
 
 class _LazyProbs:
