@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -23,6 +23,9 @@ from local_verifier.kernels.packing import Layout, gather_rows
 from local_verifier.kv_storage import KVStorage
 from local_verifier.linear import Linear, row_major_state
 from local_verifier.weights import TensorSource
+
+if TYPE_CHECKING:
+    from local_verifier.kernels.triton_stack import StepGraphs
 
 __all__ = ["ModelConfig", "SeqStep", "Transformer"]
 
@@ -261,6 +264,7 @@ class Transformer(nn.Module):
                 local = replace(cfg, rope_theta=cfg.rope_local_theta, rope_scaling=None)
                 self.local_rope = rope_tables(local, torch.device("cpu"))
         self._stack: tuple[FusedStack | None] | None = None  # built at first use
+        self._graphs: StepGraphs | None = None  # the Triton step's, built at first use
         self._layout: Layout = "row"  # the linear weights' layout (where they can take it)
         self.kernel_options = KernelOptions.from_env()
         """The kernel switches, read once here; assign other options to change them (the
@@ -321,6 +325,7 @@ class Transformer(nn.Module):
 
     def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Transformer:
         self._stack = None  # casts and moves may replace the parameters the stack points to
+        self._graphs = None
         self._set_layout("row")  # the next step packs what the new dtype and device call for
         super()._apply(fn, *args, **kwargs)
         return self
@@ -367,6 +372,25 @@ class Transformer(nn.Module):
                 ),
             )  # fmt: skip
         return self._stack[0]
+
+    def _triton_graphs(self, ops: StepOps, kv: KVStorage) -> StepGraphs | None:
+        """The Triton step of a Llama-family model over ``kv`` (None for other kernels or
+        families, which run op by op); rebuilt when the K/V storage changes."""
+        cfg = self.config
+        if ops.name != "triton" or not cfg.llama_layers or cfg.embed_scale is not None:
+            return None
+        capture = self.kernel_options.graphs
+        if self._graphs is None or self._graphs.k is not kv.k or self._graphs.capture != capture:
+            from local_verifier.kernels.triton_stack import (
+                GRAPH_ROWS,
+                StackWeights,
+                StepGraphs,
+                TritonStack,
+            )
+
+            stack = TritonStack(StackWeights.of(self), cast(Any, ops))
+            self._graphs = StepGraphs(stack, kv.k, kv.v, GRAPH_ROWS, cfg.max_seq_len, capture)
+        return self._graphs
 
     @torch.inference_mode()
     def step(self, seqs: Sequence[SeqStep], kv: KVStorage) -> list[torch.Tensor]:
@@ -417,6 +441,16 @@ class Transformer(nn.Module):
             logit_rows.extend(picked)
             counts.append(len(picked))
             start += t
+        graphs = self._triton_graphs(ops, kv)
+        if graphs is not None:  # the Triton step, padded to a row bucket (a CUDA graph)
+            logits = graphs.run(
+                _joined([s.tokens for s in seqs]),
+                _joined([s.positions for s in seqs]),
+                _joined([s.new_slots for s in seqs]),
+                inputs.plan_for(self.config.window(0)),  # one window on every layer
+            )
+            picked = torch.tensor(logit_rows, dtype=torch.long, device=device)
+            return list(logits.index_select(0, picked).split(counts))
         x = gather_rows(self.embed.weight, tokens).to(dtype)
         if self.config.embed_scale is not None:  # rounded to the weights' dtype, as HF does
             x = x * torch.tensor(self.config.embed_scale, dtype=self.weight_dtype, device=device)
