@@ -14,6 +14,8 @@ import openai
 import pytest
 
 from gateway.app import create_app
+from gateway.audit.client import RequestRecord
+from gateway.audit.metrics import group_stats
 from gateway.config import build_settings
 from gateway.endpoints.remote import RemoteEndpoint
 from gateway.endpoints.remote_verify import Pacing, judge
@@ -248,3 +250,33 @@ def test_an_inexact_engine_is_approximate_and_stays_off(
     state, agreement, strict, accepted = asyncio.run(check())
     assert state == "approximate" and 0 < agreement < 1
     assert not strict and accepted
+
+
+def test_audits_report_round_trips_per_token_and_cached_tokens_per_round() -> None:
+    def record(tokens: int, remote: dict[str, Any] | None) -> RequestRecord:
+        stats = {"verify_steps": 1, "remote": remote} if remote else {"verify_steps": 1}
+        return RequestRecord(
+            item="a",
+            category="code_edit",
+            config="c",
+            setting="s",
+            concurrency=1,
+            round=0,
+            status=200,
+            ttft_s=0.1,
+            e2e_s=1.0,
+            output_tokens=tokens,
+            draft_stats=stats,
+            finish_reason="stop",
+        )
+
+    records = [
+        record(20, {"round_trips": 4, "cached_tokens_per_round": [90, 100]}),
+        record(10, {"round_trips": 6, "cached_tokens_per_round": [50]}),
+        record(30, None),  # a local endpoint's answer: not counted
+    ]
+    stats = group_stats(records, config="c", setting="s", concurrency=1, category="all")
+    assert stats.remote_round_trips_per_token == 10 / 30
+    assert stats.remote_cached_tokens_per_round == 80
+    local = group_stats(records[2:], config="c", setting="s", concurrency=1, category="all")
+    assert local.remote_round_trips_per_token is None
