@@ -7,11 +7,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType, GGUFReader, ReaderTensor
+from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
 from local_verifier import gemma
 from local_verifier.errors import ModelLoadError
+from local_verifier.gguf_file import GGUFFile, TensorInfo
 from local_verifier.gguf_tokenizer import tokenizer_from_metadata
 from local_verifier.model import ModelConfig
 from local_verifier.tokenizer import Tokenizer
@@ -48,12 +49,14 @@ _TOP_NAMES = {
 }
 
 
-def _field(reader: GGUFReader, key: str, default: Any = None) -> Any:
+def _field(reader: GGUFFile | GGUFReader, key: str, default: Any = None) -> Any:
+    if isinstance(reader, GGUFFile):
+        return reader.fields.get(key, default)
     field = reader.fields.get(key)
     return default if field is None else field.contents()
 
 
-def read_config(reader: GGUFReader, max_seq_len: int | None) -> ModelConfig:
+def read_config(reader: GGUFFile, max_seq_len: int | None) -> ModelConfig:
     """ModelConfig from ``{arch}.*`` metadata."""
     arch = _field(reader, "general.architecture")
     if arch not in SUPPORTED_ARCHS:
@@ -70,7 +73,7 @@ def read_config(reader: GGUFReader, max_seq_len: int | None) -> ModelConfig:
     n_heads = int(get("attention.head_count"))
     dim = int(get("embedding_length"))
     head_dim = int(get("attention.key_length", get("rope.dimension_count", dim // n_heads)))
-    vocab = _field(reader, f"{arch}.vocab_size") or len(reader.fields["tokenizer.ggml.tokens"].data)
+    vocab = _field(reader, f"{arch}.vocab_size") or len(_field(reader, "tokenizer.ggml.tokens"))
     names = {t.name for t in reader.tensors}
     rope_scaling = None
     scaling_type = _field(reader, f"{arch}.rope.scaling.type")
@@ -138,11 +141,11 @@ class GGUFSource:
     package, then written into its destination (cast once); llama's q/k rows go back to the
     rotate-half order as they are written."""
 
-    def __init__(self, path: Path, reader: GGUFReader, cfg: ModelConfig) -> None:
+    def __init__(self, path: Path, reader: GGUFFile, cfg: ModelConfig) -> None:
         arch = _field(reader, "general.architecture")
         layer_names = _GEMMA_LAYER_NAMES if arch == "gemma3" else _LAYER_NAMES
         self._path = path
-        self._tensors: dict[str, tuple[ReaderTensor, int | None]] = {}  # name: (tensor, heads)
+        self._tensors: dict[str, tuple[TensorInfo, int | None]] = {}  # name: (tensor, heads)
         for t in reader.tensors:
             if t.name == "rope_freqs.weight":  # read into the config by ``read_gguf``
                 continue
@@ -213,7 +216,7 @@ def read_gguf(
 ) -> tuple[ModelConfig, GGUFSource, Tokenizer]:
     """Config, weights (HF names, read on demand) and tokenizer of a GGUF file."""
     try:
-        reader = GGUFReader(str(path))
+        reader = GGUFFile(path)
     except Exception as exc:
         raise ModelLoadError(f"cannot read GGUF file {path}: {exc}") from exc
     cfg = read_config(reader, max_seq_len)
@@ -224,7 +227,7 @@ def read_gguf(
     return cfg, GGUFSource(path, reader, cfg), read_tokenizer(reader)
 
 
-def read_tokenizer(reader: GGUFReader) -> Tokenizer:
+def read_tokenizer(reader: GGUFFile | GGUFReader) -> Tokenizer:
     """The tokenizer of an open GGUF file."""
     arch = _field(reader, "general.architecture")
     return tokenizer_from_metadata(lambda key: _field(reader, key), arch)
