@@ -386,6 +386,7 @@ class Scheduler:
             [r.calibration.probs(d) for r, d in zip(decoding, proposed, strict=True)],
             sum(s.logits == "last" for s in seqs),
         )
+        drafts = self._fair_drafts(decoding, drafts)
         drafted = time.perf_counter()
         for req, draft in zip(decoding, drafts, strict=True):
             req.stats.draft_s += drafted - began
@@ -413,6 +414,22 @@ class Scheduler:
                     self._after_verify(row.request, row.draft, out)
             except Exception as exc:  # one request's failure ends only that request
                 self._finish(row.request, exc)
+
+    def _fair_drafts(self, decoding: list[Request], drafts: list[Draft]) -> list[Draft]:
+        """With several tenants decoding, each one's draft rows within its weighted share
+        of the step's token budget: one tenant's long drafts cannot make everyone's step
+        slow (a cut draft costs speed, never the answer)."""
+        weights = {r.owner: r.weight for r in decoding}
+        if len(weights) < 2:
+            return drafts
+        total = sum(weights.values())
+        left = {o: max(int(self.token_budget * w / total), 1) for o, w in weights.items()}
+        out = []
+        for req, draft in zip(decoding, drafts, strict=True):
+            k = min(len(draft), left[req.owner])
+            left[req.owner] -= k
+            out.append(draft if k == len(draft) else draft.subset(list(range(k))))
+        return out
 
     def _isolated(self, req: Request, stage: Callable[..., _T], *args: object) -> _T | None:
         """``stage(*args)`` for ``req``; if it raises, only ``req`` ends (None)."""

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from spec_drafts import OracleDrafter, PassThrough
 
 from local_verifier.engine import END, Engine, GenerationRequest, TextDelta
 from local_verifier.errors import TenantBusy
@@ -168,4 +169,42 @@ def test_a_full_batch_makes_room_for_a_tenant_below_its_share(tiny_lm: LoadedMod
     assert events.index("b end") < min(events.index(f"a{i} end") for i in range(4))
     assert engine.preemptions >= 1  # one of a's answers gave b its place ...
     assert ids == alone  # ... and came back to the same tokens
+    engine.close()
+
+
+def test_each_tenants_drafts_stay_within_its_share_of_a_step(tiny_lm: LoadedModel) -> None:
+    engine = make_engine(tiny_lm)  # a token budget of 32 a step: 16 draft rows per tenant
+    prompt = [5, 6, 7, 8]
+    want: list[int] = []
+    engine.submit(
+        GenerationRequest(prompt_ids=prompt, max_tokens=40, draft=False),
+        lambda item: want.extend(getattr(item, "token_ids", [])),
+    )
+    assert engine.wait_idle(60)
+    scheduler = engine._scheduler
+    rows: list[list[tuple[str, int]]] = []
+    plan = scheduler._fair_drafts
+
+    def recorded(decoding: list[Any], drafts: list[Any]) -> list[Any]:
+        out = plan(decoding, drafts)
+        rows.append([(r.owner, len(d)) for r, d in zip(decoding, out, strict=True)])
+        return out
+
+    scheduler._fair_drafts = recorded  # type: ignore[method-assign]
+    answers: list[list[int]] = [[] for _ in range(3)]
+    for i in range(3):  # tenant a: three answers drafting 8 right tokens every step
+        drafter = OracleDrafter(want, tiny_lm.config.vocab_size, "right", eos=2)
+        engine.submit(
+            GenerationRequest(prompt_ids=prompt, max_tokens=40, owner="a"),
+            lambda item, i=i: answers[i].extend(getattr(item, "token_ids", [])),
+            drafter=drafter,
+            controller=PassThrough(k=8),
+        )
+    engine.submit(GenerationRequest(prompt_ids=[9, 8, 7], max_tokens=3, owner="b"), lambda _: None)
+    assert engine.wait_idle(60)
+    shared = [step for step in rows if {o for o, _ in step} == {"a", "b"}]
+    assert shared  # the tenants decoded side by side
+    assert all(sum(k for o, k in step if o == "a") <= 16 for step in shared)
+    assert max(sum(k for o, k in step if o == "a") for step in rows) > 16  # alone: more
+    assert answers == [want] * 3  # cut drafts change no answer
     engine.close()
