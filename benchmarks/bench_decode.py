@@ -60,7 +60,7 @@ from local_verifier.testing.generate import PlainResult, generate_plain
 
 SMOKE = (
     *("--limit", "1", "--max-tokens", "8", "--rows", "1,4", "--repeats", "1"),
-    *("--prefill", "256", "--chunk", "128", "--bandwidth-gib", "0.0625"),
+    *("--prefill", "256", "--chunk", "128", "--bandwidth-gib", "0.0625", "--threads", "1"),
 )
 CONTEXT = 128  # committed tokens before each timed step
 
@@ -380,9 +380,14 @@ def main() -> None:
     parser.add_argument(
         "--bandwidth-gib", type=float, default=1.0, help="GiB read by each bandwidth probe"
     )
+    parser.add_argument(
+        "--threads", type=int, default=0, help="torch threads (0: measured and chosen at load)"
+    )
     args = parse(parser, SMOKE)
 
-    lm = load_model(args.model, device=args.device, dtype=args.dtype)
+    lm = load_model(args.model, args.device, args.dtype, tune_threads=not args.threads)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     report: dict[str, Any] = {
         "model": lm.name,
         "device": str(lm.device),

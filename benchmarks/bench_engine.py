@@ -35,7 +35,7 @@ from local_verifier.model import ModelConfig, SeqStep, Transformer
 from local_verifier.sampling import SamplingParams
 from local_verifier.tokenizer import Tokenizer
 
-SMOKE = ("--max-tokens", "4", "--concurrency", "1,3", "--prompts", "3")
+SMOKE = ("--max-tokens", "4", "--concurrency", "1,3", "--prompts", "3", "--threads", "1")
 PROMPTS = [
     "def area(width, height):\n    return width * height\n\n# rename area to rect_area\n",
     "The quick brown fox jumps over the lazy dog. " * 6,
@@ -216,6 +216,9 @@ def main() -> None:
     parser.add_argument("--concurrency", default="1,4,8", help="comma-separated levels")
     parser.add_argument("--prompts", type=int, default=len(PROMPTS), help="the first N prompts")
     parser.add_argument("--json")
+    parser.add_argument(
+        "--threads", type=int, default=0, help="torch threads (0: measured and chosen at load)"
+    )
     args = parse(parser, SMOKE)
     if args.export_shape:
         export_shape(args.export_shape)
@@ -229,7 +232,9 @@ def main() -> None:
         if args.random_like:
             lm = random_like(args.random_like, args.device, dtype)
         else:
-            lm = load_model("smollm2-135m", args.device, dtype_name)
+            lm = load_model("smollm2-135m", args.device, dtype_name, tune_threads=not args.threads)
+            if args.threads:
+                torch.set_num_threads(args.threads)
         prompts = [lm.tokenizer.encode(p) for p in PROMPTS[: args.prompts]]
         began = time.perf_counter()
         engine = Engine(lm, max_draft=32)

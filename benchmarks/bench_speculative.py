@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from benchmarks.harness import TransformersPeer, parse, stdlib_slices, workload, write_json
 from gateway.audit.workload import WorkloadItem
@@ -50,7 +51,7 @@ from local_verifier.testing.generate import PlainResult, generate_plain
 from lookup.corpus import Corpus, open_store
 from lookup.draft import Source
 
-SMOKE = ("--ids", "edit00", "--max-tokens", "8")
+SMOKE = ("--ids", "edit00", "--max-tokens", "8", "--threads", "1")
 
 CONFIGS = ("plain", "speculative", "hf_plain", "hf_pld")
 
@@ -352,12 +353,17 @@ def main() -> None:
     parser.add_argument(
         "--structured", action="store_true", help="run the structured category only"
     )
+    parser.add_argument(
+        "--threads", type=int, default=0, help="torch threads (0: measured and chosen at load)"
+    )
     args = parse(parser, SMOKE)
 
     records = workload(args.workload)
     if args.ids:
         records = [r for r in records if r.id in set(args.ids)]
-    lm = load_model(args.model)
+    lm = load_model(args.model, tune_threads=not args.threads)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     # recall runs each prompt twice through the engine (named, then recall, or the reverse):
     # without prefix reuse both process it cold, as plain decoding does, and neither is
     # credited with the other's cached prompt
