@@ -270,9 +270,11 @@ class TransformersPeer:
     """transformers' model (``load_reference(*reference_args)``) in a process of its own.
 
     A user's engine does not share its process with transformers: thread pools, OpenMP
-    teams and the allocator are per process, so a peer beside the engine can change the
-    engine's figures. Here each side's figures are its own; calls are one at a time (the
-    peer waits while the engine runs) and each is timed inside the peer."""
+    teams and the allocator are per process. transformers run on the main thread leaves it
+    an OpenMP team; beside the engine thread's, the runtime has more threads than CPUs and
+    the engine's threads wait for a wake-up at each parallel region instead of spinning.
+    Here each side's figures are its own; calls are one at a time (the peer waits while the
+    engine runs) and each is timed inside the peer."""
 
     def __init__(self, *reference_args: Any) -> None:
         self._conn, child = SPAWN.Pipe()
