@@ -133,11 +133,11 @@ def load_model(
         model = Transformer(cfg)
     check_fits(weight_bytes(model, torch_dtype), int(kv_cache_mb * 2**20), dev)
     materialize(model, dev, torch_dtype)
+    model = model.to(device=dev).eval()  # the rope tables follow (before the weights are packed)
     try:
         model.load_hf_weights(source)
     except (KeyError, ValueError) as exc:
         raise ModelLoadError(f"{path}: {exc}") from exc
-    model = model.to(device=dev).eval()  # the rope tables follow
     lm = LoadedModel(model, cfg, tokenizer, dev, torch_dtype, name)
     if dev.type == "cpu":
         release_threads()  # the casts' team: steps on another thread would run slower

@@ -341,10 +341,11 @@ class Transformer(nn.Module):
         """Packs the linear weights for the C++ kernels (``CppOps.weight_layout`` under
         ``kernel_options``), row-major for the others: in place, one matrix at a time, so one
         copy stays resident."""
-        layout: Layout = "row"
-        if isinstance(ops, CppOps):
-            layout = ops.weight_layout(self.kernel_options)
-        self._set_layout(layout)
+        self._set_layout(self._layout_for(ops))
+
+    def _layout_for(self, ops: StepOps) -> Layout:
+        """The linear weights' layout for the kernels of ``ops``."""
+        return ops.weight_layout(self.kernel_options) if isinstance(ops, CppOps) else "row"
 
     def _set_layout(self, layout: Layout) -> None:
         if layout == self._layout:
@@ -498,6 +499,7 @@ class Transformer(nn.Module):
             params[ours + "attn.wo.weight"] = [p + "self_attn.o_proj.weight"]
             params[ours + "ffn.w13.weight"] = [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]
             params[ours + "ffn.w2.weight"] = [p + "mlp.down_proj.weight"]
+        layout = self._layout_for(step_ops(self.device, self.dtype, self.kernel_options.backend))
         self._set_layout("row")  # the checkpoint's layout
         own = dict(self.named_parameters())
         missing = set(own) - set(params)
@@ -506,6 +508,13 @@ class Transformer(nn.Module):
         with torch.no_grad():
             for name, parts in params.items():
                 _write_rows(own[name], parts, source, name)
+                # packed for the kernels as soon as written: one matrix held twice at a time
+                owner = self.get_submodule(name.rpartition(".")[0])
+                if owner is self.embed and self.head.weight is self.embed.weight:
+                    owner = self.head
+                if isinstance(owner, Linear) and name.endswith(".weight"):
+                    owner.set_layout(layout)
+        self._layout = layout
 
 
 def _write_rows(target: torch.Tensor, parts: list[str], source: TensorSource, name: str) -> None:
