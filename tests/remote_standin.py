@@ -11,8 +11,9 @@ Decoding (every generate request with no logprobs asked, and the OpenAI routes) 
 engine's own greedy decoding, without drafts. Scoring is a batch-1 forward of the model
 over the tokens not already in a one-sequence prefix cache (like SGLang's radix cache);
 the engine's steps and these forwards are the same arithmetic, which the gateway's
-self-test then measures rather than assumes. ``fail_scores_after``, ``fail_all`` and
-``perturb_every`` inject the failures and the disagreement the tests need.
+self-test then measures rather than assumes. ``fail_scores_after``, ``gone_after_scores``,
+``fail_all``, ``perturb_every`` and ``tie_every`` inject the failures, the disagreement and
+the near ties the tests need.
 """
 
 from __future__ import annotations
@@ -78,6 +79,7 @@ class RemoteStandIn:
         self.gone_after_scores: int | None = None  # every route 503s after this many scores
         self.fail_all = False  # every route answers 503 (the server is gone)
         self.perturb_every = 0  # >0: every k-th scored position's top-1 is replaced
+        self.tie_every = 0  # >0: every k-th scored position's top-2 ties its top-1
         self.scores = 0
         self.decodes = 0
         self.busy = asyncio.Lock()  # one request on the model at a time, like one GPU
@@ -99,6 +101,7 @@ class RemoteStandIn:
         self.gone_after_scores = None
         self.fail_all = False
         self.perturb_every = 0
+        self.tie_every = 0
         self.scores = 0
         self.decodes = 0
 
@@ -165,6 +168,10 @@ class RemoteStandIn:
             for i in range(len(indices)):
                 if (first + i) % self.perturb_every == 0:
                     indices[i][0] = (indices[i][0] + 1) % rows.shape[-1]
+        if self.tie_every and k > 1:
+            for i in range(len(values)):
+                if (first + i) % self.tie_every == 0:
+                    values[i][1] = values[i][0]
         return list(zip(values, indices, strict=True)), first, cached
 
     # -- SGLang ----------------------------------------------------------------------------

@@ -220,6 +220,18 @@ def test_a_failed_round_trip_continues_as_plain_decoding(
     assert text == _greedy(gateway[1], "smollm2-vl")
 
 
+def test_near_ties_are_left_to_the_engines_own_decoding(
+    gateway: tuple[Any, str], fresh: RemoteStandIn
+) -> None:
+    fresh.tie_every = 3  # the runner-up ties the argmax at every third position
+    text, events = _stream(gateway[1], "smollm2-sg")
+    remote = events[-2]["draftgate"]["remote"]
+    assert remote["near_ties"] > 0
+    assert remote["plain_decodes"] >= remote["near_ties"]
+    fresh.reset()
+    assert text == _greedy(gateway[1], "smollm2-sg")
+
+
 def test_a_server_gone_mid_answer_ends_the_stream_with_an_error(
     gateway: tuple[Any, str], fresh: RemoteStandIn
 ) -> None:
