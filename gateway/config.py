@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings.exceptions import SettingsError
 
 from gateway.endpoints.capabilities import DEFAULT_BASE_URLS
 
@@ -385,6 +386,8 @@ def build_settings(data: Mapping[str, Any], source: str = "configuration") -> Se
         return Settings(**dict(data))
     except ValidationError as err:
         raise ConfigError(_format_error(err, source)) from None
+    except SettingsError as err:  # an environment override that is not valid JSON
+        raise ConfigError(f"invalid configuration in the environment: {err}") from None
 
 
 def load_settings(

@@ -20,9 +20,10 @@ _BACKENDS: dict[str, Backend] = {"": "", "cpp": "cpp", "torch": "torch", "triton
 
 @dataclass(frozen=True)
 class KernelOptions:
-    """Which step kernels a model runs. Only ``amx`` changes bits (the bf16 kernels round
-    each linear's input to bf16); the others choose among bitwise-equal paths, or the torch
-    kernels' own fixed order."""
+    """Which step kernels a model runs. ``backend`` picks among kernels with orders of their
+    own; for the bf16 target on a CPU with bf16 arithmetic, ``amx`` and ``packed`` change
+    bits too (the bf16 kernels round each linear's input to bf16 and run on packed weights
+    only); ``fused`` and ``graphs`` choose among bitwise-equal paths."""
 
     backend: Backend = ""
     """``cpp``, ``torch`` or ``triton`` to force one; "" for the C++ kernels where they build

@@ -105,6 +105,9 @@ def test_environment_overrides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("DRAFTGATE_MAX_BODY_BYTES", "4096")
     settings = load_settings(path, environ={})
     assert settings.capture is True and settings.max_body_bytes == 4096
+    monkeypatch.setenv("DRAFTGATE_LIMITS", "{not json")
+    with pytest.raises(ConfigError, match="invalid configuration in the environment.*limits"):
+        load_settings(path, environ={})
 
 
 def test_fallback_order(tmp_path: Path) -> None:
