@@ -10,10 +10,10 @@ tiny one) is written as a Llama checkpoint in bf16 safetensors (random weights, 
 with a byte-level tokenizer), measured in a process of its own, then deleted. Reported per
 shape:
 
-- ``load_s`` and ``peak_rss_mib`` of ``load_model(path, dtype=--dtype)`` (the process's
-  VmHWM; ``rss_before_mib`` what the process held before it), ``weight_mib`` (the loaded
-  weights' bytes) and ``peak_over_weights`` (peak / weights); ``peak_rss_after_step_mib``
-  after the first step, which packs the linear weights for the C++ kernels;
+- ``load_s`` and ``peak_rss_mib`` of ``load_model(path, dtype=--dtype)`` as a user calls it
+  (the steps of its thread probe included; the process's VmHWM; ``rss_before_mib`` what the
+  process held before it), ``weight_mib`` (the loaded weights' bytes) and
+  ``peak_over_weights`` (peak / weights); ``peak_rss_after_step_mib`` after the timed steps;
 - ``step_1row_ms`` (a decode step after a 128-token context) beside ``floor_ms``: the bytes
   a token reads (every weight but the embedding table) over the machine's read bandwidth
   (``bench_decode.read_bandwidth``), and ``floor_over_step``;
@@ -273,7 +273,7 @@ def measure_shape(path: str, dtype: str, opts: dict[str, Any]) -> dict[str, Any]
 
     before = vm_hwm_mib()
     start = time.perf_counter()
-    lm = load_model(path, dtype=dtype, tune_threads=False)
+    lm = load_model(path, dtype=dtype)  # as a user calls it: its thread probe's steps too
     load_s = time.perf_counter() - start
     peak = vm_hwm_mib()
     weights = sum(p.numel() * p.element_size() for p in lm.model.parameters())
