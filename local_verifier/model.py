@@ -450,8 +450,8 @@ class Transformer(nn.Module):
                 _joined([s.new_slots for s in seqs]),
                 inputs.plan_for(self.config.window(0)),  # one window on every layer
             )
-            picked = torch.tensor(logit_rows, dtype=torch.long, device=device)
-            return list(logits.index_select(0, picked).split(counts))
+            wanted = torch.tensor(logit_rows, dtype=torch.long, device=device)
+            return list(logits.index_select(0, wanted).split(counts))
         x = gather_rows(self.embed.weight, tokens).to(dtype)
         if self.config.embed_scale is not None:  # rounded to the weights' dtype, as HF does
             x = x * torch.tensor(self.config.embed_scale, dtype=self.weight_dtype, device=device)
