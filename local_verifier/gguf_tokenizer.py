@@ -100,7 +100,10 @@ def tokenizer_from_metadata(field: Field, arch: str) -> Tokenizer:
 
 
 def _byte_level(field: Field, tokens: list[str]) -> BackendTokenizer:
-    merges = [tuple(m.split(" ", 1)) for m in field("tokenizer.ggml.merges")]
+    listed = field("tokenizer.ggml.merges")
+    if not listed:
+        raise ModelLoadError("the GGUF file's byte-level BPE vocabulary has no merges")
+    merges = [tuple(m.split(" ", 1)) for m in listed]
     vocab = {tok: i for i, tok in enumerate(tokens)}
     backend = BackendTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
     pre = field("tokenizer.ggml.pre") or "default"

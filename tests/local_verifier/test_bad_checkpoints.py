@@ -1,5 +1,6 @@
 """Bad checkpoints get a clear ``ModelLoadError``: a truncated GGUF file, a GGUF of an
-architecture we do not run, a directory without its tokenizer."""
+architecture we do not run, a byte-level vocabulary without merges, a directory without its
+tokenizer."""
 
 from __future__ import annotations
 
@@ -48,3 +49,11 @@ def test_directory_without_tokenizer(tiny_checkpoint: Path, tmp_path: Path) -> N
     (directory / "tokenizer.json").unlink()
     with pytest.raises(ModelLoadError, match="has no tokenizer.json"):
         load_model(str(directory), tune_threads=False)
+
+
+def test_byte_level_vocabulary_without_merges(tiny_checkpoint: Path, tmp_path: Path) -> None:
+    path = write_gguf(
+        tiny_checkpoint, tmp_path / "no-merges.gguf", GGMLQuantizationType.F32, merges=False
+    )
+    with pytest.raises(ModelLoadError, match="no merges"):
+        load_model(str(path), tune_threads=False)

@@ -43,7 +43,7 @@ def _permute(w: np.ndarray, n_heads: int) -> np.ndarray:
     )
 
 
-def write_gguf(src: Path, dst: Path, qtype: GGMLQuantizationType) -> Path:
+def write_gguf(src: Path, dst: Path, qtype: GGMLQuantizationType, merges: bool = True) -> Path:
     cfg = json.loads((src / "config.json").read_text())
     tok = json.loads((src / "tokenizer.json").read_text())
     tok_cfg = json.loads((src / "tokenizer_config.json").read_text())
@@ -64,9 +64,10 @@ def write_gguf(src: Path, dst: Path, qtype: GGMLQuantizationType) -> Path:
     writer.add_tokenizer_pre("default")
     writer.add_token_list(tokens)
     writer.add_token_types([3 if t in specials else 1 for t in tokens])
-    writer.add_token_merges(
-        [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
-    )
+    if merges:
+        writer.add_token_merges(
+            [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
+        )
     writer.add_bos_token_id(vocab[tok_cfg["bos_token"]])
     writer.add_eos_token_id(vocab[tok_cfg["eos_token"]])
     writer.add_add_bos_token(False)
