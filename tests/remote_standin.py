@@ -83,8 +83,11 @@ class RemoteStandIn:
         self.scores = 0
         self.decodes = 0
         self.busy = asyncio.Lock()  # one request on the model at a time, like one GPU
-        # one thread for every forward: a thread's first forward pays a warm-up
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="standin-score")
+        # one thread for every forward (a thread's first forward pays a warm-up), with one
+        # torch thread: a second OpenMP team beside the engine thread's would fight it
+        self._thread = ThreadPoolExecutor(
+            1, thread_name_prefix="standin-score", initializer=torch.set_num_threads, initargs=(1,)
+        )
         self.app = Starlette(
             routes=[
                 Route("/generate", self._sglang_generate, methods=["POST"]),

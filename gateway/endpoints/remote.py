@@ -76,15 +76,14 @@ _OFF: tuple[Any, ...] = (None, False, 0, "", [], {})
 def load_tokenizer(spec: str) -> Tokenizer:
     """The tokenizer of a .gguf file, a Hugging Face directory (or its tokenizer.json), or
     the smollm2-135m alias."""
-    from gguf import GGUFReader
-
+    from local_verifier.gguf_file import GGUFFile
     from local_verifier.gguf_loader import read_tokenizer as gguf_tokenizer
     from local_verifier.hf_loader import read_tokenizer as hf_tokenizer
     from local_verifier.loader import resolve_spec
 
     path, _ = resolve_spec(spec)
     if path.suffix == ".gguf":
-        return gguf_tokenizer(GGUFReader(str(path)))
+        return gguf_tokenizer(GGUFFile(path))
     return hf_tokenizer(path if path.is_dir() else Path(path).parent)
 
 
