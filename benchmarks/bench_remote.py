@@ -34,7 +34,7 @@ from benchmarks.harness import (
     write_json,
 )
 
-SMOKE = ("--limit", "3", "--max-tokens", "24")
+SMOKE = ("--limit", "2", "--max-tokens", "16")
 ENDPOINT = "standin"
 
 

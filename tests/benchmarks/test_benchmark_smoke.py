@@ -108,6 +108,14 @@ def _fairness(result: dict[str, Any]) -> None:
     assert result["engine"]["within_pool"]
 
 
+def _remote(result: dict[str, Any]) -> None:
+    assert result["self_test"]["state"] == "exact"
+    assert len(result["categories"]) == 2
+    for row in result["categories"].values():
+        assert row["identical"] == 1.0  # greedy: remotely verified = the engine's own answer
+        assert row["remote_tok_s"] > 0 and row["passthrough_tok_s"] > 0
+
+
 SHAPES: dict[str, Callable[[dict[str, Any]], None]] = {
     "bench_abuse": _abuse,
     "bench_decode": _decode,
@@ -118,6 +126,7 @@ SHAPES: dict[str, Callable[[dict[str, Any]], None]] = {
     "bench_models": _models,
     "bench_lookup": _lookup,
     "bench_prefix": _prefix,
+    "bench_remote": _remote,
     "bench_scale": _scale,
     "bench_serving": _serving,
     "bench_speculative": _speculative,
