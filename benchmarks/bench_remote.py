@@ -2,6 +2,7 @@
 (``tests/remote_standin.py``, the real SmolLM2 engine behind SGLang's ``/generate``).
 
     python -m benchmarks.bench_remote --workload PATH --max-tokens N --json OUT [--smoke]
+        [--limit K] [--categories code_edit,...] [--round-trip-s S --token-s S]
 
 Every workload item is asked twice, greedy and not streamed: once with drafting off (the
 gateway passes it through to the stand-in's own decoding) and once remotely verified
@@ -86,7 +87,8 @@ def _ask(client: httpx.Client, body: dict[str, Any]) -> tuple[dict[str, Any], fl
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    items = workload(args.workload, limit=args.limit)
+    categories = [c for c in (args.categories or "").split(",") if c]
+    items = workload(args.workload, categories, limit=args.limit)
     port = free_port()
     with spawned(_serve_standin, port) as proc:
         wait_port(port, proc, deadline_s=600)
@@ -165,6 +167,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workload", default=None, help="a workload .jsonl (default: shipped)")
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--limit", type=int, default=None, help="items, mixed across categories")
+    parser.add_argument("--categories", default=None, help="comma-separated (default: all)")
     parser.add_argument("--json", required=True, help="where the result goes")
     parser.add_argument(
         "--round-trip-s", type=float, default=None, help="pin the gateway's round-trip cost"
