@@ -32,7 +32,7 @@ from typing import Protocol, TypeVar
 import torch
 
 from local_verifier.devices import ThreadTuner
-from local_verifier.fair_queue import FairQueue, split
+from local_verifier.fair_queue import FairQueue, decode_turns, split
 from local_verifier.grammar import Constraint
 from local_verifier.kv_pool import (
     BlockTable,
@@ -141,6 +141,7 @@ class Request:
     produced: int = 0
     cancelled: bool = False
     stats: Stats = field(default_factory=Stats)
+    turn: int = 0  # the step it last decoded in (``decode_turns``)
     calibration: ScoreCalibration = field(default_factory=ScoreCalibration)
 
     @property
@@ -200,6 +201,7 @@ class Scheduler:
         self.waiting: FairQueue[Request] = FairQueue()
         self.preemptions = 0  # requests whose blocks were taken back to let others run
         self.running: list[Request] = []
+        self._steps = 0  # steps run, for ``Request.turn``
         self._prefill_credit: dict[str, float] = {}  # tenants' carried prefill shares
         self._claimed: tuple[list[bytes], list[int]] = ([], [])  # the admitted one's prefix
 
@@ -353,7 +355,10 @@ class Scheduler:
         self._grow()
         if not self.running:
             return
-        decoding = [r for r in self.running if not r.prefilling]
+        decoding = decode_turns([r for r in self.running if not r.prefilling])
+        self._steps += 1
+        for req in decoding:
+            req.turn = self._steps
         prefilling = [r for r in self.running if r.prefilling]
         budget = max(self.token_budget - len(decoding), 1)
         rows: list[_Row] = []

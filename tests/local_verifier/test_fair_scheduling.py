@@ -14,7 +14,7 @@ from spec_drafts import OracleDrafter, PassThrough
 
 from local_verifier.engine import END, Engine, GenerationRequest, TextDelta
 from local_verifier.errors import TenantBusy
-from local_verifier.fair_queue import FairQueue, split
+from local_verifier.fair_queue import FairQueue, decode_turns, split
 from local_verifier.loader import LoadedModel
 
 
@@ -23,6 +23,49 @@ class Item:
     owner: str
     weight: float = 1.0
     name: str = ""
+
+
+@dataclass(eq=False)
+class Answer:
+    owner: str
+    weight: float = 1.0
+    name: str = ""
+    turn: int = 0
+
+
+def turns(answers: list[Answer], steps: int) -> list[list[str]]:
+    """The names decoding in each of ``steps`` steps, each stamping its turn as the
+    scheduler does."""
+    out = []
+    for step in range(1, steps + 1):
+        chosen = decode_turns(answers)
+        for a in chosen:
+            a.turn = step
+        out.append([a.name for a in chosen])
+    return out
+
+
+def test_a_tenant_alone_decodes_every_answer() -> None:
+    answers = [Answer("a", name=f"a{i}") for i in range(5)]
+    assert turns(answers, 2) == [[f"a{i}" for i in range(5)]] * 2
+
+
+def test_many_answers_take_turns_beside_another_tenant() -> None:
+    answers = [Answer("abuser", name=f"x{i}") for i in range(5)]
+    answers += [Answer("honest", name="h0"), Answer("honest", name="h1")]
+    # the abuser decodes as many rows as the honest tenant, its answers in turn
+    assert turns(answers, 3) == [
+        ["x0", "x1", "h0", "h1"],
+        ["x2", "x3", "h0", "h1"],
+        ["x0", "x4", "h0", "h1"],  # in the running order
+    ]
+
+
+def test_decode_rows_follow_the_weights() -> None:
+    answers = [Answer("a", 2.0, f"a{i}") for i in range(6)] + [Answer("b", 1.0, "b0")]
+    assert turns(answers, 1) == [["a0", "a1", "b0"]]
+    answers = [Answer("a", 1.0, f"a{i}") for i in range(6)] + [Answer("b", 4.0, "b0")]
+    assert turns(answers, 1) == [["a0", "b0"]]  # at least one row each
 
 
 def drain(queue: FairQueue[Item], admissible: Any = lambda item: True) -> list[str]:
