@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import gguf
 import torch
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import quantize
@@ -77,21 +78,6 @@ LLAMA32 = {
     "rms_norm_eps": 1e-5,
     "vocab_size": 128256,
     "tie_word_embeddings": True,
-}
-GGUF_TOP_NAMES = {
-    "model.embed_tokens.weight": "token_embd.weight",
-    "model.norm.weight": "output_norm.weight",
-}
-GGUF_LAYER_NAMES = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.o_proj.weight": "attn_output.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
 }
 GGUF_FORMATS = {"gguf-bf16": GGMLQuantizationType.BF16, "gguf-q8_0": GGMLQuantizationType.Q8_0}
 SHAPES: dict[str, dict[str, Any]] = {
@@ -235,16 +221,13 @@ def write_gguf(path: Path, shape: str, qtype: GGMLQuantizationType) -> int:
     writer.add_token_types([1] * (len(tokens) - 1) + [3])  # the end token is a control one
     writer.add_token_merges([" ".join(m) for m in merges])
     writer.add_eos_token_id(len(tokens) - 1)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, cfg["num_hidden_layers"])
     for name, value in random_weights(cfg):
-        if name.startswith("model.layers."):
-            _, _, layer, rest = name.split(".", 3)
-            gguf_name = f"blk.{layer}.{GGUF_LAYER_NAMES[rest]}"
-            if rest in ("self_attn.q_proj.weight", "self_attn.k_proj.weight"):
-                n = heads if rest.startswith("self_attn.q") else kv_heads
-                value = value.reshape(n, 2, -1, value.shape[1]).transpose(1, 2)
-                value = value.reshape(-1, value.shape[-1])
-        else:
-            gguf_name = GGUF_TOP_NAMES[name]
+        gguf_name = names.get_name(name, try_suffixes=(".weight",))
+        if name.endswith((".self_attn.q_proj.weight", ".self_attn.k_proj.weight")):
+            n = heads if ".q_proj." in name else kv_heads
+            value = value.reshape(n, 2, -1, value.shape[1]).transpose(1, 2)
+            value = value.reshape(-1, value.shape[-1])
         if value.dim() == 1:
             writer.add_tensor(gguf_name, value.float().numpy())
         elif qtype == GGMLQuantizationType.BF16:

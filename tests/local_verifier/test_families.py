@@ -149,28 +149,12 @@ def test_unsupported_architecture_names_the_supported(tmp_path: Path) -> None:
 
 
 GGUF_ARCHS = {"Qwen3ForCausalLM": "qwen3", "Gemma3ForCausalLM": "gemma3"}
-GGUF_NAMES = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.o_proj.weight": "attn_output.weight",
-    "self_attn.q_norm.weight": "attn_q_norm.weight",
-    "self_attn.k_norm.weight": "attn_k_norm.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
-}
-GEMMA_NAMES = {  # Gemma's norms around attention and MLP, as llama.cpp names them
-    "post_attention_layernorm.weight": "post_attention_norm.weight",
-    "pre_feedforward_layernorm.weight": "ffn_norm.weight",
-    "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
-}
 
 
 def write_family_gguf(src: Path, dst: Path) -> Path:
     """``src``'s checkpoint as llama.cpp's converter writes it (float32; Gemma's norms as
     their 1 + w; the byte-level BPE vocabulary)."""
+    import gguf
     from gguf import GGUFWriter
     from safetensors.torch import load_file
 
@@ -207,24 +191,13 @@ def write_family_gguf(src: Path, dst: Path) -> Path:
     writer.add_bos_token_id(vocab[tok_cfg["bos_token"]])
     writer.add_eos_token_id(vocab[tok_cfg["eos_token"]])
     writer.add_chat_template(tok_cfg["chat_template"])
-    names = {
-        **GGUF_NAMES,
-        **(GEMMA_NAMES if gemma else {"post_attention_layernorm.weight": "ffn_norm.weight"}),
-    }
-    top = {
-        "model.embed_tokens.weight": "token_embd.weight",
-        "model.norm.weight": "output_norm.weight",
-        "lm_head.weight": "output.weight",
-    }
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], cfg["num_hidden_layers"])
     for name, tensor in load_file(str(src / "model.safetensors")).items():
         array = tensor.float().numpy()
         if gemma and name.endswith("norm.weight"):
             array = array + np.float32(1.0)
-        if name.startswith("model.layers."):
-            _, _, layer, rest = name.split(".", 3)
-            writer.add_tensor(f"blk.{layer}.{names[rest]}", array)
-        elif name in top and not (name == "lm_head.weight" and cfg["tie_word_embeddings"]):
-            writer.add_tensor(top[name], array)
+        if not (name == "lm_head.weight" and cfg["tie_word_embeddings"]):
+            writer.add_tensor(names.get_name(name, try_suffixes=(".weight",)), array)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -7,6 +7,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+import gguf
 import numpy as np
 import pytest
 import torch
@@ -17,21 +18,6 @@ from safetensors.torch import load_file
 from local_verifier.errors import ModelLoadError
 from local_verifier.loader import LoadedModel, load_model
 from local_verifier.testing.kv_cache import forward, new_cache
-
-NAMES = {
-    "model.embed_tokens.weight": "token_embd.weight",
-    "model.norm.weight": "output_norm.weight",
-    "lm_head.weight": "output.weight",
-    "input_layernorm.weight": "attn_norm.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.o_proj.weight": "attn_output.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
-}
 
 
 def _permute(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -72,17 +58,14 @@ def write_gguf(src: Path, dst: Path, qtype: GGMLQuantizationType, merges: bool =
     writer.add_eos_token_id(vocab[tok_cfg["eos_token"]])
     writer.add_add_bos_token(False)
     writer.add_chat_template(tok_cfg["chat_template"])
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, cfg["num_hidden_layers"])
     for name, tensor in load_file(str(src / "model.safetensors")).items():
         array = tensor.float().numpy()
-        if name.startswith("model.layers."):
-            _, _, layer, rest = name.split(".", 3)
-            gguf_name = f"blk.{layer}.{NAMES[rest]}"
-            if rest.startswith("self_attn.q_proj"):
-                array = _permute(array, cfg["num_attention_heads"])
-            elif rest.startswith("self_attn.k_proj"):
-                array = _permute(array, cfg["num_key_value_heads"])
-        else:
-            gguf_name = NAMES[name]
+        gguf_name = names.get_name(name, try_suffixes=(".weight",))
+        if ".self_attn.q_proj." in name:
+            array = _permute(array, cfg["num_attention_heads"])
+        elif ".self_attn.k_proj." in name:
+            array = _permute(array, cfg["num_key_value_heads"])
         if array.ndim == 1 or qtype == GGMLQuantizationType.F32:
             writer.add_tensor(gguf_name, array.astype(np.float32))
         elif qtype == GGMLQuantizationType.F16:
