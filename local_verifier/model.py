@@ -404,9 +404,11 @@ class Transformer(nn.Module):
         device, dtype = self.device, self.dtype
         ops = step_ops(device, dtype, self.kernel_options.backend)
         self._use_layout(ops)
-        tokens = _joined([s.tokens for s in seqs]).to(device)
-        positions = _joined([s.positions for s in seqs]).to(device)
-        new_slots = _joined([s.new_slots for s in seqs]).to(device)
+        rows_in = (  # on the host; the Triton step copies them in one transfer of its own
+            _joined([s.tokens for s in seqs]),
+            _joined([s.positions for s in seqs]),
+            _joined([s.new_slots for s in seqs]),
+        )
         plan = AttentionPlan.build(
             [s.context_slots for s in seqs], [s.new_slots for s in seqs], [s.mask for s in seqs]
         )
@@ -419,11 +421,6 @@ class Transformer(nn.Module):
             lowest, highest = (int(end) for end in plan.keys.aminmax())
             if not 0 <= lowest <= highest < kv.n_slots:
                 raise IndexError(f"a slot outside the storage's {kv.n_slots} slots")
-        inputs = _StepInputs(
-            ops, self.rope_cos[positions], self.rope_sin[positions], new_slots, plan
-        )
-        if self.local_rope is not None:
-            inputs.local_rope = (self.local_rope[0][positions], self.local_rope[1][positions])
         logit_rows: list[int] = []
         counts: list[int] = []
         start = 0
@@ -444,14 +441,18 @@ class Transformer(nn.Module):
             start += t
         graphs = self._triton_graphs(ops, kv)
         if graphs is not None:  # the Triton step, padded to a row bucket (a CUDA graph)
-            logits = graphs.run(
-                _joined([s.tokens for s in seqs]),
-                _joined([s.positions for s in seqs]),
-                _joined([s.new_slots for s in seqs]),
-                inputs.plan_for(self.config.window(0)),  # one window on every layer
-            )
+            window = self.config.window(0)  # one window on every layer
+            tokens, positions, new_slots = rows_in
+            windowed = plan if window is None else plan.windowed(window)
+            logits = graphs.run(tokens, positions, new_slots, windowed)
             wanted = torch.tensor(logit_rows, dtype=torch.long, device=device)
             return list(logits.index_select(0, wanted).split(counts))
+        tokens, positions, new_slots = (t.to(device) for t in rows_in)
+        inputs = _StepInputs(
+            ops, self.rope_cos[positions], self.rope_sin[positions], new_slots, plan
+        )
+        if self.local_rope is not None:
+            inputs.local_rope = (self.local_rope[0][positions], self.local_rope[1][positions])
         x = gather_rows(self.embed.weight, tokens).to(dtype)
         if self.config.embed_scale is not None:  # rounded to the weights' dtype, as HF does
             x = x * torch.tensor(self.config.embed_scale, dtype=self.weight_dtype, device=device)
