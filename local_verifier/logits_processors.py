@@ -1,11 +1,14 @@
 """Token-history-dependent logit adjustments: penalties and logit_bias.
 
-One function, :func:`adjust`, turns a row of raw target logits into the logits the target
-distribution is built from, given the tokens so far. Plain decoding applies it to the
-one row after the committed tokens; a verify step applies it to every row, the history of
-draft node ``i``'s row being the committed tokens plus the draft tokens on the path from
-the root to ``i`` (:func:`adjust_rows`). Row for row the same elementwise operations run on
-the same values, so the adjusted logits are bitwise those of plain decoding.
+:class:`PenaltyState` turns a step's raw target logits into the logits the target
+distribution is built from, given the tokens so far: plain decoding adjusts the one row
+after the committed tokens; a verify step adjusts every row, the history of draft node
+``i``'s row being the committed tokens plus the draft tokens on the path from the root to
+``i``. Row for row the same elementwise operations run on the same values, so the adjusted
+logits are bitwise those of plain decoding. The request's bias, seen-token mask and token
+counts are tensors built once and updated as tokens are committed, and a step's rows are
+adjusted in bulk (``local_verifier.testing.penalties`` is the row-by-row definition the
+tests hold it to).
 
 Order and semantics follow vLLM (the OpenAI formula for the two OpenAI penalties):
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -81,37 +85,78 @@ def _finite(value: object) -> bool:
     return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
 
 
-def adjust(
-    logits: torch.Tensor, penalties: Penalties, prompt: Sequence[int], output: Sequence[int]
-) -> torch.Tensor:
-    """Float32 logits ``[V]`` after logit_bias and the penalties, given the tokens so far."""
-    out = logits.float().clone()
-    if penalties.logit_bias:
+class PenaltyState:
+    """One request's adjustments as tensors, kept up to date with its committed tokens.
+
+    Built once per request: the ``logit_bias`` ids and values, a mask of the tokens seen in
+    the prompt and output (repetition penalty) and the output's token counts (frequency and
+    presence). :meth:`rows` adjusts a whole verify step at once; a draft path adds its
+    tokens to a row's copy of the mask and counts, never to the committed state.
+    """
+
+    def __init__(
+        self,
+        penalties: Penalties,
+        tokens: Sequence[int],
+        prompt_len: int,
+        vocab: int,
+        device: torch.device,
+    ) -> None:
+        """``tokens``: the prompt (its first ``prompt_len``) and the output so far."""
+        self.penalties = penalties
+        self.seconds_per_row = 0.0  # the last step's host time per adjusted row
         ids, bias = penalties.bias
-        out[ids.to(out.device)] += bias.to(out.device)
-    if penalties.repetition_penalty != 1.0:
-        seen = torch.tensor(sorted({*prompt, *output}), dtype=torch.long, device=out.device)
-        values = out[seen]
-        rep = penalties.repetition_penalty
-        out[seen] = torch.where(values > 0, values / rep, values * rep)
-    if output and (penalties.frequency_penalty or penalties.presence_penalty):
-        history = torch.tensor(list(output), dtype=torch.long, device=out.device)
-        counts = torch.bincount(history, minlength=out.shape[-1]).float()
-        out -= counts * penalties.frequency_penalty + (counts > 0) * penalties.presence_penalty
-    return out
+        self._bias_ids, self._bias = ids.to(device), bias.to(device)
+        self._seen = torch.zeros(vocab, dtype=torch.bool, device=device)
+        self._counts = torch.zeros(vocab, dtype=torch.float32, device=device)
+        self._seen[torch.tensor(list(tokens), dtype=torch.long, device=device)] = True
+        self.commit(tokens[prompt_len:], seen=False)
 
+    def commit(self, tokens: Sequence[int], *, seen: bool = True) -> None:
+        """Add emitted ``tokens`` to the output's history."""
+        if not tokens:
+            return
+        ids = torch.tensor(list(tokens), dtype=torch.long, device=self._counts.device)
+        if seen:
+            self._seen[ids] = True
+        self._counts.index_put_((ids,), torch.ones_like(ids, dtype=torch.float32), accumulate=True)
 
-def adjust_rows(
-    logits: torch.Tensor,
-    penalties: Penalties,
-    prompt: Sequence[int],
-    output: Sequence[int],
-    draft_tokens: Sequence[int],
-    parents: Sequence[int],
-) -> torch.Tensor:
-    """Adjust a verify step's rows ``[k+1, V]``: row 0 after the committed ``output`` (whose
-    last token is the root), row ``i + 1`` after draft node ``i`` and its ancestors."""
-    paths: list[list[int]] = [list(output)]
-    for token, parent in zip(draft_tokens, parents, strict=True):
-        paths.append([*paths[int(parent) + 1], int(token)])
-    return torch.stack([adjust(logits[i], penalties, prompt, p) for i, p in enumerate(paths)])
+    def rows(
+        self, logits: torch.Tensor, draft_tokens: Sequence[int], parents: Sequence[int]
+    ) -> torch.Tensor:
+        """Float32 rows ``[k+1, V]``: row 0 after the committed tokens, row ``i + 1`` after
+        draft node ``i`` and its ancestors. Every operation is elementwise within a row, so
+        a row's values do not depend on the others: plain decoding (one row) and a verify
+        step give the same bits for the same history."""
+        began = time.perf_counter()
+        n = len(draft_tokens) + 1
+        pen = self.penalties
+        out = logits[:n].float().clone()
+        if pen.logit_bias:
+            out[:, self._bias_ids] += self._bias
+        # (row, token) for every draft token on each row's path
+        path_rows: list[int] = []
+        path_tokens: list[int] = []
+        paths: list[list[int]] = [[]]
+        for row, (token, parent) in enumerate(zip(draft_tokens, parents, strict=True), 1):
+            path = [*paths[int(parent) + 1], int(token)]
+            paths.append(path)
+            path_rows += [row] * len(path)
+            path_tokens += path
+        where = (
+            torch.tensor(path_rows, dtype=torch.long, device=out.device),
+            torch.tensor(path_tokens, dtype=torch.long, device=out.device),
+        )
+        if pen.repetition_penalty != 1.0:
+            seen = self._seen.expand(n, -1).clone()
+            seen[where] = True
+            rep = pen.repetition_penalty
+            out = torch.where(seen, torch.where(out > 0, out / rep, out * rep), out)
+        if pen.frequency_penalty or pen.presence_penalty:
+            counts = self._counts.expand(n, -1).clone()
+            counts.index_put_(
+                where, torch.ones(len(path_tokens), device=out.device), accumulate=True
+            )
+            out -= counts * pen.frequency_penalty + (counts > 0) * pen.presence_penalty
+        self.seconds_per_row = (time.perf_counter() - began) / n
+        return out

@@ -42,7 +42,7 @@ from local_verifier.kv_pool import (
     chain_key,
     root_key,
 )
-from local_verifier.logits_processors import Penalties, adjust_rows
+from local_verifier.logits_processors import Penalties, PenaltyState
 from local_verifier.logprobs import TokenLogprob, token_logprobs
 from local_verifier.model import SeqStep, Transformer
 from local_verifier.output import OutputAssembler, TextDelta
@@ -127,6 +127,7 @@ class Request:
     owner: str = ""  # the tenant whose share of the engine the request uses
     weight: float = 1.0  # the owner's weight in fair scheduling
     penalties: Penalties = field(default_factory=Penalties)
+    adjuster: PenaltyState | None = None  # the penalties' tensors, built at the first verdict
     logprobs: int | None = None  # None: none reported; else how many top alternatives
     followers: list[Request] = field(default_factory=list)  # admitted once our prompt is in
     grammar: Constraint | None = None  # structured output: masks rows, prunes drafts
@@ -390,6 +391,7 @@ class Scheduler:
             self.costs.table,
             [r.calibration.probs(d) for r, d in zip(decoding, proposed, strict=True)],
             sum(s.logits == "last" for s in seqs),
+            [0.0 if r.adjuster is None else r.adjuster.seconds_per_row for r in decoding],
         )
         drafts = self._fair_drafts(decoding, drafts)
         drafted = time.perf_counter()
@@ -541,9 +543,11 @@ class Scheduler:
 
     def _verdict(self, req: Request, logits: torch.Tensor, draft: Draft) -> Verdict:
         if req.penalties.active:
-            output = req.tokens[len(req.prompt_ids) :]
-            tokens, parents = draft.tokens.tolist(), draft.parents.tolist()
-            logits = adjust_rows(logits, req.penalties, req.prompt_ids, output, tokens, parents)
+            if req.adjuster is None:
+                req.adjuster = PenaltyState(
+                    req.penalties, req.tokens, len(req.prompt_ids), logits.shape[-1], logits.device
+                )
+            logits = req.adjuster.rows(logits, draft.tokens.tolist(), draft.parents.tolist())
         rows: RowProbs = logits
         if req.grammar is not None:
             rows = req.grammar.rows(logits, draft.tokens.tolist(), draft.parents.tolist())
@@ -573,6 +577,8 @@ class Scheduler:
         if req.grammar is not None:
             req.grammar.commit(new)
         req.tokens += new
+        if req.adjuster is not None:
+            req.adjuster.commit(new)
         self._publish(req)
         req.produced += len(new)
         req.pending = new[-1]

@@ -152,6 +152,7 @@ def plan_batch(
     row_costs: Sequence[float],
     probs: Sequence[np.ndarray] | None = None,
     base_tokens: int = 0,
+    row_extra: Sequence[float] | None = None,
 ) -> list[Draft]:
     """The draft nodes worth verifying in one step shared by ``len(drafts)`` decoding requests.
 
@@ -165,7 +166,9 @@ def plan_batch(
     when no prefix beats the step without drafts, so a batch with drafts is never expected
     to be slower than without. As the batch grows, each extra row costs more of everyone's
     step and drafts shrink. ``base_tokens``: tokens the step emits besides the decoding
-    requests' (the first token of a request whose prompt ends in it).
+    requests' (the first token of a request whose prompt ends in it). ``row_extra[i]``:
+    seconds each row of request i adds on the host besides the forward (its penalties), so
+    a request whose rows cost more drafts less.
     """
     empty = [Draft.empty() for _ in drafts]
     room = len(row_costs) - 1 - base_rows
@@ -179,10 +182,13 @@ def plan_batch(
     node = np.concatenate([np.arange(len(d)) for d in drafts])
     order = np.lexsort((node, owner, -p))[:room]
     costs = np.asarray(row_costs, dtype=np.float64)
+    extra = np.zeros(len(drafts)) if row_extra is None else np.asarray(row_extra, np.float64)
+    base_cost = costs[base_rows] + extra.sum()  # each request's pending row
     expected = base_tokens + len(drafts) + np.cumsum(p[order])
-    rate = expected / costs[base_rows + 1 : base_rows + 1 + len(order)]
+    step_cost = costs[base_rows + 1 : base_rows + 1 + len(order)] + extra.sum()
+    rate = expected / (step_cost + np.cumsum(extra[owner[order]]))
     best = int(np.argmax(rate))
-    if rate[best] <= (base_tokens + len(drafts)) / costs[base_rows] * (1.0 + 1e-9):
+    if rate[best] <= (base_tokens + len(drafts)) / base_cost * (1.0 + 1e-9):
         return empty
     chosen = order[: best + 1]
     return [

@@ -11,8 +11,9 @@ from test_batching import make_engine
 
 from local_verifier.engine import Engine, GenerationRequest, TextDelta
 from local_verifier.loader import LoadedModel
-from local_verifier.logits_processors import Penalties, adjust, adjust_rows
+from local_verifier.logits_processors import Penalties, PenaltyState
 from local_verifier.sampling import SamplingParams, target_probs
+from local_verifier.testing.penalties import adjust
 
 V = 10
 
@@ -61,14 +62,48 @@ def test_min_p_drops_tokens_below_a_fraction_of_the_top_probability() -> None:
     assert torch.equal(got, torch.softmax((logits / 0.7).masked_fill(~kept, -torch.inf), -1))
 
 
+def _state(pen: Penalties, prompt: list[int], output: list[int]) -> PenaltyState:
+    return PenaltyState(pen, [*prompt, *output], len(prompt), V, torch.device("cpu"))
+
+
+ALL = Penalties(
+    presence_penalty=0.5, frequency_penalty=0.4, repetition_penalty=1.3, logit_bias={5: 2.0}
+)
+
+
 def test_each_tree_row_uses_committed_tokens_plus_its_own_ancestors() -> None:
-    pen = Penalties(presence_penalty=0.5, frequency_penalty=0.4, repetition_penalty=1.3)
     rows = torch.randn(6, V, generator=torch.Generator().manual_seed(1))
     tokens, parents = [5, 6, 5, 7, 5], [-1, -1, 0, 1, 2]
-    got = adjust_rows(rows, pen, [1, 2], [3, 5], tokens, parents)
+    got = _state(ALL, [1, 2], [3, 5]).rows(rows, tokens, parents)
     paths = [[], [5], [6], [5, 5], [6, 7], [5, 5, 5]]
     for row, path in enumerate(paths):
-        assert torch.equal(got[row], adjust(rows[row], pen, [1, 2], [3, 5, *path]))
+        assert torch.equal(got[row], adjust(rows[row], ALL, [1, 2], [3, 5, *path]))
+
+
+def test_committed_tokens_update_the_state_like_a_fresh_one() -> None:
+    """Tokens committed step by step give the bits of a state built on the whole history,
+    and a step's draft paths never leak into the committed state."""
+    rows = torch.randn(3, V, generator=torch.Generator().manual_seed(2))
+    state = _state(ALL, [1, 2], [])
+    state.rows(rows, [8, 9], [-1, 0])  # a draft path, rejected
+    for new in ([3], [5, 3], [0]):
+        state.commit(new)
+    fresh = _state(ALL, [1, 2], [3, 5, 3, 0])
+    assert torch.equal(state.rows(rows, [4, 4], [-1, 0]), fresh.rows(rows, [4, 4], [-1, 0]))
+    assert torch.equal(
+        state.rows(rows[:1], [], []), adjust(rows[0], ALL, [1, 2], [3, 5, 3, 0])[None]
+    )
+
+
+def test_a_row_does_not_depend_on_the_other_rows_of_its_step() -> None:
+    rows = torch.randn(4, V, generator=torch.Generator().manual_seed(4))
+    state = _state(ALL, [1, 2], [3])
+    alone = state.rows(rows[:1], [], [])
+    assert torch.equal(state.rows(rows, [5, 6, 7], [-1, 0, 1])[:1], alone)
+    # node 6 after the root: the same row in a chain of one and beside a sibling
+    chain = state.rows(rows[:2], [6], [-1])[1]
+    beside = state.rows(torch.stack([rows[0], rows[3], rows[1]]), [9, 6], [-1, -1])[2]
+    assert torch.equal(chain, beside)
 
 
 @pytest.mark.parametrize(

@@ -25,10 +25,11 @@ import torch
 from local_verifier import scheduler
 from local_verifier.engine import Engine, GenerationRequest, TextDelta
 from local_verifier.loader import LoadedModel
-from local_verifier.logits_processors import Penalties, adjust, adjust_rows
+from local_verifier.logits_processors import Penalties, PenaltyState
 from local_verifier.model import ModelConfig, Transformer
 from local_verifier.sampling import SamplingParams, target_probs
 from local_verifier.testing.kv_cache import KVCache, forward
+from local_verifier.testing.penalties import adjust
 from local_verifier.tokenizer import Tokenizer
 from local_verifier.verify import Verdict, children_of, verify_sampled
 from lookup.draft import Draft
@@ -214,7 +215,7 @@ def _penalised_exact(target: SyntheticTarget) -> dict[tuple[int, ...], float]:
 def _penalised_continuation(
     target: SyntheticTarget, generator: torch.Generator, ancestors: bool
 ) -> tuple[int, ...]:
-    """Trees drafted and verified with rows adjusted by ``adjust_rows`` (``ancestors``
+    """Trees drafted and verified with rows adjusted by ``PenaltyState.rows`` (``ancestors``
     False: wrong on purpose, every row adjusted as if it followed the committed tokens)."""
     out: tuple[int, ...] = ()
     step = 0
@@ -225,7 +226,8 @@ def _penalised_continuation(
             paths.append(paths[parent + 1] + (tokens[node],))
         raw = torch.stack([_raw(target, p) for p in paths])
         if ancestors:
-            rows = adjust_rows(raw, PENALISED, SYN_PROMPT, out, tokens, parents)
+            state = PenaltyState(PENALISED, [*SYN_PROMPT, *out], len(SYN_PROMPT), V, raw.device)
+            rows = state.rows(raw, tokens, parents)
         else:
             rows = torch.stack([adjust(r, PENALISED, SYN_PROMPT, out) for r in raw])
         probs = target_probs(rows, PENALISED_PARAMS)

@@ -52,6 +52,19 @@ def test_calibrated_probabilities_weigh_each_request_by_its_observed_acceptance(
     assert [len(d) for d in plan_batch(drafts, 2, COSTS, probs)] == [0, 1]
 
 
+def test_a_request_whose_rows_cost_host_time_drafts_less() -> None:
+    drafts = [_chain([0.3, 0.2])]
+    assert len(plan_batch(drafts, 1, COSTS)[0]) == 2
+    # each row adds 0.2 s of penalties: one node, 1.3 / (1.1 + 0.4) = 0.87, beats the plain
+    # step's 1 / (1.0 + 0.2) = 0.83; the second, 1.5 / (1.2 + 0.6) = 0.83, no longer pays
+    assert len(plan_batch(drafts, 1, COSTS, row_extra=[0.2])[0]) == 1
+    # at 0.5 s a row nothing pays: 1.3 / (1.1 + 1.0) = 0.62 < 1 / 1.5 = 0.67
+    assert len(plan_batch(drafts, 1, COSTS, row_extra=[0.5])[0]) == 0
+    # the extra is per request: the cheap request still drafts beside the costly one
+    two = plan_batch([_chain([0.9]), _chain([0.9])], 2, COSTS, row_extra=[0.0, 5.0])
+    assert [len(d) for d in two] == [1, 0]
+
+
 def test_a_first_token_in_the_step_makes_drafts_pay_more() -> None:
     drafts = [_chain([0.3, 0.2])]
     assert len(plan_batch(drafts, 1, COSTS)[0]) == 2
