@@ -12,7 +12,7 @@ tests hold it to).
 
 Order and semantics follow vLLM (the OpenAI formula for the two OpenAI penalties):
 
-1. ``logit_bias``: ``logit[t] += bias[t]``;
+1. ``logit_bias``: ``logit[t] += bias[t]`` (0 for the tokens it does not name);
 2. ``repetition_penalty`` (vLLM/CTRL), over prompt and output tokens: a seen token's
    positive logit is divided by it, a negative one multiplied;
 3. ``frequency_penalty`` and ``presence_penalty`` (OpenAI), over output tokens:
@@ -106,7 +106,8 @@ class PenaltyState:
         self.penalties = penalties
         self.seconds_per_row = 0.0  # the last step's host time per adjusted row
         ids, bias = penalties.bias
-        self._bias_ids, self._bias = ids.to(device), bias.to(device)
+        # dense: one add over the row, whether the bias names one token or all of them
+        self._bias = torch.zeros(vocab, dtype=torch.float32).index_put_((ids,), bias).to(device)
         self._seen = torch.zeros(vocab, dtype=torch.bool, device=device)
         self._counts = torch.zeros(vocab, dtype=torch.float32, device=device)
         self._seen[torch.tensor(list(tokens), dtype=torch.long, device=device)] = True
@@ -133,7 +134,7 @@ class PenaltyState:
         pen = self.penalties
         out = logits[:n].float().clone()
         if pen.logit_bias:
-            out[:, self._bias_ids] += self._bias
+            out += self._bias
         # (row, token) for every draft token on each row's path
         path_rows: list[int] = []
         path_tokens: list[int] = []

@@ -16,7 +16,7 @@ def adjust(
     out = logits.float().clone()
     if penalties.logit_bias:
         ids, bias = penalties.bias
-        out[ids] += bias
+        out += torch.zeros(len(out)).index_put_((ids,), bias)
     if penalties.repetition_penalty != 1.0:
         seen = torch.tensor(sorted({*prompt, *output}), dtype=torch.long)
         values = out[seen]
