@@ -38,6 +38,7 @@ FORMULAS: dict[str, str] = {
     "chars/token": "sum(output characters) / sum(output_tokens)",
     "prefix hit rate": "sum(cached_tokens) / sum(prompt_tokens), usage.prompt_tokens_details",
     "TTFT hit / miss": "TTFT of requests with cached_tokens > 0 / with none",
+    "preemptions": "answers preempted at least once, and sum(preemptions), endpoint-reported",
     "percentiles": "nearest rank: the ceil(q/100 * n)-th smallest of n samples",
 }
 
@@ -123,6 +124,7 @@ def group_stats(
     remote = [(r.draft_stats or {}).get("remote") for r in ok]
     remote_ok = [(r, m) for r, m in zip(ok, remote, strict=True) if isinstance(m, dict)]
     trips = sum(int(m.get("round_trips", 0)) for _, m in remote_ok)
+    preempted = [int((r.draft_stats or {}).get("preemptions", 0)) for r in ok]
     cached = [int(c) for _, m in remote_ok for c in m.get("cached_tokens_per_round") or []]
     return GroupStats(
         config=config,
@@ -157,6 +159,8 @@ def group_stats(
         if remote_ok
         else None,
         remote_cached_tokens_per_round=_ratio(sum(cached), len(cached)) if cached else None,
+        preempted_requests=sum(1 for n in preempted if n),
+        preemptions=sum(preempted),
     )
 
 

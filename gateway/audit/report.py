@@ -144,6 +144,7 @@ def _latency(s: AuditSummary) -> list[str]:
         "queue wait p95",
         "tokens/chunk",
         "output tok/s",
+        "preempted (times)",
     ]
     rows = [
         [
@@ -158,6 +159,7 @@ def _latency(s: AuditSummary) -> list[str]:
             _ms(g.queue_wait_s.p95),
             _num(g.tokens_per_chunk),
             _num(g.output_tok_s, 1),
+            f"{g.preempted_requests} ({g.preemptions})",
         ]
         for g in s.all_categories()
     ]
@@ -165,7 +167,8 @@ def _latency(s: AuditSummary) -> list[str]:
         "## Latency per configuration (all categories; ms)",
         "",
         "TTFT holds waiting and prompt processing; TPOT and ITL hold generation; queue wait is "
-        "the client's own and is not in TTFT.",
+        "the client's own and is not in TTFT. Preempted: answers whose KV blocks a local "
+        "engine took back and recomputed (endpoint-reported).",
         "",
         *_table(header, rows),
     ]

@@ -40,6 +40,7 @@ def draft_stats(stats: Any) -> dict[str, Any]:
         "accepted_by_position": list(stats.accepted_by_position),
         "accepted_by_source": dict(stats.accepted_by_source),
         "drafted_by_source": dict(stats.drafted_by_source),
+        "preemptions": stats.preemptions,
         "prefill_s": round(stats.prefill_s, 6),
         "total_s": round(stats.total_s, 6),
     }

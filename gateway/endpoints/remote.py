@@ -122,6 +122,7 @@ class AnswerStats:
     drafted_by_source: dict[str, int] = field(default_factory=dict)
     prefill_s: float = 0.0
     total_s: float = 0.0
+    preemptions: int = 0  # the server's scheduling is its own: never counted here
 
 
 def remote_stats(loop: LoopStats) -> dict[str, Any]:

@@ -72,6 +72,12 @@ class GroupStats(BaseModel):
     remote_cached_tokens_per_round: float | None = Field(
         default=None, description="remotely verified answers: engine-cached tokens per round"
     )
+    preempted_requests: int = Field(
+        default=0, description="answers a local engine preempted at least once (endpoint-reported)"
+    )
+    preemptions: int = Field(
+        default=0, description="preemptions of those answers (KV taken back, recomputed)"
+    )
 
 
 class Level(BaseModel):

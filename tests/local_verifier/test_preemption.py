@@ -87,6 +87,9 @@ def test_preempted_answers_equal_uninterrupted_ones(
         tight.submit(req, answer)
     assert tight.wait_idle(120)
     assert tight._scheduler.preemptions > 0
+    # each answer reports its own preemptions (the audits read them from the response)
+    stats = [a.items[-2] for a in answers]
+    assert sum(s.preemptions for s in stats) == tight.preemptions
     for answer, want in zip(answers, alone, strict=True):
         ids, text, logprobs = answer.result()
         assert len(ids) == MAX_TOKENS
