@@ -118,6 +118,7 @@ class GenerationStats:
     queued_s: float = 0.0
     cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache
     grammar_s: float = 0.0  # time spent in the grammar: draft pruning, masks, commits
+    preemptions: int = 0  # times the answer was preempted and its K/V recomputed
 
 
 class Handle:
@@ -515,6 +516,7 @@ class Engine:
             queued_s=stats.queued_s,
             cached_tokens=request.cached_tokens,
             grammar_s=0.0 if request.grammar is None else request.grammar.seconds,
+            preemptions=stats.preemptions,
         )
 
     def _prompt_ids(self, req: GenerationRequest) -> list[int]:

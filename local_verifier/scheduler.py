@@ -87,6 +87,7 @@ class Stats:
     queued_s: float = 0.0
     prefill_s: float = 0.0
     draft_s: float = 0.0
+    preemptions: int = 0  # times its blocks were taken back and its K/V recomputed
 
     def count(self, drafted: int, accepted: int) -> None:
         self.verify_steps += 1
@@ -310,6 +311,7 @@ class Scheduler:
         req.keys = []
         req.computed = 0
         self.preemptions += 1
+        req.stats.preemptions += 1
         self.waiting.append(req, front=True)
 
     def _room(self, req: Request, end: int) -> int:
