@@ -50,7 +50,13 @@ from local_verifier.sampling import SamplingParams, sample, target_probs
 from local_verifier.step_costs import LiveCosts
 from local_verifier.tokenizer import Tokenizer
 from local_verifier.tree import tree_mask
-from local_verifier.verify import RowProbs, Verdict, verify_greedy, verify_sampled
+from local_verifier.verify import (
+    RowProbs,
+    Verdict,
+    verify_greedy,
+    verify_greedy_batch,
+    verify_sampled,
+)
 from lookup.controller import ScoreCalibration, plan_batch
 from lookup.draft import Draft, Source
 
@@ -415,12 +421,13 @@ class Scheduler:
         logits = self.model.step(seqs, self.pool.storage)
         if clock is not None:
             self._timed(sum(len(s.tokens) for s in seqs), clock() - forward)
-        for row, seq, out in zip(rows, seqs, logits, strict=True):
+        verdicts = _greedy_verdicts(rows, logits)
+        for row, seq, out, verdict in zip(rows, seqs, logits, verdicts, strict=True):
             try:
                 if row.draft is None:
-                    self._after_chunk(row.request, len(seq.tokens), out)
+                    self._after_chunk(row.request, len(seq.tokens), out, verdict)
                 else:
-                    self._after_verify(row.request, row.draft, out)
+                    self._after_verify(row.request, row.draft, out, verdict)
             except Exception as exc:  # one request's failure ends only that request
                 self._finish(row.request, exc)
 
@@ -517,20 +524,28 @@ class Scheduler:
             req.keys.append(chain_key(parent, req.tokens[i * bs : (i + 1) * bs]))
             self.pool.publish(req.table.blocks[i], req.keys[-1])
 
-    def _after_chunk(self, req: Request, n: int, logits: torch.Tensor) -> None:
+    def _after_chunk(
+        self, req: Request, n: int, logits: torch.Tensor, verdict: Verdict | None = None
+    ) -> None:
+        """``verdict``: the emitting chunk's, where ``_greedy_verdicts`` found it."""
         req.computed += n
         self._publish(req)
         if req.prefilling or req.pending is not None:  # more to fill, or resumed: decodes next
             return
         req.stats.prefill_s = time.perf_counter() - req.started
         self._release_followers(req)
-        verdict = self._verdict(req, logits, Draft.empty())
+        if verdict is None:
+            verdict = self._verdict(req, logits, Draft.empty())
         new = [verdict.next_token]
         self._emit(req, new, self._logprobs(req, logits, new, verdict))
 
-    def _after_verify(self, req: Request, draft: Draft, logits: torch.Tensor) -> None:
+    def _after_verify(
+        self, req: Request, draft: Draft, logits: torch.Tensor, verdict: Verdict | None = None
+    ) -> None:
+        """``verdict``: the draft's, where ``_greedy_verdicts`` found it."""
         assert req.table is not None
-        verdict = self._verdict(req, logits, draft)
+        if verdict is None:
+            verdict = self._verdict(req, logits, draft)
         accepted = len(verdict.accepted)
         if not draft.is_chain and accepted:
             self._compact(req.table, req.computed, draft, verdict.accepted)
@@ -599,6 +614,39 @@ class Scheduler:
         if tail.text:
             req.on_delta(tail)
         self._finish(req)
+
+
+def _greedy_verdicts(rows: list[_Row], logits: list[torch.Tensor]) -> list[Verdict | None]:
+    """Per row of a step, its verdict where it is greedy on the raw logits (no penalties,
+    no grammar) and emits, found for all of them at once on the logits' device with one
+    copy to the host (where ``_on_device`` says so); None for the others, whose
+    ``_verdict`` reads their rows."""
+    verdicts: list[Verdict | None] = [None] * len(rows)
+    if not logits or not _on_device(logits[0].device):
+        return verdicts
+    picked = [
+        i
+        for i, (row, out) in enumerate(zip(rows, logits, strict=True))
+        if out.shape[0]
+        and row.request.params.greedy
+        and not row.request.penalties.active
+        and row.request.grammar is None
+    ]
+    drafts = [rows[i].draft or Draft.empty() for i in picked]  # None: a prompt chunk
+    found = verify_greedy_batch(
+        [logits[i] for i in picked], [(d.tokens, d.parents) for d in drafts]
+    )
+    for i, verdict in zip(picked, found, strict=True):
+        verdicts[i] = verdict
+    return verdicts
+
+
+def _on_device(device: torch.device) -> bool:
+    """Whether a step's greedy verdicts are found on ``device`` (``verify_greedy_batch``):
+    where each row read to the host would wait for the device. On the CPU no read waits,
+    and ``verify_greedy`` reads only the accepted path's rows, fewer than every row's
+    argmax."""
+    return device.type != "cpu"
 
 
 def _fill(req: Request) -> int:
