@@ -38,6 +38,7 @@ rate at the shortest.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import re
 import statistics
@@ -60,7 +61,7 @@ from local_verifier.loader import LoadedModel, load_model, smollm2_path
 
 SMOKE = ("--limit", "1", "--max-tokens", "8", "--prefill", "128,256")
 SDIST = "llama-cpp-python==0.3.36"
-TARGETS = ("llama-completion", "llama-lookup", "llama-quantize")
+TARGETS = ("llama-completion", "llama-lookup", "llama-quantize", "llama-bench")
 SIDES = ("llama_plain", "llama_lookup", "plain", "speculative")
 
 
@@ -79,7 +80,7 @@ def build(build_dir: Path, sdist: Path | None) -> Path:
         sdist = next(build_dir.glob("llama_cpp_python-*.tar.gz"))
     with tarfile.open(sdist) as archive:
         archive.extractall(build_dir, filter="data")
-    source = next(build_dir.glob("llama_cpp_python-*/vendor/llama.cpp"))
+    source = source_dir(build_dir)
     cmake = ["cmake", "-S", str(source), "-B", str(build_dir / "build")]
     subprocess.run(
         cmake
@@ -98,9 +99,75 @@ def quant_weights(bin_dir: Path, build_dir: Path, quant: str) -> Path:
     quantize tool."""
     out = build_dir / f"smollm2-{quant.lower()}.gguf"
     if not out.exists():
-        quantize = [str(bin_dir / "llama-quantize"), "--allow-requantize"]
-        subprocess.run([*quantize, str(smollm2_path()), str(out), quant], check=True)
+        llama_quantize(bin_dir, smollm2_path(), out, quant)
     return out
+
+
+def llama_quantize(bin_dir: Path, source: Path, out: Path, quant: str) -> None:
+    """``source`` written to ``out`` in ``quant`` by ``llama-quantize``."""
+    _run([str(bin_dir / "llama-quantize"), "--allow-requantize", str(source), str(out), quant])
+
+
+def source_dir(build_dir: Path) -> Path:
+    """The llama.cpp source that ``build`` extracted into ``build_dir``."""
+    return next(build_dir.glob("llama_cpp_python-*/vendor/llama.cpp"))
+
+
+def converter(build_dir: Path) -> list[str]:
+    """The command of llama.cpp's own ``convert_hf_to_gguf.py``: on this interpreter where it
+    has what the converter imports, else in a virtual environment in ``build_dir`` over this
+    one's packages, adding the one it lacks (``sentencepiece``, from the converter's own
+    requirements: it is imported before any tokenizer is looked for)."""
+    script = str(source_dir(build_dir) / "convert_hf_to_gguf.py")
+    if importlib.util.find_spec("sentencepiece") is not None:
+        return [sys.executable, script]
+    venv = build_dir / "convert-venv"
+    python = venv / "bin" / "python"
+    if not python.exists():
+        _run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)])
+        _run([str(python), "-m", "pip", "install", "sentencepiece"])
+    return [str(python), script]
+
+
+def convert(build_dir: Path, checkpoint: Path, out: Path, outtype: str) -> None:
+    """The Hugging Face ``checkpoint`` written to ``out`` by llama.cpp's converter."""
+    _run([*converter(build_dir), str(checkpoint), "--outtype", outtype, "--outfile", str(out)])
+
+
+def llama_bench(
+    bin_dir: Path, weights: Path, threads: int, repeats: int, tests: list[str]
+) -> dict[str, Any]:
+    """One ``llama-bench`` test in a process of its own (``tests``: ``["-p", "512", "-n", "0"]``
+    times a prompt pass, ``["-p", "0", "-n", "32", "-d", "32"]`` 32 decode steps after a
+    32-token context): its mean tokens/s over ``repeats`` runs after a warm-up, their
+    standard deviation, its name and the model type it read."""
+    cmd = [str(bin_dir / "llama-bench"), "-m", str(weights), "-t", str(threads)]
+    (row,) = json.loads(_run([*cmd, "-r", str(repeats), "-o", "json", *tests]))
+    depth = f"@d{row['n_depth']}" if row["n_depth"] else ""
+    name = f"pp{row['n_prompt']}" if row["n_prompt"] else f"tg{row['n_gen']}"
+    return {
+        "test": name + depth,
+        "tok_s": round(row["avg_ts"], 2),
+        "tok_s_stddev": round(row["stddev_ts"], 2),
+        "threads": row["n_threads"],
+        "model_type": row["model_type"],
+    }
+
+
+def llama_version(bin_dir: Path) -> str:
+    """The build's version line (``version: N (commit)``)."""
+    done = subprocess.run(
+        [str(bin_dir / "llama-bench"), "--version"], capture_output=True, text=True
+    )
+    return next(line for line in (done.stdout + done.stderr).splitlines() if "version" in line)
+
+
+def _run(cmd: list[str]) -> str:
+    """``cmd``'s standard output; its output's tail in the error where it fails."""
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {done.returncode}:\n{done.stderr[-3000:]}")
+    return done.stdout
 
 
 def _seconds(pattern: str, log: str) -> tuple[float, int]:

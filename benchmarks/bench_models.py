@@ -2,13 +2,15 @@
 
     python -m benchmarks.bench_models [--shapes 1b,3b] [--dtype bf16] [--prefill 512] \
         [--max-tokens 32] [--repeats 5] [--load-only] [--gguf gguf-bf16,gguf-q8_0] \
-        [--spec-models smollm2-135m,gemma3-270m] [--spec-limit 4] [--dir /tmp/bench-models] \
-        [--json FILE] [--smoke]
+        [--llamacpp BUILD_DIR] [--threads N] [--spec-models smollm2-135m,gemma3-270m] \
+        [--spec-limit 4] [--dir /tmp/bench-models] [--json FILE] [--smoke]
 
 Each of ``--shapes`` (``1b``: Llama-3.2-1B's shapes, ``3b``: Llama-3.2-3B's, ``smoke``: a
 tiny one) is written as a Llama checkpoint in bf16 safetensors (random weights, in shards,
-with a byte-level tokenizer), measured in a process of its own, then deleted. Reported per
-shape:
+with SmolLM2's byte-level BPE tokenizer, rebuilt from the installed SmolLM2 GGUF: a
+vocabulary llama.cpp's converter knows; the ids past its 49152 tokens, up to Llama 3.2's
+128256 rows of the embedding table, are unused padding), measured in a process of its own
+on ``--threads`` threads (every usable CPU by default) once loaded. Reported per shape:
 
 - ``load_s`` and ``peak_rss_mib`` of ``load_model(path, dtype=--dtype)`` as a user calls it
   (the steps of its thread probe included; the process's VmHWM; ``rss_before_mib`` what the
@@ -19,13 +21,22 @@ shape:
   (``bench_decode.read_bandwidth``), and ``floor_over_step``;
 - ``prefill_tok_s`` of a ``--prefill``-token prompt (``bench_decode.prefill``) and
   ``decode_tok_s`` of plain greedy decoding (``--max-tokens`` tokens after a 32-token
-  prompt, ``generate_plain``).
+  prompt, ``generate_plain``): each the mean rate of ``--repeats`` runs after an untimed
+  one, ``_stddev`` their standard deviation.
 
-The same weights are then written as GGUF files (``--gguf``: BF16, and Q8_0 quantized from
-the bf16 values, with gguf-py's writer and quantizer as llama.cpp's converter uses them; the
-converter itself refuses the random checkpoint's tokenizer) and each one's load measured
-the same way (``load_model`` dequantizes Q8_0 and rounds to ``--dtype``). llama.cpp itself
-is not run beside them (it needs a build: ``benchmarks.bench_llamacpp``); the JSON says so.
+The same weights are then written as GGUF files (``--gguf``: BF16 and Q8_0). With
+``--llamacpp BUILD_DIR`` (llama.cpp built there by ``benchmarks.bench_llamacpp``, built
+first where it is not) the BF16 file is written by llama.cpp's own converter
+(``convert_hf_to_gguf.py`` of that source, ``--outtype bf16``) and the Q8_0 file by
+``llama-quantize`` from it; then for each file, one after the other (which first
+alternating), ours (the figures above) and ``llama-bench`` on the same file (each in a
+process of its own, on ``--threads`` threads): its decode rate ``-p 0 -n
+--max-tokens -d 32`` (that many single-token steps after a 32-token context, the mean over
+``--repeats`` runs) and its prompt rate ``-p --prefill -n 0``, with ours over llama.cpp's.
+``load_model`` dequantizes Q8_0 and rounds to ``--dtype``: our Q8_0 figures compute with
+the bf16 values of the Q8_0 weights, llama.cpp's with Q8_0 itself. Without ``--llamacpp``
+the files are written with gguf-py's writer and quantizer (as the converter uses them) and
+only their load is measured; the JSON's ``llama_cpp`` says llama.cpp was not run.
 
 Then, for each of ``--spec-models`` that is installed, speculative vs plain decoding on the
 workload's first ``--spec-limit`` code edits, in a process of its own: tokens/s of each, the
@@ -37,8 +48,10 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import statistics
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -47,21 +60,36 @@ import torch
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import quantize
 from safetensors.torch import save_file
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from benchmarks.bench_decode import prefill, read_bandwidth, step_ms, weight_bytes_per_token
+from benchmarks.bench_llamacpp import (
+    SDIST,
+    build,
+    convert,
+    llama_bench,
+    llama_quantize,
+    llama_version,
+)
 from benchmarks.bench_speculative import run_plain, run_speculative
 from benchmarks.harness import SPAWN, parse, workload, write_json
+from local_verifier.devices import available_cpus
+from local_verifier.gguf_file import GGUFFile
+from local_verifier.gguf_loader import read_tokenizer
+from local_verifier.loader import LoadedModel, smollm2_path
 
 SMOKE = ("--shapes", "smoke", "--prefill", "64", "--max-tokens", "4", "--repeats", "2")
 SMOKE += ("--bandwidth-gib", "0.125")
 SMOKE += ("--spec-models", "smollm2-135m", "--spec-limit", "1", "--spec-max-tokens", "8")
 MIB = 2**20
-EOS = "<|end|>"
 SHARD_BYTES = 512 * MIB
+CONTEXT = 32  # the tokens before plain decoding starts (ours: a prompt; llama-bench: -d)
 LLAMA_NOT_RUN = (
-    "not measured: this benchmark does not run llama.cpp (benchmarks.bench_llamacpp builds "
-    "and runs it); the GGUF files of these weights are written and loaded here"
+    "not run: --llamacpp BUILD_DIR runs llama-bench beside ours on the GGUF files; without "
+    "it they are written with gguf-py's writer and only loaded"
+)
+TOKENIZER = (
+    "SmolLM2's byte-level BPE (49152 tokens, from the installed SmolLM2 GGUF; llama.cpp's "
+    "converter knows its pre-tokenizer); ids from 49152 up to vocab_size are unused padding"
 )
 
 # Llama 3.2's shapes and rope (https://huggingface.co/meta-llama/Llama-3.2-1B, -3B config.json)
@@ -87,7 +115,7 @@ SHAPES: dict[str, dict[str, Any]] = {
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
         "intermediate_size": 128,
-        "vocab_size": 512,
+        "vocab_size": 49152,  # the tokenizer's
         "max_position_embeddings": 1024,
         "rms_norm_eps": 1e-5,
         "tie_word_embeddings": True,
@@ -179,29 +207,26 @@ def _save_shard(
     weight_map.update(dict.fromkeys(shard, name))
 
 
-def tokenizer_tokens() -> tuple[list[str], list[tuple[str, str]]]:
-    """The vocabulary (the 256 bytes, one merge, ``EOS``) and merges of the checkpoints'
-    byte-level BPE tokenizer."""
-    return [*sorted(pre_tokenizers.ByteLevel.alphabet()), "ab", EOS], [("a", "b")]
+def smollm2_gguf() -> GGUFFile:
+    """The installed SmolLM2 GGUF, whose tokenizer the checkpoints take."""
+    return GGUFFile(smollm2_path())
 
 
 def write_tokenizer(directory: Path) -> None:
-    """The byte-level BPE tokenizer of ``tokenizer_tokens``."""
-    tokens, merges = tokenizer_tokens()
-    vocab = {t: i for i, t in enumerate(tokens[:-1])}
-    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.add_special_tokens([EOS])
-    tokenizer.save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(json.dumps({"eos_token": EOS}))
+    """SmolLM2's tokenizer as ``tokenizer.json`` and ``tokenizer_config.json``."""
+    tokenizer = read_tokenizer(smollm2_gguf())
+    tokenizer.backend.save(str(directory / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", **tokenizer.special_tokens}
+    (directory / "tokenizer_config.json").write_text(json.dumps(config))
 
 
-def write_gguf(path: Path, shape: str, qtype: GGMLQuantizationType) -> int:
+def write_gguf(path: Path, shape: str, qtype: GGMLQuantizationType) -> None:
     """The weights of ``write_checkpoint`` as a GGUF file, written as llama.cpp's converter
-    writes one (gguf-py's writer; q/k rows in llama.cpp's rotary order; matrices in
-    ``qtype``: BF16 as they are, Q8_0 quantized by gguf-py from the bf16 values); its bytes."""
+    writes one (gguf-py's writer; SmolLM2's tokenizer fields, padded to the vocabulary size
+    with unused ``[PAD<id>]`` tokens; q/k rows in llama.cpp's rotary order; matrices in
+    ``qtype``: BF16 as they are, Q8_0 quantized by gguf-py from the bf16 values)."""
     cfg = SHAPES[shape]
+    fields = smollm2_gguf().fields
     heads, kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     writer = GGUFWriter(str(path), "llama")
     writer.add_block_count(cfg["num_hidden_layers"])
@@ -214,13 +239,17 @@ def write_gguf(path: Path, shape: str, qtype: GGMLQuantizationType) -> int:
     writer.add_rope_freq_base(cfg.get("rope_theta", 10000.0))
     writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     writer.add_rope_dimension_count(cfg["hidden_size"] // heads)
-    tokens, merges = tokenizer_tokens()
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(tokens)
-    writer.add_token_types([1] * (len(tokens) - 1) + [3])  # the end token is a control one
-    writer.add_token_merges([" ".join(m) for m in merges])
-    writer.add_eos_token_id(len(tokens) - 1)
+    tokens: list[str] = fields["tokenizer.ggml.tokens"]
+    pad = range(len(tokens), cfg["vocab_size"])
+    writer.add_tokenizer_model(fields["tokenizer.ggml.model"])
+    writer.add_tokenizer_pre(fields["tokenizer.ggml.pre"])
+    writer.add_token_list([*tokens, *(f"[PAD{i}]" for i in pad)])
+    types = fields["tokenizer.ggml.token_type"]
+    writer.add_token_types([*types, *[gguf.TokenType.UNUSED] * len(pad)])
+    writer.add_token_merges(fields["tokenizer.ggml.merges"])
+    writer.add_bos_token_id(fields["tokenizer.ggml.bos_token_id"])
+    writer.add_eos_token_id(fields["tokenizer.ggml.eos_token_id"])
+    writer.add_add_bos_token(False)
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, cfg["num_hidden_layers"])
     for name, value in random_weights(cfg):
         gguf_name = names.get_name(name, try_suffixes=(".weight",))
@@ -239,7 +268,6 @@ def write_gguf(path: Path, shape: str, qtype: GGMLQuantizationType) -> int:
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    return path.stat().st_size
 
 
 def vm_hwm_mib() -> float:
@@ -251,7 +279,8 @@ def vm_hwm_mib() -> float:
 
 
 def measure_shape(path: str, dtype: str, opts: dict[str, Any]) -> dict[str, Any]:
-    """Load, step, prefill and decode figures of the checkpoint at ``path`` (in a child)."""
+    """Load, step, prefill and decode figures of the checkpoint at ``path`` (in a child; on
+    ``opts["threads"]`` threads after loading)."""
     from local_verifier.loader import load_model
 
     before = vm_hwm_mib()
@@ -259,6 +288,7 @@ def measure_shape(path: str, dtype: str, opts: dict[str, Any]) -> dict[str, Any]
     lm = load_model(path, dtype=dtype)  # as a user calls it: its thread probe's steps too
     load_s = time.perf_counter() - start
     peak = vm_hwm_mib()
+    torch.set_num_threads(opts["threads"])
     weights = sum(p.numel() * p.element_size() for p in lm.model.parameters())
     out: dict[str, Any] = {
         "dtype": str(lm.dtype).removeprefix("torch."),
@@ -268,6 +298,7 @@ def measure_shape(path: str, dtype: str, opts: dict[str, Any]) -> dict[str, Any]
         "weight_mib": round(weights / MIB),
         "peak_over_weights": round(peak * MIB / weights, 3),
         "head_is_embedding": lm.model.head.weight is lm.model.embed.weight,
+        "threads": torch.get_num_threads(),
     }
     if opts["load_only"]:
         return out
@@ -275,17 +306,40 @@ def measure_shape(path: str, dtype: str, opts: dict[str, Any]) -> dict[str, Any]
     out["peak_rss_after_step_mib"] = round(vm_hwm_mib())
     bandwidth = max(read_bandwidth(gib=opts["bandwidth_gib"]).values())
     floor_ms = weight_bytes_per_token(lm) / bandwidth * 1e3
-    ids = list(range(1, 33))
-    plain = run_plain(lm, ids, opts["max_tokens"])
-    decoded = len(plain["ids"]) - 1  # the first token comes from the prompt pass
+    length = opts["prefill"]
+    prefill(lm, length, length)  # untimed, as llama-bench warms up
+    prefills = [prefill(lm, length, length)["tok_s"] for _ in range(opts["repeats"])]
     return out | {
         "read_bandwidth_gb_s": round(bandwidth / 1e9, 2),
         "step_1row_ms": step,
         "floor_ms": round(floor_ms, 2),
         "floor_over_step": round(floor_ms / step, 3),
-        "prefill_tok_s": prefill(lm, opts["prefill"], opts["prefill"])["tok_s"],
-        "decode_tok_s": round(decoded / plain["decode"], 2) if decoded > 0 else None,
-        "llama_cpp": LLAMA_NOT_RUN,
+        **mean_sd("prefill_tok_s", prefills),
+        **mean_sd("decode_tok_s", decode_rates(lm, opts["max_tokens"], opts["repeats"])),
+    }
+
+
+def decode_rates(lm: LoadedModel, max_tokens: int, repeats: int) -> list[float]:
+    """Tokens/s of each of ``repeats`` plain greedy decodes of ``max_tokens`` tokens after a
+    ``CONTEXT``-token prompt, after an untimed one (the tokens after the first over the
+    time after the prompt pass; a run that ends on its first token has none)."""
+    ids = list(range(1, CONTEXT + 1))
+    run_plain(lm, ids, max_tokens)
+    rates = []
+    for _ in range(repeats):
+        plain = run_plain(lm, ids, max_tokens)
+        decoded = len(plain["ids"]) - 1  # the first token comes from the prompt pass
+        if decoded > 0:
+            rates.append(decoded / plain["decode"])
+    return rates
+
+
+def mean_sd(key: str, rates: list[float]) -> dict[str, float | None]:
+    """``key``: the mean of ``rates`` (as llama-bench reports), ``key_stddev``: their
+    standard deviation."""
+    return {
+        key: round(statistics.mean(rates), 2) if rates else None,
+        f"{key}_stddev": round(statistics.stdev(rates), 2) if len(rates) > 1 else None,
     }
 
 
@@ -332,6 +386,59 @@ def measure_speculative(model: str, limit: int, max_tokens: int) -> dict[str, An
     }
 
 
+def write_ggufs(
+    checkpoint: Path, out: Path, shape: str, formats: list[str], llamacpp: tuple[Path, Path] | None
+) -> dict[str, tuple[Path, str]]:
+    """Each of ``formats``' GGUF file of the checkpoint in ``out`` and how it was written:
+    with ``llamacpp`` (its build and binaries' directories) by llama.cpp's converter (BF16)
+    and ``llama-quantize`` from that (the others), else by ``write_gguf``."""
+    out.mkdir(parents=True, exist_ok=True)
+    files = {fmt: out / f"{shape}-{fmt}.gguf" for fmt in formats}
+    if llamacpp is None:
+        for fmt, path in files.items():
+            write_gguf(path, shape, GGUF_FORMATS[fmt])
+        return {fmt: (path, "gguf-py's GGUFWriter and gguf.quants") for fmt, path in files.items()}
+    build_dir, bin_dir = llamacpp
+    bf16 = out / f"{shape}-gguf-bf16.gguf"
+    convert(build_dir, checkpoint, bf16, "bf16")
+    written = {"gguf-bf16": (bf16, "llama.cpp's convert_hf_to_gguf.py --outtype bf16")}
+    for fmt in formats:
+        if fmt != "gguf-bf16":
+            quant = GGUF_FORMATS[fmt].name
+            llama_quantize(bin_dir, bf16, files[fmt], quant)
+            written[fmt] = (files[fmt], f"llama-quantize {quant} of the BF16 file")
+    return {fmt: written[fmt] for fmt in formats}
+
+
+def beside_llama(
+    path: Path, dtype: str, opts: dict[str, Any], bin_dir: Path, ours_first: bool
+) -> dict[str, Any]:
+    """Our figures of the GGUF file at ``path`` and ``llama-bench``'s decode and prompt rates
+    on it (each in a process of its own, in turn), and ours over llama.cpp's."""
+    bench = partial(llama_bench, bin_dir, path, opts["threads"], opts["repeats"])
+    sides: dict[str, dict[str, Any]] = {}
+    for side in ("ours", "llama") if ours_first else ("llama", "ours"):
+        if side == "ours":
+            sides[side] = in_child(measure_shape, str(path), dtype, opts)
+        else:
+            decode = ["-p", "0", "-n", str(opts["max_tokens"]), "-d", str(CONTEXT)]
+            sides[side] = {
+                "decode": bench(decode),
+                "prefill": bench(["-p", str(opts["prefill"]), "-n", "0"]),
+            }
+    ours, llama = sides["ours"], sides["llama"]
+
+    def ratio(ours_key: str, llama_key: str) -> float | None:
+        value = ours.get(ours_key)
+        return None if value is None else round(value / llama[llama_key]["tok_s"], 3)
+
+    return ours | {
+        "llama_cpp": llama,
+        "decode_ours_over_llama": ratio("decode_tok_s", "decode"),
+        "prefill_ours_over_llama": ratio("prefill_tok_s", "prefill"),
+    }
+
+
 def _child(conn: Any, target: Callable[..., dict[str, Any]], args: tuple[Any, ...]) -> None:
     conn.send(target(*args))
 
@@ -356,11 +463,24 @@ def main() -> None:
     parser.add_argument("--dtype", default="bf16")
     parser.add_argument("--prefill", type=int, default=512, help="prompt tokens")
     parser.add_argument("--max-tokens", type=int, default=32, help="plain decode tokens")
-    parser.add_argument("--repeats", type=int, default=5, help="1-row steps timed")
+    parser.add_argument(
+        "--repeats", type=int, default=5, help="1-row steps, prompts, decodes timed"
+    )
     parser.add_argument("--load-only", action="store_true", help="load time and peak RSS only")
     parser.add_argument("--bandwidth-gib", type=float, default=1.0, help="bandwidth probe size")
     parser.add_argument(
-        "--gguf", default=",".join(GGUF_FORMATS), help="GGUF files of the same weights loaded too"
+        "--gguf", default=",".join(GGUF_FORMATS), help="GGUF files of the same weights measured"
+    )
+    parser.add_argument(
+        "--llamacpp",
+        type=Path,
+        default=None,
+        metavar="BUILD_DIR",
+        help="llama.cpp's build (benchmarks.bench_llamacpp --build-dir; built where it is "
+        "not): its converter writes the GGUF files and llama-bench runs beside ours on them",
+    )
+    parser.add_argument(
+        "--threads", type=int, default=available_cpus(), help="ours (after loading) and llama.cpp's"
     )
     parser.add_argument("--spec-models", default="smollm2-135m,gemma3-270m")
     parser.add_argument("--spec-limit", type=int, default=4, help="code edits per model")
@@ -368,29 +488,52 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=Path("/tmp/bench-models"))
     parser.add_argument("--json", type=Path, default=None)
     args = parse(parser, SMOKE)
-    names = ("prefill", "max_tokens", "repeats", "load_only", "bandwidth_gib")
+    names = ("prefill", "max_tokens", "repeats", "load_only", "bandwidth_gib", "threads")
     opts = {k: getattr(args, k) for k in names}
-    result: dict[str, Any] = {"shapes": {}, "speculative": {}}
+    bin_dir = None if args.llamacpp is None else build(args.llamacpp, None)
+    llamacpp = None if bin_dir is None else (args.llamacpp, bin_dir)
+    result: dict[str, Any] = {
+        "tokenizer": TOKENIZER,
+        "llama_cpp": LLAMA_NOT_RUN,
+        "shapes": {},
+        "speculative": {},
+    }
+    if bin_dir is not None:
+        result["llama_cpp"] = {
+            "source": f"{SDIST}'s vendored llama.cpp, {llama_version(bin_dir)}",
+            "decode": f"llama-bench -p 0 -n {args.max_tokens} -d {CONTEXT}",
+            "prefill": f"llama-bench -p {args.prefill} -n 0",
+            "threads": args.threads,
+            "repeats": args.repeats,
+        }
+    formats = [f for f in args.gguf.split(",") if f]
     for shape in args.shapes.split(","):
-        directory = args.dir / shape
-        shutil.rmtree(directory, ignore_errors=True)
+        directory, gguf_dir = args.dir / shape, args.dir / f"{shape}-gguf"
+        for d in (directory, gguf_dir):
+            shutil.rmtree(d, ignore_errors=True)
         try:
-            written = write_checkpoint(directory, shape)
-            figures = in_child(measure_shape, str(directory), args.dtype, opts)
-        finally:
-            shutil.rmtree(directory, ignore_errors=True)
-        result["shapes"][shape] = {"checkpoint_mib": round(written / MIB), **figures}
-        print(shape, json.dumps(result["shapes"][shape]), flush=True)
-        for fmt in filter(None, args.gguf.split(",")):
-            path = args.dir / f"{shape}-{fmt}.gguf"
             try:
-                written = write_gguf(path, shape, GGUF_FORMATS[fmt])
-                load_only = {**opts, "load_only": True}
-                figures = in_child(measure_shape, str(path), args.dtype, load_only)
+                written = write_checkpoint(directory, shape)
+                figures = in_child(measure_shape, str(directory), args.dtype, opts)
+                entry = result["shapes"][shape] = {
+                    "checkpoint_mib": round(written / MIB),
+                    **figures,
+                }
+                print(shape, json.dumps(entry), flush=True)
+                files = write_ggufs(directory, gguf_dir, shape, formats, llamacpp)
             finally:
-                path.unlink(missing_ok=True)
-            result["shapes"][shape][fmt] = {"file_mib": round(written / MIB), **figures}
-            print(shape, fmt, json.dumps(result["shapes"][shape][fmt]), flush=True)
+                shutil.rmtree(directory, ignore_errors=True)
+            for n, (fmt, (path, writer)) in enumerate(files.items()):
+                head = {"file_mib": round(path.stat().st_size / MIB), "writer": writer}
+                if bin_dir is None or args.load_only:
+                    load_only = {**opts, "load_only": True}
+                    figures = in_child(measure_shape, str(path), args.dtype, load_only)
+                else:
+                    figures = beside_llama(path, args.dtype, opts, bin_dir, n % 2 == 0)
+                entry[fmt] = head | figures
+                print(shape, fmt, json.dumps(entry[fmt]), flush=True)
+        finally:
+            shutil.rmtree(gguf_dir, ignore_errors=True)
     for model in filter(None, args.spec_models.split(",")):
         figures = in_child(measure_speculative, model, args.spec_limit, args.spec_max_tokens)
         result["speculative"][model] = figures

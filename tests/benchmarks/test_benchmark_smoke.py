@@ -98,6 +98,12 @@ def _models(result: dict[str, Any]) -> None:
     shape = result["shapes"]["smoke"]
     assert shape["head_is_embedding"] and shape["peak_rss_mib"] > 0 and shape["step_1row_ms"] > 0
     assert {"gguf-bf16", "gguf-q8_0"} <= set(shape)
+    if LLAMACPP_BUILD:  # llama-bench beside ours on each GGUF file
+        for fmt in ("gguf-bf16", "gguf-q8_0"):
+            assert shape[fmt]["llama_cpp"]["decode"]["tok_s"] > 0
+            assert shape[fmt]["decode_ours_over_llama"] > 0
+    else:
+        assert result["llama_cpp"].startswith("not run")
     assert result["speculative"]["smollm2-135m"]["identical"] == "1/1"  # lossless
 
 
@@ -153,5 +159,7 @@ def test_smoke(name: str, tmp_path: Path, request: pytest.FixtureRequest) -> Non
         extra = ["--redis-url", request.getfixturevalue("redis_url")]
     if name == "bench_llamacpp":
         extra = ["--build-dir", str(LLAMACPP_BUILD)]
+    if name == "bench_models" and LLAMACPP_BUILD:
+        extra = ["--llamacpp", LLAMACPP_BUILD]
     result = smoke(name, tmp_path / f"{name}.json", *extra)
     SHAPES.get(name, lambda _: None)(result)
