@@ -29,7 +29,7 @@ from local_verifier.errors import (
     PromptTooLong,
     TenantBusy,
 )
-from local_verifier.grammar import GrammarCompiler, check_grammar
+from local_verifier.grammar import GrammarCompiler, JsonSchema
 from local_verifier.kernels.cpp import release_threads
 from local_verifier.kv_pool import DEFAULT_BLOCK_SIZE, KVPool
 from local_verifier.kv_storage import KVStorage
@@ -93,7 +93,8 @@ class GenerationRequest:
     weight: float = 1.0  # the owner's weight in fair scheduling (> 0)
     penalties: Penalties = field(default_factory=Penalties)
     logprobs: int | None = None  # report logprobs with this many top alternatives (None: off)
-    grammar: str | None = None  # structured output: an llguidance grammar (grammar.json_grammar)
+    # structured output: an llguidance grammar (grammar.json_grammar) or a JSON schema
+    grammar: str | JsonSchema | None = None
 
 
 @dataclass(frozen=True)
@@ -224,12 +225,14 @@ class Engine:
         """Queue ``req``; ``on_item`` gets (on the engine thread) each ``TextDelta``, then a
         ``GenerationStats`` or an ``Exception``, then ``END`` (after a cancel: just ``END``).
 
-        Raises ``PromptTooLong``/``ValueError`` (bad request) or ``EngineBusy`` (queue full)
-        here. ``drafter``/``controller`` replace the request's own lookup drafter and
-        controller (tests inject fixed drafts this way).
+        Raises ``PromptTooLong``/``ValueError`` (bad request; ``InvalidGrammar`` for its
+        grammar) or ``EngineBusy`` (queue full) here. The grammar is compiled here, on the
+        calling thread. ``drafter``/``controller`` replace the request's own lookup drafter
+        and controller (tests inject fixed drafts this way).
         """
         req = self._tokenised(req)
         request = self._request(req, on_item, drafter, controller)
+        self._constrain([request], req)
         return self._enqueue([(request, req)])
 
     def submit_n(
@@ -240,7 +243,8 @@ class Engine:
         Answer ``i`` is the answer ``req`` with seed ``seed + i`` gets alone (unseeded:
         its own random stream), with its own drafts. Answers ``1..n-1`` are admitted once
         answer 0's prompt is in the pool and read its full blocks from the prefix cache,
-        so the prompt is computed once. ``cancel()`` on the handle cancels all ``n``.
+        so the prompt is computed once; the grammar is compiled once, here, and each answer
+        masks with its own copy. ``cancel()`` on the handle cancels all ``n``.
         """
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be an integer >= 1, got {n!r}")
@@ -253,6 +257,7 @@ class Engine:
             params = dataclasses.replace(req.params, seed=None if seed is None else seed + i)
             member = dataclasses.replace(req, params=params)
             group.append((self._request(member, functools.partial(on_item, i)), member))
+        self._constrain([request for request, _ in group], req)
         group[0][0].followers = [request for request, _ in group[1:]]
         return self._enqueue(group)
 
@@ -313,8 +318,6 @@ class Engine:
             raise ValueError(f"weight must be a positive number, got {req.weight!r}")
         max_new = room if req.max_tokens is None else min(req.max_tokens, room)
         req.penalties.check_vocab(self.lm.config.vocab_size)
-        if req.grammar is not None:
-            check_grammar(req.grammar)
         params = req.params
         device = self.lm.model.device
         return Request(
@@ -336,6 +339,15 @@ class Engine:
             penalties=req.penalties,
             logprobs=top,
         )
+
+    def _constrain(self, requests: list[Request], req: GenerationRequest) -> None:
+        """Compile ``req``'s grammar (after its cheaper checks, on the submitting thread:
+        never the engine thread) and give each of its answers a copy."""
+        if req.grammar is None:
+            return
+        compiled = self.grammars.compile(req.grammar)
+        for request in requests:
+            request.grammar = compiled.constraint()
 
     def _enqueue(self, group: list[tuple[Request, GenerationRequest]]) -> Handle:
         """Hand a request (and its followers) to the engine thread."""
@@ -459,9 +471,7 @@ class Engine:
                 scheduler.fail_all(exc)
 
     def _prepare(self, request: Request, req: GenerationRequest) -> None:
-        """Build the request's grammar matcher, drafter and controller (on the engine thread)."""
-        if req.grammar is not None:
-            request.grammar = self.grammars.constraint(req.grammar)
+        """Build the request's drafter and controller (on the engine thread)."""
         if not req.draft:
             return
         if request.drafter is None:

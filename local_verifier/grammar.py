@@ -8,18 +8,23 @@ path from the root to node ``i``, so row for row the same mask meets the same lo
 the result is bitwise that of plain decoding. Draft nodes the grammar forbids are cut from
 the draft before the forward pass (:meth:`Constraint.prune`). One llguidance matcher per
 request follows the committed tokens; a step moves it along draft paths with its
-``rollback`` and returns it. docs/structured-output.md says why llguidance.
+``rollback`` and returns it. A request's grammar is compiled once, under :data:`LIMITS`,
+on the thread that submits it (:meth:`GrammarCompiler.compile`); each of its answers
+starts from a copy of that matcher. docs/structured-output.md says why llguidance and
+why these limits.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Mapping, Sequence, Set
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
-from llguidance import LLMatcher, LLTokenizer
+from llguidance import LLMatcher, LLParserLimits, LLTokenizer
 
 from local_verifier.tokenizer import Tokenizer
 from lookup.draft import Draft
@@ -27,58 +32,104 @@ from lookup.draft import Draft
 # between JSON tokens: bounded, so a sampled answer cannot spend its tokens on whitespace
 WHITESPACE = r"[\x20\x0A\x0D\x09]{0,16}"
 
+# Bounds on one request's grammar work, for its compile and every mask and token after
+# it (docs/structured-output.md gives the measurements behind each value).
+LIMITS = LLParserLimits(
+    max_items_in_row=2000,  # parser items in one row: ~500 optional properties of an object
+    initial_lexer_fuel=200_000,  # lexer regexes built at compile: ~4 ms of lexer work
+    step_lexer_fuel=50_000,  # lexer work for one mask: ~4 ms
+    step_max_items=50_000,  # parser items for one mask: ~2.5 ms
+    max_lexer_states=20_000,  # lexer states: at most ~40 MB a request
+    max_grammar_size=10_000,  # grammar symbols: ~2,500 required or ~1,250 optional properties
+    precompute_large_lexemes=True,  # large lexemes walk the token trie at compile, not per mask
+    verbose_errors=False,  # error messages name the problem, not the parser's state
+)
+
+_NON_VERBOSE = "\n<non-verbose/>"  # llguidance's mark on a parser error that omits its state
+
+
+class InvalidGrammar(ValueError):
+    """A grammar or JSON schema llguidance rejects, or whose compile exceeds :data:`LIMITS`."""
+
+
+@dataclass(frozen=True)
+class JsonSchema:
+    """Structured output as JSON matching ``schema`` (None: any JSON object); turned into
+    llguidance's grammar when the request is compiled."""
+
+    schema: Mapping[str, Any] | None = None
+
 
 def json_grammar(schema: Mapping[str, Any] | None) -> str:
-    """The grammar of JSON matching ``schema`` (None: any JSON object).
+    """llguidance's grammar text for JSON matching ``schema`` (None: any JSON object).
 
-    Raises ``ValueError`` naming what is wrong when the schema cannot be compiled.
+    Only wraps the schema: the schema is checked when the grammar is compiled.
     """
     spec = {"type": "object"} if schema is None else dict(schema)
     try:
-        grammar = LLMatcher.grammar_from_json_schema(
+        return LLMatcher.grammar_from_json_schema(
             spec, overrides={"whitespace_pattern": WHITESPACE}
         )
     except (ValueError, TypeError) as exc:
-        raise ValueError(f"invalid JSON schema: {exc}") from None
-    error = _error(grammar)
-    if error:
-        raise ValueError(f"invalid JSON schema: {error}")
-    return grammar
-
-
-def check_grammar(grammar: str) -> None:
-    """Raise ``ValueError`` unless ``grammar`` (llguidance's format) compiles."""
-    error = _error(grammar)
-    if error:
-        raise ValueError(f"invalid grammar: {error}")
-
-
-def _error(grammar: str) -> str:
-    is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar)
-    return (messages[0] if messages else "rejected") if is_error else ""
+        raise InvalidGrammar(f"invalid JSON schema: {exc}") from None
 
 
 class GrammarCompiler:
-    """Builds request matchers for one tokenizer; its token index is built on first use."""
+    """Compiles requests' grammars for one tokenizer; its token index is built on first use.
+
+    Thread-safe: requests are compiled on the threads that submit them.
+    """
 
     def __init__(self, tokenizer: Tokenizer, vocab_size: int) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self._ll: LLTokenizer | None = None
+        self._lock = threading.Lock()
 
-    def constraint(self, grammar: str) -> Constraint:
-        """A fresh matcher for ``grammar`` (checked with :func:`check_grammar`)."""
-        if self._ll is None:
-            eos = sorted(self.tokenizer.eos_ids)
-            if not eos:  # the grammar ends the answer with one
-                raise ValueError("structured output needs a tokenizer with an end-of-sequence id")
-            self._ll = LLTokenizer(
-                self.tokenizer.backend.to_str(), n_vocab=self.vocab_size, eos_token=eos
-            )
-        matcher = LLMatcher(self._ll, grammar, log_level=0)
+    def compile(self, grammar: str | JsonSchema) -> CompiledGrammar:
+        """``grammar`` (llguidance's format, or a JSON schema) compiled under :data:`LIMITS`.
+
+        Raises :class:`InvalidGrammar` naming the problem when llguidance rejects it or
+        its compile or first mask exceeds the limits. llguidance releases the GIL while
+        it compiles.
+        """
+        if isinstance(grammar, JsonSchema):
+            text, what = json_grammar(grammar.schema), "invalid JSON schema"
+        else:
+            text, what = grammar, "invalid grammar"
+        matcher = LLMatcher(self._tokenizer(), text, log_level=0, limits=LIMITS)
+        if not matcher.is_error():
+            matcher.compute_bitmask()  # a first mask over the limits is this error, not a step's
         if matcher.is_error():
-            raise ValueError(f"invalid grammar: {matcher.get_error()}")
-        return Constraint(matcher, self.vocab_size, self.tokenizer.eos_ids)
+            reason = matcher.get_error().removesuffix(_NON_VERBOSE)
+            raise InvalidGrammar(f"{what}: {reason}")
+        return CompiledGrammar(matcher, self.vocab_size, self.tokenizer.eos_ids)
+
+    def _tokenizer(self) -> LLTokenizer:
+        with self._lock:  # two submitting threads build it once
+            if self._ll is None:
+                eos = sorted(self.tokenizer.eos_ids)
+                if not eos:  # the grammar ends the answer with one
+                    raise InvalidGrammar(
+                        "structured output needs a tokenizer with an end-of-sequence id"
+                    )
+                self._ll = LLTokenizer(
+                    self.tokenizer.backend.to_str(), n_vocab=self.vocab_size, eos_token=eos
+                )
+            return self._ll
+
+
+class CompiledGrammar:
+    """A request's compiled grammar: each answer's :class:`Constraint` starts from a copy."""
+
+    def __init__(self, matcher: LLMatcher, vocab_size: int, eos_ids: Set[int]) -> None:
+        self._matcher = matcher  # never advanced: the state before any token
+        self.vocab_size = vocab_size
+        self.eos_ids = eos_ids
+
+    def constraint(self) -> Constraint:
+        """A fresh matcher for one answer (a copy of the compiled one: no compile)."""
+        return Constraint(self._matcher.deep_copy(), self.vocab_size, self.eos_ids)
 
 
 class Constraint:

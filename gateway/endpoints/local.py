@@ -22,7 +22,7 @@ from starlette.types import Send
 from gateway import prediction_policy
 from gateway.call import Call
 from gateway.config import EndpointConfig
-from gateway.endpoints import local_stream
+from gateway.endpoints import local_stream, response_format
 from gateway.endpoints.capabilities import CAPABILITIES
 from gateway.endpoints.local_request import (
     attach_documents,
@@ -172,7 +172,8 @@ class LocalEndpoint:
                 raise self._busy()
             gen = await self._generation_request(call, engine)
             job = Job(asyncio.get_running_loop(), n)
-            # tokenising the prompt and prediction takes a while: not on the event loop
+            # tokenising the prompt and prediction and compiling the grammar take a while:
+            # not on the event loop
             job.handle = await asyncio.to_thread(self._submit, engine, gen, job)
             first = await job.next(call)
             if isinstance(first[1], Exception):
@@ -213,9 +214,12 @@ class LocalEndpoint:
 
     def _submit(self, engine: Engine, gen: GenerationRequest, job: Job) -> Handle:
         from local_verifier.errors import EngineBusy, EngineClosed, PromptTooLong, TenantBusy
+        from local_verifier.grammar import InvalidGrammar
 
         try:
             return engine.submit_n(gen, job.n, job.push)
+        except InvalidGrammar as exc:  # a ValueError: caught first, it names response_format
+            raise response_format.rejected(gen.grammar, exc) from None
         except PromptTooLong as exc:
             raise InvalidRequest(
                 str(exc), param="messages", code="context_length_exceeded"

@@ -1,5 +1,6 @@
 """``response_format`` on the local endpoint (real SmolLM2, real ``openai`` client): answers
-satisfy the schema, drafts do not change them, bad formats are a 400 naming the field."""
+satisfy the schema, drafts do not change them, bad formats and schemas over the grammar
+limits are a 400 naming the field, ``n`` answers share one compile."""
 
 from __future__ import annotations
 
@@ -8,6 +9,10 @@ from typing import Any
 
 import openai
 import pytest
+from llguidance import LLMatcher
+
+from gateway.endpoints.response_format import grammar_for
+from local_verifier import grammar
 
 MODEL = "smollm2-135m"
 MESSAGES: list[Any] = [
@@ -26,6 +31,12 @@ SCHEMA: dict[str, Any] = {
 SCHEMA_FORMAT = {
     "type": "json_schema",
     "json_schema": {"name": "person", "strict": True, "schema": SCHEMA},
+}
+# over the grammar's size limit: its compile is refused (a 400), not run to the end
+WIDE: dict[str, Any] = {
+    "type": "object",
+    "properties": {f"p{i}": {"type": "string"} for i in range(3000)},
+    "required": [f"p{i}" for i in range(3000)],
 }
 # a draft that is right at first, then breaks the schema (a wrong key, an extra field)
 PREDICTION = '{\n  "name": "John",\n  "agee": 30,\n  "color": "red",\n  "x": 1\n}'
@@ -92,6 +103,11 @@ def test_json_object_parses(local_url: str) -> None:
             {"type": "json_schema", "json_schema": {"name": "p", "schema": {"$ref": "#/nope"}}},
             "response_format.json_schema.schema",
         ),
+        (
+            {"type": "json_schema", "json_schema": {"name": "p", "schema": WIDE}},
+            "response_format.json_schema.schema: invalid JSON schema: grammar size (number "
+            "of symbols) too big (limit for this grammar: 10000)",
+        ),
     ],
 )
 def test_bad_response_format_is_400_naming_the_field(
@@ -101,6 +117,36 @@ def test_bad_response_format_is_400_naming_the_field(
         ask(local_url, response_format, draft=True)
     assert err.value.param == "response_format"
     assert words in str(err.value.message)
+
+
+def test_the_event_loop_checks_only_the_shape() -> None:
+    """The schema reaches the engine unchecked: its compile is off the event loop."""
+    bad = {"type": "strin"}
+    value = {"type": "json_schema", "json_schema": {"name": "p", "schema": bad}}
+    assert grammar_for(value) == grammar.JsonSchema(bad)
+    assert grammar_for({"type": "json_object"}) == grammar.JsonSchema()
+    assert grammar_for({"type": "text"}) is None and grammar_for(None) is None
+
+
+class CountingMatcher:
+    """Stands in for llguidance's LLMatcher in local_verifier.grammar: counts compiles."""
+
+    built = 0
+    grammar_from_json_schema = staticmethod(LLMatcher.grammar_from_json_schema)
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> LLMatcher:  # type: ignore[misc]
+        cls.built += 1
+        return LLMatcher(*args, **kwargs)
+
+
+def test_n_answers_compile_the_schema_once(local_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(grammar, "LLMatcher", CountingMatcher)
+    answer = ask(local_url, SCHEMA_FORMAT, draft=True, temperature=1.0, seed=3, n=3)
+    assert CountingMatcher.built == 1
+    assert len(answer.choices) == 3
+    for choice in answer.choices:
+        assert choice.finish_reason == "stop"
+        assert satisfies(json.loads(choice.message.content)), choice.message.content
 
 
 N_SAMPLED = 50
