@@ -122,18 +122,23 @@ class FairQueue(Generic[R]):
 
 
 def split(
-    budget: int, wants: Mapping[str, int], weights: Mapping[str, float], credit: dict[str, float]
+    budget: int,
+    wants: Mapping[str, int],
+    weights: Mapping[str, float],
+    credit: dict[str, float],
+    caps: Mapping[str, int] | None = None,
 ) -> dict[str, int]:
     """Share ``budget`` tokens between tenants wanting ``wants[t]`` tokens: each gets its
-    weighted share plus the ``credit`` it carried over (updated in place), what a tenant
-    leaves goes to the others; a tenant wanting nothing loses its credit."""
+    share by ``weights`` (every running tenant's, wanting or not) plus the ``credit`` it
+    carried over (updated in place), what the others leave goes on up to ``caps[t]``
+    (None: no cap); a tenant wanting nothing loses its credit."""
     for owner in [o for o in credit if not wants.get(o)]:
         del credit[owner]
     active = [o for o, want in wants.items() if want > 0]
     grant = dict.fromkeys(active, 0)
     if not active or budget <= 0:
         return grant
-    total = sum(weights[o] for o in active)
+    total = sum(weights.values())  # every running tenant's weight: its share is kept for it
     left = budget
     for owner in active:  # weighted shares (and carried credit), at least one token each
         credit[owner] = credit.get(owner, 0.0) + budget * weights[owner] / total
@@ -142,7 +147,8 @@ def split(
         credit[owner] -= take
         left -= take
     for owner in active:  # what some leave, to those wanting more
-        more = min(wants[owner] - grant[owner], left)
+        cap = wants[owner] if caps is None else max(caps.get(owner, wants[owner]), grant[owner])
+        more = min(min(wants[owner], cap) - grant[owner], left)
         grant[owner] += more
         left -= more
         if grant[owner] == wants[owner]:  # no backlog: nothing to carry over

@@ -376,8 +376,9 @@ class Scheduler:
         weights: dict[str, float] = {}
         for req in prefilling:
             wants[req.owner] = wants.get(req.owner, 0) + req.to_fill - req.computed
+        for req in self.running:
             weights[req.owner] = req.weight
-        grants = split(budget, wants, weights, self._prefill_credit)
+        grants = split(budget, wants, weights, self._prefill_credit, self._prefill_caps())
         for req in prefilling:
             grant = grants[req.owner]
             if grant <= 0:
@@ -430,6 +431,17 @@ class Scheduler:
                     self._after_verify(row.request, row.draft, out, verdict)
             except Exception as exc:  # one request's failure ends only that request
                 self._finish(row.request, exc)
+
+    def _prefill_caps(self) -> dict[str, int] | None:
+        """With several tenants running, each one's prompt rows in a step at most its weighted
+        share of the token budget: what a tenant that is only decoding leaves is not given
+        to another's prefill, so one tenant's long prompts or recomputation cannot make the
+        others' decode steps slow (None: one tenant, who may use the whole budget)."""
+        weights = {r.owner: r.weight for r in self.running}
+        if len(weights) < 2:
+            return None
+        total = sum(weights.values())
+        return {o: max(int(self.token_budget * w / total), 1) for o, w in weights.items()}
 
     def _fair_drafts(self, decoding: list[Request], drafts: list[Draft]) -> list[Draft]:
         """With several tenants decoding, each one's draft rows within its weighted share

@@ -116,6 +116,19 @@ def test_prefill_budget_is_shared_by_weight_and_what_is_left_goes_on() -> None:
     assert "b" not in credit  # a tenant with nothing to prefill keeps no credit
 
 
+def test_what_a_tenant_leaves_goes_on_only_up_to_the_others_caps() -> None:
+    weights = {"a": 1.0, "b": 1.0}
+    # b decodes and prefills nothing: a's prompt takes at most its cap, not the whole budget
+    assert split(64, {"a": 1000}, weights, {}, caps={"a": 32, "b": 32}) == {"a": 32}
+    # the weighted share itself is never cut, whatever the cap
+    assert split(64, {"a": 1000, "b": 1000}, weights, {}, caps={"a": 8, "b": 8}) == {
+        "a": 32,
+        "b": 32,
+    }
+    # b leaves 22 of its 32: a takes them only up to its cap of 40
+    assert split(64, {"a": 1000, "b": 10}, weights, {}, caps={"a": 40}) == {"a": 40, "b": 10}
+
+
 # -- on the engine ---------------------------------------------------------------------------
 
 
