@@ -1,7 +1,10 @@
 """Every product benchmark's ``--smoke`` run, as a user runs it (``python -m benchmarks.NAME``
 from the repository root, in a process of its own), and the shape of the JSON it writes:
 a benchmark that nothing runs breaks unnoticed. Every ``benchmarks/bench_*.py`` is run; the
-ones named in ``SHAPES`` have their figures' shape checked too."""
+ones named in ``SHAPES`` have their figures' shape checked too. The ones in ``SLOW`` load
+and calibrate the real model in several processes (one to two and a half minutes each on a
+2-core AVX2 CPU): they are marked ``slow`` (``pytest -m slow tests/benchmarks``), so the
+default run stays within CI's time on such a machine."""
 
 from __future__ import annotations
 
@@ -18,6 +21,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 BENCHMARKS = sorted(p.stem for p in (ROOT / "benchmarks").glob("bench_*.py"))
 NEEDS_REDIS = {"bench_abuse", "bench_lookup"}
+SLOW = {
+    "bench_decode", "bench_engine", "bench_models", "bench_prefix", "bench_remote",
+    "bench_scale", "bench_serving", "bench_speculative",
+}  # fmt: skip
 LLAMACPP_BUILD = os.environ.get("DRAFTGATE_LLAMACPP_BUILD")
 
 
@@ -141,6 +148,8 @@ SHAPES: dict[str, Callable[[dict[str, Any]], None]] = {
 
 def _param(name: str) -> Any:
     marks = [pytest.mark.redis] if name in NEEDS_REDIS else []
+    if name in SLOW:
+        marks.append(pytest.mark.slow)
     if name == "bench_llamacpp":
         marks.append(
             pytest.mark.skipif(
