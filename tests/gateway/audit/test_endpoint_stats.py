@@ -1,4 +1,5 @@
-"""Audits report draft acceptance per source from the endpoints' ``draftgate`` stats."""
+"""Audits sum what the endpoints report in their ``draftgate`` stats: draft acceptance per
+source and the answers a local engine preempted."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from typing import Any
 
 from gateway.audit.client import RequestRecord
 from gateway.audit.metrics import FORMULAS, group_stats
-from gateway.audit.report import _sources
+from gateway.audit.report import _latency, _sources
 from sdk.wire.audits import AuditSummary
 
 
@@ -54,3 +55,25 @@ def test_the_report_has_a_row_per_group_with_each_source() -> None:
 def test_no_draft_stats_no_sources() -> None:
     stats = group_stats([_record(None)], config="c", setting="s", concurrency=1, category="all")
     assert stats.acceptance.by_source == {}
+
+
+def test_preempted_answers_and_preemptions_are_summed() -> None:
+    records = [
+        _record({"preemptions": 2}),
+        _record({"preemptions": 0}),
+        _record({"preemptions": 1}),
+    ]
+    records += [_record(None), _record({})]  # endpoints that report no preemptions
+    stats = group_stats(records, config="c", setting="s", concurrency=4, category="all")
+    assert (stats.preempted_requests, stats.preemptions) == (2, 3)
+
+
+def test_the_latency_table_shows_them() -> None:
+    stats = group_stats(
+        [_record({"preemptions": 3})], config="local", setting="s", concurrency=2, category="all"
+    )
+    lines = _latency(AuditSummary.model_construct(formulas=FORMULAS, groups=[stats]))
+    header = next(line for line in lines if line.startswith("| config"))
+    row = next(line for line in lines if line.startswith("| local"))
+    assert header.rstrip(" |").endswith("preempted (times)")
+    assert row.rstrip(" |").endswith("1 (3)")
