@@ -378,7 +378,7 @@ class Scheduler:
             wants[req.owner] = wants.get(req.owner, 0) + req.to_fill - req.computed
         for req in self.running:
             weights[req.owner] = req.weight
-        grants = split(budget, wants, weights, self._prefill_credit, self._prefill_caps())
+        grants = split(budget, wants, weights, self._prefill_credit, self._prefill_caps(weights))
         for req in prefilling:
             grant = grants[req.owner]
             if grant <= 0:
@@ -432,12 +432,12 @@ class Scheduler:
             except Exception as exc:  # one request's failure ends only that request
                 self._finish(row.request, exc)
 
-    def _prefill_caps(self) -> dict[str, int] | None:
+    def _prefill_caps(self, weights: dict[str, float]) -> dict[str, int] | None:
         """With several tenants running, each one's prompt rows in a step at most its weighted
         share of the token budget: what a tenant that is only decoding leaves is not given
         to another's prefill, so one tenant's long prompts or recomputation cannot make the
-        others' decode steps slow (None: one tenant, who may use the whole budget)."""
-        weights = {r.owner: r.weight for r in self.running}
+        others' decode steps slow (None: one tenant, who may use the whole budget).
+        ``weights``: every running tenant's."""
         if len(weights) < 2:
             return None
         total = sum(weights.values())
