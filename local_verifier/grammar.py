@@ -10,12 +10,14 @@ the draft before the forward pass (:meth:`Constraint.prune`). One llguidance mat
 request follows the committed tokens; a step moves it along draft paths with its
 ``rollback`` and returns it. A request's grammar is compiled once, under :data:`LIMITS`,
 on the thread that submits it (:meth:`GrammarCompiler.compile`); each of its answers
-starts from a copy of that matcher. docs/structured-output.md says why llguidance and
-why these limits.
+starts from a copy of that matcher. A grammar that compiles may still exceed a per-token
+limit later in an answer: that answer ends with :class:`GrammarLimitExceeded`, the
+client's error. docs/structured-output.md says why llguidance and why these limits.
 """
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Mapping, Sequence, Set
@@ -47,9 +49,33 @@ LIMITS = LLParserLimits(
 
 _NON_VERBOSE = "\n<non-verbose/>"  # llguidance's mark on a parser error that omits its state
 
+# llguidance's errors for one token's work over LIMITS (max_items_in_row, step_max_items,
+# step_lexer_fuel, max_lexer_states); its other errors, a rejected token among them, are
+# the engine's own failures
+_OVER_LIMITS = re.compile(
+    r"(?i:parser error): (?:Current row has \d+ items; max is \d+|Too many items \(limit \d+)"
+    r"|lexer error: too many (?:expressions constructed|states: \d+ >= \d+)"
+)
+
 
 class InvalidGrammar(ValueError):
     """A grammar or JSON schema llguidance rejects, or whose compile exceeds :data:`LIMITS`."""
+
+
+class GrammarLimitExceeded(InvalidGrammar):
+    """A compiled grammar's work for one token of an answer exceeded :data:`LIMITS`: the
+    answer ends. The message is the client's (it names no internals); ``reason`` is
+    llguidance's, for the log."""
+
+    def __init__(self, tokens: int, reason: str) -> None:
+        super().__init__(
+            "response_format's grammar exceeded the engine's per-token grammar limits after "
+            f"{tokens} output token{'' if tokens == 1 else 's'}; simplify the schema (for "
+            "example fewer optional properties in one object, fewer alternatives or enum "
+            "values, simpler string patterns)"
+        )
+        self.tokens = tokens
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -140,6 +166,7 @@ class Constraint:
         self.vocab_size = vocab_size
         self.eos_ids = eos_ids
         self.seconds = 0.0  # time spent in the grammar (pruning, masks, commits)
+        self.committed = 0  # the answer's tokens the matcher has consumed (up to an EOS)
         self._path: list[int] = []  # draft tokens consumed beyond the committed ones
 
     def prune(self, draft: Draft) -> Draft:
@@ -177,16 +204,18 @@ class Constraint:
         ids = [int(t) for t in tokens]
         end = next((i for i, t in enumerate(ids) if t in self.eos_ids), len(ids))
         if not self.matcher.consume_tokens(ids[:end]):
-            raise RuntimeError(f"grammar rejected an emitted token: {self.matcher.get_error()}")
+            raise self._failed("grammar rejected an emitted token")
+        self.committed += end
         self.seconds += time.perf_counter() - began
 
     def forbidden(self, path: Sequence[int]) -> torch.Tensor:
         """Bool ``[V]``: the tokens the grammar forbids after the committed tokens + ``path``."""
         self._goto(list(path))
-        if self.matcher.is_error():
-            raise RuntimeError(f"grammar failed: {self.matcher.get_error()}")
+        packed = self.matcher.compute_bitmask()
+        if self.matcher.is_error():  # a failed mask allows only EOS: never used
+            raise self._failed("grammar failed")
         # invert the packed bits (8 tokens a byte), then unpack: one pass over the vocabulary
-        bits = np.invert(np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8))
+        bits = np.invert(np.frombuffer(packed, dtype=np.uint8))
         return torch.from_numpy(
             np.unpackbits(bits, bitorder="little")[: self.vocab_size].view(bool)
         )
@@ -202,8 +231,16 @@ class Constraint:
         if common < len(current):
             self.matcher.rollback(len(current) - common)
         if common < len(path) and not self.matcher.consume_tokens(path[common:]):
-            raise RuntimeError(f"grammar rejected a draft path: {self.matcher.get_error()}")
+            raise self._failed("grammar rejected a draft path")
         self._path = list(path)
+
+    def _failed(self, what: str) -> Exception:
+        """The matcher's error (it stays in it): :class:`GrammarLimitExceeded` when a limit
+        caused it, else a ``RuntimeError`` saying ``what`` failed and why."""
+        reason = self.matcher.get_error().removesuffix(_NON_VERBOSE)
+        if _OVER_LIMITS.match(reason):
+            return GrammarLimitExceeded(self.committed, reason)
+        return RuntimeError(f"{what}: {reason}")
 
 
 class MaskedRows:

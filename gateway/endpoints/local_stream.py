@@ -16,7 +16,8 @@ from starlette.types import Send
 
 from gateway.call import Call
 from gateway.endpoints.openai_objects import ChoiceResult, Logprobs, ResponseBuilder, draft_stats
-from gateway.errors import UpstreamError
+from gateway.endpoints.response_format import FIELD
+from gateway.errors import GatewayError, InvalidRequest, UpstreamError
 from gateway.http.asgi import Headers, send_body
 from gateway.http.sse import DONE_EVENT, SSE_HEADERS, data_event, error_event
 
@@ -96,8 +97,20 @@ def combined(stats: list[GenerationStats]) -> GenerationStats:
     )
 
 
-def failed(exc: Exception, endpoint: str) -> UpstreamError:
-    """A generation failure: its detail goes to the log, a generic message to the client."""
+def failed(exc: Exception, endpoint: str) -> GatewayError:
+    """A generation failure. A grammar over the engine's per-token limits is the client's:
+    a 400 naming ``response_format`` with the error's message. Any other failure's detail
+    goes to the log, a generic message to the client."""
+    from local_verifier.grammar import GrammarLimitExceeded
+
+    if isinstance(exc, GrammarLimitExceeded):
+        log.warning(
+            "local endpoint %s: a response_format grammar over the limits after %d tokens: %s",
+            endpoint,
+            exc.tokens,
+            exc.reason,
+        )
+        return InvalidRequest(str(exc), param=FIELD, code="grammar_too_complex")
     log.error("local endpoint %s: generation failed", endpoint, exc_info=exc)
     return UpstreamError("local generation failed", code="generation_failed")
 
@@ -207,9 +220,13 @@ async def stream(
     while True:
         if isinstance(item, Exception):
             error = failed(item, endpoint)
-            call.timing.status = 500
             call.timing.error = error.message
-            await emit(error_event(error.message, "server_error", "generation_failed"))
+            if isinstance(error, UpstreamError):  # the engine's own failure
+                call.timing.status = 500
+                await emit(error_event(error.message, "server_error", error.code))
+            else:  # the request's: the error body its 400 would have had
+                call.timing.status = error.status
+                await emit(data_event(error.payload()))
             break
         if isinstance(item, GenerationStats):
             stats[index] = item

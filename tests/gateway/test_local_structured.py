@@ -1,12 +1,16 @@
 """``response_format`` on the local endpoint (real SmolLM2, real ``openai`` client): answers
 satisfy the schema, drafts do not change them, bad formats and schemas over the grammar
-limits are a 400 naming the field, ``n`` answers share one compile."""
+limits are a 400 naming the field, a schema that exceeds a per-token limit mid-answer is a
+400 (or, once streaming, an error event) naming the field, ``n`` answers share one
+compile."""
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from llguidance import LLMatcher
@@ -38,6 +42,24 @@ WIDE: dict[str, Any] = {
     "properties": {f"p{i}": {"type": "string"} for i in range(3000)},
     "required": [f"p{i}" for i in range(3000)],
 }
+# 600 optional properties: compiles, but the parser row after its "{" is over
+# max_items_in_row, so the answer fails at that token (one key deep: a few tokens in)
+OPTIONAL: dict[str, Any] = {
+    "type": "object",
+    "properties": {f"p{i}": {"type": "string"} for i in range(600)},
+}
+NESTED_FORMAT = {
+    "type": "json_schema",
+    "json_schema": {
+        "name": "nested",
+        "schema": {"type": "object", "properties": {"a": OPTIONAL}, "required": ["a"]},
+    },
+}
+TOP_FORMAT = {"type": "json_schema", "json_schema": {"name": "top", "schema": OPTIONAL}}
+TOO_COMPLEX = re.compile(
+    r"response_format's grammar exceeded the engine's per-token grammar limits after "
+    r"(\d+) output tokens?; simplify the schema \(.*\)"
+)
 # a draft that is right at first, then breaks the schema (a wrong key, an extra field)
 PREDICTION = '{\n  "name": "John",\n  "agee": 30,\n  "color": "red",\n  "x": 1\n}'
 MAX_TOKENS = 48
@@ -117,6 +139,60 @@ def test_bad_response_format_is_400_naming_the_field(
         ask(local_url, response_format, draft=True)
     assert err.value.param == "response_format"
     assert words in str(err.value.message)
+
+
+def too_complex(error: dict[str, Any]) -> int:
+    """The output tokens an OpenAI-style grammar_too_complex error names."""
+    assert error["param"] == "response_format" and error["code"] == "grammar_too_complex"
+    assert error["type"] == "invalid_request_error"
+    match = TOO_COMPLEX.fullmatch(error["message"])
+    assert match is not None, error["message"]
+    return int(match.group(1))
+
+
+@pytest.mark.parametrize(
+    ("response_format", "stream"), [(NESTED_FORMAT, False), (TOP_FORMAT, True)]
+)
+def test_a_grammar_over_a_step_limit_before_any_output_is_400(
+    local_url: str, response_format: Any, stream: bool
+) -> None:
+    """Nothing was sent when the answer failed (not streamed, or at its first token)."""
+    body = {
+        "model": MODEL,
+        "messages": MESSAGES,
+        "max_tokens": 16,
+        "temperature": 0,
+        "response_format": response_format,
+        "stream": stream,
+    }
+    r = httpx.post(f"{local_url}/v1/chat/completions", json=body, timeout=120)
+    assert r.status_code == 400, r.text
+    tokens = too_complex(r.json()["error"])
+    assert tokens == 0 if response_format is TOP_FORMAT else tokens > 0
+    with pytest.raises(openai.BadRequestError) as err:  # as the openai client sees it
+        ask(local_url, response_format, draft=True, temperature=0)
+    assert err.value.param == "response_format" and err.value.code == "grammar_too_complex"
+
+
+def test_a_grammar_over_a_step_limit_mid_stream_ends_with_its_error_event(local_url: str) -> None:
+    body = {
+        "model": MODEL,
+        "messages": MESSAGES,
+        "max_tokens": 16,
+        "temperature": 0,
+        "response_format": NESTED_FORMAT,
+        "stream": True,
+        "draftgate": {"draft": False},  # one token a step: the first ones are sent
+    }
+    with httpx.stream("POST", f"{local_url}/v1/chat/completions", json=body, timeout=120) as r:
+        assert r.status_code == 200
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert "[DONE]" not in events
+    *chunks, last = [json.loads(e) for e in events]
+    pieces = [c["choices"][0]["delta"].get("content") for c in chunks]
+    text = "".join(p for p in pieces if p)
+    assert re.fullmatch(r'\{\s*"a"\s*:?\s*', text), text  # the answer up to the inner "{"
+    assert too_complex(last["error"]) == len([p for p in pieces if p]) > 0  # a token a chunk
 
 
 def test_the_event_loop_checks_only_the_shape() -> None:
