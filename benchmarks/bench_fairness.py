@@ -74,6 +74,7 @@ class Phase:
         return {
             "answers": len(self.texts),
             "ttft_ms": stats(self.ttft),
+            "ttft_ms_each": sorted(round(1000 * t, 1) for t in self.ttft),  # p99 of a few: the max
             "e2e_ms": stats(self.e2e),
             "errors": dict(self.errors),
             "abuser": dict(self.abuser),
@@ -220,7 +221,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         return round(beside_s[metric][q] / base, 2) if base else None
 
     return {
-        "settings": vars(args) | {"json": str(args.json)},
+        "settings": {k: v for k, v in vars(args).items() if k != "json"},
         "alone": alone_s,
         "beside_abuser": beside_s,
         "honest_text_identical": all(same) and len(same) == len(beside.texts),

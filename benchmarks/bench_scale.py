@@ -324,7 +324,7 @@ def _summary(
             f"closed loop, {args.concurrency} workers, chats of {args.max_tokens} tokens; "
             f"each replica runs at most {args.max_batch} at once"
         ),
-        "args": vars(args) | {"json": str(args.json)},
+        "args": {k: v for k, v in vars(args).items() if k != "json"},
         "rounds_done": max(len(v) for v in runs.values()) if runs else 0,
         "elapsed_s": time.monotonic() - started,  # replicas' loading included
         "throughput": {

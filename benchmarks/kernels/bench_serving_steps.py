@@ -87,7 +87,7 @@ def side_by_side(lm: LoadedModel, engine: Engine, prompts: list[list[int]], args
         rounds.append({"round": r + 1, "output_tok_s": tok_s, "this_over_baseline": ratio})
         print(json.dumps(rounds[-1]), flush=True)
     report = {"dtype": str(lm.dtype).removeprefix("torch."), "threads": args.threads}
-    report["baseline"] = str(args.baseline)
+    report["baseline"] = args.baseline.name  # the file, not where it lay
     args.json.write_text(json.dumps({**report, "rounds": rounds}, indent=2) + "\n")
 
 
