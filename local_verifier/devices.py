@@ -121,6 +121,15 @@ class ThreadTuner:
     expects for its rows, and the count whose recent steps ran fastest against it is kept.
     A step's values do not depend on the thread count (the kernels' sums are fixed per
     row), so switching never changes an answer.
+
+    Another process computing on the same cores can make a multi-thread step ~100x slower
+    (each of its parallel regions waits at a barrier for a thread the scheduler took away:
+    a 10 ms step took 1.4 s beside a 2-thread torch loop on 2 cores), while one thread only
+    shares its core. So a forward over ``alarm`` times its expected cost calls a trial at
+    once rather than at the next turn (unless trials are backing off), a trial step over
+    ``alarm`` and worse than the chosen count ends its trial there, and each trial ended
+    so doubles the wait before the next one (up to ``max_backoff`` turns; a trial run to
+    its end resets it).
     """
 
     def __init__(
@@ -130,6 +139,8 @@ class ThreadTuner:
         explore_steps: int = 4,
         decay: float = 0.25,
         margin: float = 0.03,
+        alarm: float = 4.0,
+        max_backoff: int = 32,
     ) -> None:
         if not candidates or min(candidates) < 1:
             raise ValueError("candidates must be thread counts >= 1")
@@ -140,18 +151,24 @@ class ThreadTuner:
         self.explore_steps = explore_steps
         self.decay = decay
         self.margin = margin
+        self.alarm = math.log(alarm)
+        self.max_backoff = max_backoff
         self.score: dict[int, float | None] = dict.fromkeys(self.candidates)
         """Per count: the running mean of log(step seconds / expected seconds)."""
+        self.backoff = 1  # turns of ``explore_every`` steps between trials
         self._steps = max(explore_every - 16, 0)  # the first trial comes soon after start-up
+        self._trials = 0
         self._trial: int | None = None
         self._trial_left = 0
 
     def apply(self) -> int:
         """Set the thread count for the coming forward (returns it)."""
         self._steps += 1
-        if self._trial is None and len(self.candidates) > 1 and self._steps >= self.explore_every:
+        due = self._steps >= self.explore_every * self.backoff
+        if self._trial is None and len(self.candidates) > 1 and due:
             others = [n for n in self.candidates if n != self.chosen]
-            self._trial = others[(self._steps // self.explore_every) % len(others)]
+            self._trial = others[self._trials % len(others)]
+            self._trials += 1
             self._trial_left = self.explore_steps
             self._steps = 0
         threads = self.chosen if self._trial is None else self._trial
@@ -164,16 +181,29 @@ class ThreadTuner:
         whether it ran on the chosen count (a trial step's time says nothing about the
         cost table)."""
         threads = self.chosen if self._trial is None else self._trial
-        if ratio > 0:
-            x = math.log(ratio)
+        x = math.log(ratio) if ratio > 0 else None
+        if x is not None:
             old = self.score[threads]
             self.score[threads] = x if old is None else old + self.decay * (x - old)
+        chosen = self.score[self.chosen]
         if self._trial is None:
+            if (
+                x is not None
+                and x > self.alarm
+                and self.backoff == 1
+                and self._steps >= self.explore_steps
+            ):
+                self._steps = self.explore_every * self.backoff  # a trial on the next step
             return True
         self._trial_left -= 1
-        if self._trial_left <= 0:
-            trial, chosen = self.score[self._trial], self.score[self.chosen]
+        if x is not None and x > self.alarm and (chosen is None or x > chosen + self.margin):
+            self.score[self._trial] = None  # says nothing of it once the cores are free
+            self._trial = None  # struggling: no more of its steps now, and fewer trials
+            self.backoff = min(2 * self.backoff, self.max_backoff)
+        elif self._trial_left <= 0:
+            trial = self.score[self._trial]
             if trial is not None and (chosen is None or trial < chosen - self.margin):
                 self.chosen = self._trial
             self._trial = None
+            self.backoff = 1
         return False

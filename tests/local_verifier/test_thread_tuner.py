@@ -67,3 +67,40 @@ def test_candidates_must_be_thread_counts() -> None:
         ThreadTuner([])
     with pytest.raises(ValueError):
         ThreadTuner([0, 2])
+
+
+def test_a_struggling_count_calls_a_trial_at_once() -> None:
+    """Another process takes the cores: the chosen count's steps run 50x over the table,
+    and the other count is tried on the next step, not at its next turn."""
+    tuner = ThreadTuner([1, 2], explore_every=64, explore_steps=2)
+    ran = _serve(tuner, {1: 1.0, 2: 1.0}, 60)  # the first turn's trial comes and goes
+    assert ran.count(2) == 2 and tuner.chosen == 1
+    ran = _serve(tuner, {1: 50.0, 2: 1.5}, 8)
+    assert ran[:3] == [1, 2, 2]  # the alarm, then the trial at once
+    assert tuner.chosen == 2 and ran[3:] == [2] * 5
+
+
+def test_a_struggling_trial_ends_at_its_first_step_and_backs_off() -> None:
+    """One thread is chosen; each trial of two threads meets the contention: it ends at
+    its first step, and each such trial doubles the wait before the next."""
+    tuner = ThreadTuner([1, 2], explore_every=8, explore_steps=4, max_backoff=4)
+    ran = _serve(tuner, {1: 1.0, 2: 100.0}, 8 + 16 + 32 + 32 + 32)
+    trials = [i for i, threads in enumerate(ran) if threads == 2]
+    assert [b - a for a, b in zip(trials, trials[1:], strict=False)] == [16, 32, 32, 32]
+    assert tuner.chosen == 1 and tuner.backoff == 4
+    # the contention ends: the next trial runs its 4 steps, wins and resets the wait
+    ran = _serve(tuner, {1: 1.0, 2: 0.6}, 40)
+    assert tuner.chosen == 2 and tuner.backoff == 1
+    first = ran.index(2)  # the trial at the backed-off turn (4 x 8 steps), then chosen
+    assert first <= 32 and ran[first : first + 8] == [2] * 8
+
+
+def test_an_alarm_on_both_counts_does_not_trial_every_step() -> None:
+    """Both counts over the alarm (a heavily loaded machine): once a trial has ended
+    early, alarms call no trial and trials come as the backoff allows; the better count
+    is kept."""
+    tuner = ThreadTuner([1, 2], explore_every=8, explore_steps=2, max_backoff=8)
+    ran = _serve(tuner, {1: 20.0, 2: 60.0}, 8 + 16 + 32 + 64 + 64)
+    trials = [i for i, threads in enumerate(ran) if threads == 2]
+    assert [b - a for a, b in zip(trials, trials[1:], strict=False)] == [16, 32, 64, 64]
+    assert tuner.chosen == 1 and tuner.backoff == 8
