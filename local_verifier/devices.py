@@ -178,8 +178,8 @@ class ThreadTuner:
 
     def observe(self, ratio: float) -> bool:
         """Record the forward just run: its seconds over the expected seconds. Returns
-        whether it ran on the chosen count (a trial step's time says nothing about the
-        cost table)."""
+        whether the cost table should learn from it: it ran on the chosen count and did
+        not stall (a trial step's time says nothing about the table)."""
         threads = self.chosen if self._trial is None else self._trial
         x = math.log(ratio) if ratio > 0 else None
         if x is not None:
@@ -194,6 +194,7 @@ class ThreadTuner:
                 and self._steps >= self.explore_steps
             ):
                 self._steps = self.explore_every * self.backoff  # a trial on the next step
+                return False  # a stall, not what the cost table should learn
             return True
         self._trial_left -= 1
         if x is not None and x > self.alarm and (chosen is None or x > chosen + self.margin):

@@ -75,9 +75,11 @@ def test_a_struggling_count_calls_a_trial_at_once() -> None:
     tuner = ThreadTuner([1, 2], explore_every=64, explore_steps=2)
     ran = _serve(tuner, {1: 1.0, 2: 1.0}, 60)  # the first turn's trial comes and goes
     assert ran.count(2) == 2 and tuner.chosen == 1
-    ran = _serve(tuner, {1: 50.0, 2: 1.5}, 8)
-    assert ran[:3] == [1, 2, 2]  # the alarm, then the trial at once
-    assert tuner.chosen == 2 and ran[3:] == [2] * 5
+    threads = tuner.apply()
+    assert threads == 1 and not tuner.observe(50.0)  # a stall: not for the cost table
+    ran = _serve(tuner, {1: 50.0, 2: 1.5}, 7)
+    assert ran[:2] == [2, 2]  # the trial at once
+    assert tuner.chosen == 2 and ran[2:] == [2] * 5
 
 
 def test_a_struggling_trial_ends_at_its_first_step_and_backs_off() -> None:
