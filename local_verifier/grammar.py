@@ -7,12 +7,15 @@ a verify step masks row ``i + 1`` with the state after the committed tokens plus
 path from the root to node ``i``, so row for row the same mask meets the same logits and
 the result is bitwise that of plain decoding. Draft nodes the grammar forbids are cut from
 the draft before the forward pass (:meth:`Constraint.prune`). One llguidance matcher per
-request follows the committed tokens; a step moves it along draft paths with its
-``rollback`` and returns it. A request's grammar is compiled once, under :data:`LIMITS`,
-on the thread that submits it (:meth:`GrammarCompiler.compile`); each of its answers
-starts from a copy of that matcher. A grammar that compiles may still exceed a per-token
-limit later in an answer: that answer ends with :class:`GrammarLimitExceeded`, the
-client's error. docs/structured-output.md says why llguidance and why these limits.
+request follows the committed tokens; a step walks draft paths on one copy of it, with its
+``rollback``. A request's grammar is compiled once, under :data:`LIMITS`, on the thread
+that submits it (:meth:`GrammarCompiler.compile`); each of its answers starts from a copy
+of that matcher. A grammar that compiles may still exceed a per-token limit later in an
+answer: that answer ends with :class:`GrammarLimitExceeded`, the client's error, after
+the tokens plain decoding emits before it, drafts or not (a step's tokens are committed
+one at a time; a draft row over a limit ends the step at its node,
+:class:`DraftRowOverLimit`). docs/structured-output.md says why llguidance and why these
+limits.
 """
 
 from __future__ import annotations
@@ -158,8 +161,36 @@ class CompiledGrammar:
         return Constraint(self._matcher.deep_copy(), self.vocab_size, self.eos_ids)
 
 
+class DraftRowOverLimit(Exception):
+    """Row ``row`` (> 0) of a verify step cannot be masked: the grammar exceeded a limit on
+    the draft path to it. Verification reads a row only once its node was accepted, so that
+    path is plain decoding's too: the step ends with that node's token, and
+    :meth:`Constraint.commit` fails where plain decoding fails on that path."""
+
+    def __init__(self, row: int) -> None:
+        super().__init__(f"draft row {row} over the grammar's limits")
+        self.row = row
+
+
+@dataclass(frozen=True)
+class _Overflow:
+    """Where a draft path went over a limit: after ``path`` (from the committed state),
+    consuming ``token``, or with ``token`` None, masking."""
+
+    path: list[int]
+    token: int | None
+    reason: str
+
+
 class Constraint:
-    """One request's grammar state: its committed tokens and, within a step, a draft path."""
+    """One request's grammar state: its committed tokens and, within a step, a draft path.
+
+    ``matcher`` follows the committed tokens; draft paths are walked on a copy of it (made
+    once per step, when a draft needs one), so a parser limit hit on a draft path leaves the
+    committed state usable. llguidance's copies share one lexer, whose fuel a lexer limit
+    exhausts for all of them, so a limit hit on a draft path is also remembered
+    (``_overflow``): committing that path fails there without the matcher's help.
+    """
 
     def __init__(self, matcher: LLMatcher, vocab_size: int, eos_ids: Set[int]) -> None:
         self.matcher = matcher
@@ -167,10 +198,13 @@ class Constraint:
         self.eos_ids = eos_ids
         self.seconds = 0.0  # time spent in the grammar (pruning, masks, commits)
         self.committed = 0  # the answer's tokens the matcher has consumed (up to an EOS)
-        self._path: list[int] = []  # draft tokens consumed beyond the committed ones
+        self._walker: LLMatcher | None = None  # the committed state + ``_path``
+        self._path: list[int] = []  # draft tokens the walker consumed beyond the committed ones
+        self._overflow: _Overflow | None = None  # this step's, on a draft path a row needed
 
     def prune(self, draft: Draft) -> Draft:
-        """``draft`` without the nodes the grammar forbids (and their descendants)."""
+        """``draft`` without the nodes the grammar forbids or cannot reach within its
+        limits (and their descendants)."""
         if not len(draft):
             return draft
         began = time.perf_counter()
@@ -181,11 +215,13 @@ class Constraint:
         ):
             base = paths[parent + 1]
             if base is not None:
-                self._goto(base)
-                if self.matcher.validate_tokens([token]) == 1:
-                    keep.append(node)
-                    paths.append([*base, token])
-                    continue
+                try:
+                    if self._validate(base, token):
+                        keep.append(node)
+                        paths.append([*base, token])
+                        continue
+                except GrammarLimitExceeded:  # the parent's path: its other children too
+                    paths[parent + 1] = None
             paths.append(None)
         self.seconds += time.perf_counter() - began
         return draft if len(keep) == len(draft) else draft.subset(keep)
@@ -196,32 +232,72 @@ class Constraint:
         """A step's rows ``[k+1, V]`` masked on demand (row ``i + 1`` after node ``i``'s path)."""
         return MaskedRows(self, logits, [int(t) for t in tokens], [int(p) for p in parents])
 
-    def commit(self, tokens: Sequence[int]) -> None:
-        """Advance the committed state by the step's emitted tokens (up to an EOS, which
-        ends the output)."""
+    def commit(self, tokens: Sequence[int]) -> GrammarLimitExceeded | None:
+        """Advance the committed state by the step's emitted tokens up to an EOS (which ends
+        the output), in order, as plain decoding commits them one a step.
+
+        Returns None when all were taken, else the answer's error where plain decoding
+        meets it: consuming a token, or masking after the last (a draft row over a limit).
+        The tokens before it are committed (``committed`` and the error count them); the
+        answer ends there. A token the grammar rejects raises ``RuntimeError`` (never
+        sampled from a masked row: the engine's failure).
+        """
         began = time.perf_counter()
-        self._goto([])
+        overflow, self._overflow = self._overflow, None
+        self._walker, self._path = None, []  # a draft path starts from the new state
         ids = [int(t) for t in tokens]
         end = next((i for i, t in enumerate(ids) if t in self.eos_ids), len(ids))
-        if not self.matcher.consume_tokens(ids[:end]):
-            raise self._failed("grammar rejected an emitted token")
-        self.committed += end
-        self.seconds += time.perf_counter() - began
+        try:
+            if overflow is not None and _meets(overflow, ids[:end]):
+                self.committed += len(overflow.path)  # the walker consumed them
+                return GrammarLimitExceeded(self.committed, overflow.reason)
+            for token in ids[:end]:  # llguidance counts none of a list it fails in
+                if not self.matcher.consume_token(token):
+                    error = self._failed(self.matcher, "grammar rejected an emitted token")
+                    if isinstance(error, GrammarLimitExceeded):
+                        return error
+                    raise error
+                self.committed += 1
+            return None
+        finally:
+            self.seconds += time.perf_counter() - began
 
     def forbidden(self, path: Sequence[int]) -> torch.Tensor:
-        """Bool ``[V]``: the tokens the grammar forbids after the committed tokens + ``path``."""
-        self._goto(list(path))
-        packed = self.matcher.compute_bitmask()
-        if self.matcher.is_error():  # a failed mask allows only EOS: never used
-            raise self._failed("grammar failed")
+        """Bool ``[V]``: the tokens the grammar forbids after the committed tokens + ``path``
+        (a grammar-valid path). Over a limit: :class:`GrammarLimitExceeded` (on a draft
+        path, remembered for :meth:`commit`)."""
+        ids = list(path)
+        matcher = self._walk(ids, record=True) if ids else self.matcher
+        packed = matcher.compute_bitmask()
+        if matcher.is_error():  # a failed mask allows only EOS: never used
+            error = self._failed(matcher, "grammar failed")
+            if ids:
+                self._walker, self._path = None, []
+                if isinstance(error, GrammarLimitExceeded):
+                    self._overflow = _Overflow(ids, None, error.reason)
+            raise error
         # invert the packed bits (8 tokens a byte), then unpack: one pass over the vocabulary
         bits = np.invert(np.frombuffer(packed, dtype=np.uint8))
         return torch.from_numpy(
             np.unpackbits(bits, bitorder="little")[: self.vocab_size].view(bool)
         )
 
-    def _goto(self, path: list[int]) -> None:
-        """Move the matcher to the committed tokens followed by ``path`` (a grammar-valid path)."""
+    def _validate(self, path: list[int], token: int) -> bool:
+        """Whether the grammar allows ``token`` after the committed tokens + ``path``."""
+        walker = self._walk(path)
+        valid = walker.validate_tokens([token]) == 1
+        if walker.is_error():
+            self._walker, self._path = None, []
+            raise self._failed(walker, "grammar failed validating a draft token")
+        return valid
+
+    def _walk(self, path: list[int], record: bool = False) -> LLMatcher:
+        """The walker moved to the committed tokens followed by ``path`` (a grammar-valid
+        path); a copy of the committed matcher when the step has none yet. Over a limit:
+        :class:`GrammarLimitExceeded`, the walker dropped and, with ``record``, where."""
+        if self._walker is None:
+            self._walker, self._path = self.matcher.deep_copy(), []
+        walker = self._walker
         current = self._path
         common = 0
         for a, b in zip(current, path, strict=False):
@@ -229,22 +305,44 @@ class Constraint:
                 break
             common += 1
         if common < len(current):
-            self.matcher.rollback(len(current) - common)
-        if common < len(path) and not self.matcher.consume_tokens(path[common:]):
-            raise self._failed("grammar rejected a draft path")
+            walker.rollback(len(current) - common)
+        # a row's path one token at a time: where a limit is hit is plain decoding's failure
+        # (llguidance counts none of a list it fails in, and a copy made after a lexer limit
+        # shares the exhausted lexer, so the walker that hit it must tell)
+        steps = [path[common:]] if not record else [[t] for t in path[common:]]
+        for i, tokens in enumerate(steps):
+            if not walker.consume_tokens(tokens):
+                self._walker, self._path = None, []
+                error = self._failed(walker, "grammar rejected a draft path")
+                if record and isinstance(error, GrammarLimitExceeded):
+                    self._overflow = _Overflow(path[: common + i], tokens[0], error.reason)
+                raise error
         self._path = list(path)
+        return walker
 
-    def _failed(self, what: str) -> Exception:
-        """The matcher's error (it stays in it): :class:`GrammarLimitExceeded` when a limit
+    def _failed(self, matcher: LLMatcher, what: str) -> Exception:
+        """``matcher``'s error (it stays in it): :class:`GrammarLimitExceeded` when a limit
         caused it, else a ``RuntimeError`` saying ``what`` failed and why."""
-        reason = self.matcher.get_error().removesuffix(_NON_VERBOSE)
+        reason = matcher.get_error().removesuffix(_NON_VERBOSE)
         if _OVER_LIMITS.match(reason):
             return GrammarLimitExceeded(self.committed, reason)
         return RuntimeError(f"{what}: {reason}")
 
 
+def _meets(overflow: _Overflow, ids: list[int]) -> bool:
+    """Whether committing ``ids`` (no EOS) meets ``overflow``: its path, then its token or
+    (a mask) nothing."""
+    n = len(overflow.path)
+    if ids[:n] != overflow.path:
+        return False
+    if overflow.token is None:
+        return len(ids) == n
+    return len(ids) > n and ids[n] == overflow.token
+
+
 class MaskedRows:
-    """Row ``r`` of a step's logits with the grammar's mask at that row applied."""
+    """Row ``r`` of a step's logits with the grammar's mask at that row applied; a draft row
+    over the grammar's limits raises :class:`DraftRowOverLimit`."""
 
     def __init__(
         self, constraint: Constraint, logits: torch.Tensor, tokens: list[int], parents: list[int]
@@ -257,7 +355,13 @@ class MaskedRows:
 
     def __getitem__(self, row: int) -> torch.Tensor:
         began = time.perf_counter()
-        forbidden = self.constraint.forbidden(self.paths[row]).to(self.logits.device)
+        try:
+            forbidden = self.constraint.forbidden(self.paths[row]).to(self.logits.device)
+        except GrammarLimitExceeded:
+            self.constraint.seconds += time.perf_counter() - began
+            if not row:  # the committed state's own mask: plain decoding's failure
+                raise
+            raise DraftRowOverLimit(row) from None
         masked = self.logits[row].float().masked_fill(forbidden, float("-inf"))
         self.constraint.seconds += time.perf_counter() - began
         return masked

@@ -33,7 +33,7 @@ import torch
 
 from local_verifier.devices import ThreadTuner
 from local_verifier.fair_queue import FairQueue, decode_turns, split
-from local_verifier.grammar import Constraint
+from local_verifier.grammar import Constraint, DraftRowOverLimit, GrammarLimitExceeded
 from local_verifier.kv_pool import (
     BlockTable,
     KVPool,
@@ -580,10 +580,18 @@ class Scheduler:
         rows: RowProbs = logits
         if req.grammar is not None:
             rows = req.grammar.rows(logits, draft.tokens.tolist(), draft.parents.tolist())
-        if req.params.greedy:
-            return verify_greedy(rows, draft.tokens, draft.parents)
-        probs = _LazyProbs(rows, req.params)
-        return verify_sampled(probs, draft.tokens, draft.parents, req.generator, sample)  # type: ignore[arg-type]
+        try:
+            if req.params.greedy:
+                return verify_greedy(rows, draft.tokens, draft.parents)
+            probs = _LazyProbs(rows, req.params)
+            return verify_sampled(probs, draft.tokens, draft.parents, req.generator, sample)  # type: ignore[arg-type]
+        except DraftRowOverLimit as over:
+            # A row is read once its node is accepted: plain decoding reaches that node too
+            # and the step ends with its token (the target's own after its parent's row,
+            # whose draw is made); committing the path in ``_emit`` fails where plain
+            # decoding fails on it, unless the answer ends before.
+            path = _path_to(draft, over.row - 1)
+            return Verdict(path[:-1], int(draft.tokens[path[-1]]))
 
     def _logprobs(
         self, req: Request, logits: torch.Tensor, new: list[int], verdict: Verdict
@@ -603,20 +611,29 @@ class Scheduler:
     def _emit(
         self, req: Request, new: list[int], logprobs: list[TokenLogprob] | None = None
     ) -> None:
+        over: GrammarLimitExceeded | None = None
         if req.grammar is not None:
-            req.grammar.commit(new)
+            before = req.grammar.committed
+            over = req.grammar.commit(new)
+            if over is not None:  # plain decoding emits the tokens before it, then fails
+                new = new[: req.grammar.committed - before]
         req.tokens += new
+        if over is not None:  # the K/V past the emitted tokens is not theirs
+            req.computed = min(req.computed, len(req.tokens) - 1)
         if req.adjuster is not None:
             req.adjuster.commit(new)
         self._publish(req)
         req.produced += len(new)
-        req.pending = new[-1]
+        req.pending = new[-1] if new else req.pending
         delta = req.output.push(new)
         if logprobs is not None:
             delta = dataclasses.replace(delta, logprobs=logprobs[: len(delta.token_ids)])
         if delta.token_ids or delta.text:
             req.on_delta(delta)
         if req.output.finish_reason is None and req.produced < req.max_new:
+            if over is not None:  # unless the tokens before it ended the answer
+                self._finish(req, over)
+                return
             if req.drafter is not None:
                 began = time.perf_counter()
                 req.drafter.extend(new)
@@ -651,6 +668,15 @@ def _greedy_verdicts(rows: list[_Row], logits: list[torch.Tensor]) -> list[Verdi
     for i, verdict in zip(picked, found, strict=True):
         verdicts[i] = verdict
     return verdicts
+
+
+def _path_to(draft: Draft, node: int) -> list[int]:
+    """The draft nodes from the root's child down to ``node``."""
+    path: list[int] = []
+    while node >= 0:
+        path.append(node)
+        node = int(draft.parents[node])
+    return path[::-1]
 
 
 def _on_device(device: torch.device) -> bool:

@@ -10,16 +10,21 @@ import re
 from typing import Any
 
 import pytest
+import torch
 
+from local_verifier import scheduler
 from local_verifier.engine import END, Engine, GenerationRequest, GenerationStats, TextDelta
 from local_verifier.grammar import (
     Constraint,
+    DraftRowOverLimit,
     GrammarCompiler,
     GrammarLimitExceeded,
     InvalidGrammar,
     JsonSchema,
+    MaskedRows,
 )
 from local_verifier.loader import LoadedModel
+from local_verifier.sampling import SamplingParams
 
 # 600 optional properties: the grammar compiles (under max_grammar_size), but the parser
 # row after the object's "{" holds ~2,400 items, over max_items_in_row (2,000)
@@ -82,14 +87,27 @@ def test_an_emitted_token_over_the_row_limit(
     for token in answer[:first]:
         assert not grammar.forbidden([])[token]
         grammar.commit([token])
-    with pytest.raises(GrammarLimitExceeded) as err:
-        grammar.commit([answer[first]])
-    check(err.value, first, "Current row has")
+    over = grammar.commit([answer[first]])
+    assert over is not None
+    check(over, first, "Current row has")
 
     top = constraint(compiler, WIDE)
-    with pytest.raises(GrammarLimitExceeded) as err:
-        top.commit(ids(smollm2, "{"))
-    check(err.value, 0, "max is 2000")
+    over = top.commit(ids(smollm2, "{"))
+    assert over is not None
+    check(over, 0, "max is 2000")
+
+
+def test_a_commit_takes_the_tokens_before_the_one_over_the_limit(
+    compiler: GrammarCompiler, smollm2: LoadedModel
+) -> None:
+    """A step's tokens are committed in order, as plain decoding commits them one a step."""
+    answer = ids(smollm2, '{"a": {"p1": "x"}}')
+    first = next(i for i, t in enumerate(answer) if i and "{" in smollm2.tokenizer.decode([t]))
+    grammar = constraint(compiler, NESTED)
+    over = grammar.commit(answer)
+    assert over is not None
+    check(over, first, "Current row has")
+    assert grammar.committed == first
 
 
 def test_a_draft_path_over_the_row_limit(compiler: GrammarCompiler, smollm2: LoadedModel) -> None:
@@ -100,6 +118,55 @@ def test_a_draft_path_over_the_row_limit(compiler: GrammarCompiler, smollm2: Loa
     with pytest.raises(GrammarLimitExceeded) as err:
         grammar.forbidden(answer[1:4])
     check(err.value, 1, "Current row has")
+    # the draft path was walked on a copy: the committed state goes on
+    assert not grammar.forbidden([])[answer[1]]
+    assert grammar.commit(answer[1:3]) is None and grammar.committed == 3
+
+
+def test_a_draft_row_over_the_limit_stops_the_rows(
+    compiler: GrammarCompiler, smollm2: LoadedModel
+) -> None:
+    """Row 0 over a limit is the answer's error; a draft row's is DraftRowOverLimit, and
+    committing its path fails where plain decoding fails on it: consuming a token (a
+    parser row) or masking after the path (lexer fuel, which llguidance's copies share)."""
+    answer = ids(smollm2, '{"a": {"p1": "x"}}')
+    first = next(i for i, t in enumerate(answer) if i and "{" in smollm2.tokenizer.decode([t]))
+    grammar = constraint(compiler, NESTED)
+    path = answer[: first + 2]
+    rows = grammar.rows(
+        torch.zeros(len(path) + 1, smollm2.config.vocab_size), path, list(range(-1, len(path) - 1))
+    )
+    assert rows[first].shape == (smollm2.config.vocab_size,)
+    with pytest.raises(DraftRowOverLimit) as stop:
+        rows[first + 1]
+    assert stop.value.row == first + 1
+    over = grammar.commit(path[: first + 1])  # the step ends with the row's node
+    assert over is not None
+    check(over, first, "Current row has")
+
+    a = ids(smollm2, '{"s": "' + "a" * 60)
+    plain = constraint(compiler, PATTERN)
+    done = 0
+    while done < len(a):
+        try:
+            plain.forbidden([])
+        except GrammarLimitExceeded as err:
+            failed = err
+            break
+        assert plain.commit(a[done : done + 1]) is None
+        done += 1
+    check(failed, done, "too many expressions")
+    drafted = constraint(compiler, PATTERN)
+    rows = drafted.rows(
+        torch.zeros(done + 2, smollm2.config.vocab_size), a[: done + 1], list(range(-1, done))
+    )
+    for row in range(done):
+        rows[row]
+    with pytest.raises(DraftRowOverLimit):
+        rows[done]
+    over = drafted.commit(a[:done])
+    assert over is not None
+    check(over, done, "too many expressions")
 
 
 def test_a_mask_over_the_step_lexer_fuel(compiler: GrammarCompiler, smollm2: LoadedModel) -> None:
@@ -156,3 +223,130 @@ def test_the_limit_ends_only_its_answer(engine: Engine) -> None:
     assert 0 < error.tokens == len(failing.tokens)  # the tokens sent before it
     assert other.items[-1] is END and isinstance(other.items[-2], GenerationStats)
     assert other.tokens == alone.tokens
+
+
+PERSON = "Describe a person as JSON."
+A_STRING = 'Reply with the JSON {"s": "' + "a" * 40 + '"}'
+
+
+def run(engine: Engine, request: GenerationRequest) -> Answer:
+    answer = Answer()
+    engine.submit(request, answer)
+    assert engine.wait_idle(120)
+    assert answer.items[-1] is END
+    return answer
+
+
+def failure(answer: Answer) -> GrammarLimitExceeded:
+    error = answer.items[-2]
+    assert isinstance(error, GrammarLimitExceeded)
+    return error
+
+
+class Spy:
+    """Records, through the engine's thread, the failed commits and the draft rows over a
+    limit."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.failed_commits: list[list[int]] = []  # each: the step's tokens
+        self.rows_over = 0
+        commit, getitem = Constraint.commit, MaskedRows.__getitem__
+
+        def spied_commit(grammar: Constraint, tokens: Any) -> GrammarLimitExceeded | None:
+            over = commit(grammar, tokens)
+            if over is not None:
+                self.failed_commits.append([int(t) for t in tokens])
+            return over
+
+        def spied_getitem(rows: MaskedRows, row: int) -> torch.Tensor:
+            try:
+                return getitem(rows, row)
+            except DraftRowOverLimit:
+                self.rows_over += 1
+                raise
+
+        monkeypatch.setattr(Constraint, "commit", spied_commit)
+        monkeypatch.setattr(MaskedRows, "__getitem__", spied_getitem)
+        # every proposed node verified: the steps' drafts are the prediction's next max_draft
+        # tokens, not what the timed planner keeps
+        monkeypatch.setattr(scheduler, "plan_batch", lambda drafts, *_, **__: list(drafts))
+
+
+def request(schema: dict[str, Any], content: str, **kwargs: Any) -> GenerationRequest:
+    kwargs.setdefault("max_tokens", 16)
+    return GenerationRequest(
+        messages=[{"role": "user", "content": content}], grammar=JsonSchema(schema), **kwargs
+    )
+
+
+def test_drafts_fail_where_plain_decoding_fails(
+    engine: Engine, smollm2: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Greedy, with a prediction drafted through the failing point: the same tokens are
+    streamed and the error counts the same tokens as with drafts off, whether the step's
+    last (bonus) token, a draft token or the mask after the draft path is over the limit."""
+    spy = Spy(monkeypatch)
+    plain = run(engine, request(NESTED, PERSON, draft=False))
+    n = failure(plain).tokens
+    assert 0 < n == len(plain.tokens)
+    # the first verify step drafts plain's next 4 tokens: its bonus token is over the limit
+    prediction = plain.tokens + ids(smollm2, '{"p1": 1}}')
+    bonus = run(engine, request(NESTED, PERSON, prediction_ids=prediction, max_draft=4))
+    assert bonus.tokens == plain.tokens and failure(bonus).tokens == n
+    (alone, step) = spy.failed_commits  # plain decoding's one token, the drafted step's
+    assert step[:-1] == plain.tokens[1:] and alone == step[-1:]
+    # drafts of 3: the second step drafts the token over the limit, the row after it fails
+    prediction = [*plain.tokens, *alone, *ids(smollm2, '"p1": 1}}')]
+    drafted = run(engine, request(NESTED, PERSON, prediction_ids=prediction, max_draft=3))
+    assert drafted.tokens == plain.tokens and failure(drafted).tokens == n
+    assert spy.rows_over == 1 and spy.failed_commits[-1] == alone
+
+    plain = run(engine, request(PATTERN, A_STRING, draft=False))
+    n = failure(plain).tokens
+    assert 0 < n == len(plain.tokens)
+    assert n % 4 == 0  # drafts of 3: a step's last draft row is the mask over the limit
+    prediction = plain.tokens + ids(smollm2, "a" * 40)
+    drafted = run(engine, request(PATTERN, A_STRING, prediction_ids=prediction, max_draft=3))
+    assert drafted.tokens == plain.tokens and failure(drafted).tokens == n
+    assert spy.rows_over == 2 and len(spy.failed_commits[-1]) == 3
+
+
+def test_drafts_end_where_plain_decoding_ends_before_the_limit(
+    engine: Engine, smollm2: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stop string, or max_tokens, ends the answer before the token or mask over the
+    limit: with drafts through that point, no error and the same tokens."""
+    spy = Spy(monkeypatch)
+    nested = run(engine, request(NESTED, PERSON, draft=False)).tokens
+    pattern = run(engine, request(PATTERN, A_STRING, draft=False)).tokens
+    cases: list[tuple[dict[str, Any], str, dict[str, Any], list[int]]] = [
+        # the stop string ends with plain's last token, in the step whose bonus is over
+        (NESTED, PERSON, {"stop": ['"a"'], "max_draft": 4}, ids(smollm2, '{"p1": 1}}')),
+        # the answer's last token is a draft row's node, the mask after it is over
+        (PATTERN, A_STRING, {"max_tokens": len(pattern), "max_draft": 3}, []),
+    ]
+    for schema, content, kwargs, more in cases:
+        prediction = (nested if schema is NESTED else pattern) + more + ids(smollm2, "a" * 40)
+        off = run(engine, request(schema, content, draft=False, **kwargs))
+        on = run(engine, request(schema, content, prediction_ids=prediction, **kwargs))
+        stats = [answer.items[-2] for answer in (off, on)]
+        assert all(isinstance(s, GenerationStats) for s in stats), stats
+        assert on.tokens == off.tokens
+    assert len(spy.failed_commits) == 2  # plain decoding's under NESTED, the stop case's
+    assert len(spy.failed_commits[-1]) == 5 and spy.failed_commits[-1][:-1] == nested[1:]
+
+
+def test_sampled_drafts_fail_where_plain_sampling_fails(
+    engine: Engine, smollm2: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seeded: one draw a token with drafts on or off, so the same answer and failure."""
+    spy = Spy(monkeypatch)
+    params = SamplingParams(temperature=0.5, seed=7)
+    plain = run(engine, request(PATTERN, A_STRING, draft=False, params=params))
+    n = failure(plain).tokens
+    prediction = plain.tokens + ids(smollm2, "a" * 40)
+    drafted = run(
+        engine, request(PATTERN, A_STRING, params=params, prediction_ids=prediction, max_draft=3)
+    )
+    assert drafted.tokens == plain.tokens and failure(drafted).tokens == n
+    assert spy.rows_over == 1
