@@ -140,7 +140,7 @@ class ThreadTuner:
         decay: float = 0.25,
         margin: float = 0.03,
         alarm: float = 4.0,
-        max_backoff: int = 32,
+        max_backoff: int = 8,
     ) -> None:
         if not candidates or min(candidates) < 1:
             raise ValueError("candidates must be thread counts >= 1")

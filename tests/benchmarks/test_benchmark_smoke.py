@@ -22,8 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 BENCHMARKS = sorted(p.stem for p in (ROOT / "benchmarks").glob("bench_*.py"))
 NEEDS_REDIS = {"bench_abuse", "bench_lookup"}
 SLOW = {
-    "bench_decode", "bench_engine", "bench_models", "bench_prefix", "bench_remote",
-    "bench_scale", "bench_serving", "bench_speculative",
+    "bench_contention", "bench_decode", "bench_engine", "bench_models", "bench_prefix",
+    "bench_remote", "bench_scale", "bench_serving", "bench_speculative",
 }  # fmt: skip
 LLAMACPP_BUILD = os.environ.get("DRAFTGATE_LLAMACPP_BUILD")
 
@@ -50,6 +50,13 @@ def _abuse(result: dict[str, Any]) -> None:
     for condition in ("without_abuser", "with_abuser"):
         assert result[condition]["ttft_ms"]["p99"] > 0
     assert result["honest_documents"]["kept_unchanged"] == result["honest_documents"]["stored"]
+
+
+def _contention(result: dict[str, Any]) -> None:
+    assert set(result["phases"]) == {"quiet", "beside_competitor", "quiet_again"}
+    for runs in result["phases"].values():
+        assert [r["tokens"] for r in runs] == [8] and runs[0]["tok_s"] > 0
+    assert all(count >= 0 for count in result["stalls"].values())
 
 
 def _lookup(result: dict[str, Any]) -> None:
@@ -131,6 +138,7 @@ def _remote(result: dict[str, Any]) -> None:
 
 SHAPES: dict[str, Callable[[dict[str, Any]], None]] = {
     "bench_abuse": _abuse,
+    "bench_contention": _contention,
     "bench_decode": _decode,
     "bench_engine": _engine,
     "bench_fairness": _fairness,
