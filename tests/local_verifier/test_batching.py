@@ -15,6 +15,7 @@ from local_verifier.errors import EngineBusy, PromptTooLong
 from local_verifier.loader import LoadedModel
 from local_verifier.sampling import SamplingParams
 from lookup.draft import Source
+from tests.local_verifier.collect import Collector
 
 PROMPTS = [
     "def add(a, b):\n    return a + b\n\nThe quick brown fox",
@@ -36,27 +37,6 @@ def make_engine(lm: LoadedModel, **kw: Any) -> Engine:
 @pytest.fixture(scope="module")
 def engine(tiny_lm: LoadedModel) -> Engine:
     return make_engine(tiny_lm)
-
-
-class Collector:
-    """Items of one submitted request, gathered on the engine thread."""
-
-    def __init__(self) -> None:
-        self.items: list[Any] = []
-
-    def __call__(self, item: Any) -> None:
-        self.items.append(item)
-
-    @property
-    def ids(self) -> list[int]:
-        return [t for i in self.items if isinstance(i, TextDelta) for t in i.token_ids]
-
-    @property
-    def stats(self) -> GenerationStats:
-        assert self.items[-1] is END
-        stats = self.items[-2]
-        assert isinstance(stats, GenerationStats)
-        return stats
 
 
 def alone(engine: Engine, req: GenerationRequest) -> list[int]:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from local_verifier import scheduler
-from local_verifier.engine import END, Engine, GenerationRequest, GenerationStats, TextDelta
+from local_verifier.engine import END, Engine, GenerationRequest, GenerationStats
 from local_verifier.grammar import (
     Constraint,
     DraftRowOverLimit,
@@ -25,6 +25,7 @@ from local_verifier.grammar import (
 )
 from local_verifier.loader import LoadedModel
 from local_verifier.sampling import SamplingParams
+from tests.local_verifier.collect import Collector
 
 # 600 optional properties: the grammar compiles (under max_grammar_size), but the parser
 # row after the object's "{" holds ~2,400 items, over max_items_in_row (2,000)
@@ -194,50 +195,38 @@ def test_a_rejected_token_is_the_engine_error(
     assert not isinstance(err.value, InvalidGrammar)
 
 
-class Answer:
-    def __init__(self) -> None:
-        self.items: list[Any] = []
-
-    def __call__(self, item: Any) -> None:
-        self.items.append(item)
-
-    @property
-    def tokens(self) -> list[int]:
-        return [t for i in self.items if isinstance(i, TextDelta) for t in i.token_ids]
-
-
 def test_the_limit_ends_only_its_answer(engine: Engine) -> None:
     messages = [{"role": "user", "content": "Describe a person as JSON."}]
     wide = GenerationRequest(messages=messages, max_tokens=16, grammar=JsonSchema(NESTED))
     plain = GenerationRequest(messages=messages, max_tokens=16, grammar=JsonSchema())
-    alone = Answer()
+    alone = Collector()
     engine.submit(plain, alone)
     assert engine.wait_idle(120)
-    failing, other = Answer(), Answer()
+    failing, other = Collector(), Collector()
     engine.submit(wide, failing)
     engine.submit(plain, other)
     assert engine.wait_idle(120)
     assert failing.items[-1] is END
     error = failing.items[-2]
     assert isinstance(error, GrammarLimitExceeded)
-    assert 0 < error.tokens == len(failing.tokens)  # the tokens sent before it
+    assert 0 < error.tokens == len(failing.ids)  # the tokens sent before it
     assert other.items[-1] is END and isinstance(other.items[-2], GenerationStats)
-    assert other.tokens == alone.tokens
+    assert other.ids == alone.ids
 
 
 PERSON = "Describe a person as JSON."
 A_STRING = 'Reply with the JSON {"s": "' + "a" * 40 + '"}'
 
 
-def run(engine: Engine, request: GenerationRequest) -> Answer:
-    answer = Answer()
+def run(engine: Engine, request: GenerationRequest) -> Collector:
+    answer = Collector()
     engine.submit(request, answer)
     assert engine.wait_idle(120)
     assert answer.items[-1] is END
     return answer
 
 
-def failure(answer: Answer) -> GrammarLimitExceeded:
+def failure(answer: Collector) -> GrammarLimitExceeded:
     error = answer.items[-2]
     assert isinstance(error, GrammarLimitExceeded)
     return error
@@ -288,26 +277,26 @@ def test_drafts_fail_where_plain_decoding_fails(
     spy = Spy(monkeypatch)
     plain = run(engine, request(NESTED, PERSON, draft=False))
     n = failure(plain).tokens
-    assert 0 < n == len(plain.tokens)
+    assert 0 < n == len(plain.ids)
     # the first verify step drafts plain's next 4 tokens: its bonus token is over the limit
-    prediction = plain.tokens + ids(smollm2, '{"p1": 1}}')
+    prediction = plain.ids + ids(smollm2, '{"p1": 1}}')
     bonus = run(engine, request(NESTED, PERSON, prediction_ids=prediction, max_draft=4))
-    assert bonus.tokens == plain.tokens and failure(bonus).tokens == n
+    assert bonus.ids == plain.ids and failure(bonus).tokens == n
     (alone, step) = spy.failed_commits  # plain decoding's one token, the drafted step's
-    assert step[:-1] == plain.tokens[1:] and alone == step[-1:]
+    assert step[:-1] == plain.ids[1:] and alone == step[-1:]
     # drafts of 3: the second step drafts the token over the limit, the row after it fails
-    prediction = [*plain.tokens, *alone, *ids(smollm2, '"p1": 1}}')]
+    prediction = [*plain.ids, *alone, *ids(smollm2, '"p1": 1}}')]
     drafted = run(engine, request(NESTED, PERSON, prediction_ids=prediction, max_draft=3))
-    assert drafted.tokens == plain.tokens and failure(drafted).tokens == n
+    assert drafted.ids == plain.ids and failure(drafted).tokens == n
     assert spy.rows_over == 1 and spy.failed_commits[-1] == alone
 
     plain = run(engine, request(PATTERN, A_STRING, draft=False))
     n = failure(plain).tokens
-    assert 0 < n == len(plain.tokens)
+    assert 0 < n == len(plain.ids)
     assert n % 4 == 0  # drafts of 3: a step's last draft row is the mask over the limit
-    prediction = plain.tokens + ids(smollm2, "a" * 40)
+    prediction = plain.ids + ids(smollm2, "a" * 40)
     drafted = run(engine, request(PATTERN, A_STRING, prediction_ids=prediction, max_draft=3))
-    assert drafted.tokens == plain.tokens and failure(drafted).tokens == n
+    assert drafted.ids == plain.ids and failure(drafted).tokens == n
     assert spy.rows_over == 2 and len(spy.failed_commits[-1]) == 3
 
 
@@ -317,8 +306,8 @@ def test_drafts_end_where_plain_decoding_ends_before_the_limit(
     """A stop string, or max_tokens, ends the answer before the token or mask over the
     limit: with drafts through that point, no error and the same tokens."""
     spy = Spy(monkeypatch)
-    nested = run(engine, request(NESTED, PERSON, draft=False)).tokens
-    pattern = run(engine, request(PATTERN, A_STRING, draft=False)).tokens
+    nested = run(engine, request(NESTED, PERSON, draft=False)).ids
+    pattern = run(engine, request(PATTERN, A_STRING, draft=False)).ids
     cases: list[tuple[dict[str, Any], str, dict[str, Any], list[int]]] = [
         # the stop string ends with plain's last token, in the step whose bonus is over
         (NESTED, PERSON, {"stop": ['"a"'], "max_draft": 4}, ids(smollm2, '{"p1": 1}}')),
@@ -331,7 +320,7 @@ def test_drafts_end_where_plain_decoding_ends_before_the_limit(
         on = run(engine, request(schema, content, prediction_ids=prediction, **kwargs))
         stats = [answer.items[-2] for answer in (off, on)]
         assert all(isinstance(s, GenerationStats) for s in stats), stats
-        assert on.tokens == off.tokens
+        assert on.ids == off.ids
     assert len(spy.failed_commits) == 2  # plain decoding's under NESTED, the stop case's
     assert len(spy.failed_commits[-1]) == 5 and spy.failed_commits[-1][:-1] == nested[1:]
 
@@ -344,9 +333,9 @@ def test_sampled_drafts_fail_where_plain_sampling_fails(
     params = SamplingParams(temperature=0.5, seed=7)
     plain = run(engine, request(PATTERN, A_STRING, draft=False, params=params))
     n = failure(plain).tokens
-    prediction = plain.tokens + ids(smollm2, "a" * 40)
+    prediction = plain.ids + ids(smollm2, "a" * 40)
     drafted = run(
         engine, request(PATTERN, A_STRING, params=params, prediction_ids=prediction, max_draft=3)
     )
-    assert drafted.tokens == plain.tokens and failure(drafted).tokens == n
+    assert drafted.ids == plain.ids and failure(drafted).tokens == n
     assert spy.rows_over == 1

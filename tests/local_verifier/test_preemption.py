@@ -5,20 +5,19 @@ exactly), greedy and seeded, with drafts."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import httpx
 import pytest
 
 from gateway.app import create_app
 from gateway.audit.serve import serve_in_thread
 from gateway.cli.serve import verifier_settings
-from local_verifier.engine import END, Engine, GenerationRequest, GenerationStats, TextDelta
+from local_verifier.engine import Engine, GenerationRequest
 from local_verifier.kv_pool import DEFAULT_BLOCK_SIZE
 from local_verifier.kv_storage import KVStorage
 from local_verifier.loader import LoadedModel
 from local_verifier.logits_processors import Penalties
 from local_verifier.sampling import SamplingParams
+from tests.local_verifier.collect import Collector
 
 PROMPTS = [
     "def add(a, b):\n    return a + b\n",
@@ -33,20 +32,6 @@ NO_END = Penalties(logit_bias={0: -100.0, 1: -100.0, 2: -100.0})  # every answer
 def make_engine(lm: LoadedModel, kv_cache_mb: float) -> Engine:
     costs = [1e-3 + 1e-5 * r for r in range(32 + 8 + 1)]
     return Engine(lm, max_draft=8, token_budget=32, row_costs=costs, kv_cache_mb=kv_cache_mb)
-
-
-class Answer:
-    def __init__(self) -> None:
-        self.items: list[Any] = []
-
-    def __call__(self, item: Any) -> None:
-        self.items.append(item)
-
-    def result(self) -> tuple[list[int], str, list[Any]]:
-        assert self.items[-1] is END and isinstance(self.items[-2], GenerationStats)
-        deltas = [i for i in self.items if isinstance(i, TextDelta)]
-        ids = [t for d in deltas for t in d.token_ids]
-        return ids, "".join(d.text for d in deltas), [lp for d in deltas for lp in d.logprobs or []]
 
 
 def requests(params: SamplingParams) -> list[GenerationRequest]:
@@ -73,16 +58,16 @@ def test_preempted_answers_equal_uninterrupted_ones(
     roomy = make_engine(tiny_lm, kv_cache_mb=4)
     alone = []
     for req in requests(params):
-        answer = Answer()
+        answer = Collector()
         roomy.submit(req, answer)
         assert roomy.wait_idle(60)
-        alone.append(answer.result())
+        alone.append((answer.ids, answer.text, answer.logprobs))
     roomy.close()
     # 12 blocks: the four answers need about 30 at once
     block = KVStorage.bytes_per_slot(tiny_lm.config, tiny_lm.model.kv_dtype) * DEFAULT_BLOCK_SIZE
     tight = make_engine(tiny_lm, kv_cache_mb=12 * block / 2**20)
     assert tight.pool.n_blocks == 12
-    answers = [Answer() for _ in PROMPTS]
+    answers = [Collector() for _ in PROMPTS]
     for req, answer in zip(requests(params), answers, strict=True):
         tight.submit(req, answer)
     assert tight.wait_idle(120)
@@ -91,7 +76,7 @@ def test_preempted_answers_equal_uninterrupted_ones(
     stats = [a.items[-2] for a in answers]
     assert sum(s.preemptions for s in stats) == tight.preemptions
     for answer, want in zip(answers, alone, strict=True):
-        ids, text, logprobs = answer.result()
+        ids, text, logprobs = answer.ids, answer.text, answer.logprobs
         assert len(ids) == MAX_TOKENS
         assert ids == want[0] and text == want[1]
         assert logprobs == want[2]  # the logits' floats, exactly

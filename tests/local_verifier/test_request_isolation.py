@@ -5,14 +5,14 @@ while the seven others sharing its steps finish with the text they get alone."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import pytest
 from spec_drafts import PassThrough, make_draft
 
-from local_verifier.engine import END, Engine, GenerationRequest, GenerationStats, TextDelta
+from local_verifier.engine import Engine, GenerationRequest
 from local_verifier.loader import LoadedModel
 from lookup.draft import Draft
+from tests.local_verifier.collect import Collector
 
 PROMPTS = [f"x = {i}\ny = x + {i}\nprint(y)\n" for i in range(8)]
 
@@ -43,24 +43,6 @@ class Faulty:
         return make_draft([self.vocab + 5], [-1])  # past the embedding
 
 
-class Answer:
-    def __init__(self) -> None:
-        self.items: list[Any] = []
-
-    def __call__(self, item: Any) -> None:
-        self.items.append(item)
-
-    @property
-    def text(self) -> str:
-        assert self.items[-1] is END and isinstance(self.items[-2], GenerationStats)
-        return "".join(i.text for i in self.items if isinstance(i, TextDelta))
-
-    @property
-    def error(self) -> Exception:
-        assert self.items[-1] is END and isinstance(self.items[-2], Exception)
-        return self.items[-2]
-
-
 def request(prompt: str) -> GenerationRequest:
     return GenerationRequest(prompt=prompt, max_tokens=24)
 
@@ -79,13 +61,13 @@ def test_a_fault_ends_only_its_request(
     engine = make_engine(tiny_lm)
     alone = []
     for prompt in PROMPTS[1:]:
-        answer = Answer()
+        answer = Collector()
         engine.submit(request(prompt), answer)
         assert engine.wait_idle(60)
         alone.append(answer.text)
     if fault == "past-embedding":  # a drafter's bad id that its check would not catch
         monkeypatch.setattr(Draft, "check", lambda self, vocab: None)
-    broken, others = Answer(), [Answer() for _ in PROMPTS[1:]]
+    broken, others = Collector(), [Collector() for _ in PROMPTS[1:]]
     faulty = Faulty(fault, tiny_lm.config.vocab_size)
     engine.submit(request(PROMPTS[0]), broken, drafter=faulty, controller=PassThrough(k=4))
     for prompt, answer in zip(PROMPTS[1:], others, strict=True):
