@@ -10,8 +10,9 @@ credit, so waiting cannot be banked.
 Per step: ``split`` shares a token budget between tenants by weight, with the same
 carried-over deficits, so one tenant's long prompts cannot take every step's prefill; and
 ``decode_turns`` lets no tenant decode more rows in a step than its weight's share beside
-the busiest other tenant, its answers taking turns, so a request with many answers cannot
-make every other tenant's steps heavier (on a CPU a step's cost grows with its rows).
+the busiest other tenant (a tenant waiting for its first token counts too), its answers
+taking turns, so a request with many answers cannot make every other tenant's steps
+heavier (on a CPU a step's cost grows with its rows).
 """
 
 from __future__ import annotations
@@ -165,16 +166,25 @@ class Decoding(Queued, Protocol):
 D = TypeVar("D", bound=Decoding)
 
 
-def decode_turns(decoding: list[D]) -> list[D]:
+def decode_turns(decoding: list[D], prefilling: Iterable[Queued] = ()) -> list[D]:
     """The requests that decode this step, in their given order. With one tenant, all;
     with several, tenant t's ``ceil(w_t * max over others u of n_u / w_u)`` that waited
-    longest (at least one), n being a tenant's decoding requests and w its weight.
-    Skipping a step changes no request's output (a row's result is its own)."""
+    longest (at least one), n being a tenant's decoding requests and w its weight. A
+    tenant with no request decoding but some in ``prefilling`` counts with those: the
+    step that computes its prompt, and brings its first token, carries only the others'
+    share of decode rows. Skipping a step changes no request's output (a row's result is
+    its own)."""
     counts: dict[str, int] = {}
     weights: dict[str, float] = {}
     for req in decoding:
         counts[req.owner] = counts.get(req.owner, 0) + 1
         weights[req.owner] = req.weight
+    waiting_first: dict[str, int] = {}  # tenants whose every running request is in prefill
+    for other in prefilling:
+        if other.owner not in counts:
+            waiting_first[other.owner] = waiting_first.get(other.owner, 0) + 1
+            weights[other.owner] = other.weight
+    counts.update(waiting_first)
     if len(counts) < 2:
         return decoding
     keep: set[int] = set()

@@ -364,7 +364,10 @@ class Scheduler:
         self._grow()
         if not self.running:
             return
-        decoding = decode_turns([r for r in self.running if not r.prefilling])
+        decoding = decode_turns(
+            [r for r in self.running if not r.prefilling],
+            [r for r in self.running if r.prefilling],
+        )
         self._steps += 1
         for req in decoding:
             req.turn = self._steps

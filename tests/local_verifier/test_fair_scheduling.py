@@ -68,6 +68,22 @@ def test_decode_rows_follow_the_weights() -> None:
     assert turns(answers, 1) == [["a0", "b0"]]  # at least one row each
 
 
+def test_a_tenant_waiting_for_its_first_token_shares_the_step() -> None:
+    """A tenant whose requests are all in prefill counts beside the decoding ones: the
+    step with its prompt carries the others' share of decode rows, not all of them; once
+    it decodes, only its decoding requests count."""
+    abuser = [Answer("abuser", name=f"x{i}") for i in range(16)]
+    assert len(decode_turns(abuser)) == 16
+    assert [a.name for a in decode_turns(abuser, [Answer("honest")])] == ["x0"]
+    two = [Answer("honest"), Answer("honest")]
+    assert [a.name for a in decode_turns(abuser, two)] == ["x0", "x1"]
+    mine = [Answer("honest", name="h0"), *abuser[:3]]
+    assert [a.name for a in decode_turns(mine, two)] == ["h0", "x0"]
+    # a tenant alone, or prefilling beside nobody decoding, changes nothing
+    assert decode_turns(abuser, [Answer("abuser")]) == abuser
+    assert decode_turns([], two) == []
+
+
 def drain(queue: FairQueue[Item], admissible: Any = lambda item: True) -> list[str]:
     order = []
     while (item := queue.pop(admissible)) is not None:
