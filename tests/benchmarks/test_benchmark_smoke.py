@@ -125,6 +125,7 @@ def _fairness(result: dict[str, Any]) -> None:
     for phase in ("alone", "beside_abuser"):
         assert result[phase]["answers"] == 2 and not result[phase]["errors"]
     assert result["honest_text_identical"]  # greedy and batch-invariant: the same answers
+    assert result["e2e_paired_ratio_p50"] > 0
     assert result["engine"]["within_pool"]
 
 
