@@ -193,7 +193,7 @@ class ThreadTuner:
                 and self.backoff == 1
                 and self._steps >= self.explore_steps
             ):
-                self._steps = self.explore_every * self.backoff  # a trial on the next step
+                self._steps = self.explore_every  # a trial on the next step
                 return False  # a stall, not what the cost table should learn
             return True
         self._trial_left -= 1

@@ -244,7 +244,7 @@ class Constraint:
         """
         began = time.perf_counter()
         overflow, self._overflow = self._overflow, None
-        self._walker, self._path = None, []  # a draft path starts from the new state
+        self._drop_walker()  # a draft path starts from the new state
         ids = [int(t) for t in tokens]
         end = next((i for i, t in enumerate(ids) if t in self.eos_ids), len(ids))
         try:
@@ -272,7 +272,7 @@ class Constraint:
         if matcher.is_error():  # a failed mask allows only EOS: never used
             error = self._failed(matcher, "grammar failed")
             if ids:
-                self._walker, self._path = None, []
+                self._drop_walker()
                 if isinstance(error, GrammarLimitExceeded):
                     self._overflow = _Overflow(ids, None, error.reason)
             raise error
@@ -287,7 +287,7 @@ class Constraint:
         walker = self._walk(path)
         valid = walker.validate_tokens([token]) == 1
         if walker.is_error():
-            self._walker, self._path = None, []
+            self._drop_walker()
             raise self._failed(walker, "grammar failed validating a draft token")
         return valid
 
@@ -312,13 +312,17 @@ class Constraint:
         steps = [path[common:]] if not record else [[t] for t in path[common:]]
         for i, tokens in enumerate(steps):
             if not walker.consume_tokens(tokens):
-                self._walker, self._path = None, []
+                self._drop_walker()
                 error = self._failed(walker, "grammar rejected a draft path")
                 if record and isinstance(error, GrammarLimitExceeded):
                     self._overflow = _Overflow(path[: common + i], tokens[0], error.reason)
                 raise error
         self._path = list(path)
         return walker
+
+    def _drop_walker(self) -> None:
+        """The next draft path is walked on a fresh copy of the committed matcher."""
+        self._walker, self._path = None, []
 
     def _failed(self, matcher: LLMatcher, what: str) -> Exception:
         """``matcher``'s error (it stays in it): :class:`GrammarLimitExceeded` when a limit

@@ -364,14 +364,11 @@ class Scheduler:
         self._grow()
         if not self.running:
             return
-        decoding = decode_turns(
-            [r for r in self.running if not r.prefilling],
-            [r for r in self.running if r.prefilling],
-        )
+        prefilling = [r for r in self.running if r.prefilling]
+        decoding = decode_turns([r for r in self.running if not r.prefilling], prefilling)
         self._steps += 1
         for req in decoding:
             req.turn = self._steps
-        prefilling = [r for r in self.running if r.prefilling]
         budget = max(self.token_budget - len(decoding), 1)
         rows: list[_Row] = []
         seqs: list[SeqStep] = []
@@ -441,8 +438,10 @@ class Scheduler:
         to another's prefill, so one tenant's long prompts or recomputation cannot make the
         others' decode steps slow (None: one tenant, who may use the whole budget).
         ``weights``: every running tenant's."""
-        if len(weights) < 2:
-            return None
+        return self._shares(weights) if len(weights) > 1 else None
+
+    def _shares(self, weights: dict[str, float]) -> dict[str, int]:
+        """Each tenant's weighted share of the token budget (at least one row)."""
         total = sum(weights.values())
         return {o: max(int(self.token_budget * w / total), 1) for o, w in weights.items()}
 
@@ -453,8 +452,7 @@ class Scheduler:
         weights = {r.owner: r.weight for r in decoding}
         if len(weights) < 2:
             return drafts
-        total = sum(weights.values())
-        left = {o: max(int(self.token_budget * w / total), 1) for o, w in weights.items()}
+        left = self._shares(weights)
         out = []
         for req, draft in zip(decoding, drafts, strict=True):
             k = min(len(draft), left[req.owner])

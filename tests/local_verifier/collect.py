@@ -26,8 +26,7 @@ class Collector:
     @property
     def stats(self) -> GenerationStats:
         """The closing stats of an answer that ended without an error."""
-        assert self.items[-1] is END
-        stats = self.items[-2]
+        stats = self._last()
         assert isinstance(stats, GenerationStats)
         return stats
 
@@ -44,10 +43,14 @@ class Collector:
     @property
     def error(self) -> Exception:
         """The error an answer ended with."""
-        assert self.items[-1] is END
-        error = self.items[-2]
+        error = self._last()
         assert isinstance(error, Exception)
         return error
+
+    def _last(self) -> Any:
+        """The item before the end: the answer's stats or its error."""
+        assert self.items[-1] is END
+        return self.items[-2]
 
     def _deltas(self) -> list[TextDelta]:
         return [i for i in self.items if isinstance(i, TextDelta)]
