@@ -18,10 +18,10 @@ from starlette.types import Scope
 from gateway.auth import Authenticator
 from gateway.call import Call
 from gateway.config import EndpointConfig, Settings
-from gateway.endpoints.local import LocalEndpoint
-from gateway.endpoints.remote import RemoteEndpoint
-from gateway.endpoints.remote_selftest import SelfTest
-from gateway.endpoints.upstream import Upstream
+from gateway.endpoints.hosted.upstream import Upstream
+from gateway.endpoints.local.endpoint import LocalEndpoint
+from gateway.endpoints.remote.endpoint import RemoteEndpoint
+from gateway.endpoints.remote.selftest import SelfTest
 from gateway.limits import open_limiter
 from gateway.records.evidence import make
 from gateway.records.service import Records

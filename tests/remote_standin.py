@@ -1,7 +1,7 @@
 """A stand-in for an SGLang or vLLM server, backed by the real local engine.
 
 It speaks the wire formats remote verification uses (see
-``gateway/endpoints/remote_wire.py``): SGLang's ``/generate`` (token ids in, top
+``gateway/endpoints/remote/wire.py``): SGLang's ``/generate`` (token ids in, top
 logprobs of the input from ``logprob_start_len``, streamed or not), vLLM's token-in
 ``/inference/v1/generate`` (``prompt_logprobs`` with ``rank``), both servers' ``/tokenize``,
 and the OpenAI ``/v1/chat/completions``, ``/v1/completions`` and ``/v1/models`` that

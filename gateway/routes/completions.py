@@ -20,8 +20,8 @@ from gateway import prediction_policy
 from gateway.call import API_PATHS, Api, Call, apply_usage
 from gateway.config import EndpointConfig
 from gateway.endpoints.capabilities import CAPABILITIES
-from gateway.endpoints.remote import REMOTE_VERIFY_HEADER
-from gateway.endpoints.upstream import UpstreamFailure
+from gateway.endpoints.hosted.upstream import UpstreamFailure
+from gateway.endpoints.remote.endpoint import REMOTE_VERIFY_HEADER
 from gateway.errors import GatewayError, InvalidJSON, ModelNotFound, UpstreamError
 from gateway.http.asgi import (
     ENDPOINT_HEADER,

@@ -9,7 +9,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.config import EndpointConfig
-from gateway.endpoints.local_request import capabilities as local_capabilities
+from gateway.endpoints.local.request import capabilities as local_capabilities
 from gateway.http.responses import json_response
 from gateway.runtime import Runtime
 

@@ -9,7 +9,7 @@ import asyncio
 import logging
 from collections.abc import Mapping
 
-from gateway.endpoints.upstream import Upstream
+from gateway.endpoints.hosted.upstream import Upstream
 from gateway.routing.balancer import Balancer
 
 log = logging.getLogger(__name__)

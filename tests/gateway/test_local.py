@@ -203,7 +203,7 @@ def test_engine_failures_reach_the_log_not_the_client(
 
     monkeypatch.setattr(engine, "submit_n", fail)
     body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 2, "stream": stream}
-    with caplog.at_level("ERROR", logger="gateway.endpoints.local"):
+    with caplog.at_level("ERROR", logger="gateway.endpoints.local.endpoint"):
         r = httpx.post(f"{local_url}/v1/chat/completions", json=body, timeout=60)
     assert r.status_code == 502
     assert "secret" not in r.text and "RuntimeError" not in r.text

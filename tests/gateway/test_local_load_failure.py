@@ -25,7 +25,7 @@ async def test_a_model_too_big_for_memory_is_a_503_and_a_log_line(caplog: Any) -
     body = {"model": "smollm2-135m", "messages": [{"role": "user", "content": "Hi"}]}
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
-        with caplog.at_level("ERROR", logger="gateway.endpoints.local"):
+        with caplog.at_level("ERROR", logger="gateway.endpoints.local.endpoint"):
             r = await c.post("/v1/chat/completions", json=body)
         assert r.status_code == 503
         assert "could not load its model" in r.json()["error"]["message"]

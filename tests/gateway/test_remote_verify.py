@@ -17,8 +17,8 @@ from gateway.app import create_app
 from gateway.audit.client import RequestRecord
 from gateway.audit.metrics import group_stats
 from gateway.config import build_settings
-from gateway.endpoints.remote import RemoteEndpoint
-from gateway.endpoints.remote_verify import Pacing, judge
+from gateway.endpoints.remote.endpoint import RemoteEndpoint
+from gateway.endpoints.remote.verify import Pacing, judge
 from lookup.corpus import Corpus, open_store
 from tests.gateway.servers import serve
 from tests.remote_standin import RemoteStandIn

@@ -15,7 +15,7 @@ import logging, logging.config
 from gateway.cli.serve import log_config
 from uvicorn.config import LOGGING_CONFIG
 logging.config.dictConfig({config})
-logging.getLogger("gateway.endpoints.local").info("local endpoint local: loaded")
+logging.getLogger("gateway.endpoints.local.endpoint").info("local endpoint local: loaded")
 logging.getLogger("local_verifier.kernels").info("forward step kernels")
 logging.getLogger("lookup.corpus.corpus").debug("capture not started")
 """

@@ -11,7 +11,7 @@ from contextlib import asynccontextmanager
 import httpx
 import pytest
 
-from gateway.endpoints.transport import AiohttpTransport
+from gateway.endpoints.hosted.transport import AiohttpTransport
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 OK_HEAD = (

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from gateway.config import EndpointConfig
-from gateway.endpoints.upstream import ERROR_BODY_BYTES, Upstream, UpstreamFailure
+from gateway.endpoints.hosted.upstream import ERROR_BODY_BYTES, Upstream, UpstreamFailure
 
 CHUNK = 8192
 

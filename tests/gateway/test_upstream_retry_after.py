@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from gateway.config import EndpointConfig
-from gateway.endpoints.upstream import RETRY_AFTER_LIMIT_S, Upstream, UpstreamFailure
+from gateway.endpoints.hosted.upstream import RETRY_AFTER_LIMIT_S, Upstream, UpstreamFailure
 from gateway.errors import RateLimited
 
 

@@ -15,8 +15,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from gateway.endpoints.remote_verify import Pacing
-from gateway.endpoints.remote_wire import EngineClient
+from gateway.endpoints.remote.verify import Pacing
+from gateway.endpoints.remote.wire import EngineClient
 
 if TYPE_CHECKING:
     from local_verifier.tokenizer import Tokenizer

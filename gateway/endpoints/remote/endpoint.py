@@ -27,17 +27,17 @@ from starlette.types import Send
 
 from gateway.call import Call
 from gateway.config import EndpointConfig
-from gateway.endpoints.local_request import requested_max_tokens, unsupported
+from gateway.endpoints.local.request import requested_max_tokens, unsupported
 from gateway.endpoints.openai_objects import ChoiceResult, ResponseBuilder, draft_stats
 from gateway.endpoints.providers import adapter_for
-from gateway.endpoints.remote_selftest import SelfTest, run_self_test
-from gateway.endpoints.remote_verify import (
+from gateway.endpoints.remote.selftest import SelfTest, run_self_test
+from gateway.endpoints.remote.verify import (
     MAX_DRAFT,
     LoopStats,
     Pacing,
     VerifyLoop,
 )
-from gateway.endpoints.remote_wire import EngineClient, RemoteFailure, engine_client
+from gateway.endpoints.remote.wire import EngineClient, RemoteFailure, engine_client
 from gateway.http.asgi import ENDPOINT_HEADER, PREDICTION_HEADER, Headers, send_body
 from gateway.http.sse import DONE_EVENT, SSE_HEADERS, data_event, error_event
 from gateway.records.probes import server_root

@@ -22,7 +22,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
-from gateway.endpoints.remote_wire import EngineClient, RemoteFailure
+from gateway.endpoints.remote.wire import EngineClient, RemoteFailure
 from lookup.controller import DraftController
 from lookup.draft import Draft
 from lookup.drafter import Drafter

@@ -22,9 +22,10 @@ from starlette.types import Send
 from gateway import prediction_policy
 from gateway.call import Call
 from gateway.config import EndpointConfig
-from gateway.endpoints import local_stream, response_format
+from gateway.endpoints import response_format
 from gateway.endpoints.capabilities import CAPABILITIES
-from gateway.endpoints.local_request import (
+from gateway.endpoints.local import stream as local_stream
+from gateway.endpoints.local.request import (
     attach_documents,
     check_fields,
     check_tools,
@@ -32,7 +33,7 @@ from gateway.endpoints.local_request import (
     invalid,
     requested_max_tokens,
 )
-from gateway.endpoints.local_stream import Job
+from gateway.endpoints.local.stream import Job
 from gateway.endpoints.openai_objects import Logprobs
 from gateway.errors import (
     GatewayError,

@@ -1,6 +1,6 @@
 """HTTP upstreams: one pooled httpx transport per endpoint, retries before headers.
 
-The pool is an httpx transport (:class:`gateway.endpoints.transport.AiohttpTransport`, aiohttp's
+The pool is an httpx transport (:class:`gateway.endpoints.hosted.transport.AiohttpTransport`, aiohttp's
 pool behind httpx's API), used directly rather than through an ``AsyncClient``: the
 client layer would persist cookies across requests (one tenant's upstream cookies must
 never reach another's request) and re-merge URLs and check redirects on every call,
@@ -25,8 +25,8 @@ import httpx
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt
 
 from gateway.config import EndpointConfig
+from gateway.endpoints.hosted.transport import AiohttpTransport
 from gateway.endpoints.providers import adapter_for
-from gateway.endpoints.transport import AiohttpTransport
 from gateway.errors import (
     GatewayError,
     RateLimited,

@@ -1,0 +1,1 @@
+"""Hosted and self-hosted HTTP upstreams: the request relayed as it came."""

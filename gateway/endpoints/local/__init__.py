@@ -1,0 +1,1 @@
+"""The in-process local endpoint: the engine behind the OpenAI routes."""

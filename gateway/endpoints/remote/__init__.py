@@ -1,0 +1,1 @@
+"""Remote verification: the gateway drafts, an SGLang or vLLM server scores the drafts."""
