@@ -1,0 +1,1 @@
+"""Front doors for client APIs other than OpenAI's Chat Completions: one subpackage each."""
