@@ -11,7 +11,9 @@ to a gateway: ``/v1/documents`` (put, list, get, delete), ``GET /v1/endpoints`` 
 ``POST /v1/audits`` (minimal answers).
 
 What it answers is set per test on :class:`Script` (the default reply is the prompt's
-fenced code block, a JSON object when the prompt asks for JSON, else :data:`ANSWER`).
+fenced code block, a JSON object when the prompt asks for JSON, else :data:`ANSWER`;
+``Script.calls`` makes it answer with tool calls instead, streamed as OpenAI streams
+them: the call's id and name first, its arguments in two pieces).
 Tokens are the stand-in's own (:func:`tokens`). A prediction it honours is matched
 against the answer (difflib's matching blocks): matched tokens are accepted, the other
 predicted tokens rejected, and with ``draft_per_step`` a stream carries runs of accepted
@@ -100,6 +102,8 @@ class Script:
     error_after: int | None = None  # an in-stream error event after this many content chunks
     http_error_every: int = 0  # every n-th request answers 503
     stream_error_every: int = 0  # every n-th request's stream ends half-way in an error event
+    # the tool calls to answer a request with, as (name, arguments); none: a text reply
+    calls: Callable[[dict[str, Any]], list[tuple[str, dict[str, Any]]]] = lambda body: []
 
 
 @dataclass
@@ -233,8 +237,16 @@ class StandIn:
         if script.http_error_every and n % script.http_error_every == 0:
             return error(503, "overloaded", "server_error", "overloaded")
 
-        answer = tokens(script.reply(body))
-        finish = "stop"
+        calls = [
+            {
+                "id": f"call_standin_{n}_{i}",
+                "type": "function",
+                "function": {"name": name, "arguments": json.dumps(arguments)},
+            }
+            for i, (name, arguments) in enumerate(script.calls(body) if chat else ())
+        ]
+        answer = [] if calls else tokens(script.reply(body))
+        finish = "tool_calls" if calls else "stop"
         limit = req.token_limit() if chat else req.max_tokens
         if limit is not None and len(answer) > limit:
             answer, finish = answer[:limit], "length"
@@ -249,8 +261,8 @@ class StandIn:
         self._prompts.add(text)
         usage: dict[str, Any] = {
             "prompt_tokens": prompt_tokens,
-            "completion_tokens": len(answer),
-            "total_tokens": prompt_tokens + len(answer),
+            "completion_tokens": len(answer) + len(calls),
+            "total_tokens": prompt_tokens + len(answer) + len(calls),
         }
         if honours:
             usage["prompt_tokens_details"] = {"cached_tokens": cached, "audio_tokens": 0}
@@ -275,7 +287,10 @@ class StandIn:
                 await asyncio.sleep(script.step_s * len(steps))
             text = "".join(answer)
             if chat:
-                message = {"role": "assistant", "content": text, "refusal": None}
+                content = None if calls else text
+                message = {"role": "assistant", "content": content, "refusal": None}
+                if calls:
+                    message["tool_calls"] = calls
                 choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
             else:
                 choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
@@ -286,7 +301,9 @@ class StandIn:
         if model == "slow-stream":
             events = self._slow(head, chat)
         else:
-            events = self._events(head, steps, finish, usage if include_usage else None, chat, n)
+            events = self._events(
+                head, steps, finish, usage if include_usage else None, chat, n, calls
+            )
         return StreamingResponse(events, media_type="text/event-stream; charset=utf-8")
 
     async def _failure(self, model: str, attempt: int, headers: dict[str, str]) -> Response | None:
@@ -360,11 +377,23 @@ class StandIn:
         usage: dict[str, Any] | None,
         chat: bool,
         n: int,
+        calls: list[dict[str, Any]],
     ) -> AsyncIterator[str]:
         script = self.script
         with_usage = usage is not None
         if chat:
             yield self._chunk(head, chat, None, role=True, usage=with_usage)
+        for i, call in enumerate(calls):
+            arguments = call["function"]["arguments"]
+            half = len(arguments) // 2
+            opening = {**call, "function": {"name": call["function"]["name"], "arguments": ""}}
+            for part in (
+                {**opening, "index": i},
+                *self._pieces(i, arguments[:half], arguments[half:]),
+            ):
+                delta = {"tool_calls": [part]}
+                choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": None}
+                yield f"data: {json.dumps({**head, 'choices': [choice]})}\n\n"
         for k, step in enumerate(steps):
             if script.step_s:
                 await asyncio.sleep(script.step_s)
@@ -381,6 +410,11 @@ class StandIn:
         if usage is not None:
             yield f"data: {json.dumps({**head, 'choices': [], 'usage': usage})}\n\n"
         yield "data: [DONE]\n\n"
+
+    @staticmethod
+    def _pieces(index: int, *pieces: str) -> list[dict[str, Any]]:
+        """Argument fragments of call ``index`` as ``tool_calls`` delta entries."""
+        return [{"index": index, "function": {"arguments": piece}} for piece in pieces]
 
     async def _slow(self, head: dict[str, Any], chat: bool) -> AsyncIterator[str]:
         """A tick every 50 ms; the client going away (the generator closed early) is seen."""
