@@ -248,7 +248,7 @@ async def index_memory_bytes(url: str, prefix: str) -> int:
     try:
         total = 0
         async for key in client.scan_iter(match=f"{prefix}*"):
-            if key.decode().endswith((":ix", ":anc", ":nums")):
+            if key.decode().endswith((":ax", ":ad", ":an")):
                 total += await client.memory_usage(key, samples=1000) or 0
         return total
     finally:
@@ -356,7 +356,7 @@ async def bench_scaling(  # type: ignore[no-untyped-def]
                 from redis.asyncio import Redis
 
                 client = Redis.from_url(url)
-                charged = int(await client.hget(index_key(base, "stat"), "ixbytes") or 0)
+                charged = int(await client.hget(index_key(base, "stat"), "axbytes") or 0)
                 await client.aclose()
                 memory = await index_memory_bytes(url, prefix)
                 row["index_redis_bytes_per_token"] = memory / corpus_tokens

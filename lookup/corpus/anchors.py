@@ -3,14 +3,17 @@
 A text's UTF-8 bytes are split into words (runs of ASCII letters, digits, ``_`` and
 non-ASCII bytes, or single ASCII symbols; whitespace separates); every ``SHINGLE``
 consecutive words form an n-gram, hashed to 64 bits with numpy only (a polynomial hash
-per word, then the n-gram hash of ``lookup.hashing``), stable across processes and replicas.
+per word, then the n-gram hash of ``lookup.hashing``), then keyed with SipHash-2-4 under the
+namespace's secret anchor key (kept by the store, so every replica agrees): without the key
+nobody can tell which n-grams a text's anchors will be, nor aim texts at one anchor.
 Winnowing keeps the smallest hash of every ``window`` consecutive n-grams; it is local, so
 two texts sharing a span of ``window + SHINGLE - 1`` words or more select the same anchor
 inside it (``window = 1`` keeps every n-gram). A document keeps at most ``max_anchors`` of
 them (the smallest hashes, so the choice stays consistent between texts).
 
-An anchor is stored as 6 bytes: a 2-byte bucket (the top 16 bits of its hash) and a
-4-byte fingerprint (the next 32 bits).
+An anchor is the top 48 bits of the keyed hash, stored as 6 big-endian bytes. The Redis
+index keeps one hash field per anchor holding at most ``MAX_POSTINGS`` document numbers, so
+what one anchor costs to read or write never grows with the rest of the corpus.
 """
 
 from __future__ import annotations
@@ -22,11 +25,13 @@ import numpy as np
 from lookup.hashing import level_hashes
 
 SHINGLE = 8  # words per n-gram
-ANCHOR_BYTES = 6  # packed size of one anchor: 2-byte bucket + 4-byte fingerprint
-POSTING_BYTES = 8  # an index entry: 4-byte fingerprint + 4-byte document number
+ANCHOR_BYTES = 6  # packed size of one anchor (the keyed hash's top 48 bits)
+KEY_BYTES = 16  # a namespace's SipHash key
 MAX_POSTINGS = 32  # documents per anchor; an anchor this common is not indexed again
 INDEX_DOC_BYTES = 48  # per indexed document: its number and anchor list entries
-INDEX_ANCHOR_BYTES = POSTING_BYTES + ANCHOR_BYTES  # what one kept anchor costs the namespace
+# What one kept anchor costs the namespace: a Redis hash field of its own (about 60 bytes
+# measured with a one-document posting list) and its entry in the document's anchor list.
+INDEX_ANCHOR_BYTES = 64 + ANCHOR_BYTES
 
 _BASE = np.uint64(0x100000001B3)  # odd, so invertible modulo 2**64
 _BASE_INV = np.uint64(pow(0x100000001B3, -1, 1 << 64))
@@ -98,9 +103,58 @@ def shingle_hashes(text: str) -> np.ndarray:
     return level_hashes(word_hashes(text), SHINGLE)[-1]
 
 
-def anchors(text: str, window: int, limit: int) -> np.ndarray:
-    """Sorted distinct anchor hashes (uint64) of ``text``, at most ``limit``."""
-    hashes = shingle_hashes(text) >> np.uint64(16)  # the 48 bits an anchor keeps
+_SIP_INIT = (0x736F6D6570736575, 0x646F72616E646F6D, 0x6C7967656E657261, 0x7465646279746573)
+
+
+def _rotl(x: np.ndarray, b: int) -> np.ndarray:
+    return (x << np.uint64(b)) | (x >> np.uint64(64 - b))
+
+
+def _sip_rounds(v: list[np.ndarray], rounds: int) -> None:
+    v0, v1, v2, v3 = v
+    for _ in range(rounds):
+        v0 = v0 + v1
+        v1 = _rotl(v1, 13) ^ v0
+        v0 = _rotl(v0, 32)
+        v2 = v2 + v3
+        v3 = _rotl(v3, 16) ^ v2
+        v0 = v0 + v3
+        v3 = _rotl(v3, 21) ^ v0
+        v2 = v2 + v1
+        v1 = _rotl(v1, 17) ^ v2
+        v2 = _rotl(v2, 32)
+    v[:] = v0, v1, v2, v3
+
+
+def siphash(values: np.ndarray, key: bytes) -> np.ndarray:
+    """SipHash-2-4 under the 16-byte ``key`` of each uint64 taken as an 8-byte
+    little-endian message (vectorised)."""
+    if len(key) != KEY_BYTES:
+        raise ValueError(f"an anchor key is {KEY_BYTES} bytes")
+    k0, k1 = (np.uint64(int.from_bytes(key[i : i + 8], "little")) for i in (0, 8))
+    m = values.astype(np.uint64)
+    last = np.uint64(8 << 56)  # the final block: the message length, no bytes left
+    with np.errstate(over="ignore"):
+        v = [
+            np.full_like(m, np.uint64(init) ^ k)
+            for init, k in zip(_SIP_INIT, (k0, k1, k0, k1), strict=True)
+        ]
+        v[3] ^= m
+        _sip_rounds(v, 2)
+        v[0] ^= m
+        v[3] ^= last
+        _sip_rounds(v, 2)
+        v[0] ^= last
+        v[2] ^= np.uint64(0xFF)
+        _sip_rounds(v, 4)
+        out: np.ndarray = v[0] ^ v[1] ^ v[2] ^ v[3]
+    return out
+
+
+def anchors(text: str, window: int, limit: int, key: bytes) -> np.ndarray:
+    """Sorted distinct anchor hashes (uint64) of ``text`` under the namespace's anchor
+    ``key``, at most ``limit``."""
+    hashes = siphash(shingle_hashes(text), key) >> np.uint64(16)  # the 48 bits kept
     if window > 1 and len(hashes) > window:  # the minimum of every ``window`` in a row
         done = 1
         while done < window:
@@ -119,5 +173,5 @@ def query_text(prompt: str, prediction: str, config: AnchorConfig) -> str:
 
 
 def pack(hashes: np.ndarray) -> bytes:
-    """Anchors as consecutive 6-byte big-endian values (bucket, then fingerprint)."""
+    """Anchors as consecutive 6-byte big-endian values."""
     return hashes.astype(">u8").view(np.uint8).reshape(-1, 8)[:, 2:].tobytes()

@@ -107,19 +107,24 @@ class Corpus:
         `StoreUnavailable`."""
         return await self._put(ns, id, text, path=path, language=language, answer=False)
 
-    def _document_anchors(self, text: str, keys: str) -> np.ndarray:
-        """A document's anchors; an answer's also include its request's (``keys``)."""
+    def _document_anchors(self, text: str, keys: str, key: bytes) -> np.ndarray:
+        """A document's anchors under the namespace's ``key``; an answer's also include its
+        request's (``keys``)."""
         cfg = self.anchor_config
-        found = anchors(text, cfg.window, cfg.max_anchors)
+        found = anchors(text, cfg.window, cfg.max_anchors, key)
         if keys:
-            asked = anchors(query_text(keys, "", cfg), cfg.window, cfg.max_query_anchors)
+            asked = anchors(query_text(keys, "", cfg), cfg.window, cfg.max_query_anchors, key)
             found = np.union1d(found, asked)
         return found
 
-    def _query_anchors(self, prompt_text: str, prediction_text: str) -> np.ndarray:
+    async def _query_anchors(self, ns: str, prompt_text: str, prediction_text: str) -> np.ndarray:
+        """The query's anchors; none when the namespace has no anchor key (nothing indexed)."""
+        key = await self.store.anchor_key(ns, limits=self.limits, create=False)
+        if key is None:
+            return _NO_ANCHORS
         cfg = self.anchor_config
         return anchors(
-            query_text(prompt_text, prediction_text, cfg), cfg.window, cfg.max_query_anchors
+            query_text(prompt_text, prediction_text, cfg), cfg.window, cfg.max_query_anchors, key
         )
 
     async def _put(
@@ -139,10 +144,13 @@ class Corpus:
         check_path(path)
         check_language(language)
         decoded, size = decode_text(text, self.max_doc_bytes)
+        key = await self.store.anchor_key(ns, limits=self.limits, create=True)
+        if key is None:
+            raise StoreUnavailable("document store gave no anchor key")
         if len(decoded) + len(keys) > INLINE_ANCHOR_CHARS:
-            found = await asyncio.to_thread(self._document_anchors, decoded, keys)
+            found = await asyncio.to_thread(self._document_anchors, decoded, keys, key)
         else:
-            found = self._document_anchors(decoded, keys)
+            found = self._document_anchors(decoded, keys, key)
         names = document_names(doc_id, path)
         doc = NewDocument(
             id=doc_id,
@@ -210,12 +218,14 @@ class Corpus:
         else:  # a short prompt is scanned faster than a worker thread is handed one
             names = mention_candidates(prompt_text) if prompt_text else []
         retrieve = self.retrieve_max_docs if prompt_text or prediction_text else 0
+        check_namespace(ns)
+        query = await self._query_anchors(ns, prompt_text, prediction_text) if retrieve else None
         return await self.store.select(
-            check_namespace(ns),
+            ns,
             ids=checked,
             names=names,
             recent=min(max(0, recent), self.select_max_docs),
-            query=self._query_anchors(prompt_text, prediction_text) if retrieve else _NO_ANCHORS,
+            query=_NO_ANCHORS if query is None else query,
             retrieve=retrieve,
             max_docs=self.select_max_docs,
             max_bytes=self.select_max_bytes,

@@ -14,14 +14,16 @@ Keys under the namespace base ``B``:
   B + "names"    HASH   name-hash -> id-hash (ids, paths and basenames a prompt may mention)
   B + "refs"     HASH   sha256 -> number of documents holding that content (dedupe)
   B + "stat"     HASH   "bytes" -> bytes stored: distinct content + every document's metadata,
-                        "ixbytes" -> bytes the retrieval index is charged, "cbytes" ->
+                        "axbytes" -> bytes the retrieval index is charged, "cbytes" ->
                         bytes of captured documents (content, metadata, index), "seq" ->
                         last document number given (rebuilt from "docs" when evicted)
   B + "fps"      SET    tokenizer-fingerprint hashes with cached token arrays
-  B + "ix"       HASH   anchor bucket (2 bytes) -> postings (4-byte fingerprint + 4-byte
-                        document number each; see lookup.corpus.anchors)
-  B + "anc"      HASH   id-hash -> the document's indexed anchors (6 bytes each)
-  B + "nums"     HASH   document number (4 bytes) -> id-hash
+  B + "akey"     STRING the namespace's secret anchor key (16 random bytes, made on first
+                        upload; every gateway sharing the Redis reads the same one)
+  B + "ax"       HASH   anchor (6 bytes) -> postings (4-byte document numbers, at most
+                        ``MAX_POSTINGS``; see lookup.corpus.anchors)
+  B + "ad"       HASH   id-hash -> the document's indexed anchors (6 bytes each)
+  B + "an"       HASH   document number (4 bytes) -> id-hash
   B + "b:" + sha256                    STRING  the content (UTF-8)
   B + "t:" + fingerprint-hash + ":" + sha256  STRING  token ids as little-endian uint32
 """

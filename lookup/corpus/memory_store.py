@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import builtins
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from lookup.corpus.anchors import INDEX_ANCHOR_BYTES, INDEX_DOC_BYTES, MAX_POSTINGS
+from lookup.corpus.anchors import INDEX_ANCHOR_BYTES, INDEX_DOC_BYTES, KEY_BYTES, MAX_POSTINGS
 from lookup.corpus.documents import Document, DocumentMeta
 from lookup.corpus.keys import digest
 from lookup.corpus.store import Limits, NewDocument
@@ -56,6 +57,7 @@ class _Namespace:
     captured_bytes: int = 0
     seq: int = 0
     oldest: float = float("inf")  # a lower bound of every entry's last use
+    anchor_key: bytes = field(default_factory=lambda: os.urandom(KEY_BYTES))
 
     def index_add(self, doc_id: str, entry: _Entry) -> None:
         self.seq += 1
@@ -273,6 +275,9 @@ class MemoryDocumentStore:
         for sha, data in arrays.items():
             if sha in space.refs:
                 space.tokens[(fingerprint, sha)] = data
+
+    async def anchor_key(self, ns: str, *, limits: Limits, create: bool) -> bytes | None:
+        return self._spaces.setdefault(ns, _Namespace()).anchor_key
 
     async def ping(self) -> None:
         return None

@@ -20,71 +20,87 @@ _PRELUDE = (
 local B, NOW, EXPIRE_MS, CUTOFF = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local K_LRU, K_ANS, K_DOCS, K_NAMES = B .. 'lru', B .. 'ans', B .. 'docs', B .. 'names'
 local K_REFS, K_STAT, K_FPS = B .. 'refs', B .. 'stat', B .. 'fps'
-local K_IX, K_ANC, K_NUMS, K_CAP = B .. 'ix', B .. 'anc', B .. 'nums', B .. 'cap'
+local K_AX, K_AD, K_AN, K_CAP, K_AKEY = B .. 'ax', B .. 'ad', B .. 'an', B .. 'cap', B .. 'akey'
 """
     + f"local MAX_POSTINGS, ANCHOR_COST, DOC_COST = {MAX_POSTINGS}, {INDEX_ANCHOR_BYTES}, "
     + f"{INDEX_DOC_BYTES}\n"
-    + """-- retrieval index: K_IX bucket (2 bytes) -> postings (4-byte fingerprint, 4-byte doc number)
-local function postings(list, fp)
-  local found, at = {}, 1
-  while true do
-    local pos = string.find(list, fp, at, true)
-    if not pos then return found end
-    if pos % 8 == 1 then
-      found[#found + 1] = string.sub(list, pos + 4, pos + 7)
-      at = pos + 8
-    else
-      at = pos + 1
-    end
+    + """-- commands over many fields, in slices that stay within Lua's stack
+local function hmget(key, fields)
+  local out = {}
+  for s = 1, #fields, 1000 do
+    local got = redis.call('HMGET', key, unpack(fields, s, math.min(s + 999, #fields)))
+    for _, v in ipairs(got) do out[#out + 1] = v end
+  end
+  return out
+end
+
+local function hmulti(cmd, key, args)
+  for s = 1, #args, 1000 do
+    redis.call(cmd, key, unpack(args, s, math.min(s + 999, #args)))
   end
 end
 
+local function split(packed)
+  local fields = {}
+  for i = 1, #packed, 6 do fields[#fields + 1] = string.sub(packed, i, i + 5) end
+  return fields
+end
+
+-- retrieval index: K_AX anchor (6 bytes) -> postings (4-byte document numbers, at most
+-- MAX_POSTINGS), so an anchor's work is bounded whatever else the namespace holds
 local function index_add(idh, num, packed)
-  local kept = {}
-  for i = 1, #packed, 6 do
-    local bucket, fp = string.sub(packed, i, i + 1), string.sub(packed, i + 2, i + 5)
-    local list = redis.call('HGET', K_IX, bucket) or ''
-    if #postings(list, fp) < MAX_POSTINGS then
-      redis.call('HSET', K_IX, bucket, list .. fp .. num)
-      kept[#kept + 1] = string.sub(packed, i, i + 5)
+  local fields = split(packed)
+  if #fields == 0 then return end
+  local lists, kept, writes = hmget(K_AX, fields), {}, {}
+  for j, anchor in ipairs(fields) do
+    local list = lists[j] or ''
+    if #list < MAX_POSTINGS * 4 then
+      writes[#writes + 1] = anchor
+      writes[#writes + 1] = list .. num
+      kept[#kept + 1] = anchor
     end
   end
   if #kept == 0 then return end
-  redis.call('HSET', K_ANC, idh, table.concat(kept))
-  redis.call('HSET', K_NUMS, num, idh)
-  redis.call('HINCRBY', K_STAT, 'ixbytes', #kept * ANCHOR_COST + DOC_COST)
+  hmulti('HSET', K_AX, writes)
+  redis.call('HSET', K_AD, idh, table.concat(kept))
+  redis.call('HSET', K_AN, num, idh)
+  redis.call('HINCRBY', K_STAT, 'axbytes', #kept * ANCHOR_COST + DOC_COST)
   return #kept * ANCHOR_COST + DOC_COST
 end
 
 local function index_drop(idh, meta)
-  local packed = redis.call('HGET', K_ANC, idh)
+  local packed = redis.call('HGET', K_AD, idh)
   if not packed or not meta.num then return 0 end
   local num = struct.pack('>I4', meta.num)
-  for i = 1, #packed, 6 do
-    local bucket, entry = string.sub(packed, i, i + 1), string.sub(packed, i + 2, i + 5) .. num
-    local list = redis.call('HGET', K_IX, bucket) or ''
-    local at = 1
-    while true do
-      local pos = string.find(list, entry, at, true)
-      if not pos then break end
-      if pos % 8 == 1 then
-        list = string.sub(list, 1, pos - 1) .. string.sub(list, pos + 8)
+  local fields = split(packed)
+  local lists, writes, gone = hmget(K_AX, fields), {}, {}
+  for j, anchor in ipairs(fields) do
+    local list = lists[j] or ''
+    for i = 1, #list, 4 do
+      if string.sub(list, i, i + 3) == num then
+        list = string.sub(list, 1, i - 1) .. string.sub(list, i + 4)
         break
       end
-      at = pos + 1
     end
-    if #list == 0 then redis.call('HDEL', K_IX, bucket) else redis.call('HSET', K_IX, bucket, list) end
+    if #list == 0 then
+      gone[#gone + 1] = anchor
+    else
+      writes[#writes + 1] = anchor
+      writes[#writes + 1] = list
+    end
   end
-  redis.call('HDEL', K_ANC, idh)
-  redis.call('HDEL', K_NUMS, num)
-  local cost = #packed / 6 * ANCHOR_COST + DOC_COST
-  redis.call('HINCRBY', K_STAT, 'ixbytes', -cost)
+  hmulti('HSET', K_AX, writes)
+  hmulti('HDEL', K_AX, gone)
+  redis.call('HDEL', K_AD, idh)
+  redis.call('HDEL', K_AN, num)
+  local cost = #fields * ANCHOR_COST + DOC_COST
+  redis.call('HINCRBY', K_STAT, 'axbytes', -cost)
   return cost
 end
 
 -- bytes of the namespace (all) and of its captured documents
 local function stored_bytes()
-  local s = redis.call('HMGET', K_STAT, 'bytes', 'ixbytes', 'cbytes')
+  local s = redis.call('HMGET', K_STAT, 'bytes', 'axbytes', 'cbytes')
   return tonumber(s[1] or '0') + tonumber(s[2] or '0'), tonumber(s[3] or '0')
 end
 
@@ -100,7 +116,7 @@ local function stats()
   local docs = redis.call('HGETALL', K_DOCS)
   for i = 1, #docs, 2 do
     local meta = cjson.decode(docs[i + 1])
-    local packed = redis.call('HGET', K_ANC, docs[i])
+    local packed = redis.call('HGET', K_AD, docs[i])
     local cost = packed and (#packed / 6 * ANCHOR_COST + DOC_COST) or 0
     bytes = bytes + (meta.meta_bytes or 0)
     if not seen[meta.sha256] then seen[meta.sha256] = true; bytes = bytes + meta.bytes end
@@ -109,7 +125,7 @@ local function stats()
     if meta.num and meta.num > seq then seq = meta.num end
   end
   if #docs > 0 then
-    redis.call('HSET', K_STAT, 'bytes', bytes, 'ixbytes', ix, 'cbytes', cbytes, 'seq', seq)
+    redis.call('HSET', K_STAT, 'bytes', bytes, 'axbytes', ix, 'cbytes', cbytes, 'seq', seq)
   end
 end
 """
@@ -157,8 +173,8 @@ local function purge()
 end
 
 local function keep_alive()
-  for _, k in ipairs({K_LRU, K_ANS, K_CAP, K_DOCS, K_NAMES, K_REFS, K_STAT, K_FPS, K_IX, K_ANC,
-                      K_NUMS}) do
+  for _, k in ipairs({K_LRU, K_ANS, K_CAP, K_DOCS, K_NAMES, K_REFS, K_STAT, K_FPS, K_AX, K_AD,
+                      K_AN, K_AKEY}) do
     redis.call('PEXPIRE', k, EXPIRE_MS)
   end
 end
@@ -275,13 +291,13 @@ if recent > 0 then
 end
 if retrieve > 0 and #query > 0 then
   local score, nums = {}, {}
-  for i = 1, #query, 6 do
-    local list = redis.call('HGET', K_IX, string.sub(query, i, i + 1))
+  for _, list in ipairs(hmget(K_AX, split(query))) do
     if list then
-      local found = postings(list, string.sub(query, i + 2, i + 5))
-      for _, num in ipairs(found) do
+      local share = 1 / (#list / 4)
+      for i = 1, #list, 4 do
+        local num = string.sub(list, i, i + 3)
         if not score[num] then nums[#nums + 1] = num; score[num] = 0 end
-        score[num] = score[num] + 1 / #found
+        score[num] = score[num] + share
       end
     end
   end
@@ -292,7 +308,7 @@ if retrieve > 0 and #query > 0 then
   local top = {}
   for i = 1, math.min(retrieve, #nums) do top[i] = nums[i] end
   if #top > 0 then
-    for _, idh in ipairs(redis.call('HMGET', K_NUMS, unpack(top))) do
+    for _, idh in ipairs(redis.call('HMGET', K_AN, unpack(top))) do
       if idh then add(idh, redis.call('ZSCORE', K_ANS, idh) and 'answer' or 'retrieved') end
     end
   end
@@ -378,3 +394,12 @@ end
 return 0
 """
 )
+
+# KEYS[1]: the namespace's "akey" key; ARGV[1]: a fresh random key, ARGV[2]: native expiry in
+# ms, ARGV[3]: "1" to store ARGV[1] when there is none. Returns the key (nil: none, not made).
+ANCHOR_KEY = """
+local k = redis.call('GET', KEYS[1])
+if k or ARGV[3] ~= '1' then return k end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return ARGV[1]
+"""

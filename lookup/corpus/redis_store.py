@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import builtins
 import json
+import os
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -15,7 +17,7 @@ from redis.exceptions import OutOfMemoryError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeout
 
 from lookup.corpus import redis_scripts
-from lookup.corpus.anchors import pack
+from lookup.corpus.anchors import KEY_BYTES, pack
 from lookup.corpus.breaker import CircuitBreaker
 from lookup.corpus.documents import Document, DocumentMeta
 from lookup.corpus.errors import StoreFull, StoreUnavailable
@@ -27,6 +29,10 @@ T = TypeVar("T")
 # Keys outlive the TTL by this much, so the exact (lazy) purge always runs before Redis
 # expires anything natively; native expiry only cleans up namespaces nobody uses any more.
 EXPIRY_GRACE_S = 3600.0
+# A process re-reads a namespace's anchor key this often, so replicas converge on one key
+# within this time even after the key was lost (evicted, or expired with its namespace).
+ANCHOR_KEY_REFRESH_S = 60.0
+ANCHOR_KEY_CACHE = 4096  # namespaces whose anchor keys a process keeps
 
 
 class RedisDocumentStore:
@@ -54,6 +60,8 @@ class RedisDocumentStore:
         self._delete = client.register_script(redis_scripts.DELETE)
         self._list = client.register_script(redis_scripts.LIST)
         self._put_tokens = client.register_script(redis_scripts.PUT_TOKENS)
+        self._anchor_key = client.register_script(redis_scripts.ANCHOR_KEY)
+        self._anchor_keys: dict[str, tuple[bytes, float]] = {}  # ns -> (key, read at)
 
     async def _call(self, request: Callable[[], Awaitable[T]]) -> T:
         if not self.breaker.allow():
@@ -181,6 +189,23 @@ class RedisDocumentStore:
         for sha, data in arrays.items():
             args += [sha, data]
         await self._call(lambda: self._put_tokens(keys, args))
+
+    async def anchor_key(self, ns: str, *, limits: Limits, create: bool) -> bytes | None:
+        now = time.monotonic()
+        cached = self._anchor_keys.get(ns)
+        if cached is not None and now - cached[1] < ANCHOR_KEY_REFRESH_S:
+            return cached[0]
+        base = namespace_base(self.prefix, ns)
+        expire_ms = int((limits.ttl_s + EXPIRY_GRACE_S) * 1000)
+        args: list[bytes | int | str] = [os.urandom(KEY_BYTES), expire_ms, "1" if create else "0"]
+        key = await self._call(lambda: self._anchor_key([index_key(base, "akey")], args))
+        if not isinstance(key, bytes) or len(key) != KEY_BYTES:
+            return None
+        self._anchor_keys.pop(ns, None)
+        if len(self._anchor_keys) >= ANCHOR_KEY_CACHE:  # the oldest read goes
+            del self._anchor_keys[next(iter(self._anchor_keys))]
+        self._anchor_keys[ns] = (key, now)
+        return key
 
     async def ping(self) -> None:
         await self._call(self.client.ping)

@@ -20,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCHMARKS = sorted(p.stem for p in (ROOT / "benchmarks").glob("bench_*.py"))
-NEEDS_REDIS = {"bench_abuse", "bench_lookup"}
+NEEDS_REDIS = {"bench_abuse", "bench_corpus_abuse", "bench_lookup"}
 SLOW = {
     "bench_contention", "bench_decode", "bench_engine", "bench_models", "bench_prefix",
     "bench_remote", "bench_scale", "bench_serving", "bench_speculative",
@@ -63,6 +63,13 @@ def _lookup(result: dict[str, Any]) -> None:
     assert result["corpus_tokens"] == 20000 and result["build_tokens_per_s"] > 0
     assert result["tree"] and result["redis_round_trips"] >= 1
     assert {row["store"] for row in result["scaling"]} == {"memory", "redis"}
+
+
+def _corpus_abuse(result: dict[str, Any]) -> None:
+    for phase in ("before", "after"):
+        for ns in ("honest", "attacked"):
+            assert result[phase][ns]["lookup_found_own_document"] == 1.0
+    assert set(result["after_over_before"]["attacked"]) == {"upload", "lookup", "crafted_lookup"}
 
 
 def _speculative(result: dict[str, Any]) -> None:
@@ -140,6 +147,7 @@ def _remote(result: dict[str, Any]) -> None:
 SHAPES: dict[str, Callable[[dict[str, Any]], None]] = {
     "bench_abuse": _abuse,
     "bench_contention": _contention,
+    "bench_corpus_abuse": _corpus_abuse,
     "bench_decode": _decode,
     "bench_engine": _engine,
     "bench_fairness": _fairness,

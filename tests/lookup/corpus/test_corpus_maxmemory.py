@@ -134,7 +134,7 @@ async def test_evicted_stats_are_rebuilt(
     assert await corpus.delete(NS, "doc3")
     await corpus.put(NS, "doc3", "def f3():\n    return 3\n" * 30)
     after = sync_client.hgetall(stat_key)
-    assert after[b"bytes"] == before[b"bytes"] and after[b"ixbytes"] == before[b"ixbytes"]
+    assert after[b"bytes"] == before[b"bytes"] and after[b"axbytes"] == before[b"axbytes"]
     assert int(after[b"seq"]) == int(before[b"seq"]) + 1  # document numbers never repeat
     await store.aclose()
 
