@@ -55,6 +55,7 @@ from sdk.wire.chat import (
 )
 from sdk.wire.documents import DocumentIn, DocumentInfo, DocumentList
 from sdk.wire.errors import ErrorDetail, ErrorResponse
+from sdk.wire.responses import ResponsesRequest
 
 __all__ = [
     "AssistantMessage",
@@ -98,6 +99,7 @@ __all__ = [
     "Ping",
     "Prediction",
     "RedactedThinkingBlock",
+    "ResponsesRequest",
     "StopReason",
     "StreamEvent",
     "StreamOptions",
