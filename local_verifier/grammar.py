@@ -20,6 +20,7 @@ limits.
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
@@ -101,6 +102,34 @@ def json_grammar(schema: Mapping[str, Any] | None) -> str:
         )
     except (ValueError, TypeError) as exc:
         raise InvalidGrammar(f"invalid JSON schema: {exc}") from None
+
+
+def lark_json(schema: Mapping[str, Any]) -> str:
+    """A Lark ``%json`` item for JSON matching ``schema``, whitespace between its tokens
+    bounded as in :func:`json_grammar` (part of a grammar for :func:`lark_grammar`)."""
+    guidance = schema.get("x-guidance")
+    options = {
+        **(guidance if isinstance(guidance, Mapping) else {}),
+        "whitespace_pattern": WHITESPACE,
+    }
+    return "%json " + json.dumps({**schema, "x-guidance": options})
+
+
+def lark_grammar(lark: str) -> str:
+    """llguidance's grammar text for a Lark grammar (llguidance's dialect: ``%json``
+    items, ``&`` and ``~`` in lexemes). Checked when it is compiled."""
+    return LLMatcher.grammar_from_lark(lark)
+
+
+def schema_error(schema: Mapping[str, Any]) -> str | None:
+    """Why llguidance refuses ``schema`` as a JSON schema under :data:`LIMITS` (None: it
+    compiles). The schema alone, without a tokenizer: for naming the part of a larger
+    grammar that failed."""
+    try:
+        reason = LLMatcher.validate_grammar(json_grammar(schema), limits=LIMITS)
+    except InvalidGrammar as exc:
+        return str(exc).removeprefix("invalid JSON schema: ")
+    return reason.removesuffix(_NON_VERBOSE) or None
 
 
 class GrammarCompiler:
