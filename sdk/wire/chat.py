@@ -133,9 +133,40 @@ class Usage(_Open):
 FinishReason = Literal["stop", "length", "tool_calls", "content_filter", "function_call"]
 
 
+class FunctionCall(_Open):
+    """A tool call's function: its name and its arguments as a JSON string."""
+
+    name: str
+    arguments: str
+
+
+class ToolCall(_Open):
+    """One entry of an assistant message's ``tool_calls``."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class FunctionCallDelta(_Open):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(_Open):
+    """A streamed piece of a tool call: the first of a call has its ``index``, ``id``,
+    ``type`` and function name; later ones the ``index`` and an arguments fragment."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCallDelta | None = None
+
+
 class AssistantMessage(_Open):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    tool_calls: list[ToolCall] | None = None
 
 
 class Choice(_Open):
@@ -158,6 +189,7 @@ class ChatCompletion(_Open):
 class Delta(_Open):
     role: str | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChunkChoice(_Open):
