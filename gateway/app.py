@@ -1,7 +1,8 @@
 """The ASGI application: ``create_app(settings) -> Starlette``.
 
-Routes: ``POST /v1/chat/completions``, ``POST /v1/completions`` (pure ASGI, the hot
-path, dispatched before Starlette's router and middleware stack), ``GET /v1/models``,
+Routes: one ``POST`` route per front door (:data:`FRONT_DOORS`: ``/v1/chat/completions``,
+``/v1/completions``, ...; pure ASGI, the hot path, dispatched before Starlette's router
+and middleware stack), ``GET /v1/models``,
 ``GET /healthz``, ``GET /metrics``, ``/v1/documents``, the records/audits routes and
 ``GET /openapi.json``.
 Every response carries ``X-Draftgate-Overhead-Ms``.
@@ -26,11 +27,12 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.config import Settings, load_settings
 from gateway.errors import GatewayError, NotFound
+from gateway.front_door import CHAT, COMPLETIONS, FrontDoor
 from gateway.http import guard
 from gateway.http.asgi import ClientDisconnected, overhead_middleware, send_error
 from gateway.http.responses import error_response
 from gateway.limits import tenant_limits
-from gateway.routes.completions import CompletionsEndpoint
+from gateway.routes.completions import CompletionsRoute
 from gateway.routes.documents import document_routes
 from gateway.routes.meta import meta_routes
 from gateway.routes.openapi import openapi_routes
@@ -40,6 +42,12 @@ from gateway.runtime import Runtime
 from gateway.telemetry import Telemetry
 from lookup.corpus import Corpus
 
+# path -> the front door answering POSTs to it: a new client-facing API is one line here
+FRONT_DOORS: dict[str, FrontDoor] = {
+    "/v1/chat/completions": CHAT,
+    "/v1/completions": COMPLETIONS,
+}
+
 
 class _MethodNotAllowed(GatewayError):
     status = 405
@@ -48,7 +56,7 @@ class _MethodNotAllowed(GatewayError):
 
 
 class _Gateway(Starlette):
-    """Starlette, with ``POST`` to the completion paths sent straight to their endpoints
+    """Starlette, with ``POST`` to the front doors' paths sent straight to their routes
     (each behind the overhead middleware, catching as the stack would): routing and the
     middleware stack cost tens of microseconds per request. Everything else, other
     methods on these paths included, goes through Starlette."""
@@ -147,8 +155,7 @@ def create_app(
             await runtime.telemetry.aclose()
 
     completions: dict[str, ASGIApp] = {
-        "/v1/chat/completions": CompletionsEndpoint(runtime, "chat"),
-        "/v1/completions": CompletionsEndpoint(runtime, "completions"),
+        path: CompletionsRoute(runtime, door) for path, door in FRONT_DOORS.items()
     }
     routes: list[Route] = [
         *(Route(path, app, methods=["POST"]) for path, app in completions.items()),

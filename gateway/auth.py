@@ -26,16 +26,21 @@ def _digest(key: bytes) -> bytes:
     return hashlib.sha256(key).digest()
 
 
-def _key_digest(authorization: bytes | None) -> bytes | None:
-    """The digest of a ``Bearer`` key (None for another scheme or no header)."""
+def _key_digest(scope: Scope) -> bytes | None:
+    """The digest of the request's key: ``Authorization: Bearer <key>`` (OpenAI clients)
+    or, without an ``Authorization`` header, ``x-api-key: <key>`` (Anthropic clients);
+    None for another scheme or no key."""
+    authorization = header(scope, b"authorization")
     if authorization is None:
-        return None
+        key = header(scope, b"x-api-key")
+        return None if key is None else _digest(key.strip())
     scheme, _, key = authorization.partition(b" ")
     return _digest(key.strip()) if scheme.lower() == b"bearer" else None
 
 
 class Authenticator:
-    """Maps ``Authorization: Bearer <key>`` to a tenant; no keys -> one tenant, no check.
+    """Maps a request's key (``Authorization: Bearer <key>`` or ``x-api-key: <key>``) to a
+    tenant; no keys -> one tenant, no check.
 
     ``admins`` are the keys that may run audits and probes (with no keys, everyone may:
     the single-tenant gateway binds loopback only unless told otherwise)."""
@@ -71,13 +76,14 @@ class Authenticator:
         return cls(keys, admins)
 
     def tenant(self, scope: Scope) -> str:
-        """The tenant of a request, from its ``Authorization`` header."""
+        """The tenant of a request, from its key."""
         if not self.enabled:
             return DEFAULT_TENANT
-        authorization = header(scope, b"authorization")
-        if authorization is None:
-            raise AuthenticationFailed("missing Authorization header (Bearer <gateway key>)")
-        digest = _key_digest(authorization)
+        if header(scope, b"authorization") is None and header(scope, b"x-api-key") is None:
+            raise AuthenticationFailed(
+                "missing Authorization header (Bearer <gateway key>) or x-api-key header"
+            )
+        digest = _key_digest(scope)
         tenant = self._tenants.get(digest) if digest is not None else None
         if tenant is None:
             raise AuthenticationFailed("invalid gateway API key")
@@ -87,6 +93,6 @@ class Authenticator:
         """The tenant of a request made with an admin key; :class:`PermissionDenied` for
         any other valid key."""
         tenant = self.tenant(scope)
-        if self.enabled and _key_digest(header(scope, b"authorization")) not in self._admins:
+        if self.enabled and _key_digest(scope) not in self._admins:
             raise PermissionDenied("this needs an admin key ([[keys]] admin = true)")
         return tenant

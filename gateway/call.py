@@ -1,21 +1,41 @@
-"""One proxied request's context, shared by the HTTP upstream and local paths."""
+"""One proxied request's context, shared by the front door and every endpoint."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import orjson
+
 from gateway.http.asgi import Headers, UpstreamWait
 from gateway.telemetry import RequestTiming
 from sdk.wire import ChatCompletionRequest, CompletionRequest
 
-Api = Literal["chat", "completions"]
-API_PATHS: dict[str, str] = {"chat": "chat/completions", "completions": "completions"}
+Api = Literal["chat", "completions", "messages", "responses"]
+# each API's path below an upstream's base URL
+API_PATHS: dict[str, str] = {
+    "chat": "chat/completions",
+    "completions": "completions",
+    "messages": "messages",
+    "responses": "responses",
+}
+
+
+def answer_api(api: Api) -> Api:
+    """The OpenAI API a non-native endpoint answers a front door's request in: completions
+    for the completions door, chat for every other (only that door's internal request is a
+    ``CompletionRequest``)."""
+    return "completions" if api == "completions" else "chat"
 
 
 @dataclass
 class Call:
-    """What the gateway knows about one completion request once it is validated."""
+    """What the gateway knows about one request once it is validated.
+
+    ``api`` is the front door's API and ``raw``/``data`` the body as the client sent it;
+    ``request`` is the internal OpenAI request every endpoint can answer. An endpoint that
+    relays ``raw`` to an upstream speaking ``api`` itself sets ``native`` before its first
+    byte: the front door's transcoder is then skipped."""
 
     api: Api
     tenant: str
@@ -27,6 +47,20 @@ class Call:
     wait: UpstreamWait
     timing: RequestTiming
     response_text: list[str] = field(default_factory=list)
+    native: bool = False
+
+    @property
+    def openai_api(self) -> Api:
+        """The OpenAI API of the internal request (what a non-native endpoint answers)."""
+        return answer_api(self.api)
+
+    def openai_body(self) -> tuple[bytes, dict[str, Any]]:
+        """The internal request as an OpenAI body: the client's own for the OpenAI doors,
+        else the internal request encoded (the fields the door set, extras included)."""
+        if self.api in ("chat", "completions"):
+            return self.raw, self.data
+        data = self.request.model_dump(mode="json", exclude_unset=True)
+        return orjson.dumps(data), data
 
     def prompt_text(self) -> str:
         """The prompt as plain text (for selecting documents mentioned in it)."""

@@ -29,6 +29,7 @@ else:  # pragma: no cover
 EndpointKind = Literal[
     "openai",
     "azure",
+    "anthropic",
     "fireworks",
     "cerebras",
     "mistral",
@@ -45,7 +46,9 @@ RemoteVerify = Literal["off", "remote", "remote-approximate"]
 # kinds whose own API scores given tokens (docs/remote-verification.md)
 REMOTE_VERIFY_KINDS = frozenset({"sglang", "vllm"})
 # kinds run by a hosted provider: no active health check unless an endpoint asks for one
-HOSTED_KINDS = frozenset({"openai", "azure", "fireworks", "cerebras", "mistral", "openrouter"})
+HOSTED_KINDS = frozenset(
+    {"openai", "azure", "anthropic", "fireworks", "cerebras", "mistral", "openrouter"}
+)
 
 DEFAULT_LOCAL_MODEL = "smollm2-135m"
 DEFAULT_CONFIG_FILE = "draftgate.toml"
@@ -120,10 +123,14 @@ class EndpointConfig(_Strict):
         description="local kind: KV pool size in MiB (None: the engine's default)",
     )
     max_tokens_cap: int = Field(
-        default=4096, ge=1, description="local kind: the most tokens one answer may generate"
+        default=4096,
+        ge=1,
+        description="local kind and verify: the most tokens one answer may generate",
     )
     max_tokens_default: int | None = Field(
-        default=None, ge=1, description="local kind: an answer's max_tokens when absent (the cap)"
+        default=None,
+        ge=1,
+        description="local kind and verify: an answer's max_tokens when absent (the cap)",
     )
     health_check: bool | None = Field(
         default=None,
@@ -190,8 +197,9 @@ class EndpointConfig(_Strict):
 
     def answer_tokens(self, requested: int | None) -> int:
         """The most tokens one answer may generate here: ``requested`` (or the default when
-        absent) within the cap; a remote endpoint bounds nothing (0 when absent)."""
-        if self.kind != "local":
+        absent) within the cap, on local endpoints and remotely verified ones; another
+        remote endpoint bounds nothing (0 when absent)."""
+        if self.kind != "local" and self.verify == "off":
             return requested or 0
         return min(requested or self.max_tokens_default or self.max_tokens_cap, self.max_tokens_cap)
 

@@ -34,12 +34,25 @@ class Capability:
     conflicts: frozenset[str] = frozenset()
     prediction_models: tuple[str, ...] | None = None
     min_api_version: str | None = None
+    # front-door APIs (``gateway.call.Api``) the kind speaks itself besides chat/completions:
+    # a request arriving through one is relayed as the client sent it
+    native_apis: frozenset[str] = frozenset()
 
 
 CAPABILITIES: dict[str, Capability] = {
-    "openai": Capability(True, OPENAI_CONFLICTS, ("gpt-4o", "gpt-4.1")),
+    "openai": Capability(
+        True, OPENAI_CONFLICTS, ("gpt-4o", "gpt-4.1"), native_apis=frozenset({"responses"})
+    ),
     # preview; the same conflicts as OpenAI (checked 2026-11-30)
-    "azure": Capability(True, OPENAI_CONFLICTS, ("gpt-4o", "gpt-4.1"), "2025-01-01-preview"),
+    "azure": Capability(
+        True,
+        OPENAI_CONFLICTS,
+        ("gpt-4o", "gpt-4.1"),
+        "2025-01-01-preview",
+        native_apis=frozenset({"responses"}),
+    ),
+    # no predicted outputs; Messages is its own API
+    "anthropic": Capability(False, native_apis=frozenset({"messages"})),
     "fireworks": Capability(True, OPENAI_CONFLICTS),
     # public preview, gpt-oss-120b and zai-glm-4.7 (checked 2026-11-30)
     "cerebras": Capability(True, OPENAI_CONFLICTS, ("gpt-oss-120b", "zai-glm-4.7")),
@@ -59,6 +72,7 @@ CAPABILITIES: dict[str, Capability] = {
 # Base URLs used when a hosted endpoint's config leaves `base_url` out.
 DEFAULT_BASE_URLS: dict[str, str] = {
     "openai": "https://api.openai.com/v1",
+    "anthropic": "https://api.anthropic.com/v1",
     "fireworks": "https://api.fireworks.ai/inference/v1",
     "cerebras": "https://api.cerebras.ai/v1",
     "mistral": "https://api.mistral.ai/v1",

@@ -9,11 +9,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.call import Api
+from gateway.call import Api, answer_api
 
 
 def new_id(api: Api) -> str:
-    return ("chatcmpl-" if api == "chat" else "cmpl-") + uuid.uuid4().hex
+    return ("chatcmpl-" if answer_api(api) == "chat" else "cmpl-") + uuid.uuid4().hex
 
 
 def usage(stats: Any) -> dict[str, Any]:
@@ -48,11 +48,21 @@ def draft_stats(stats: Any) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class ChoiceResult:
-    """One finished answer: its text, why it ended, its formatted logprobs (or None)."""
+    """One finished answer: its text, why it ended, its formatted logprobs (or None), its
+    tool calls (OpenAI ``tool_calls`` entries; with calls and no text, ``content`` is null)."""
 
     text: str
     finish_reason: str
     logprobs: dict[str, Any] | None = None
+    tool_calls: tuple[dict[str, Any], ...] = ()
+
+    def message(self) -> dict[str, Any]:
+        """The chat answer's assistant message."""
+        content = None if self.tool_calls and not self.text else self.text
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if self.tool_calls:
+            message["tool_calls"] = list(self.tool_calls)
+        return message
 
 
 class Logprobs:
@@ -61,7 +71,7 @@ class Logprobs:
     ``{tokens, token_logprobs, top_logprobs, text_offset}`` (offsets run on per choice)."""
 
     def __init__(self, api: Api, token_bytes: Callable[[int], bytes]) -> None:
-        self.api = api
+        self.api = answer_api(api)
         self.token_bytes = token_bytes
         self._offsets: dict[int, int] = {}
 
@@ -99,7 +109,7 @@ class ResponseBuilder:
     """Builds one response's objects; ``id``/``created``/``model`` are shared by its chunks."""
 
     def __init__(self, api: Api, model: str) -> None:
-        self.api = api
+        self.api = answer_api(api)
         self.id = new_id(api)
         self.created = int(time.time())
         self.model = model
@@ -114,7 +124,7 @@ class ResponseBuilder:
             body = [
                 {
                     "index": i,
-                    "message": {"role": "assistant", "content": c.text},
+                    "message": c.message(),
                     "finish_reason": c.finish_reason,
                     "logprobs": c.logprobs,
                 }
@@ -141,15 +151,18 @@ class ResponseBuilder:
         finish: str | None = None,
         index: int = 0,
         logprobs: dict[str, Any] | None = None,
+        tool_calls: list[dict[str, Any]] | None = None,
     ) -> dict[str, Any]:
         """One streamed chunk of choice ``index``: the role opener, a content delta (with
-        its tokens' logprobs), or the finishing chunk."""
+        its tokens' logprobs), tool-call deltas (chat), or the finishing chunk."""
         if self.api == "chat":
             delta: dict[str, Any] = {}
             if role:
                 delta = {"role": "assistant", "content": ""}
             elif text is not None:
                 delta = {"content": text}
+            if tool_calls:
+                delta["tool_calls"] = tool_calls
             choice: dict[str, Any] = {
                 "index": index,
                 "delta": delta,

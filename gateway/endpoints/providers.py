@@ -54,8 +54,22 @@ class AzureAdapter(Adapter):
         return [(b"api-key", self.api_key.encode())]
 
 
+class AnthropicAdapter(Adapter):
+    """Anthropic: ``{base_url}/{path}``, ``x-api-key`` and the ``anthropic-version`` header."""
+
+    VERSION = b"2023-06-01"
+
+    def auth_headers(self) -> list[tuple[bytes, bytes]]:
+        headers = [(b"anthropic-version", self.VERSION)]
+        if self.api_key is not None:
+            headers.append((b"x-api-key", self.api_key.encode()))
+        return headers
+
+
 def adapter_for(config: EndpointConfig, environ: Mapping[str, str]) -> Adapter:
     """The adapter for an endpoint's kind."""
     if config.kind == "azure":
         return AzureAdapter(config, environ)
+    if config.kind == "anthropic":
+        return AnthropicAdapter(config, environ)
     return Adapter(config, environ)

@@ -1,7 +1,8 @@
-"""``POST /v1/chat/completions`` and ``POST /v1/completions`` as pure ASGI endpoints.
+"""The request pipeline behind every front door (:mod:`gateway.front_door`), as a pure
+ASGI app.
 
-Per request: authenticate, read the body (bounded), validate once with the shared wire
-types, route by model, then try the model's endpoints in the order the balancer plans
+Per request: authenticate, read the body (bounded), parse it with the door into the
+internal request, apply the limits, route by model, then try the model's endpoints in the order the balancer plans
 (:mod:`gateway.routing.balancer`); a failure before the first byte moves to the next. An
 HTTP upstream's answer is forwarded as it arrives; a local endpoint runs the engine.
 Nothing is retried or failed over once the first byte went to the client.
@@ -17,14 +18,16 @@ import httpx
 from starlette.types import Receive, Scope, Send
 
 from gateway import prediction_policy
-from gateway.call import API_PATHS, Api, Call, apply_usage
+from gateway.call import API_PATHS, Call, apply_usage
 from gateway.config import EndpointConfig
 from gateway.endpoints.capabilities import CAPABILITIES
 from gateway.endpoints.hosted.upstream import UpstreamFailure
 from gateway.endpoints.remote.endpoint import REMOTE_VERIFY_HEADER
 from gateway.errors import GatewayError, InvalidJSON, ModelNotFound, UpstreamError
+from gateway.front_door import FrontDoor, answer_send
 from gateway.http.asgi import (
     ENDPOINT_HEADER,
+    JSON,
     PREDICTION_HEADER,
     ClientDisconnected,
     Headers,
@@ -36,7 +39,7 @@ from gateway.http.asgi import (
     send_error,
 )
 from gateway.http.sse import SSE_HEADERS, EventTooLarge, StreamRelay, error_event
-from gateway.http.validation import parse_json_async, validate
+from gateway.http.validation import parse_json_async
 from gateway.limits import Lease, prompt_tokens
 from gateway.routing.key import SESSION_HEADER, routing_key
 from gateway.telemetry import RequestTiming
@@ -54,9 +57,9 @@ CLIENT_CLOSED = 499
 
 
 async def parse_request(
-    api: Api, raw: bytes, max_documents: int
+    door: FrontDoor, raw: bytes, max_documents: int
 ) -> tuple[dict[str, Any], ChatCompletionRequest | CompletionRequest]:
-    """The body as a dict and as the validated wire type (400 naming the field if not;
+    """The body as a dict and as the door's internal request (400 naming the field if not;
     too many document ids are refused before the body is parsed where the bytes show
     them, else before the rest is validated). A long body's parse lets the event loop
     run between its steps."""
@@ -65,9 +68,20 @@ async def parse_request(
     if not isinstance(data, dict):
         raise InvalidJSON("request body must be a JSON object")
     prediction_policy.check_document_count(data, max_documents)
-    if api == "chat":
-        return data, validate(ChatCompletionRequest, data)
-    return data, validate(CompletionRequest, data)
+    return data, door.parse(data)
+
+
+async def send_door_error(
+    send: Send, door: FrontDoor, error: GatewayError, headers: Headers | None = None
+) -> None:
+    """``error`` answered in the door's own error shape."""
+    extra = [(k.lower().encode(), v.encode()) for k, v in error.headers.items()]
+    await send_body(
+        send,
+        error.status,
+        door.error_body(error),
+        [(b"content-type", JSON), *extra, *(headers or [])],
+    )
 
 
 def _token_limit(request: ChatCompletionRequest | CompletionRequest) -> int | None:
@@ -76,13 +90,12 @@ def _token_limit(request: ChatCompletionRequest | CompletionRequest) -> int | No
     return request.max_tokens
 
 
-class CompletionsEndpoint:
-    """The ASGI app behind one of the two completion routes."""
+class CompletionsRoute:
+    """The ASGI app behind one front door's route."""
 
-    def __init__(self, runtime: Runtime, api: Api) -> None:
+    def __init__(self, runtime: Runtime, door: FrontDoor) -> None:
         self.runtime = runtime
-        self.api = api
-        self.path = API_PATHS[api]
+        self.door = door
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         runtime = self.runtime
@@ -102,7 +115,7 @@ class CompletionsEndpoint:
             raw = await read_body(receive, limit, length, runtime.settings.server.body_timeout_s)
             if declared is None:
                 await runtime.limiter.charge(tenant, prompt_tokens(len(raw)))
-            data, request = await parse_request(self.api, raw, runtime.corpus.select_max_ids)
+            data, request = await parse_request(self.door, raw, runtime.corpus.select_max_ids)
             endpoints = runtime.routes.get(request.model)
             if not endpoints:
                 raise ModelNotFound(
@@ -123,11 +136,11 @@ class CompletionsEndpoint:
             if lease is not None:
                 await runtime.limiter.release(lease)
             if isinstance(error, GatewayError):
-                await send_error(send, error)
+                await send_door_error(send, self.door, error)
             return
         session = header(scope, SESSION_HEADER)
         call = Call(
-            api=self.api,
+            api=self.door.api,
             tenant=tenant,
             raw=raw,
             data=data,
@@ -142,9 +155,10 @@ class CompletionsEndpoint:
                 t_start=wait.t_start,
             ),
         )
+        answer = answer_send(self.door, call, send)
         try:
             if await run_until_disconnect(
-                receive, lambda: self._serve(call, endpoints, send, session)
+                receive, lambda: self._serve(call, endpoints, answer, send, session)
             ):
                 call.timing.status = CLIENT_CLOSED
                 call.timing.error = "client disconnected"
@@ -157,8 +171,15 @@ class CompletionsEndpoint:
             await runtime.capture(call)
 
     async def _serve(
-        self, call: Call, endpoints: tuple[EndpointConfig, ...], send: Send, session: bytes | None
+        self,
+        call: Call,
+        endpoints: tuple[EndpointConfig, ...],
+        send: Send,
+        client_send: Send,
+        session: bytes | None,
     ) -> None:
+        """Try the endpoints in the balancer's order; ``send`` is the door's answer send,
+        ``client_send`` answers the gateway's own error when no endpoint could."""
         balancer = self.runtime.balancer
         key = None
         if balancer.strategy_for(call.request.model) == "prefix":
@@ -181,12 +202,13 @@ class CompletionsEndpoint:
                 if remote is not None and passthrough is None:
                     return
                 upstream = self.runtime.upstreams[endpoint.name]
-                decision, body = await self._prepare(call, endpoint)
+                native = call.api in CAPABILITIES[endpoint.kind].native_apis
+                decision, body = await self._prepare(call, endpoint, native)
                 call.timing.prediction_status = decision.status
                 t0 = time.perf_counter()
                 try:
                     response = await upstream.open(
-                        self.path,
+                        API_PATHS[call.api if native else call.openai_api],
                         body,
                         endpoint.upstream_model(call.request.model),
                         call.forward_headers,
@@ -203,6 +225,7 @@ class CompletionsEndpoint:
                 finally:
                     call.wait.seconds += time.perf_counter() - t0
                 call.timing.t_first_byte = time.perf_counter()
+                call.native = native
                 headers: Headers = [
                     (PREDICTION_HEADER, decision.status.encode()),
                     (ENDPOINT_HEADER, endpoint.name.encode()),
@@ -220,14 +243,26 @@ class CompletionsEndpoint:
                 return
         if failure is None:  # every endpoint was skipped: none admitted this request
             failure = UpstreamFailure("no endpoint is available")
-        await self._fail(
-            call, send, failure.to_error(failed_endpoint), call.timing.prediction_status
-        )
+        error = failure.to_error(failed_endpoint)
+        call.timing.status = error.status
+        call.timing.error = error.message
+        status = call.timing.prediction_status.encode()
+        await send_door_error(client_send, self.door, error, [(PREDICTION_HEADER, status)])
 
     async def _prepare(
-        self, call: Call, endpoint: EndpointConfig
+        self, call: Call, endpoint: EndpointConfig, native: bool
     ) -> tuple[prediction_policy.Decision, bytes]:
         upstream_model = endpoint.upstream_model(call.request.model)
+        if native:  # the client's own API: only the model is renamed
+            body = prediction_policy.upstream_body(
+                call.raw,
+                call.data,
+                upstream_model=upstream_model,
+                strip_prediction=False,
+                prediction_text=None,
+            )
+            return prediction_policy.Decision(prediction_policy.NONE), body
+        raw, data = call.openai_body()
         decision = prediction_policy.decide(
             call.request,
             CAPABILITIES[endpoint.kind],
@@ -242,8 +277,8 @@ class CompletionsEndpoint:
             if prediction_text is None:
                 decision = prediction_policy.Decision(prediction_policy.dropped(missing))
         body = prediction_policy.upstream_body(
-            call.raw,
-            call.data,
+            raw,
+            data,
             upstream_model=upstream_model,
             strip_prediction=decision.strip_prediction,
             prediction_text=prediction_text,
@@ -322,7 +357,8 @@ class CompletionsEndpoint:
                 if ready:
                     await send({"type": "http.response.body", "body": ready, "more_body": True})
                     relay.observe(ready)
-            if not relay.done:
+            # a native stream (Messages, Responses) has no [DONE]: its end is the close
+            if not relay.done and not call.native:
                 problem = "upstream stream ended before [DONE]"
         except EventTooLarge as exc:
             problem = str(exc)

@@ -211,7 +211,7 @@ async def stream(
         await send({"type": "http.response.body", "body": body, "more_body": True})
 
     n = job.n
-    if call.api == "chat":
+    if call.openai_api == "chat":
         for i in range(n):
             await emit(data_event(builder.chunk(role=True, index=i)))
     texts: list[list[str]] = [[] for _ in range(n)]

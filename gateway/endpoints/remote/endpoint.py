@@ -439,7 +439,7 @@ class _Answer:
         async def emit(body: bytes) -> None:
             await send({"type": "http.response.body", "body": body, "more_body": True})
 
-        if call.api == "chat":
+        if call.openai_api == "chat":
             await emit(data_event(builder.chunk(role=True)))
         texts: list[str] = []
         try:

@@ -6,13 +6,14 @@ import json
 from typing import Any
 
 from gateway.call import Call
+from gateway.front_door import CHAT
 from gateway.routes.completions import parse_request
 from gateway.routing.key import routing_key
 
 
 async def _call(messages: list[dict[str, str]]) -> Call:
     raw = json.dumps({"model": "m", "messages": messages}).encode()
-    data, request = await parse_request("chat", raw, 64)
+    data, request = await parse_request(CHAT, raw, 64)
     unused: dict[str, Any] = {"wait": None, "timing": None}  # not read by routing_key
     return Call("chat", "t", raw, data, request, [], [], **unused)
 

@@ -1,0 +1,89 @@
+"""Front doors: the client-facing APIs the gateway answers, over one request pipeline.
+
+A route (:class:`gateway.routes.completions.CompletionsRoute`) authenticates, reads and
+bounds the body, and hands it to its door's :meth:`FrontDoor.parse`, which returns the
+internal request (``sdk.wire.ChatCompletionRequest``, or ``CompletionRequest`` for the
+completions door only). Limits, routing and the endpoints run on that request alike for
+every door. Every endpoint answers in OpenAI chat-completions form (a JSON body, an SSE
+stream of ``chat.completion.chunk`` events ending in ``[DONE]``, or an OpenAI error
+body); :meth:`FrontDoor.transcode` turns that into the door's own answer. An endpoint
+that relays the client's body to an upstream speaking the door's API itself sets
+``call.native`` before its first byte, and the transcoder is skipped
+(:func:`answer_send`). Errors raised before an endpoint runs are answered with
+:meth:`FrontDoor.error_body`.
+
+Adding a door: a class with the three methods below (its module beside this one), and
+one line in ``gateway.app.FRONT_DOORS`` mapping its path to it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from starlette.types import Message, Send
+
+from gateway.call import Api, Call
+from gateway.errors import GatewayError
+from gateway.http.validation import validate
+from sdk.wire import ChatCompletionRequest, CompletionRequest
+
+
+class FrontDoor(Protocol):
+    """One client-facing API: its request parsed into the internal request, its answers
+    and errors in its own shape."""
+
+    api: Api
+
+    def parse(self, data: dict[str, Any]) -> ChatCompletionRequest | CompletionRequest:
+        """The internal request for a validated-JSON body (raise GatewayError subclasses)."""
+        ...
+
+    def error_body(self, error: GatewayError) -> bytes:
+        """The error as this API's JSON error body (status is error.status)."""
+        ...
+
+    def transcode(self, call: Call, send: Send) -> Send:
+        """A send that turns the internal OpenAI chat-completions answer (a JSON body, or
+        an SSE stream of chat.completion.chunk events ending in [DONE], or an error body)
+        into this API's answer. Identity for chat/completions."""
+        ...
+
+
+class OpenAIDoor:
+    """``POST /v1/chat/completions`` or ``POST /v1/completions``: the internal request is
+    the client's own, answers and errors pass unchanged."""
+
+    def __init__(self, api: Api) -> None:
+        self.api = api
+
+    def parse(self, data: dict[str, Any]) -> ChatCompletionRequest | CompletionRequest:
+        if self.api == "chat":
+            return validate(ChatCompletionRequest, data)
+        return validate(CompletionRequest, data)
+
+    def error_body(self, error: GatewayError) -> bytes:
+        return error.body()
+
+    def transcode(self, call: Call, send: Send) -> Send:
+        return send
+
+
+CHAT = OpenAIDoor("chat")
+COMPLETIONS = OpenAIDoor("completions")
+
+
+def answer_send(door: FrontDoor, call: Call, send: Send) -> Send:
+    """The send an endpoint answers ``call`` through: the door's transcoder, unless the
+    endpoint set ``call.native`` by its first message (then the client's ``send``)."""
+    transcoded = door.transcode(call, send)
+    if transcoded is send:
+        return send
+    chosen: Send | None = None
+
+    async def choose(message: Message) -> None:
+        nonlocal chosen
+        if chosen is None:
+            chosen = send if call.native else transcoded
+        await chosen(message)
+
+    return choose
