@@ -5,8 +5,13 @@ engine verifies over its own API (``verify = "remote"``; docs/remote-verificatio
 (the reason goes to the ``X-Draftgate-Remote-Verify`` header of the proxied answer):
 verification is not enabled (the self-test has not found the engine exact, or found it
 only approximate without ``remote-approximate``), the request samples, asks for fields
-only the engine's OpenAI API implements, or drafts cannot pay. The tokenizer is loaded
-with ``local_verifier`` (imported lazily, like the local endpoints do).
+only the engine's OpenAI API implements, the prompt cannot fit the engine's context, or
+drafts cannot pay (then the costs are measured again, at most once a
+:data:`REMEASURE_S`, so the estimate recovers). Templating, tokenizing and indexing run on
+a worker thread; the answer is bounded by the endpoint's ``max_tokens_cap``. The
+engine's prefix cache is salted per tenant, and no cached-token count reaches a caller
+(it would tell one tenant what others sent). The tokenizer is loaded with
+``local_verifier`` (imported lazily, like the local endpoints do).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import threading
 import time
 from collections.abc import Mapping
@@ -30,6 +36,9 @@ from gateway.config import EndpointConfig
 from gateway.endpoints.local.request import requested_max_tokens, unsupported
 from gateway.endpoints.openai_objects import ChoiceResult, ResponseBuilder, draft_stats
 from gateway.endpoints.providers import adapter_for
+from gateway.endpoints.remote.failures import RemoteFailure
+from gateway.endpoints.remote.prompt import cannot_fit, encode, max_token_chars, prepare
+from gateway.endpoints.remote.salt import CacheSalts
 from gateway.endpoints.remote.selftest import SelfTest, run_self_test
 from gateway.endpoints.remote.verify import (
     MAX_DRAFT,
@@ -37,13 +46,12 @@ from gateway.endpoints.remote.verify import (
     Pacing,
     VerifyLoop,
 )
-from gateway.endpoints.remote.wire import EngineClient, RemoteFailure, engine_client
+from gateway.endpoints.remote.wire import Ask, EngineClient, engine_client
 from gateway.http.asgi import ENDPOINT_HEADER, PREDICTION_HEADER, Headers, send_body
 from gateway.http.sse import DONE_EVENT, SSE_HEADERS, data_event, error_event
 from gateway.records.probes import server_root
 from lookup.corpus import Corpus, CorpusError
 from lookup.draft import Source
-from lookup.drafter import Drafter
 from lookup.index import IndexCache
 from sdk.wire import ChatCompletionRequest, CompletionRequest
 
@@ -54,7 +62,8 @@ log = logging.getLogger(__name__)
 
 REMOTE_VERIFY_HEADER = b"x-draftgate-remote-verify"
 VERIFIED = b"verified-remotely"
-MAX_TOKENS_DEFAULT = 4096  # an answer's bound when the request gives none
+REMEASURE_S = 60.0  # while drafts do not pay, the costs are measured again this often
+_FIELD = re.compile(r"^[a-z][a-z0-9_]{0,39}$")  # a field name fit for a header value
 _SOURCES = {"named": Source.DOCUMENT, "retrieved": Source.RETRIEVED, "answer": Source.ANSWER}
 # fields the local endpoints honour that the verify path does not (sampling, logprobs,
 # structured output, tools): a request setting one passes through to the engine's own API
@@ -99,7 +108,7 @@ def passthrough_reason(request: ChatCompletionRequest | CompletionRequest) -> st
     if field is None and (request.n or 1) != 1:
         field = "n"
     if field is not None:
-        return f"unsupported:{field}"
+        return f"unsupported:{field if _FIELD.match(field) else 'unknown-field'}"
     if request.draftgate is not None and not request.draftgate.draft:
         return "draft-off"
     return None
@@ -126,7 +135,8 @@ class AnswerStats:
 
 
 def remote_stats(loop: LoopStats) -> dict[str, Any]:
-    """draftgate's ``remote`` object: round trips, cached tokens per round, recoveries."""
+    """draftgate's ``remote`` object: round trips and recoveries (no cached-token counts:
+    they would tell a caller what the engine's cache holds)."""
     return {
         "round_trips": loop.round_trips,
         "scoring_rounds": loop.rounds,
@@ -134,7 +144,6 @@ def remote_stats(loop: LoopStats) -> dict[str, Any]:
         "plain_decodes": loop.decodes,
         "near_ties": loop.near_ties,
         "recovered": loop.recovered,
-        "cached_tokens_per_round": list(loop.cached_tokens),
     }
 
 
@@ -165,21 +174,30 @@ class RemoteEndpoint:
         )
         self.pacing = Pacing.configured(config.verify_round_trip_s, config.verify_token_s)
         self.index_cache = IndexCache()
+        self.salts = CacheSalts()
         self.self_test: SelfTest | None = None
+        self.remeasure_s = REMEASURE_S
         self._tokenizer: Tokenizer | None = None
+        self._token_chars = 1  # the most characters one token spells
         self._task: asyncio.Task[None] | None = None
+        self._remeasure: asyncio.Task[SelfTest] | None = None
+        self._on_result: Any = None
+        self._notes: list[str] = []  # the client's notes already logged
         self.checked = threading.Event()  # set once a self-test has finished
 
     # -- lifecycle ---------------------------------------------------------------------
 
     async def tokenizer(self) -> Tokenizer:
         if self._tokenizer is None:
-            self._tokenizer = await asyncio.to_thread(load_tokenizer, self.config.tokenizer or "")
+            tokenizer = await asyncio.to_thread(load_tokenizer, self.config.tokenizer or "")
+            self._token_chars = await asyncio.to_thread(max_token_chars, tokenizer)
+            self._tokenizer = tokenizer
         return self._tokenizer
 
     def start(self, on_result: Any = None) -> None:
         """Run the self-test now and every ``verify_check_interval_s`` (in the background);
         ``on_result(endpoint_name, SelfTest)`` is awaited after each."""
+        self._on_result = on_result
         if self._task is None:
             self._task = asyncio.create_task(
                 self._checking(on_result), name=f"draftgate-verify-{self.config.name}"
@@ -194,9 +212,13 @@ class RemoteEndpoint:
 
     async def check(self, on_result: Any = None) -> SelfTest:
         """One self-test; its result decides whether verification runs."""
+        self.pacing.remeasure()
         try:
             result = await run_self_test(self.client, await self.tokenizer(), self.pacing)
-        except Exception as exc:  # an unreachable server or an unloadable tokenizer
+        except RemoteFailure as exc:  # the server is unreachable or refused
+            log.warning("endpoint %s: remote verify self-test failed: %s", self.config.name, exc)
+            result = SelfTest.failed(str(exc))
+        except Exception as exc:  # an unloadable tokenizer
             log.warning("endpoint %s: remote verify self-test failed: %s", self.config.name, exc)
             result = SelfTest.failed(f"{type(exc).__name__}")
         self.self_test = result
@@ -216,11 +238,33 @@ class RemoteEndpoint:
         return test.state == "approximate" and self.config.verify == "remote-approximate"
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for task in (self._task, self._remeasure):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self.client.aclose()
+
+    def _measure_again(self) -> None:
+        """Run a self-test in the background when the costs are measured (not pinned) and
+        the last one is older than ``remeasure_s``: a "does not pay" estimate recovers."""
+        pacing, test = self.pacing, self.self_test
+        if pacing.pinned_round_trip and pacing.pinned_token:
+            return
+        if self._remeasure is not None and not self._remeasure.done():
+            return
+        if test is not None and time.time() - test.at < self.remeasure_s:
+            return
+        self._remeasure = asyncio.create_task(
+            self.check(self._on_result), name=f"draftgate-remeasure-{self.config.name}"
+        )
+
+    def _log_notes(self) -> None:
+        """What the client learned about the engine mid-traffic, logged once each."""
+        for note in self.client.notes():
+            if note not in self._notes:
+                self._notes.append(note)
+                log.warning("endpoint %s: %s", self.config.name, note)
 
     # -- requests ----------------------------------------------------------------------
 
@@ -234,45 +278,56 @@ class RemoteEndpoint:
         if reason is not None:
             return reason
         if not self.pacing.pays(MAX_DRAFT + 1):
+            self._measure_again()
             return "does-not-pay"
-        try:
-            tokenizer = await self.tokenizer()
-            prompt = _prompt_ids(request, tokenizer)
-        except ValueError:
-            return "unsupported:prompt"
+        tokenizer = await self.tokenizer()
+        limit = self.client.max_model_len
+        if limit is not None and cannot_fit(request, limit, self._token_chars):
+            return "prompt-too-long"
         prediction_text = (
             request.prediction.text()
             if isinstance(request, ChatCompletionRequest) and request.prediction
             else ""
         )
-        prediction = tokenizer.encode(prediction_text) if prediction_text else None
         documents, sources = await self._documents(call, tokenizer, prediction_text)
-        drafter = Drafter(prompt, prediction, documents, document_sources=sources)
+        try:
+            prepared = await asyncio.to_thread(
+                prepare, request, tokenizer, prediction_text, documents, sources, self.index_cache
+            )
+        except ValueError:
+            return "unsupported:prompt"
+        if limit is not None and len(prepared.context) >= limit:
+            return "prompt-too-long"
         loop = VerifyLoop(
             self.client,
-            prompt,
-            drafter,
-            requested_max_tokens(request) or MAX_TOKENS_DEFAULT,
+            prepared.context,
+            prepared.drafter,
+            self.config.answer_tokens(requested_max_tokens(request)),
             self.pacing,
             tokenizer.eos_ids,
+            Ask(tokenizer.vocab_size, self.salts(call.tenant)),
         )
-        answer = _Answer(call, loop, tokenizer, request.stop_list(), prediction is not None)
-        if not await answer.first():
-            return "failed-before-output"
-        call.timing.prediction_status = VERIFIED.decode()
-        headers: Headers = [
-            (PREDICTION_HEADER, VERIFIED),
-            (ENDPOINT_HEADER, self.config.name.encode()),
-        ]
-        if request.stream:
-            await answer.stream(send, headers)
-        else:
-            await answer.complete(send, headers)
+        answer = _Answer(call, loop, tokenizer, request.stop_list(), prepared.predicted)
+        try:
+            if not await answer.first():
+                return "failed-before-output"
+            call.timing.prediction_status = VERIFIED.decode()
+            headers: Headers = [
+                (PREDICTION_HEADER, VERIFIED),
+                (ENDPOINT_HEADER, self.config.name.encode()),
+            ]
+            if request.stream:
+                await answer.stream(send, headers)
+            else:
+                await answer.complete(send, headers)
+        finally:
+            self._log_notes()
         return None
 
     async def _documents(
         self, call: Call, tokenizer: Tokenizer, prediction_text: str
-    ) -> tuple[list[Any], list[Source]]:
+    ) -> tuple[list[tuple[str, Any]], list[Source]]:
+        """The selected documents' token arrays (keyed by content) and their sources."""
         try:
             docs = await self.corpus.select(
                 call.tenant,
@@ -284,32 +339,12 @@ class RemoteEndpoint:
             if not docs:
                 return [], []
             tokens = await self.corpus.tokens(
-                call.tenant, docs, tokenizer.fingerprint, tokenizer.encode
+                call.tenant, docs, tokenizer.fingerprint, lambda text: encode(tokenizer, text)
             )
         except CorpusError as exc:
             log.warning("endpoint %s: documents unavailable: %s", self.config.name, exc)
             return [], []
-        indexes = [self.index_cache.get_or_build(key, ids) for key, ids in tokens]
-        return indexes, [_SOURCES[d.kind] for d in docs]
-
-
-def _prompt_ids(
-    request: ChatCompletionRequest | CompletionRequest, tokenizer: Tokenizer
-) -> list[int]:
-    if isinstance(request, ChatCompletionRequest):
-        messages = [{"role": m.role, "content": m.text()} for m in request.messages]
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        return tokenizer.encode(text, add_special_tokens=False)
-    prompt = request.prompt
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        ids = tokenizer.encode(prompt, add_special_tokens=True)
-    else:
-        ids = [int(t) for t in prompt]
-    if not ids:
-        raise ValueError("the prompt is empty")
-    return ids
+        return tokens, [_SOURCES[d.kind] for d in docs]
 
 
 class _Answer:
@@ -377,9 +412,8 @@ class _Answer:
         )
         s = loop.stats
         stats = AnswerStats(
-            prompt_tokens=len(loop.prompt),
+            prompt_tokens=loop.prompt_tokens,
             completion_tokens=len(self.output.token_ids),
-            cached_tokens=min(s.cached_tokens[0], len(loop.prompt)) if s.cached_tokens else 0,
             accepted_prediction_tokens=accepted,
             rejected_prediction_tokens=rejected,
             verify_steps=s.rounds,

@@ -22,7 +22,9 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
-from gateway.endpoints.remote.wire import EngineClient, RemoteFailure
+from gateway.endpoints.remote.context import TokenIds
+from gateway.endpoints.remote.failures import RemoteFailure
+from gateway.endpoints.remote.wire import Ask, EngineClient
 from lookup.controller import DraftController
 from lookup.draft import Draft
 from lookup.drafter import Drafter
@@ -55,6 +57,11 @@ class Pacing:
 
     measured_round_trips: int = 0
     measured_decodes: int = 0
+
+    def remeasure(self) -> None:
+        """Let the next measurements replace the estimates rather than blend into them (a
+        self-test measures afresh)."""
+        self.measured_round_trips = self.measured_decodes = 0
 
     def note_round_trip(self, seconds: float) -> None:
         """One scoring request's time (the first replaces the seed value)."""
@@ -92,7 +99,6 @@ class LoopStats:
     accepted: int = 0
     near_ties: int = 0
     recovered: int = 0  # failed round trips continued by plain decoding
-    cached_tokens: list[int] = field(default_factory=list)  # per scoring round
     accepted_by_position: list[int] = field(default_factory=list)
 
     @property
@@ -122,15 +128,18 @@ class VerifyLoop:
     def __init__(
         self,
         client: EngineClient,
-        prompt: Sequence[int],
+        context: TokenIds,
         drafter: Drafter | None,
         budget: int,
         pacing: Pacing,
         eos_ids: set[int],
+        ask: Ask,
         near_tie: float = NEAR_TIE,
     ) -> None:
         self.client = client
-        self.prompt = list(prompt)
+        self.context = context  # the prompt, then every committed token
+        self.prompt_tokens = len(context)
+        self.ask = ask
         self.drafter = drafter
         self.budget = budget
         self.pacing = pacing
@@ -143,6 +152,7 @@ class VerifyLoop:
     def _commit(self, tokens: list[int]) -> list[int]:
         tokens = tokens[: self.budget - len(self.out)]
         self.out += tokens
+        self.context.extend(tokens)
         if self.drafter is not None:
             self.drafter.extend(tokens)
         return tokens
@@ -178,13 +188,12 @@ class VerifyLoop:
                 return
 
     async def _round(self, draft: list[int]) -> AsyncIterator[list[int]]:
-        scored = await self.client.score(self.prompt + self.out + draft, len(draft))
+        scored = await self.client.score(self.context, draft, self.ask)
         self.pacing.note_round_trip(scored.seconds)
         stats = self.stats
         stats.rounds += 1
         stats.score_requests += scored.requests
         stats.drafted += len(draft)
-        stats.cached_tokens.append(scored.cached_tokens)
         commit, accepted, tie = judge(draft, scored.top1, scored.gaps, self.near_tie)
         stats.accepted += accepted
         while len(stats.accepted_by_position) < accepted:
@@ -206,7 +215,7 @@ class VerifyLoop:
         self.stats.decodes += 1
         t0 = time.perf_counter()
         got = 0
-        async for new in self.client.decode(self.prompt + self.out, n):
+        async for new in self.client.decode(self.context, n, self.ask):
             committed = self._commit(new)
             got += len(committed)
             if committed:
