@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from local_verifier.logprobs import TokenLogprob
@@ -32,9 +33,11 @@ class OutputAssembler:
         self.max_new = max_new
         self.token_ids: list[int] = []
         self.finish_reason: str | None = None
+        self.seconds_per_token = 0.0  # the last push's host time (detokenizing, stops) per token
 
     def push(self, tokens: list[int]) -> TextDelta:
         """The delta for ``tokens`` (those up to the end of the output)."""
+        began = time.perf_counter()
         text: list[str] = []
         taken: list[int] = []
         for token in tokens:
@@ -51,6 +54,8 @@ class OutputAssembler:
                 self.finish_reason = "stop"
             elif len(self.token_ids) >= self.max_new:
                 self.finish_reason = "length"
+        if taken:
+            self.seconds_per_token = (time.perf_counter() - began) / len(taken)
         return TextDelta("".join(text), taken)
 
     def finish(self) -> TextDelta:

@@ -400,7 +400,7 @@ class Scheduler:
             self.costs.table,
             [r.calibration.probs(d) for r, d in zip(decoding, proposed, strict=True)],
             sum(s.logits == "last" for s in seqs),
-            [0.0 if r.adjuster is None else r.adjuster.seconds_per_row for r in decoding],
+            [_host_seconds_per_row(r) for r in decoding],
         )
         drafts = self._fair_drafts(decoding, drafts)
         drafted = time.perf_counter()
@@ -644,6 +644,13 @@ class Scheduler:
         if tail.text:
             req.on_delta(tail)
         self._finish(req)
+
+
+def _host_seconds_per_row(req: Request) -> float:
+    """Host time one more row of ``req`` costs besides the forward: its penalties, and
+    detokenizing and stop-checking the token it commits."""
+    penalties = 0.0 if req.adjuster is None else req.adjuster.seconds_per_row
+    return penalties + req.output.seconds_per_token
 
 
 def _greedy_verdicts(rows: list[_Row], logits: list[torch.Tensor]) -> list[Verdict | None]:

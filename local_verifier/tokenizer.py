@@ -28,6 +28,10 @@ def _byte_of_char() -> dict[str, int]:
 _BYTE_OF_CHAR = _byte_of_char()
 
 
+class UnknownTokenId(ValueError):
+    """A token id outside the tokenizer's vocabulary."""
+
+
 class Tokenizer:
     """Encode/decode text, render chat prompts; knows the end-of-sequence ids."""
 
@@ -50,7 +54,9 @@ class Tokenizer:
         self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
         self.fingerprint = hashlib.sha256(backend.to_str().encode()).hexdigest()[:16]
         self._byte_level = isinstance(backend.decoder, decoders.ByteLevel)
-        self._added = set(backend.get_added_tokens_decoder())
+        added = backend.get_added_tokens_decoder()
+        self._added = set(added)
+        self.special_ids = frozenset(i for i, token in added.items() if token.special)
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """Token ids of ``text``; with ``add_special_tokens`` a BOS is prepended when the model wants one."""
@@ -60,7 +66,19 @@ class Tokenizer:
         return list(ids)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
-        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        """The text of ``ids``; `UnknownTokenId` for an id outside the vocabulary."""
+        ids = list(ids)
+        if ids:
+            self.check_ids(min(ids), max(ids))
+        return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def check_ids(self, *ids: int) -> None:
+        """`UnknownTokenId` unless every one of ``ids`` is in the vocabulary."""
+        for token_id in ids:
+            if not 0 <= token_id < self.vocab_size:
+                raise UnknownTokenId(
+                    f"token id {token_id} is outside the vocabulary (0..{self.vocab_size - 1})"
+                )
 
     @property
     def supports_tools(self) -> bool:
@@ -73,6 +91,7 @@ class Tokenizer:
         Byte-level BPE maps each byte to one character of its vocabulary; other tokenizers
         give the token's decoded text (a lone byte-fallback token decodes to U+FFFD).
         """
+        self.check_ids(token_id)
         if self._byte_level and token_id not in self._added:
             piece = self.backend.id_to_token(token_id) or ""
             return bytes(_BYTE_OF_CHAR[c] for c in piece)
@@ -88,32 +107,63 @@ class Tokenizer:
 
 
 class IncrementalDetokenizer:
-    """Turns a growing list of ids into text deltas that never split a UTF-8 character."""
+    """Turns a growing list of ids into text deltas that never split a UTF-8 character.
+
+    Each push decodes a window of the last few ids (with the ids before them as context),
+    so the work per id is bounded: skipped special tokens never enter the window, and ids
+    that add no finished text (an incomplete or invalid UTF-8 run, ids decoding to nothing)
+    are released once ``MAX_PENDING`` of them wait, all but the last ``HOLD`` (which may
+    still begin a character), at the latest point whose text the window's text extends.
+    """
+
+    MAX_PENDING = 8  # ids waiting without finished text before some are released
+    HOLD = 4  # ids kept back on a release: a UTF-8 character spans at most 4 bytes
 
     def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True) -> None:
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
-        self.ids: list[int] = []
+        self._skipped = tokenizer.special_ids if skip_special_tokens else frozenset()
+        self.ids: list[int] = []  # the ids that decode to text (skipped ones left out)
         self._prefix = 0  # start of the window re-decoded for context
         self._read = 0  # ids up to here have been emitted as text
 
+    def _decode(self, end: int | None = None) -> str:
+        return self.tokenizer.decode(self.ids[self._prefix : end], self.skip_special_tokens)
+
     def push(self, ids: list[int]) -> str:
         """Add ``ids``; return the newly completed text."""
-        self.ids.extend(ids)
-        decode = self.tokenizer.decode
-        skip = self.skip_special_tokens
-        before = decode(self.ids[self._prefix : self._read], skip)
-        after = decode(self.ids[self._prefix :], skip)
-        if after.endswith("\ufffd") or len(after) <= len(before):
+        if ids:
+            self.tokenizer.check_ids(min(ids), max(ids))
+        self.ids.extend(i for i in ids if i not in self._skipped)
+        if len(self.ids) == self._read:
             return ""
-        self._prefix, self._read = self._read, len(self.ids)
-        return after[len(before) :]
+        before = self._decode(self._read)
+        after = self._decode()
+        if not after.endswith("\ufffd") and len(after) > len(before):
+            self._prefix, self._read = self._read, len(self.ids)
+            return after[len(before) :]
+        if len(self.ids) - self._read <= self.MAX_PENDING:
+            return ""
+        return self._release(before, after)
+
+    def _release(self, before: str, after: str) -> str:
+        """Emit the waiting ids but the last ``HOLD``: up to the latest split whose text
+        ``after`` (the whole window's) starts with, else at ``HOLD`` regardless."""
+        last = len(self.ids) - self.HOLD
+        split, text = last, ""
+        for end in range(last, self._read, -1):
+            head = self._decode(end)
+            if end == last:
+                text = head
+            if after.startswith(head) and len(head) >= len(before):
+                split, text = end, head
+                break
+        self._prefix, self._read = self._read, split
+        return text[len(before) :]
 
     def flush(self) -> str:
         """Whatever is left, even an incomplete character (as U+FFFD)."""
-        before = self.tokenizer.decode(
-            self.ids[self._prefix : self._read], self.skip_special_tokens
-        )
-        after = self.tokenizer.decode(self.ids[self._prefix :], self.skip_special_tokens)
+        before = self._decode(self._read)
+        after = self._decode()
         self._prefix = self._read = len(self.ids)
         return after[len(before) :]
