@@ -29,6 +29,7 @@ _PRIORS: dict[Source, tuple[float, ...]] = {
     Source.DOCUMENT: (0.2, 0.25, 0.45, 0.65, 0.8, 0.88),  # selected for the request
     Source.RETRIEVED: (0.2, 0.25, 0.45, 0.65, 0.8, 0.88),
     Source.ANSWER: (0.2, 0.25, 0.45, 0.65, 0.8, 0.88),
+    Source.CONVERSATION: (0.2, 0.25, 0.45, 0.65, 0.8, 0.88),
 }
 
 

@@ -18,6 +18,7 @@ class Source(IntEnum):
     DOCUMENT = 3  # a document the request named
     RETRIEVED = 4  # a document the corpus found by content
     ANSWER = 5  # an earlier captured answer
+    CONVERSATION = 6  # a file the conversation shows, in the forms an edit writes it
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:
