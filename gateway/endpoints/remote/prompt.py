@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from gateway.endpoints.remote.context import TokenIds
+from lookup.agent_sources import conversation_documents
 from lookup.draft import Source
 from lookup.drafter import Drafter
 from lookup.index import IndexCache
@@ -89,10 +90,18 @@ def prepare(
     sources: Sequence[Source],
     index_cache: IndexCache,
 ) -> Prepared:
-    """The prompt's ids, the prediction's and the drafter over them and the documents
-    (run on a worker thread)."""
+    """The prompt's ids, the prediction's and the drafter over them, the documents and the
+    files the conversation shows, in the forms an edit writes them (run on a worker thread)."""
     ids = prompt_ids(request, tokenizer)
     prediction = encode(tokenizer, prediction_text) if prediction_text else None
+    if isinstance(request, ChatCompletionRequest):
+        shown = conversation_documents(
+            [{"role": m.role, "content": m.text()} for m in request.messages],
+            lambda text: encode(tokenizer, text),
+            tokenizer.fingerprint,
+        )
+        documents = [*documents, *shown]
+        sources = [*sources, *[Source.CONVERSATION] * len(shown)]
     indexes = [index_cache.get_or_build(key, tokens) for key, tokens in documents]
     drafter = Drafter(ids, prediction, indexes, document_sources=sources)
     return Prepared(TokenIds(ids), prediction is not None, drafter)
