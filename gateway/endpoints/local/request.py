@@ -4,12 +4,14 @@ it drafts from. local_verifier is imported lazily, inside functions."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import TYPE_CHECKING, Any
 
 from gateway.call import Call
 from gateway.endpoints.response_format import grammar_for
 from gateway.errors import InvalidRequest
+from lookup.agent_sources import conversation_documents
 from lookup.corpus import Corpus, CorpusError
 from lookup.draft import Source
 from sdk.wire import ChatCompletionRequest, CompletionRequest
@@ -282,9 +284,16 @@ async def attach_documents(
     recent: int,
     endpoint: str,
 ) -> None:
-    """Named, recent and retrieved documents' tokens and sources into ``gen`` (the corpus
-    scans the prompt for mentions and tokenizes on worker threads, not on the event loop);
-    an unavailable corpus is logged for ``endpoint`` and leaves ``gen`` without them."""
+    """The files the conversation shows, in the forms an edit writes them, then named,
+    recent and retrieved documents: tokens and sources into ``gen`` (tokenized on worker
+    threads, not on the event loop; the corpus scans the prompt for mentions); an
+    unavailable corpus is logged for ``endpoint`` and leaves ``gen`` without its documents."""
+    if isinstance(call.request, ChatCompletionRequest):
+        shown = [{"role": m.role, "content": m.text()} for m in call.request.messages]
+        gen.documents = await asyncio.to_thread(
+            conversation_documents, shown, tokenizer.encode, tokenizer.fingerprint
+        )
+        gen.document_sources = [Source.CONVERSATION] * len(gen.documents)
     try:
         docs = await corpus.select(
             call.tenant,
@@ -295,9 +304,9 @@ async def attach_documents(
         )
         if not docs:
             return
-        gen.documents = await corpus.tokens(
+        gen.documents += await corpus.tokens(
             call.tenant, docs, tokenizer.fingerprint, tokenizer.encode
         )
-        gen.document_sources = [_SOURCES[d.kind] for d in docs]
+        gen.document_sources += [_SOURCES[d.kind] for d in docs]
     except CorpusError as exc:
         log.warning("local endpoint %s: documents unavailable: %s", endpoint, exc)
