@@ -25,6 +25,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gateway.apis.responses.door import open_door
+from gateway.apis.responses.routes import response_routes
 from gateway.config import Settings, load_settings
 from gateway.errors import GatewayError, NotFound
 from gateway.front_door import CHAT, COMPLETIONS, FrontDoor
@@ -142,6 +144,8 @@ def create_app(
         clock=clock,
     )
 
+    responses = open_door(runtime.settings)  # its stored responses: per app, as the corpus
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await runtime.start()
@@ -153,14 +157,17 @@ def create_app(
         finally:
             await runtime.aclose()
             await runtime.telemetry.aclose()
+            await responses.store.aclose()
 
     completions: dict[str, ASGIApp] = {
-        path: CompletionsRoute(runtime, door) for path, door in FRONT_DOORS.items()
+        path: CompletionsRoute(runtime, door)
+        for path, door in {**FRONT_DOORS, "/v1/responses": responses}.items()
     }
     routes: list[Route] = [
         *(Route(path, app, methods=["POST"]) for path, app in completions.items()),
         *meta_routes(runtime),
         *document_routes(runtime),
+        *response_routes(runtime, responses),
         *records_routes(runtime),
         *openapi_routes(),
     ]

@@ -247,6 +247,20 @@ class DocumentsConfig(_Strict):
     max_ids: int = Field(default=64, ge=1, description="document ids one request may name")
 
 
+class ResponsesConfig(_Strict):
+    """Responses stored by ``POST /v1/responses`` (in Redis when configured), per tenant."""
+
+    ttl_s: int = Field(default=86400, ge=1, description="seconds a stored response is kept")
+    max_responses: int = Field(
+        default=1000, ge=1, description="responses one tenant keeps; the oldest go first"
+    )
+    max_bytes: int = Field(
+        default=64 << 20,
+        ge=1024,
+        description="bytes one tenant keeps (responses with their input items as JSON)",
+    )
+
+
 class LimitsConfig(_Strict):
     """Per-tenant limits (429 with ``Retry-After`` past them); in Redis when configured."""
 
@@ -321,6 +335,7 @@ class Settings(BaseSettings):
     keys: tuple[KeyConfig, ...] = ()
     redis: RedisConfig = RedisConfig()
     documents: DocumentsConfig = DocumentsConfig()
+    responses: ResponsesConfig = ResponsesConfig()
     limits: LimitsConfig = LimitsConfig()
     server: ServerConfig = ServerConfig()
     routing: RoutingConfig = RoutingConfig()

@@ -18,7 +18,7 @@ one line in ``gateway.app.FRONT_DOORS`` mapping its path to it.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from starlette.types import Message, Send
 
@@ -46,6 +46,24 @@ class FrontDoor(Protocol):
         """A send that turns the internal OpenAI chat-completions answer (a JSON body, or
         an SSE stream of chat.completion.chunk events ending in [DONE], or an error body)
         into this API's answer. Identity for chat/completions."""
+        ...
+
+
+@runtime_checkable
+class Continuing(Protocol):
+    """A door whose requests may continue a conversation the gateway stored for the
+    tenant (the Responses API's ``previous_response_id``)."""
+
+    async def resolve(
+        self,
+        tenant: str,
+        raw: bytes,
+        data: dict[str, Any],
+        request: ChatCompletionRequest | CompletionRequest,
+    ) -> tuple[bytes, dict[str, Any], ChatCompletionRequest | CompletionRequest]:
+        """The body (as sent upstream by a native endpoint) and the internal request with
+        the stored conversation the request continues; run once the tenant is known,
+        before routing (raise GatewayError subclasses: an unknown id is a 404)."""
         ...
 
 

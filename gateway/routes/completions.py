@@ -24,7 +24,7 @@ from gateway.endpoints.capabilities import CAPABILITIES
 from gateway.endpoints.hosted.upstream import UpstreamFailure
 from gateway.endpoints.remote.endpoint import REMOTE_VERIFY_HEADER
 from gateway.errors import GatewayError, InvalidJSON, ModelNotFound, UpstreamError
-from gateway.front_door import FrontDoor, answer_send
+from gateway.front_door import Continuing, FrontDoor, answer_send
 from gateway.http.asgi import (
     ENDPOINT_HEADER,
     JSON,
@@ -96,6 +96,7 @@ class CompletionsRoute:
     def __init__(self, runtime: Runtime, door: FrontDoor) -> None:
         self.runtime = runtime
         self.door = door
+        self.continuing = door if isinstance(door, Continuing) else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         runtime = self.runtime
@@ -116,6 +117,11 @@ class CompletionsRoute:
             if declared is None:
                 await runtime.limiter.charge(tenant, prompt_tokens(len(raw)))
             data, request = await parse_request(self.door, raw, runtime.corpus.select_max_ids)
+            if self.continuing is not None:
+                sent = len(raw)
+                raw, data, request = await self.continuing.resolve(tenant, raw, data, request)
+                # a continued conversation's stored part is paid for as if sent
+                await runtime.limiter.charge(tenant, prompt_tokens(max(0, len(raw) - sent)))
             endpoints = runtime.routes.get(request.model)
             if not endpoints:
                 raise ModelNotFound(

@@ -19,6 +19,7 @@ from starlette.routing import Route
 from gateway.http.responses import json_response
 from sdk.wire import ChatCompletionRequest, CompletionRequest, DocumentIn
 from sdk.wire.endpoints import AuditRequest
+from sdk.wire.responses import ResponsesRequest
 
 _ERROR = {
     "type": "object",
@@ -39,6 +40,7 @@ _ERROR = {
 _BODIES: tuple[type[BaseModel], ...] = (
     ChatCompletionRequest,
     CompletionRequest,
+    ResponsesRequest,
     DocumentIn,
     AuditRequest,
 )
@@ -105,6 +107,23 @@ def openapi_document() -> dict[str, Any]:
             },
             "/v1/completions": {
                 "post": _operation(f"Text completion; {chat_stream}", body=CompletionRequest)
+            },
+            "/v1/responses": {
+                "post": _operation(
+                    "A response (OpenAI Responses API); text/event-stream when stream is true",
+                    body=ResponsesRequest,
+                )
+            },
+            "/v1/responses/{response_id}": {
+                "get": _operation("A stored response", params=[_path_param("response_id")]),
+                "delete": _operation(
+                    "Delete a stored response", params=[_path_param("response_id")]
+                ),
+            },
+            "/v1/responses/{response_id}/input_items": {
+                "get": _operation(
+                    "A stored response's input items", params=[_path_param("response_id")]
+                )
             },
             "/v1/models": {"get": _operation("The model names clients may send")},
             "/v1/documents": {

@@ -18,7 +18,7 @@ import orjson
 from starlette.types import Message, Send
 
 from gateway.apis.responses import translate
-from gateway.apis.responses.store import ResponseStore, Stored
+from gateway.apis.responses.store import Limits, ResponseStore, Stored, open_response_store
 from gateway.apis.responses.transcode import (
     StreamTranscoder,
     base_response,
@@ -28,6 +28,7 @@ from gateway.apis.responses.transcode import (
 )
 from gateway.apis.responses.translate import TranslatedRequest
 from gateway.call import Api, Call
+from gateway.config import Settings
 from gateway.errors import GatewayError, NotFound, ServiceUnavailable, UpstreamError
 from lookup.corpus.errors import StoreUnavailable
 from sdk.wire import ChatCompletionRequest, CompletionRequest
@@ -56,22 +57,35 @@ class ResponsesDoor:
         return translate.translate(translate.validated(ResponsesRequest, data), [])
 
     async def resolve(
-        self, tenant: str, request: ChatCompletionRequest | CompletionRequest
-    ) -> ChatCompletionRequest | CompletionRequest:
-        """``request`` continuing its ``previous_response_id``: the tenant's stored
-        response's input and output items before the request's own. Another tenant's id
-        is not found (404) like an unknown one."""
+        self,
+        tenant: str,
+        raw: bytes,
+        data: dict[str, Any],
+        request: ChatCompletionRequest | CompletionRequest,
+    ) -> tuple[bytes, dict[str, Any], ChatCompletionRequest | CompletionRequest]:
+        """The body and request continuing the body's ``previous_response_id``: the
+        tenant's stored response's input and output items go before the request's own,
+        in the internal request and in the body an endpoint speaking the Responses API
+        itself is sent (which never sees the id: it is the gateway's). Another tenant's
+        id is not found (404), as an unknown one is."""
         if not isinstance(request, TranslatedRequest):
-            return request
+            return raw, data, request
         previous = request.source.previous_response_id
         if previous is None:
-            return request
+            return raw, data, request
         stored = await self.stored(tenant, previous, "previous_response_id")
         history = [
             *translate.stored_items(stored.input),
             *translate.output_items(stored.response.get("output", [])),
         ]
-        return translate.translate(request.source, history)
+        continued = translate.translate(request.source, history)
+        body = {k: v for k, v in data.items() if k != "previous_response_id"}
+        # without ids: the provider would look for items of its own by them
+        body["input"] = [
+            item.model_dump(mode="json", exclude_none=True, exclude={"id"})
+            for item in continued.items
+        ]
+        return orjson.dumps(body), body, continued
 
     async def stored(self, tenant: str, response_id: str, param: str | None = None) -> Stored:
         """The tenant's stored response ``response_id``; 404 when there is none, 503 when
@@ -92,6 +106,16 @@ class ResponsesDoor:
         request = call.request
         assert isinstance(request, TranslatedRequest)
         return _Answer(self.store, call.tenant, request, send)
+
+
+def open_door(settings: Settings) -> ResponsesDoor:
+    """The door over the store ``settings`` name (``redis.url``, else memory)."""
+    config = settings.responses
+    limits = Limits(config.ttl_s, config.max_responses, config.max_bytes)
+    store = open_response_store(
+        settings.redis.url, limits, prefix=settings.redis.prefix, timeout_s=settings.redis.timeout_s
+    )
+    return ResponsesDoor(store)
 
 
 class _Answer:

@@ -1,0 +1,430 @@
+"""``/v1/responses`` through the real ``openai`` client's Responses API: on the local
+SmolLM2 engine, in front of a chat-completions endpoint (the OpenAI stand-in plays the
+model, tool calls included), and relayed natively to an ``openai`` endpoint (the
+Responses stand-in) with the gateway's own key swapped for the upstream's."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from gateway.app import create_app
+from gateway.config import build_settings
+from tests.gateway.servers import serve
+from tests.openai_standin import ANSWER, Script, StandIn
+from tests.responses_standin import ANSWER as NATIVE_ANSWER
+from tests.responses_standin import ResponsesStandIn
+
+UPSTREAM_KEY = "sk-upstream-secret-0123456789"
+ENVIRON = {
+    "STANDIN_KEY": UPSTREAM_KEY,
+    "DRAFTGATE_KEY_ALICE": "alice-key",
+    "DRAFTGATE_KEY_BOB": "bob-key",
+}
+LOCAL = "smollm2"
+CHAT = "chat-model"  # a chat-completions upstream (the OpenAI stand-in)
+NATIVE = "gpt-5"  # an openai endpoint: the Responses stand-in
+READ_TOOL = {
+    "type": "function",
+    "name": "read_file",
+    "description": "Read a file",
+    "parameters": {
+        "type": "object",
+        "properties": {"path": {"type": "string"}},
+        "required": ["path"],
+    },
+    "strict": False,
+}
+LISTING = "     1\tdef add(a, b):\n     2\t    return a + b\n"
+
+
+@pytest.fixture(scope="module")
+def native_standin() -> Iterator[tuple[ResponsesStandIn, str]]:
+    standin = ResponsesStandIn()
+    with serve(standin) as url:
+        yield standin, url
+
+
+@pytest.fixture(scope="module")
+def gateway(
+    engine: Any,
+    standin_server: tuple[StandIn, str],
+    native_standin: tuple[ResponsesStandIn, str],
+) -> Iterator[str]:
+    settings = build_settings(
+        {
+            "endpoints": [
+                {
+                    "name": "local",
+                    "kind": "local",
+                    "model": "smollm2-135m",
+                    "models": [LOCAL],
+                    "max_tokens_cap": 64,
+                },
+                {
+                    "name": "chat",
+                    "kind": "openai_compatible",
+                    "base_url": f"{standin_server[1]}/v1",
+                    "api_key_env": "STANDIN_KEY",
+                    "health_check": False,
+                    "retries": 0,
+                    "models": [{"name": CHAT, "upstream": "gpt-4o-mini"}],
+                },
+                {
+                    "name": "native",
+                    "kind": "openai",
+                    "base_url": f"{native_standin[1]}/v1",
+                    "api_key_env": "STANDIN_KEY",
+                    "retries": 0,
+                    "models": [{"name": NATIVE, "upstream": "gpt-5-2025"}],
+                },
+            ],
+            "keys": [
+                {"key_env": "DRAFTGATE_KEY_ALICE", "tenant": "alice"},
+                {"key_env": "DRAFTGATE_KEY_BOB", "tenant": "bob"},
+            ],
+        },
+        "test",
+    )
+    app = create_app(settings, environ=ENVIRON, engines={"local": engine})
+    with serve(app) as url:
+        yield url
+
+
+@pytest.fixture
+def alice(gateway: str) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=f"{gateway}/v1", api_key="alice-key", max_retries=0) as client:
+        yield client
+
+
+@pytest.fixture
+def bob(gateway: str) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=f"{gateway}/v1", api_key="bob-key", max_retries=0) as client:
+        yield client
+
+
+# -- the local engine ------------------------------------------------------------------
+
+
+def test_local_text_is_the_chat_routes_answer_to_the_same_conversation(
+    alice: openai.OpenAI,
+) -> None:
+    response = alice.responses.create(
+        model=LOCAL,
+        instructions="You are terse.",
+        input="Name a colour.",
+        max_output_tokens=12,
+        temperature=0,
+    )
+    chat = alice.chat.completions.create(
+        model=LOCAL,
+        messages=[
+            {"role": "system", "content": "You are terse."},
+            {"role": "user", "content": "Name a colour."},
+        ],
+        max_tokens=12,
+        temperature=0,
+    )
+    assert response.output_text == chat.choices[0].message.content
+    assert response.output_text
+    assert response.status == (
+        "incomplete" if chat.choices[0].finish_reason == "length" else "completed"
+    )
+    assert response.usage is not None and chat.usage is not None
+    assert response.usage.input_tokens == chat.usage.prompt_tokens
+    assert response.usage.output_tokens == chat.usage.completion_tokens
+
+
+def test_local_stream_events_agree_with_the_final_response(alice: openai.OpenAI) -> None:
+    plain = alice.responses.create(
+        model=LOCAL, input="Count to five.", max_output_tokens=16, temperature=0, store=False
+    )
+    events = list(
+        alice.responses.create(
+            model=LOCAL,
+            input="Count to five.",
+            max_output_tokens=16,
+            temperature=0,
+            store=False,
+            stream=True,
+        )
+    )
+    numbers = [e.sequence_number for e in events]
+    assert numbers == list(range(len(events)))
+    assert [e.type for e in events[:2]] == ["response.created", "response.in_progress"]
+    last = events[-1]
+    assert last.type == f"response.{plain.status}"
+    assert last.type in ("response.completed", "response.incomplete")
+    final = last.response
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == final.output_text == plain.output_text
+    done = [e.item.id for e in events if e.type == "response.output_item.done"]
+    assert done == [item.id for item in final.output]
+    with pytest.raises(openai.NotFoundError):  # store: false keeps nothing
+        alice.responses.retrieve(final.id)
+
+
+def test_previous_response_id_continues_the_tenants_own_conversation_only(
+    alice: openai.OpenAI, bob: openai.OpenAI
+) -> None:
+    first = alice.responses.create(
+        model=LOCAL, input="My name is Ada.", max_output_tokens=8, temperature=0, store=True
+    )
+    second = alice.responses.create(
+        model=LOCAL,
+        input="What is my name?",
+        previous_response_id=first.id,
+        max_output_tokens=8,
+        temperature=0,
+    )
+    assert second.previous_response_id == first.id
+    assert alice.responses.retrieve(second.id).output_text == second.output_text
+    items = alice.responses.input_items.list(second.id, order="asc")
+    texts = [
+        (item.role, item.content[0].text if not isinstance(item.content, str) else item.content)
+        for item in items.data
+        if item.type == "message"
+    ]
+    assert texts == [
+        ("user", "My name is Ada."),
+        ("assistant", first.output_text),
+        ("user", "What is my name?"),
+    ]
+    # the same answer as the whole conversation sent at once
+    whole = alice.responses.create(
+        model=LOCAL,
+        input=[
+            {"role": "user", "content": "My name is Ada."},
+            {"role": "assistant", "content": first.output_text},
+            {"role": "user", "content": "What is my name?"},
+        ],
+        max_output_tokens=8,
+        temperature=0,
+        store=False,
+    )
+    assert whole.output_text == second.output_text
+
+    for attempt in (
+        lambda: bob.responses.retrieve(first.id),
+        lambda: bob.responses.input_items.list(first.id),
+        lambda: bob.responses.delete(first.id),
+        lambda: bob.responses.create(
+            model=LOCAL, input="And mine?", previous_response_id=first.id, max_output_tokens=4
+        ),
+    ):
+        with pytest.raises(openai.NotFoundError) as caught:
+            attempt()
+        assert "Ada" not in str(caught.value.body)
+    alice.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        alice.responses.retrieve(first.id)
+    assert alice.responses.retrieve(second.id).id == second.id
+
+
+def test_a_prompt_past_the_context_is_a_400_naming_both_numbers(alice: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        alice.responses.create(model=LOCAL, input="word " * 6000, max_output_tokens=4)
+    error = caught.value.body
+    assert isinstance(error, dict)
+    assert error["param"] == "input" and error["code"] == "context_length_exceeded"
+    assert "4096" in error["message"] and "tokens" in error["message"]
+
+
+def test_a_custom_tool_on_a_local_model_is_a_clear_400(alice: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        alice.responses.create(
+            model=LOCAL,
+            input="Edit a.py",
+            tools=[{"type": "custom", "name": "apply_patch", "description": "Edit files"}],
+        )
+    assert isinstance(caught.value.body, dict) and caught.value.body["param"] == "tools"
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input.0"),
+        ({"input": [{"type": "function_call_output", "output": "x"}]}, "input.0.call_id"),
+        ({"input": "x", "text": {"format": {"type": "yaml"}}}, "text.format"),
+        ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
+    ],
+)
+def test_malformed_bodies_are_400s_in_openais_shape(
+    gateway: str, body: dict[str, Any], param: str
+) -> None:
+    answer = httpx.post(
+        f"{gateway}/v1/responses",
+        json={"model": LOCAL, **body},
+        headers={"Authorization": "Bearer alice-key"},
+    )
+    assert answer.status_code == 400
+    error = answer.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == param
+
+
+# -- a chat-completions upstream ---------------------------------------------------------
+
+
+def test_a_function_tool_round_through_a_chat_upstream(
+    alice: openai.OpenAI, standin: StandIn
+) -> None:
+    standin.script = Script(
+        calls=lambda body: (
+            [] if body["messages"][-1]["role"] == "tool" else [("read_file", {"path": "a.py"})]
+        )
+    )
+    first = alice.responses.create(model=CHAT, input="Read a.py", tools=[READ_TOOL])
+    (call,) = first.output
+    assert call.type == "function_call" and call.name == "read_file"
+    assert json.loads(call.arguments) == {"path": "a.py"}
+    sent = standin.bodies()[-1]
+    assert sent["tools"] == [
+        {
+            "type": "function",
+            "function": {
+                "name": "read_file",
+                "description": "Read a file",
+                "parameters": READ_TOOL["parameters"],
+                "strict": False,
+            },
+        }
+    ]
+    with alice.responses.stream(
+        model=CHAT,
+        input=[
+            {"role": "user", "content": "Read a.py"},
+            {
+                "type": "function_call",
+                "call_id": call.call_id,
+                "name": call.name,
+                "arguments": call.arguments,
+            },
+            {"type": "function_call_output", "call_id": call.call_id, "output": LISTING},
+        ],
+        tools=[READ_TOOL],
+    ) as stream:
+        second = stream.get_final_response()
+    assert second.output_text == ANSWER
+    messages = standin.bodies()[-1]["messages"]
+    assert messages[1]["tool_calls"][0]["id"] == call.call_id
+    assert messages[2] == {"role": "tool", "tool_call_id": call.call_id, "content": LISTING}
+
+
+def test_a_streamed_call_keeps_its_ids_from_the_first_event_to_the_last(
+    alice: openai.OpenAI, standin: StandIn
+) -> None:
+    standin.script = Script(calls=lambda body: [("read_file", {"path": "b.py"})])
+    with alice.responses.stream(model=CHAT, input="Read b.py", tools=[READ_TOOL]) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    added = next(e for e in events if e.type == "response.output_item.added")
+    arguments = next(e for e in events if e.type == "response.function_call_arguments.done")
+    (item,) = final.output
+    assert item.type == "function_call" and added.item.type == "function_call"
+    assert added.item.id == arguments.item_id == item.id
+    assert added.item.call_id == item.call_id and item.call_id.startswith("call_standin_")
+    assert json.loads(arguments.arguments) == {"path": "b.py"}
+
+
+def test_a_codex_shaped_request_is_answered(gateway: str, standin: StandIn) -> None:
+    """What Codex CLI sends for a model name it does not know: tools it cannot hand to
+    another model are dropped, the rest goes on."""
+    body = {
+        "model": CHAT,
+        "instructions": None,
+        "input": [
+            {
+                "type": "message",
+                "role": "developer",
+                "content": [{"type": "input_text", "text": "You are Codex."}],
+            },
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+            {"type": "reasoning", "summary": [], "encrypted_content": "gAAAAB"},
+        ],
+        "tools": [
+            {
+                "type": "function",
+                "name": "exec_command",
+                "description": "Run",
+                "strict": False,
+                "parameters": {
+                    "type": "object",
+                    "properties": {"cmd": {"type": "string"}},
+                    "required": ["cmd"],
+                },
+            },
+            {"type": "namespace", "name": "mcp__fs", "description": "files", "tools": []},
+            {"type": "web_search", "external_web_access": False},
+        ],
+        "tool_choice": "auto",
+        "parallel_tool_calls": False,
+        "reasoning": {"effort": "medium", "summary": "auto"},
+        "store": False,
+        "stream": True,
+        "include": ["reasoning.encrypted_content"],
+        "prompt_cache_key": "019a-session",
+        "client_metadata": {"originator": "codex_cli_rs"},
+        "text": {"verbosity": "medium"},
+    }
+    with httpx.stream(
+        "POST",
+        f"{gateway}/v1/responses",
+        json=body,
+        headers={"Authorization": "Bearer alice-key"},
+    ) as answer:
+        assert answer.status_code == 200
+        lines = [line for line in answer.iter_lines() if line]
+    assert "data: [DONE]" not in lines
+    events = [json.loads(line[6:]) for line in lines if line.startswith("data: ")]
+    assert events[-1]["type"] == "response.completed"
+    assert events[-1]["response"]["output"][0]["content"][0]["text"] == ANSWER
+    sent = standin.bodies()[-1]
+    assert [t["function"]["name"] for t in sent["tools"]] == ["exec_command"]
+    assert sent["messages"] == [
+        {"role": "system", "content": "You are Codex."},
+        {"role": "user", "content": "hi"},
+    ]
+
+
+def test_an_upstream_failure_mid_stream_is_an_error_then_response_failed(
+    alice: openai.OpenAI, standin: StandIn
+) -> None:
+    standin.script = Script(error_after=1)
+    stream = alice.responses.create(model=CHAT, input="Say hello", stream=True)
+    events = list(stream)
+    assert [e.type for e in events][-2:] == ["error", "response.failed"]
+    failed = events[-1]
+    assert failed.type == "response.failed" and failed.response.error is not None
+
+
+# -- an openai endpoint: the Responses API itself ---------------------------------------
+
+
+def test_an_openai_endpoint_gets_the_body_as_sent_with_its_own_key(
+    alice: openai.OpenAI, native_standin: tuple[ResponsesStandIn, str]
+) -> None:
+    standin = native_standin[0]
+    response = alice.responses.create(
+        model=NATIVE, input="Hi", store=False, metadata={"k": "v"}, max_output_tokens=9
+    )
+    assert response.output_text == NATIVE_ANSWER
+    seen = standin.requests[-1]
+    assert seen.path == "/v1/responses"
+    assert seen.headers["authorization"] == f"Bearer {UPSTREAM_KEY}"
+    assert seen.body == {
+        "model": "gpt-5-2025",
+        "input": "Hi",
+        "store": False,
+        "metadata": {"k": "v"},
+        "max_output_tokens": 9,
+    }
+    with alice.responses.stream(model=NATIVE, input="Hi", store=False) as stream:
+        final = stream.get_final_response()
+    assert (
+        final.output_text == NATIVE_ANSWER and final.id == f"resp_standin_{len(standin.requests)}"
+    )
