@@ -147,7 +147,20 @@ def check_fields(request: OpenAIRequest) -> int:
     n = request.n or 1
     if n > MAX_N:
         raise InvalidRequest(f"n must be at most {MAX_N} on local endpoints", param="n")
+    _check_stop(request.stop_list())
     return n
+
+
+def _check_stop(stop: list[str]) -> None:
+    """A 400 naming ``stop`` for more stop strings, or longer ones, than the engine takes."""
+    from local_verifier.stopping import MAX_STOP_CHARS, MAX_STOP_STRINGS
+
+    if len(stop) > MAX_STOP_STRINGS or any(len(s) > MAX_STOP_CHARS for s in stop):
+        raise InvalidRequest(
+            f"stop: at most {MAX_STOP_STRINGS} stop strings of at most {MAX_STOP_CHARS}"
+            " characters on local endpoints",
+            param="stop",
+        )
 
 
 def check_tools(request: OpenAIRequest, supports_tools: bool, model_name: str) -> None:
