@@ -72,6 +72,8 @@ def read_config(reader: GGUFFile, max_seq_len: int | None) -> ModelConfig:
 
     n_heads = int(get("attention.head_count"))
     dim = int(get("embedding_length"))
+    if n_heads < 1:
+        raise ModelLoadError(f"GGUF metadata {arch}.attention.head_count is {n_heads}")
     head_dim = int(get("attention.key_length", get("rope.dimension_count", dim // n_heads)))
     vocab = _field(reader, f"{arch}.vocab_size") or len(_field(reader, "tokenizer.ggml.tokens"))
     names = {t.name for t in reader.tensors}
@@ -93,6 +95,22 @@ def read_config(reader: GGUFFile, max_seq_len: int | None) -> ModelConfig:
         rope_scaling = {"rope_type": "freq_factors"}
     context = int(get("context_length"))
     n_layers = int(get("block_count"))
+    sizes = {
+        "block_count": n_layers,
+        "context_length": context,
+        "embedding_length": dim,
+        "attention.head_count": n_heads,
+        "vocab_size": int(vocab),
+    }
+    for key, value in sizes.items():
+        if value < 1:
+            raise ModelLoadError(f"GGUF metadata {arch}.{key} is {value}; it must be positive")
+    blocks = {name.split(".")[1] for name in names if name.startswith("blk.")}
+    if n_layers != len(blocks):  # checked before any module is built for the count
+        raise ModelLoadError(
+            f"GGUF metadata {arch}.block_count is {n_layers} but the file holds tensors of "
+            f"{len(blocks)} blocks"
+        )
     family: dict[str, Any] = {}
     window = _field(reader, f"{arch}.attention.sliding_window")
     if window:

