@@ -428,3 +428,116 @@ def test_an_openai_endpoint_gets_the_body_as_sent_with_its_own_key(
     assert (
         final.output_text == NATIVE_ANSWER and final.id == f"resp_standin_{len(standin.requests)}"
     )
+
+
+def test_a_function_tool_round_on_the_local_model(alice: openai.OpenAI) -> None:
+    """``tool_choice`` required: the grammar makes the model's answer one call matching
+    the tool's schema; the call and its output then go back as the next turn's input."""
+    first = alice.responses.create(
+        model=LOCAL,
+        input="Read the file a.py.",
+        tools=[READ_TOOL],
+        tool_choice="required",
+        max_output_tokens=48,
+        temperature=0,
+        store=False,
+    )
+    (call,) = first.output
+    assert call.type == "function_call" and call.name == "read_file"
+    arguments = json.loads(call.arguments)
+    assert isinstance(arguments, dict) and isinstance(arguments["path"], str)
+    with alice.responses.stream(
+        model=LOCAL,
+        input=[
+            {"role": "user", "content": "Read the file a.py."},
+            {
+                "type": "function_call",
+                "call_id": call.call_id,
+                "name": call.name,
+                "arguments": call.arguments,
+            },
+            {"type": "function_call_output", "call_id": call.call_id, "output": LISTING},
+        ],
+        tools=[READ_TOOL],
+        tool_choice="none",
+        max_output_tokens=8,
+        temperature=0,
+        store=False,
+    ) as stream:
+        events = list(stream)
+    last = events[-1]
+    assert last.type in ("response.completed", "response.incomplete")
+    assert [item.type for item in last.response.output] == ["message"]
+    assert last.response.output_text
+
+
+@pytest.fixture
+def redis_gateway(
+    redis_url: str,
+    redis_prefix: str,
+    redis_client: Any,
+    standin_server: tuple[StandIn, str],
+    native_standin: tuple[ResponsesStandIn, str],
+) -> Iterator[str]:
+    """The chat and openai endpoints, responses stored in a real Redis."""
+    settings = build_settings(
+        {
+            "endpoints": [
+                {
+                    "name": "chat",
+                    "kind": "openai_compatible",
+                    "base_url": f"{standin_server[1]}/v1",
+                    "health_check": False,
+                    "models": [{"name": CHAT, "upstream": "gpt-4o-mini"}],
+                },
+                {
+                    "name": "native",
+                    "kind": "openai",
+                    "base_url": f"{native_standin[1]}/v1",
+                    "api_key_env": "STANDIN_KEY",
+                    "models": [{"name": NATIVE, "upstream": "gpt-5-2025"}],
+                },
+            ],
+            "keys": [
+                {"key_env": "DRAFTGATE_KEY_ALICE", "tenant": "alice"},
+                {"key_env": "DRAFTGATE_KEY_BOB", "tenant": "bob"},
+            ],
+            "redis": {"url": redis_url, "prefix": redis_prefix},
+        },
+        "test",
+    )
+    with serve(create_app(settings, environ=ENVIRON)) as url:
+        yield url
+
+
+def test_a_conversation_stored_in_redis_continues_on_an_openai_endpoint_without_its_id(
+    redis_gateway: str,
+    redis_client: Any,
+    redis_prefix: str,
+    standin: StandIn,
+    native_standin: tuple[ResponsesStandIn, str],
+) -> None:
+    alice = openai.OpenAI(base_url=f"{redis_gateway}/v1", api_key="alice-key", max_retries=0)
+    bob = openai.OpenAI(base_url=f"{redis_gateway}/v1", api_key="bob-key", max_retries=0)
+    first = alice.responses.create(model=CHAT, input="Hello?")
+    assert first.output_text == ANSWER
+    assert any(b"resp:" in key for key in redis_client.scan_iter(match=f"{redis_prefix}*"))
+    seen = len(native_standin[0].requests)
+    with pytest.raises(openai.NotFoundError):
+        bob.responses.create(model=NATIVE, input="Go on.", previous_response_id=first.id)
+    assert len(native_standin[0].requests) == seen  # nothing went upstream
+    second = alice.responses.create(model=NATIVE, input="Go on.", previous_response_id=first.id)
+    assert second.output_text == NATIVE_ANSWER
+    sent = native_standin[0].requests[-1].body
+    assert "previous_response_id" not in sent
+    assert sent["input"] == [
+        {"type": "message", "role": "user", "content": "Hello?"},
+        {
+            "type": "message",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": ANSWER, "annotations": [], "logprobs": []}],
+        },
+        {"type": "message", "role": "user", "content": "Go on."},
+    ]
+    with pytest.raises(openai.NotFoundError):  # the provider's response is the provider's
+        alice.responses.retrieve(second.id)
