@@ -25,8 +25,7 @@ def client(url: str) -> openai.OpenAI:
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-        ({"tool_choice": "required"}, "tool_choice"),
+        ({"extra_body": {"functions": [{"name": "f"}]}}, "functions"),
         ({"extra_body": {"ignore_eos": True}}, "ignore_eos"),
         ({"extra_body": {"guided_json": {"type": "object"}}}, "guided_json"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages"),
@@ -116,7 +115,8 @@ def test_models_list_what_a_local_model_honours(local_url: str) -> None:
     )
     assert {"n", "logprobs", "top_logprobs"} <= set(table["supported_parameters"])
     assert "response_format" in table["supported_parameters"]
-    assert "tools" in table["unsupported_parameters"]
+    assert {"tools", "tool_choice"} <= set(table["supported_parameters"])
+    assert "functions" in table["unsupported_parameters"]
 
 
 def test_logprobs_equal_with_drafts_on_and_off(local_url: str) -> None:
@@ -153,13 +153,3 @@ def test_n_answers_each_equal_the_single_answer_with_its_seed(local_url: str) ->
     for i, text in enumerate(texts):
         single = client(local_url).chat.completions.create(**{**kw, "seed": 9 + i}, temperature=1.0)
         assert single.choices[0].message.content == text
-
-
-def test_tools_are_refused_because_the_template_has_none(local_url: str) -> None:
-    tool: Any = {"type": "function", "function": {"name": "f", "parameters": {}}}
-    with pytest.raises(openai.BadRequestError) as err:
-        client(local_url).chat.completions.create(
-            model=MODEL, messages=MESSAGES, max_tokens=4, tools=[tool]
-        )
-    assert err.value.param == "tools"
-    assert "chat template of smollm2-135m has no tool support" in err.value.message

@@ -15,7 +15,7 @@ import logging
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from starlette.types import Send
 
@@ -23,12 +23,13 @@ from gateway import prediction_policy
 from gateway.call import Call
 from gateway.config import EndpointConfig
 from gateway.endpoints import response_format
-from gateway.endpoints.capabilities import CAPABILITIES
+from gateway.endpoints.capabilities import CAPABILITIES, model_extras
 from gateway.endpoints.local import stream as local_stream
+from gateway.endpoints.local import tools
 from gateway.endpoints.local.request import (
+    OpenAIRequest,
     attach_documents,
     check_fields,
-    check_tools,
     generation_request,
     invalid,
     requested_max_tokens,
@@ -43,6 +44,7 @@ from gateway.errors import (
 )
 from gateway.http.asgi import ENDPOINT_HEADER, PREDICTION_HEADER, Headers, send_error
 from lookup.corpus import Corpus
+from sdk.wire import ChatCompletionRequest
 
 if TYPE_CHECKING:
     from local_verifier.engine import Engine, GenerationRequest, Handle
@@ -149,6 +151,13 @@ class LocalEndpoint:
         if self._owns_engine and self._engine is not None:
             self._engine.close()
 
+    async def aclose(self) -> None:
+        self.close()
+
+    def capabilities(self) -> dict[str, Any]:
+        """What the model honours and its answer length bounds (its ``/v1/models`` extras)."""
+        return model_extras(self.config)
+
     # -- request path (event loop) ---------------------------------------------------
 
     async def serve(self, call: Call, send: Send) -> None:
@@ -167,23 +176,24 @@ class LocalEndpoint:
             t0 = time.perf_counter()
             engine = await self.engine()
             call.wait.seconds += time.perf_counter() - t0
-            check_tools(call.request, engine.tokenizer.supports_tools, engine.name)
+            plan = self._tools(call.request, engine)
             # the queue first: a request that would be refused costs no document work
             if engine.full:
                 raise self._busy()
-            gen = await self._generation_request(call, engine)
+            gen = await self._generation_request(call, engine, plan)
             job = Job(asyncio.get_running_loop(), n)
             # tokenising the prompt and prediction and compiling the grammar take a while:
             # not on the event loop
-            job.handle = await asyncio.to_thread(self._submit, engine, gen, job)
+            job.handle = await asyncio.to_thread(self._submit, engine, gen, job, plan)
             first = await job.next(call)
+            parse = plan is not None and plan.parse
             if isinstance(first[1], Exception):
-                raise local_stream.failed(first[1], self.config.name)
+                raise local_stream.failed(first[1], self.config.name, parse)
             logprobs = None
             if gen.logprobs is not None:
                 logprobs = Logprobs(call.api, engine.tokenizer.token_bytes)
             answer = local_stream.stream if call.request.stream else local_stream.complete
-            await answer(call, job, first, logprobs, send, headers, self.config.name)
+            await answer(call, job, first, logprobs, send, headers, self.config.name, parse)
         except GatewayError as error:
             call.timing.status = error.status
             call.timing.error = error.message
@@ -193,7 +203,17 @@ class LocalEndpoint:
                 job.handle.cancel()  # the client went away (or the answer failed to send)
                 self.stopped += 1
 
-    async def _generation_request(self, call: Call, engine: Engine) -> GenerationRequest:
+    @staticmethod
+    def _tools(request: OpenAIRequest, engine: Engine) -> tools.ToolPlan | None:
+        """A chat request's tools, tool choice and tool history for the engine's model."""
+        if not isinstance(request, ChatCompletionRequest):
+            return None
+        text = response_format.grammar_for((request.model_extra or {}).get("response_format"))
+        return tools.plan(request, engine.tokenizer.chat_template, text)
+
+    async def _generation_request(
+        self, call: Call, engine: Engine, plan: tools.ToolPlan | None
+    ) -> GenerationRequest:
         request = call.request
         gen = generation_request(
             request,
@@ -201,6 +221,7 @@ class LocalEndpoint:
             tenant="" if self.config.share_prefix_cache else call.tenant,
             owner=call.tenant,
             weight=self.weights.get(call.tenant, 1.0),
+            tools=plan,
         )
         if gen.draft:
             await attach_documents(
@@ -213,13 +234,19 @@ class LocalEndpoint:
             )
         return gen
 
-    def _submit(self, engine: Engine, gen: GenerationRequest, job: Job) -> Handle:
+    def _submit(
+        self, engine: Engine, gen: GenerationRequest, job: Job, plan: tools.ToolPlan | None
+    ) -> Handle:
         from local_verifier.errors import EngineBusy, EngineClosed, PromptTooLong, TenantBusy
         from local_verifier.grammar import InvalidGrammar
 
         try:
+            if plan is not None and plan.template:  # the template renders the tools
+                gen.prompt_ids, gen.messages = plan.render(engine.tokenizer), None
             return engine.submit_n(gen, job.n, job.push)
-        except InvalidGrammar as exc:  # a ValueError: caught first, it names response_format
+        except InvalidGrammar as exc:  # a ValueError: caught first, it names its field
+            if plan is not None and plan.grammar is not None:
+                raise tools.rejected(plan.tools, exc) from None
             raise response_format.rejected(gen.grammar, exc) from None
         except PromptTooLong as exc:
             raise InvalidRequest(

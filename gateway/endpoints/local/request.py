@@ -9,6 +9,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from gateway.call import Call
+from gateway.endpoints.local.tools import ToolPlan
 from gateway.endpoints.response_format import grammar_for
 from gateway.errors import InvalidRequest
 from lookup.agent_sources import conversation_documents
@@ -18,6 +19,7 @@ from sdk.wire import ChatCompletionRequest, CompletionRequest
 
 if TYPE_CHECKING:
     from local_verifier.engine import GenerationRequest
+    from local_verifier.grammar import JsonSchema
     from local_verifier.logits_processors import Penalties
     from local_verifier.tokenizer import Tokenizer
 
@@ -74,10 +76,13 @@ _HONOURED = frozenset(
         "safety_identifier",
     }
 )
+# Chat fields for tool calling (``tools.plan`` checks them)
+_TOOL_FIELDS = frozenset({"tools", "tool_choice", "parallel_tool_calls"})
+# what a chat message may carry besides its role, content and name: its calls, the call
+# a tool result answers
+_MESSAGE_FIELDS = frozenset({"tool_calls", "tool_call_id"})
 # OpenAI fields the local engine still refuses (a 400 naming them), as /v1/models lists them
 UNSUPPORTED_PARAMETERS = (
-    "tools",
-    "tool_choice",
     "functions",
     "function_call",
     "audio",
@@ -91,7 +96,7 @@ UNSUPPORTED_PARAMETERS = (
 def capabilities() -> dict[str, list[str]]:
     """What a local model honours and refuses, for its ``/v1/models`` entry."""
     return {
-        "supported_parameters": sorted(_HONOURED),
+        "supported_parameters": sorted(_HONOURED | _TOOL_FIELDS),
         "unsupported_parameters": list(UNSUPPORTED_PARAMETERS),
     }
 
@@ -105,7 +110,7 @@ def _is_off(name: str, value: Any) -> bool:
         return True
     if name == "n":
         return bool(value == 1)
-    if name == "tool_choice":  # no tools are accepted, so "none" and "auto" agree
+    if name == "tool_choice":  # a completions request has no tools: "none" and "auto" agree
         return value in ("none", "auto")
     return name == "parallel_tool_calls" and isinstance(value, bool)
 
@@ -117,16 +122,16 @@ def unsupported(request: OpenAIRequest) -> str | None:
     fields.update(request.model_extra or {})
     chat = isinstance(request, ChatCompletionRequest)
     for name, value in fields.items():
-        if chat and name == "tools":
-            continue  # check_tools says why, once the model's template is known
+        if chat and name in _TOOL_FIELDS:
+            continue
         if name not in _HONOURED and not _is_off(name, value):
             return name
     if isinstance(request, ChatCompletionRequest):
         for message in request.messages:
             parts = message.content if isinstance(message.content, list) else []
             extra = {k for k, v in (message.model_extra or {}).items() if not _is_off(k, v)}
-            if extra or any(part.get("type") != "text" for part in parts):
-                return "messages"  # images, audio, tool calls and tool results
+            if extra - _MESSAGE_FIELDS or any(part.get("type") != "text" for part in parts):
+                return "messages"  # images, audio
     else:
         prompt = request.prompt
         if isinstance(prompt, list) and len(prompt) > 1 and isinstance(prompt[0], str):
@@ -161,20 +166,6 @@ def _check_stop(stop: list[str]) -> None:
             " characters on local endpoints",
             param="stop",
         )
-
-
-def check_tools(request: OpenAIRequest, supports_tools: bool, model_name: str) -> None:
-    """A 400 for ``tools``: parsing tool calls is not implemented for local models, and
-    most small models' chat templates (SmolLM2's) cannot even show them to the model
-    (``supports_tools``: whether ``model_name``'s can)."""
-    if not isinstance(request, ChatCompletionRequest) or not request.tools:
-        return
-    reason = (
-        "local endpoints do not parse tool calls yet"
-        if supports_tools
-        else f"the chat template of {model_name} has no tool support"
-    )
-    raise InvalidRequest(f"tools: {reason}", param="tools", code="unsupported_parameter")
 
 
 def invalid(exc: ValueError) -> InvalidRequest:
@@ -242,11 +233,13 @@ def generation_request(
     tenant: str,
     owner: str,
     weight: float,
+    tools: ToolPlan | None = None,
 ) -> GenerationRequest:
     """The engine's request for ``request``: its sampling, penalties, stop strings, grammar,
     logprobs, prompt or messages and prediction; answers of at most ``max_tokens``, the
-    prefix cache shared within ``tenant``, fair scheduling charged to ``owner`` at ``weight``.
-    A bad value is a 400 naming its field; documents are added by ``attach_documents``."""
+    prefix cache shared within ``tenant``, fair scheduling charged to ``owner`` at ``weight``;
+    with ``tools``, their conversation and grammar. A bad value is a 400 naming its field;
+    documents are added by ``attach_documents``."""
     from local_verifier.engine import GenerationRequest
     from local_verifier.sampling import SamplingParams
 
@@ -262,7 +255,11 @@ def generation_request(
         penalties = _penalties(request)
     except ValueError as exc:
         raise invalid(exc) from None
-    grammar = grammar_for((request.model_extra or {}).get("response_format"))
+    grammar: str | JsonSchema | None = grammar_for(
+        (request.model_extra or {}).get("response_format")
+    )
+    if tools is not None and tools.grammar is not None:  # it holds response_format's
+        grammar = tools.grammar
     gen = GenerationRequest(
         params=params,
         max_tokens=max_tokens,
@@ -277,7 +274,10 @@ def generation_request(
         grammar=grammar,
     )
     if isinstance(request, ChatCompletionRequest):
-        gen.messages = [{"role": m.role, "content": m.text()} for m in request.messages]
+        if tools is not None:
+            gen.messages = tools.messages
+        else:
+            gen.messages = [{"role": m.role, "content": m.text()} for m in request.messages]
         gen.prediction = request.prediction.text() if request.prediction else None
     elif isinstance(request.prompt, str):
         gen.prompt = request.prompt

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.types import Send
 
 from gateway.call import Call
+from gateway.endpoints.local.tool_calls import CallParser, Parsed, ToolCall
 from gateway.endpoints.openai_objects import ChoiceResult, Logprobs, ResponseBuilder, draft_stats
 from gateway.endpoints.response_format import FIELD
 from gateway.errors import GatewayError, InvalidRequest, UpstreamError
@@ -97,20 +98,25 @@ def combined(stats: list[GenerationStats]) -> GenerationStats:
     )
 
 
-def failed(exc: Exception, endpoint: str) -> GatewayError:
+def failed(exc: Exception, endpoint: str, tools: bool = False) -> GatewayError:
     """A generation failure. A grammar over the engine's per-token limits is the client's:
-    a 400 naming ``response_format`` with the error's message. Any other failure's detail
-    goes to the log, a generic message to the client."""
+    a 400 naming ``response_format`` (``tools`` for a tool grammar) with the error's
+    message. Any other failure's detail goes to the log, a generic message to the client."""
     from local_verifier.grammar import GrammarLimitExceeded
 
     if isinstance(exc, GrammarLimitExceeded):
+        field = "tools" if tools else FIELD
         log.warning(
-            "local endpoint %s: a response_format grammar over the limits after %d tokens: %s",
+            "local endpoint %s: a %s grammar over the limits after %d tokens: %s",
             endpoint,
+            field,
             exc.tokens,
             exc.reason,
         )
-        return InvalidRequest(str(exc), param=FIELD, code="grammar_too_complex")
+        message = (
+            str(exc).replace(f"{FIELD}'s grammar", "the tools' grammar") if tools else str(exc)
+        )
+        return InvalidRequest(message, param=field, code="grammar_too_complex")
     log.error("local endpoint %s: generation failed", endpoint, exc_info=exc)
     return UpstreamError("local generation failed", code="generation_failed")
 
@@ -144,9 +150,10 @@ async def complete(
     send: Send,
     headers: Headers,
     endpoint: str,
+    tools: bool = False,
 ) -> None:
     """Sends ``job``'s ``n`` answers, from ``first`` on, as one JSON body (with each token's
-    logprobs unless ``logprobs`` is None)."""
+    logprobs unless ``logprobs`` is None; with ``tools``, each split into text and calls)."""
     from local_verifier.engine import END, GenerationStats
 
     n = job.n
@@ -156,7 +163,7 @@ async def complete(
     index, item = first
     while len(stats) < n:
         if isinstance(item, Exception):
-            raise failed(item, endpoint)
+            raise failed(item, endpoint, tools)
         if item is END:
             if index not in stats:
                 raise UpstreamError("local generation ended without statistics")
@@ -171,15 +178,16 @@ async def complete(
     total = combined([stats[i] for i in range(n)])
     _note_stats(call, total)
     choices = [
-        ChoiceResult(
+        _choice(
             "".join(texts[i]),
             stats[i].finish_reason,
             None if logprobs is None else logprobs.format(tokens[i], i),
+            tools,
         )
         for i in range(n)
     ]
     body = ResponseBuilder(call.api, call.request.model).complete(choices, total)
-    call.response_text = [c.text for c in choices]
+    call.response_text = ["".join(t) for t in texts]
     await send_body(
         send,
         200,
@@ -196,11 +204,13 @@ async def stream(
     send: Send,
     headers: Headers,
     endpoint: str,
+    tools: bool = False,
 ) -> None:
     """Relays ``job``'s ``n`` answers, from ``first`` on, as server-sent events: chunks as
-    the engine makes them (with their tokens' logprobs unless ``logprobs`` is None), each
-    answer's final chunk with its draft statistics, usage when asked, ``[DONE]``; a failure
-    mid-stream as an error event."""
+    the engine makes them (with their tokens' logprobs unless ``logprobs`` is None; with
+    ``tools``, content and ``delta.tool_calls`` as OpenAI streams them), each answer's final
+    chunk with its draft statistics, usage when asked, ``[DONE]``; a failure mid-stream as
+    an error event."""
     from local_verifier.engine import END, GenerationStats
 
     builder = ResponseBuilder(call.api, call.request.model)
@@ -215,11 +225,22 @@ async def stream(
         for i in range(n):
             await emit(data_event(builder.chunk(role=True, index=i)))
     texts: list[list[str]] = [[] for _ in range(n)]
+    parsers = [CallParser() for _ in range(n)] if tools else None
+
+    async def relay(parsed: Parsed, index: int, lp: dict[str, Any] | None) -> None:
+        """A parsed piece as a content chunk (carrying ``lp``), then its tool-call deltas."""
+        if parsed.content or (lp and not parsed.deltas):
+            await emit(data_event(builder.chunk(parsed.content, index=index, logprobs=lp)))
+            lp = None
+        if parsed.deltas:
+            chunk = builder.chunk(index=index, logprobs=lp, tool_calls=parsed.deltas)
+            await emit(data_event(chunk))
+
     stats: dict[int, GenerationStats] = {}
     index, item = first
     while True:
         if isinstance(item, Exception):
-            error = failed(item, endpoint)
+            error = failed(item, endpoint, tools)
             call.timing.error = error.message
             if isinstance(error, UpstreamError):  # the engine's own failure
                 call.timing.status = 500
@@ -230,7 +251,11 @@ async def stream(
             break
         if isinstance(item, GenerationStats):
             stats[index] = item
-            final = builder.chunk(finish=item.finish_reason, index=index)
+            finish = item.finish_reason
+            if parsers is not None:
+                await relay(parsers[index].close(), index, None)
+                finish = _finish(finish, parsers[index].calls)
+            final = builder.chunk(finish=finish, index=index)
             final["draftgate"] = draft_stats(item)
             await emit(data_event(final))
         elif item is not END:
@@ -240,7 +265,10 @@ async def stream(
                     if logprobs is not None and item.logprobs
                     else None
                 )
-                await emit(data_event(builder.chunk(item.text, index=index, logprobs=lp)))
+                if parsers is None:
+                    await emit(data_event(builder.chunk(item.text, index=index, logprobs=lp)))
+                else:
+                    await relay(parsers[index].feed(item.text), index, lp)
                 texts[index].append(item.text)
             _note_delta(call, item)
         if len(stats) == n:
@@ -255,3 +283,19 @@ async def stream(
             break
         index, item = await job.next(call)
     await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def _choice(text: str, finish: str, logprobs: dict[str, Any] | None, tools: bool) -> ChoiceResult:
+    """One whole answer; with ``tools``, its text split into content and calls."""
+    if not tools:
+        return ChoiceResult(text, finish, logprobs)
+    parser = CallParser()
+    parser.feed(text)
+    parser.close()
+    calls = tuple(c.openai() for c in parser.calls)
+    return ChoiceResult(parser.text or "", _finish(finish, parser.calls), logprobs, calls)
+
+
+def _finish(finish: str, calls: list[ToolCall]) -> str:
+    """``tool_calls`` for an answer that ended on its own after calls."""
+    return "tool_calls" if calls and finish == "stop" else finish

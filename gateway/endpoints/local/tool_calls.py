@@ -96,9 +96,8 @@ class CallParser:
         if self._state == "text":
             at = buffer.find(OPEN)
             if at < 0:  # keep a tail that may begin the tag
-                keep = next(
-                    (k for k in range(len(OPEN) - 1, 0, -1) if OPEN.startswith(buffer[-k:])), 0
-                )
+                longest = min(len(OPEN) - 1, len(buffer))
+                keep = next((k for k in range(longest, 0, -1) if OPEN.startswith(buffer[-k:])), 0)
                 if not self.calls:  # between calls only separators: never content
                     self._content(out, buffer[: len(buffer) - keep])
                 self._buffer = buffer[len(buffer) - keep :]

@@ -109,10 +109,10 @@ def renders_tools(template: str | None) -> bool:
 
 
 def plan(
-    request: ChatCompletionRequest, tokenizer: Tokenizer, text: JsonSchema | None
+    request: ChatCompletionRequest, template: str | None, text: JsonSchema | None
 ) -> ToolPlan | None:
-    """The request's tools, choice and history for ``tokenizer``'s model (None: the request
-    has none of them); ``text`` is ``response_format``'s grammar, which the text of an
+    """The request's tools, choice and history for a model with chat ``template`` (None:
+    the request has none of them); ``text`` is ``response_format``'s grammar, which the text of an
     ``auto`` answer follows. A bad field is a 400 naming it; the schemas themselves are
     checked when the engine compiles the grammar (:func:`rejected`)."""
     history = any(m.role == "tool" or _extra(m, "tool_calls") for m in request.messages)
@@ -122,9 +122,9 @@ def plan(
             raise _bad("tool_choice", "tool_choice needs tools")
         return None
     choice = choice_of(request.tool_choice, given)
-    shown = () if choice == "none" else given
-    template = renders_tools(tokenizer.chat_template)
-    if template:
+    shown = () if choice.mode == "none" else given
+    rendered = renders_tools(template)
+    if rendered:
         messages = template_messages(request.messages)
     else:
         messages = plain_messages(request.messages, shown)
@@ -136,7 +136,7 @@ def plan(
         if not isinstance(parallel, bool | None):
             raise _bad("parallel_tool_calls", "parallel_tool_calls must be a boolean")
         grammar = call_grammar(shown, choice, parallel is True, text)
-    return ToolPlan(shown, messages, template, grammar, parse=bool(shown))
+    return ToolPlan(shown, messages, rendered, grammar, parse=bool(shown))
 
 
 def tools_of(value: Sequence[Any] | None) -> tuple[Tool, ...]:
@@ -167,50 +167,76 @@ def tools_of(value: Sequence[Any] | None) -> tuple[Tool, ...]:
     return tuple(tools)
 
 
-def choice_of(value: Any, tools: Sequence[Tool]) -> str:
-    """``tool_choice`` as ``none``, ``auto``, ``required`` or ``function:<name>``.
+@dataclass(frozen=True)
+class Choice:
+    """``tool_choice``: ``mode`` (``none``, ``auto``: text or calls, ``required``: calls),
+    the functions a call may name, whether an answer holds one call at most."""
 
-    A named function is ``{"type": "function", "function": {"name": ...}}`` (Chat
-    Completions) or ``{"type": "function", "name": ...}`` (Responses)."""
+    mode: str
+    names: frozenset[str]
+    single: bool = False
+
+
+def choice_of(value: Any, tools: Sequence[Tool]) -> Choice:
+    """``tool_choice`` as a :class:`Choice`: ``none``, ``auto``, ``required``, a named
+    function (``{"type": "function", "function": {"name": ...}}``, or Responses'
+    ``{"type": "function", "name": ...}``: one call to it) or ``{"type": "allowed_tools",
+    "allowed_tools": {"mode": "auto" | "required", "tools": [named functions]}}``."""
+    every = frozenset(t.name for t in tools)
     if value is None:
-        return "auto" if tools else "none"
+        return Choice("auto" if tools else "none", every)
     if value in ("none", "auto", "required"):
         if value != "none" and not tools:
             raise _bad("tool_choice", f"tool_choice {value!r} needs tools")
-        return str(value)
-    if isinstance(value, dict) and value.get("type") == "function":
-        function = value.get("function")
-        name = function.get("name") if isinstance(function, dict) else value.get("name")
-        if any(t.name == name for t in tools):
-            return f"function:{name}"
-        raise _bad("tool_choice", f"tool_choice names {name!r}, which is not one of the tools")
+        return Choice(str(value), every)
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "function":
+        return Choice("required", frozenset({_named(value, every, "tool_choice")}), single=True)
+    allowed = value.get("allowed_tools") if kind == "allowed_tools" else None
+    if isinstance(allowed, dict) and allowed.get("mode") in ("auto", "required"):
+        refs = allowed.get("tools")
+        if isinstance(refs, list) and refs:
+            at = "tool_choice.allowed_tools.tools"
+            names = frozenset(_named(r, every, f"{at}[{i}]") for i, r in enumerate(refs))
+            return Choice(allowed["mode"], names)
     raise _bad(
         "tool_choice",
-        "tool_choice must be 'none', 'auto', 'required' or "
-        '{"type": "function", "function": {"name": ...}}',
+        "tool_choice must be 'none', 'auto', 'required', "
+        '{"type": "function", "function": {"name": ...}} or '
+        '{"type": "allowed_tools", "allowed_tools": {"mode": ..., "tools": [...]}}',
     )
 
 
+def _named(ref: Any, names: frozenset[str], at: str) -> str:
+    """The function a ``{"type": "function", ...}`` reference names, one of ``names``."""
+    function = ref.get("function") if isinstance(ref, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if name is None and isinstance(ref, dict) and ref.get("type") == "function":
+        name = ref.get("name")
+    if isinstance(name, str) and name in names:
+        return name
+    raise _bad("tool_choice", f"{at} names {name!r}, which is not one of the tools")
+
+
 def call_grammar(
-    tools: Sequence[Tool], choice: str, parallel: bool, text: JsonSchema | None
+    tools: Sequence[Tool], choice: Choice, parallel: bool, text: JsonSchema | None
 ) -> str:
     """llguidance's grammar for an answer under ``choice`` (not ``none``): calls in
     :data:`OPEN` tags, each ``{"name": <const>, "arguments": <the tool's schema>}`` with
     the name first; ``auto`` also allows text (``text``'s JSON when given)."""
     from local_verifier.grammar import lark_grammar, lark_json
 
-    named = choice.removeprefix("function:") if choice.startswith("function:") else None
-    callable_ = [t for t in tools if named in (None, t.name)]
+    callable_ = [t for t in tools if t.name in choice.names]
     bodies = " | ".join(lark_json(_call_schema(t)) for t in callable_)
     sep = json.dumps(SEPARATOR)
     # a separator may also end the calls: a model that writes one after every call (as
     # after any closing tag) is not forced into another call by it
-    calls = f"call {sep}?" if named or not parallel else f"call ({sep} call)* {sep}?"
+    calls = f"call {sep}?" if choice.single or not parallel else f"call ({sep} call)* {sep}?"
     rules = [
         f"calls: {calls}",
         f"call: {json.dumps(OPEN + SEPARATOR)} ({bodies}) {json.dumps(SEPARATOR + CLOSE)}",
     ]
-    if choice != "auto":
+    if choice.mode != "auto":
         start = "start: calls"
     elif text is not None:
         start = f"start: {lark_json(text.schema or {'type': 'object'})} | calls"
