@@ -34,7 +34,7 @@ from gateway.http import guard
 from gateway.http.asgi import ClientDisconnected, overhead_middleware, send_error
 from gateway.http.responses import error_response
 from gateway.limits import tenant_limits
-from gateway.routes.completions import CompletionsRoute
+from gateway.routes.completions import CompletionsRoute, send_door_error
 from gateway.routes.documents import document_routes
 from gateway.routes.meta import meta_routes
 from gateway.routes.openapi import openapi_routes
@@ -50,6 +50,9 @@ FRONT_DOORS: dict[str, FrontDoor] = {
     "/v1/completions": COMPLETIONS,
 }
 
+UNCOUNTED_PATHS = frozenset({"/healthz", "/metrics", "/openapi.json"})
+"""Served to anyone, never counted toward a limit (probes and the API's description)."""
+
 
 class _MethodNotAllowed(GatewayError):
     status = 405
@@ -63,15 +66,27 @@ class _Gateway(Starlette):
     middleware stack cost tens of microseconds per request. Everything else, other
     methods on these paths included, goes through Starlette."""
 
-    def __init__(self, fast: dict[str, ASGIApp], *, loopback_only: bool, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        fast: dict[str, ASGIApp],
+        *,
+        door: guard.Door,
+        doors: Mapping[str, FrontDoor],
+        loopback_only: bool,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self._fast = {path: overhead_middleware(app, catch=True) for path, app in fast.items()}
+        self._door = door
+        self._doors = doors
         self._loopback_only = loopback_only
-        self._refuse = overhead_middleware(_refuse)
+        self._refuse = overhead_middleware(self._send_refusal)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
-            refusal = guard.check(scope, loopback_only=self._loopback_only)
+            refusal = self._door.check(scope) or guard.check(
+                scope, loopback_only=self._loopback_only
+            )
             if refusal is not None:
                 scope["draftgate.refusal"] = refusal
                 await self._refuse(scope, receive, send)
@@ -84,9 +99,14 @@ class _Gateway(Starlette):
                 return
         await super().__call__(scope, receive, send)
 
-
-async def _refuse(scope: Scope, receive: Receive, send: Send) -> None:
-    await send_error(send, scope["draftgate.refusal"])
+    async def _send_refusal(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """The refusal in the shape of the API its path belongs to (OpenAI's by default)."""
+        path: str = scope["path"]
+        door = next((d for p, d in self._doors.items() if path.startswith(p)), None)
+        if door is None:
+            await send_error(send, scope["draftgate.refusal"])
+        else:
+            await send_door_error(send, door, scope["draftgate.refusal"])
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -159,9 +179,9 @@ def create_app(
             await runtime.telemetry.aclose()
             await responses.store.aclose()
 
+    doors: dict[str, FrontDoor] = {**FRONT_DOORS, "/v1/responses": responses}
     completions: dict[str, ASGIApp] = {
-        path: CompletionsRoute(runtime, door)
-        for path, door in {**FRONT_DOORS, "/v1/responses": responses}.items()
+        path: CompletionsRoute(runtime, door) for path, door in doors.items()
     }
     routes: list[Route] = [
         *(Route(path, app, methods=["POST"]) for path, app in completions.items()),
@@ -171,8 +191,16 @@ def create_app(
         *records_routes(runtime),
         *openapi_routes(),
     ]
+    door = guard.Door(
+        runtime.auth,
+        runtime.limiter,
+        exempt=UNCOUNTED_PATHS,
+        per_minute=runtime.settings.limits.unauthenticated_per_minute,
+    )
     app = _Gateway(
         completions,
+        door=door,
+        doors=doors,
         loopback_only=not runtime.auth.enabled and not runtime.settings.allow_public_bind,
         routes=routes,
         middleware=[
@@ -181,7 +209,7 @@ def create_app(
                 tenant_limits,
                 auth=runtime.auth,
                 limiter=runtime.limiter,
-                exempt=frozenset({"/healthz", "/metrics", "/openapi.json"}),
+                exempt=UNCOUNTED_PATHS,
                 admin_only=ADMIN_ROUTES,
             ),
         ],

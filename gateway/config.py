@@ -270,6 +270,12 @@ class LimitsConfig(_Strict):
         default=4_000_000, ge=1, description="prompt bytes / 4 + n x max_tokens, at admission"
     )
     uploads_per_minute: int = Field(default=3000, ge=1, description="POST /v1/documents")
+    unauthenticated_per_minute: int = Field(
+        default=120,
+        ge=1,
+        description="requests without a valid key from one client address (an IPv6 /64) "
+        "answered 401; past it 429",
+    )
 
 
 class ServerConfig(_Strict):

@@ -1,5 +1,6 @@
-"""Counting per-tenant limits in this process: the embedded default's counters (and the
-stand-in while Redis is down), and what Redis last said of each tenant's windows."""
+"""Counting limits in this process: the embedded default's per-tenant counters (and the
+stand-in while Redis is down), what Redis last said of each tenant's windows, and the
+requests of each client address that no key accounts for."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from dataclasses import dataclass
 from gateway.config import LimitsConfig
 
 WINDOW_S = 60.0
+CLIENTS_TRACKED = 65_536  # client addresses with a window open at once
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,20 @@ class Windows:
             requests, used = requests + 1, used + tokens
             self._windows[(tenant, "requests")] = (r_end, requests)
             self._windows[(tenant, "tokens")] = (t_end, used)
+        return Verdict(refused, requests, used, r_end - now, t_end - now)
+
+    def refusal(self, tenant: str, limits: LimitsConfig) -> Verdict | None:
+        """The refusal a request of ``tenant`` gets from the counts alone (its requests in
+        flight or a minute all used), or None; counts nothing."""
+        now = self._clock()
+        r_end, requests = self._window((tenant, "requests"), now)
+        if self._inflight.get(tenant, 0) >= limits.concurrent:
+            refused = "concurrent"
+        elif requests >= limits.requests_per_minute:
+            refused = "requests"
+        else:
+            return None
+        t_end, used = self._window((tenant, "tokens"), now)
         return Verdict(refused, requests, used, r_end - now, t_end - now)
 
     def charge(self, tenant: str, limit: int, tokens: int) -> Verdict:
@@ -121,3 +137,40 @@ class Seen:
             max(requests_end - now, 0.0),
             max(tokens_end - now, 0.0),
         )
+
+
+class ClientWindows:
+    """Requests a minute per client address, for traffic no key accounts for.
+
+    At most ``capacity`` addresses hold a window at once: while that many do, a request
+    from another address counts as over its limit (what is counted here is refused
+    anyway, so failing closed costs nobody an answer), and ended windows are swept out
+    at most once a second, so a flood from many addresses costs no sweep per request."""
+
+    def __init__(self, clock: Callable[[], float], capacity: int = CLIENTS_TRACKED) -> None:
+        self._clock = clock
+        self._capacity = capacity
+        self._windows: dict[str, tuple[float, int]] = {}  # address -> (end, count)
+        self._swept_at = float("-inf")
+
+    def count(self, address: str, limit: int) -> float | None:
+        """One more request from ``address``: None while its window holds at most
+        ``limit``, else the seconds until that window ends."""
+        now = self._clock()
+        window = self._windows.get(address)
+        if window is None or window[0] <= now:
+            if window is None and len(self._windows) >= self._capacity and not self._sweep(now):
+                return WINDOW_S
+            window = (now + WINDOW_S, 0)
+        end, count = window
+        if count >= limit:
+            return end - now
+        self._windows[address] = (end, count + 1)
+        return None
+
+    def _sweep(self, now: float) -> bool:
+        """Forget ended windows (at most once a second); whether there is room now."""
+        if now - self._swept_at >= 1.0:
+            self._swept_at = now
+            self._windows = {a: w for a, w in self._windows.items() if w[0] > now}
+        return len(self._windows) < self._capacity

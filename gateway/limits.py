@@ -6,7 +6,12 @@ so replicas need no shared clock. With Redis configured the counters live there,
 script per admission (every key of a tenant shares one Redis Cluster hash tag), so the
 limits hold across gateway replicas; without Redis (the embedded default) they live in
 this process. When Redis does not answer, this process's counters stand in: a limiter
-must not turn a Redis outage into an outage of the gateway. A release whose answer does
+must not turn a Redis outage into an outage of the gateway. After a call Redis did not
+answer (an error, or no answer within ``timeout_s``: a Redis that silently drops packets)
+the limiter stops asking it for ``BREAKER_COOL_DOWN_S`` and counts here; then one call
+tries it again while the others still count here, and its answer closes the breaker
+or opens it for another cool-down. So while Redis is gone a request waits out at most
+one timeout (the trial's), not one per call. A release whose answer does
 not come in time (or an admission answered too late, which Redis may have counted) is
 owed and retried in the background until Redis takes it: a slot left counted would
 refuse the tenant's requests until the count expired, so the count errs low (never below
@@ -49,6 +54,7 @@ log = logging.getLogger(__name__)
 
 IN_FLIGHT_TTL_S = 900.0  # a crashed replica's in-flight count fades after this
 RELEASE_RETRY_S = (0.5, 8.0)  # a release Redis did not take is retried after this, doubling
+BREAKER_COOL_DOWN_S = 5.0  # after a call Redis did not answer, count here this long
 BYTES_PER_TOKEN = 4
 
 # KEYS: in-flight, requests, tokens. ARGV: in-flight limit, request limit, token limit,
@@ -128,6 +134,8 @@ class RateLimiter:
         self._seen = Seen(clock)
         self._warned_at = -WINDOW_S
         self._owed: dict[str, int] = {}  # tenant -> in-flight releases Redis has not taken
+        self._open_until: float | None = None  # the breaker: None closed, else cool-down end
+        self._trying = False  # a call tries Redis after the cool-down; the rest count here
         self._paying: asyncio.Task[None] | None = None
         self._admit: Any = redis.register_script(_ADMIT) if redis is not None else None
         self._release: Any = redis.register_script(_RELEASE) if redis is not None else None
@@ -144,13 +152,23 @@ class RateLimiter:
 
     async def _attempt(self, script: Any, keys: list[str], args: list[Any]) -> tuple[Any, bool]:
         """The script's answer, or None and whether it may have run all the same (the
-        call was sent, its answer came too late)."""
+        call was sent, its answer came too late). None at once while the breaker is open,
+        or while another call tries Redis after the cool-down."""
+        if self._open_until is not None:
+            if self._trying or self._clock() < self._open_until:
+                return None, False
+            self._trying = True
         try:  # a timeout scope, not ``wait_for``: no task created per call
             async with asyncio.timeout(self._timeout_s):
-                return await script(keys=keys, args=args), False
+                result = await script(keys=keys, args=args)
         except (RedisError, OSError, TimeoutError) as exc:
+            self._open_until = self._clock() + BREAKER_COOL_DOWN_S
             self._unavailable(exc)
             return None, isinstance(exc, TimeoutError)
+        finally:
+            self._trying = False
+        self._open_until = None
+        return result, False
 
     def _unavailable(self, exc: Exception) -> None:
         """Log that Redis did not answer, at most once a minute."""
@@ -158,6 +176,16 @@ class RateLimiter:
         if now - self._warned_at >= WINDOW_S:
             self._warned_at = now
             log.warning("rate limits: Redis unavailable (%r), counting in this process", exc)
+
+    def known_refusal(self, tenant: str) -> RateLimited | None:
+        """The 429 this process already knows a request of ``tenant`` gets, or None: its
+        requests a minute spent as Redis last answered, or (counting here) its requests in
+        flight or a minute all used. No Redis call."""
+        if self._admit is not None and self._open_until is None:
+            verdict = self._seen.refusal(tenant, self.limits, 0)
+        else:
+            verdict = self._local.refusal(tenant, self.limits)
+        return None if verdict is None else self._refusal(verdict)
 
     async def admit(self, tenant: str, tokens: int) -> Lease:
         """Count one request of ``tokens``; :class:`RateLimited` when over a limit."""

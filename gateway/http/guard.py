@@ -1,5 +1,8 @@
-"""Checks on every HTTP request before any route runs: what a web page in the operator's
-browser must not be able to do to a gateway on loopback.
+"""Checks on every HTTP request before any route runs, from its headers alone.
+
+:class:`Door` refuses what costs the most when it floods in: a request without a valid
+key, and one of a tenant whose limit this process already knows is spent. Then what a
+web page in the operator's browser must not be able to do to a gateway on loopback:
 
 - A ``POST`` must say ``Content-Type: application/json`` (415 otherwise): a page may send
   ``text/plain`` or form bodies cross-origin without a CORS preflight, never JSON.
@@ -10,11 +13,17 @@ browser must not be able to do to a gateway on loopback.
 from __future__ import annotations
 
 import ipaddress
+import math
+import time
+from collections.abc import Callable
 
 from starlette.types import Scope
 
-from gateway.errors import GatewayError
+from gateway.auth import Authenticator
+from gateway.errors import AuthenticationFailed, GatewayError, RateLimited
 from gateway.http.asgi import header
+from gateway.limit_windows import ClientWindows
+from gateway.limits import RateLimiter
 
 _LOOPBACK_NAMES = frozenset({"localhost", "localhost."})
 
@@ -75,3 +84,60 @@ def check(scope: Scope, *, loopback_only: bool) -> GatewayError | None:
     if scope["method"] == "POST" and not is_json(header(scope, b"content-type")):
         return UnsupportedMediaType("POST bodies must be sent with Content-Type: application/json")
     return None
+
+
+def client_address(scope: Scope) -> str:
+    """The address a request's limits without a key are counted under: the client's IPv4
+    address, or its IPv6 /64 (one host is commonly given a whole /64)."""
+    client = scope.get("client")
+    if not client:
+        return ""
+    host: str = client[0]
+    if ":" not in host:
+        return host
+    try:
+        address = ipaddress.IPv6Address(host)
+    except ValueError:
+        return host
+    if address.ipv4_mapped is not None:
+        return str(address.ipv4_mapped)
+    return str(ipaddress.IPv6Network((address, 64), strict=False).network_address)
+
+
+class Door:
+    """Refusals the headers decide, answered before any route runs (no body read, no JSON
+    parsed, no log line, no Redis call): a request without a valid key is a 401, or a 429
+    with ``Retry-After`` once its client address sent ``per_minute`` of them in a minute;
+    a tenant whose limits this process already knows are spent gets its 429."""
+
+    def __init__(
+        self,
+        auth: Authenticator,
+        limiter: RateLimiter,
+        *,
+        exempt: frozenset[str],
+        per_minute: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._auth = auth
+        self._limiter = limiter
+        self._exempt = exempt
+        self._per_minute = per_minute
+        self._clients = ClientWindows(clock)
+
+    def check(self, scope: Scope) -> GatewayError | None:
+        """The error to answer instead of serving this request, or None."""
+        if scope["path"] in self._exempt:
+            return None
+        try:
+            tenant = self._auth.tenant(scope)
+        except AuthenticationFailed as error:
+            wait = self._clients.count(client_address(scope), self._per_minute)
+            if wait is None:
+                return error
+            retry = str(max(1, math.ceil(wait)))
+            return RateLimited(
+                f"too many requests without a valid key from this address; retry after {retry} s",
+                headers={"retry-after": retry},
+            )
+        return self._limiter.known_refusal(tenant)
