@@ -24,7 +24,7 @@ import numpy as np
 from lookup.acceptance import BUCKET_EDGES, BUCKET_OF
 from lookup.draft import Source
 from lookup.index import TokenIndex
-from lookup.shared_library import build
+from lookup.shared_library import build, load
 from lookup.tracks import Track
 
 SOURCE = Path(__file__).with_name("tree.cpp")
@@ -58,7 +58,7 @@ def _load() -> tuple[ctypes.CDLL | None, str]:
     if path is None:
         return None, reason
     try:
-        library = ctypes.PyDLL(str(path))  # keeps the GIL (see the module docstring)
+        library = load(path, ctypes.PyDLL)  # keeps the GIL (see the module docstring)
     except OSError as exc:
         return None, f"loading failed: {exc}"
     library.dg_init.restype = ctypes.c_int

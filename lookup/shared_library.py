@@ -4,8 +4,11 @@ kernels).
 
 A library is code this process will run, so the cache is trusted only where nobody else
 could have written it: its directory and the file must belong to the current user and be
-writable by nobody else. Otherwise (a shared or planted cache) the library is built in a
-private directory of this process instead."""
+writable by nobody else, and every directory above it must belong to the user or root and
+be writable by nobody else unless sticky (so nobody else can swap a directory on the way).
+Otherwise (a shared or planted cache) the library is built in a private directory of this
+process instead. ``load`` opens the file without following a symlink, checks the open
+descriptor (not the path, which could change after the check) and loads through it."""
 
 from __future__ import annotations
 
@@ -18,8 +21,11 @@ import shutil
 import stat
 import subprocess
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 CACHE_ENV = "DRAFTGATE_KERNEL_CACHE"  # build directory root (default ~/.cache/draftgate)
 
@@ -39,10 +45,51 @@ def _private(path: Path, kind: int) -> bool:
         info = path.lstat()
     except OSError:
         return False
-    writable_by_others = info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
-    return (
-        stat.S_IFMT(info.st_mode) == kind and info.st_uid == os.getuid() and not writable_by_others
-    )
+    return stat.S_IFMT(info.st_mode) == kind and _owned_safely(info)
+
+
+def _owned_safely(info: os.stat_result) -> bool:
+    """Whether a file or directory with ``info`` belongs to the current user, none other
+    may write it."""
+    return info.st_uid == os.getuid() and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+
+
+def _safe_ancestors(directory: Path) -> bool:
+    """Whether every directory above ``directory`` (resolved) belongs to the current user
+    or root and is writable by nobody else, or is sticky (others may not rename what is ours)."""
+    real = Path(os.path.realpath(directory))
+    for parent in real.parents:
+        try:
+            info = os.stat(parent)
+        except OSError:
+            return False
+        shared = info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+        if info.st_uid not in (os.getuid(), 0) or (shared and not info.st_mode & stat.S_ISVTX):
+            return False
+    return True
+
+
+def load(path: Path, loader: Callable[[str], T]) -> T:
+    """``loader`` (``ctypes.CDLL``, ``ctypes.PyDLL``) on the library at ``path``, opened
+    without following a symlink and checked on its descriptor: a regular file of the current
+    user that no one else may write, in a directory checked as ``build`` checks the cache.
+    Loaded through ``/proc/self/fd`` where there is one, so the file checked is the file
+    loaded. ``OSError`` when a check fails or the load does.
+
+    The descriptor stays open while the process runs: the dynamic loader matches libraries
+    by name, so its ``/proc/self/fd`` name must never come to name another file."""
+    if not (_private(path.parent, stat.S_IFDIR) and _safe_ancestors(path.parent)):
+        raise OSError(f"{path.parent} is not private to this user")
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        if not (stat.S_ISREG(info.st_mode) and _owned_safely(info)):
+            raise OSError(f"{path} is not a file private to this user")
+        fd_path = f"/proc/self/fd/{fd}"
+        return loader(fd_path if os.path.exists(fd_path) else str(path))
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def build(
@@ -66,7 +113,7 @@ def build(
     cache = root / "kernels"
     with contextlib.suppress(OSError):
         cache.mkdir(mode=0o700, parents=True, exist_ok=True)
-    if not _private(cache, stat.S_IFDIR):
+    if not (_private(cache, stat.S_IFDIR) and _safe_ancestors(cache)):
         log.warning("kernel cache %s is not private to this user: building privately", cache)
         cache = _process_dir()
     target = cache / name

@@ -17,7 +17,7 @@ from local_verifier.kernels.options import KernelOptions
 from local_verifier.kernels.packing import Layout, dense_shape, layout_of
 from local_verifier.kernels.plan import AttentionPlan
 from local_verifier.kernels.torch_ops import gelu_tanh_mul
-from lookup.shared_library import build
+from lookup.shared_library import build, load
 
 SOURCE = Path(__file__).with_name("step_cpu.cpp")
 CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-std=c++17", "-fPIC"]
@@ -82,8 +82,8 @@ def build_library(source: Path) -> tuple[ctypes.CDLL | None, str]:
     if path is None:
         return None, reason
     try:
-        library = ctypes.CDLL(str(path))
-    except OSError as exc:  # a damaged file: the caller falls back to the torch kernels
+        library = load(path, ctypes.CDLL)
+    except OSError as exc:  # damaged or untrusted: the caller falls back to the torch kernels
         return None, f"{path.name} failed to load: {exc}"
     if not hasattr(library, "dg_step_args_layout"):  # a source from before DgStepArgs
         return None, f"{source.name}'s dg_stack_step does not take one DgStepArgs"
