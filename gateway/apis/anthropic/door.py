@@ -120,3 +120,6 @@ class _Answer:
             return 200, orjson.dumps(message(chat, self.model, self.stops))
         except BadToolCall as exc:
             return 502, errors.body(502, str(exc))
+
+
+MESSAGES = MessagesDoor()

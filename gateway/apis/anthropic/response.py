@@ -37,11 +37,12 @@ def message_id(chat_id: Any) -> str:
 def stop_reason(
     finish: Any, choice: dict[str, Any], stops: list[str], calls: bool
 ) -> tuple[StopReason, str | None]:
-    """``stop_reason`` and ``stop_sequence`` for a choice's ``finish_reason``."""
-    if calls:
-        return "tool_use", None
+    """``stop_reason`` and ``stop_sequence`` for a choice's ``finish_reason`` (``calls``:
+    whether the answer holds tool calls; a call cut by the length limit is ``max_tokens``)."""
     if finish in _STOP_REASONS:
         return _STOP_REASONS[finish], None
+    if calls:
+        return "tool_use", None
     matched = choice.get("stop_reason")
     if isinstance(matched, str) and matched in stops:
         return "stop_sequence", matched
@@ -66,14 +67,17 @@ def usage(openai: Any) -> MessagesUsage:
     )
 
 
-def tool_input(arguments: Any) -> dict[str, Any]:
+def tool_input(arguments: Any, cut: bool = False) -> dict[str, Any]:
     """A call's ``arguments`` (JSON text) as the ``input`` object; :class:`BadToolCall`
-    when they are not a JSON object."""
+    when they are not a JSON object, unless the length limit ``cut`` them (then ``{}``, as
+    a stream's partial input would not parse either)."""
     if arguments in (None, ""):
         return {}
     try:
         value = json.loads(arguments) if isinstance(arguments, str) else arguments
     except ValueError:
+        if cut:
+            return {}
         raise BadToolCall("the model's tool call arguments are not valid JSON") from None
     if not isinstance(value, dict):
         raise BadToolCall("the model's tool call arguments are not a JSON object")
@@ -91,13 +95,14 @@ def message(chat: dict[str, Any], model: str, stops: list[str]) -> dict[str, Any
     if isinstance(text, str) and text:
         content.append(TextBlock(text=text))
     calls = [c for c in answer.get("tool_calls") or () if isinstance(c, dict)]
+    cut = choice.get("finish_reason") == "length"
     for call in calls:
         function = call.get("function") or {}
         content.append(
             ToolUseBlock(
                 id=str(call.get("id") or ""),
                 name=str(function.get("name") or ""),
-                input=tool_input(function.get("arguments")),
+                input=tool_input(function.get("arguments"), cut),
             )
         )
     reason, sequence = stop_reason(choice.get("finish_reason"), choice, stops, bool(calls))
