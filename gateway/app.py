@@ -25,6 +25,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gateway.apis.anthropic.count_tokens import CountTokens
+from gateway.apis.anthropic.door import MESSAGES
 from gateway.apis.responses.door import open_door
 from gateway.apis.responses.routes import response_routes
 from gateway.config import Settings, load_settings
@@ -48,6 +50,7 @@ from lookup.corpus import Corpus
 FRONT_DOORS: dict[str, FrontDoor] = {
     "/v1/chat/completions": CHAT,
     "/v1/completions": COMPLETIONS,
+    "/v1/messages": MESSAGES,
 }
 
 UNCOUNTED_PATHS = frozenset({"/healthz", "/metrics", "/openapi.json"})
@@ -186,6 +189,7 @@ def create_app(
     routes: list[Route] = [
         *(Route(path, app, methods=["POST"]) for path, app in completions.items()),
         *meta_routes(runtime),
+        Route("/v1/messages/count_tokens", CountTokens(runtime), methods=["POST"]),
         *document_routes(runtime),
         *response_routes(runtime, responses),
         *records_routes(runtime),
