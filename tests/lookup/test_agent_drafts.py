@@ -6,10 +6,12 @@ the prompt's numbered listing alone drafts little; and drafted answers equal pla
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import openai
 import pytest
 
 import lookup.tracks
@@ -126,3 +128,52 @@ def test_drafted_answers_to_an_agent_equal_plain_ones(engine: Any, shape: str) -
     assert drafted == plain and len(plain) == 40
     assert stats.drafted_by_source.get("conversation", 0) > 0  # the forms were drafted from
     assert np.all(np.asarray(plain) < tok.vocab_size)
+
+
+@pytest.fixture(scope="module")
+def local_url(engine: Any) -> Iterator[str]:
+    """The gateway's verifier configuration (one local endpoint) on the shared engine."""
+    from gateway.app import create_app
+    from gateway.cli.serve import verifier_settings
+    from tests.gateway.servers import serve
+
+    with serve(create_app(verifier_settings("smollm2-135m"), engines={"local": engine})) as url:
+        yield url
+
+
+def test_the_local_endpoint_drafts_from_the_listing_the_agent_read(local_url: str) -> None:
+    client = openai.OpenAI(base_url=f"{local_url}/v1", api_key="unused", max_retries=0)
+    common: dict[str, Any] = {
+        "model": "smollm2-135m",
+        "messages": [
+            {"role": "system", "content": "You are a coding agent."},
+            {
+                "role": "user",
+                "content": f"Read {PATH} gave:\n{listing(LINES[:30])}\n"
+                "Write this file out again without the line numbers.",
+            },
+        ],
+        "temperature": 0,
+        "max_tokens": 48,
+    }
+    plain = client.chat.completions.create(**common, extra_body={"draftgate": {"draft": False}})
+    drafted = client.chat.completions.create(**common)
+    assert drafted.choices[0].message.content == plain.choices[0].message.content
+    stats = (drafted.model_extra or {})["draftgate"]
+    assert stats["accepted_by_source"].get("conversation", 0) > 0, stats
+
+
+def test_remote_verification_drafts_from_the_listing_the_agent_read(smollm2: Any) -> None:
+    """The remote-verify endpoint's drafter (``prepare``) has the conversation's forms."""
+    from gateway.endpoints.remote.prompt import prepare
+    from lookup.index import IndexCache
+    from sdk.wire import ChatCompletionRequest
+
+    tok = smollm2.tokenizer
+    request = ChatCompletionRequest.model_validate({"model": "m", "messages": messages()})
+    prepared = prepare(request, tok, "", [], [], IndexCache())
+    escaped = tok.encode(json.dumps("\n".join(REGION))[1:-1])  # an Edit's old_string
+    prepared.drafter.extend(escaped[:40])
+    draft = prepared.drafter.propose(8)
+    assert draft.tokens.tolist() == escaped[40:48]
+    assert set(draft.source.tolist()) == {Source.CONVERSATION}
