@@ -50,8 +50,16 @@ if TYPE_CHECKING:
 
 DOCUMENTS_HEADER = b"x-draftgate-documents"
 # client headers that may travel upstream (never Authorization, Host, cookies, ...)
+# (anthropic-beta: the Messages API features a client asks an anthropic endpoint for)
 FORWARDED_HEADERS = frozenset(
-    {b"user-agent", b"x-request-id", b"traceparent", b"tracestate", b"accept-language"}
+    {
+        b"user-agent",
+        b"x-request-id",
+        b"traceparent",
+        b"tracestate",
+        b"accept-language",
+        b"anthropic-beta",
+    }
 )
 CLIENT_CLOSED = 499
 

@@ -476,7 +476,8 @@ def test_native_relay_swaps_the_key(gateway: str, native: AnthropicStandIn) -> N
     body = claude_code_body()
     body["model"] = NATIVE_MODEL
     body["stream"] = False
-    response = post(gateway, body, **{"anthropic-version": "2023-06-01"})
+    beta = "context-management-2025-06-27,interleaved-thinking-2025-05-14"
+    response = post(gateway, body, **{"anthropic-version": "2023-06-01", "anthropic-beta": beta})
     assert response.status_code == 200, response.text
     message = response.json()
     assert message["type"] == "message"
@@ -485,6 +486,7 @@ def test_native_relay_swaps_the_key(gateway: str, native: AnthropicStandIn) -> N
     assert seen.headers["x-api-key"] == ANTHROPIC_KEY
     assert "authorization" not in seen.headers
     assert seen.headers["anthropic-version"] == "2023-06-01"
+    assert seen.headers["anthropic-beta"] == beta
     assert "alice-key" not in json.dumps(seen.headers)
     assert seen.body == {**body, "model": NATIVE_UPSTREAM}
 
