@@ -12,7 +12,7 @@ import numpy as np
 from lookup.corpus.anchors import INDEX_ANCHOR_BYTES, INDEX_DOC_BYTES, KEY_BYTES, MAX_POSTINGS
 from lookup.corpus.documents import Document, DocumentMeta
 from lookup.corpus.keys import digest
-from lookup.corpus.store import Limits, NewDocument
+from lookup.corpus.store import PURGE_BATCH, RETRIEVE_SCAN, Limits, NewDocument
 
 
 @dataclass
@@ -82,15 +82,22 @@ class _Namespace:
         del self.nums[entry.num]
         self.index_bytes -= entry.index_cost
 
-    def retrieve(self, query: np.ndarray, limit: int) -> list[str]:
-        """Ids of the ``limit`` documents best matching the query anchors."""
+    def retrieve(self, query: np.ndarray, limit: int, cutoff: float) -> list[str]:
+        """Ids of the first ``limit`` live documents among the ``limit * RETRIEVE_SCAN``
+        best matching the query anchors."""
         score: dict[int, float] = {}
         for anchor in query.tolist():
             found = self.index.get(anchor, [])
             for num in found:
                 score[num] = score.get(num, 0.0) + 1 / len(found)
-        best = sorted(score, key=lambda num: (-score[num], -num))[:limit]
-        return [self.nums[num] for num in best]
+        best = sorted(score, key=lambda num: (-score[num], -num))[: limit * RETRIEVE_SCAN]
+        live = [self.nums[num] for num in best if self.live(self.nums[num], cutoff)]
+        return live[:limit]
+
+    def live(self, doc_id: str, cutoff: float) -> bool:
+        """Whether the document is stored and was used since ``cutoff``."""
+        entry = self.entries.get(doc_id)
+        return entry is not None and entry.last_used >= cutoff
 
     def add_ref(self, doc: NewDocument) -> None:
         if doc.sha256 not in self.refs:
@@ -132,9 +139,14 @@ class _Namespace:
         return True
 
     def purge(self, cutoff: float) -> None:
+        """Remove the oldest ``PURGE_BATCH`` documents unused since ``cutoff`` (the others
+        count as gone until a later call removes them)."""
         if cutoff <= self.oldest:
             return
-        for doc_id in [i for i, e in self.entries.items() if e.last_used < cutoff]:
+        expired = [
+            (e.last_used, e.order, i) for i, e in self.entries.items() if e.last_used < cutoff
+        ]
+        for _, _, doc_id in sorted(expired)[:PURGE_BATCH]:
             self.remove(doc_id)
         self.oldest = min((e.last_used for e in self.entries.values()), default=float("inf"))
 
@@ -181,6 +193,8 @@ class MemoryDocumentStore:
         captured: bool = False,
     ) -> DocumentMeta:
         space = self._space(ns, limits, now)
+        if not space.live(doc.id, now - limits.ttl_s):  # expired, not yet purged: gone
+            space.remove(doc.id)
         old = space.entries.get(doc.id)
         created = now
         if old is not None:
@@ -236,8 +250,9 @@ class MemoryDocumentStore:
                 reverse=True,
             )
             candidates += [(i, "answer") for i in newest[:recent]]
+        cutoff = now - limits.ttl_s
         if retrieve > 0 and len(query):
-            found = space.retrieve(query, retrieve)
+            found = space.retrieve(query, retrieve, cutoff)
             candidates += [(i, "answer" if i in space.answers else "retrieved") for i in found]
         chosen: list[Document] = []
         seen: set[str] = set()
@@ -245,6 +260,8 @@ class MemoryDocumentStore:
         for doc_id, kind in candidates:
             entry = space.entries.get(doc_id)
             if entry is None or doc_id in seen or len(chosen) >= max_docs:
+                continue
+            if entry.last_used < cutoff:
                 continue
             seen.add(doc_id)
             if total + entry.doc.bytes > max_bytes:
@@ -256,11 +273,16 @@ class MemoryDocumentStore:
         return chosen
 
     async def delete(self, ns: str, doc_id: str, *, limits: Limits, now: float) -> bool:
-        return self._space(ns, limits, now).remove(doc_id)
+        space = self._space(ns, limits, now)
+        live = space.live(doc_id, now - limits.ttl_s)
+        return space.remove(doc_id) and live
 
     async def list(self, ns: str, *, limits: Limits, now: float) -> builtins.list[DocumentMeta]:
         space = self._space(ns, limits, now)
-        return [space.entries[i].meta() for i in reversed(space.lru_order())]
+        cutoff = now - limits.ttl_s
+        return [
+            space.entries[i].meta() for i in reversed(space.lru_order()) if space.live(i, cutoff)
+        ]
 
     async def get_tokens(
         self, ns: str, fingerprint: str, shas: Sequence[str]

@@ -14,6 +14,7 @@ gone is rebuilt from the documents (byte counts and the next document number). U
 from __future__ import annotations
 
 from lookup.corpus.anchors import INDEX_ANCHOR_BYTES, INDEX_DOC_BYTES, MAX_POSTINGS
+from lookup.corpus.store import PURGE_BATCH, RETRIEVE_SCAN
 
 _PRELUDE = (
     """
@@ -24,6 +25,7 @@ local K_AX, K_AD, K_AN, K_CAP, K_AKEY = B .. 'ax', B .. 'ad', B .. 'an', B .. 'c
 """
     + f"local MAX_POSTINGS, ANCHOR_COST, DOC_COST = {MAX_POSTINGS}, {INDEX_ANCHOR_BYTES}, "
     + f"{INDEX_DOC_BYTES}\n"
+    + f"local PURGE_BATCH, RETRIEVE_SCAN = {PURGE_BATCH}, {RETRIEVE_SCAN}\n"
     + """-- commands over many fields, in slices that stay within Lua's stack
 local function hmget(key, fields)
   local out = {}
@@ -166,10 +168,18 @@ local function remove(idh)
   return true
 end
 
+-- the oldest PURGE_BATCH documents unused since CUTOFF go; the others are skipped as gone
+-- until a later call purges them, so no call's work grows with how many expired at once
 local function purge()
-  for _, idh in ipairs(redis.call('ZRANGEBYSCORE', K_LRU, '-inf', '(' .. CUTOFF)) do
+  local expired = redis.call('ZRANGEBYSCORE', K_LRU, '-inf', '(' .. CUTOFF, 'LIMIT', 0, PURGE_BATCH)
+  for _, idh in ipairs(expired) do
     remove(idh)
   end
+end
+
+local function live(idh)
+  local used = redis.call('ZSCORE', K_LRU, idh)
+  return used ~= false and tonumber(used) >= tonumber(CUTOFF)
 end
 
 local function keep_alive()
@@ -197,6 +207,10 @@ meta.created = NOW
 meta.captured = captured or nil
 local add = true
 local old_raw = redis.call('HGET', K_DOCS, idh)
+if old_raw and not live(idh) then  -- expired, not yet purged: gone
+  remove(idh)
+  old_raw = false
+end
 if old_raw then
   local old = cjson.decode(old_raw)
   meta.created = old.created
@@ -305,11 +319,13 @@ if retrieve > 0 and #query > 0 then
     if score[a] ~= score[b] then return score[a] > score[b] end
     return a > b
   end)
-  local top = {}
-  for i = 1, math.min(retrieve, #nums) do top[i] = nums[i] end
-  if #top > 0 then
-    for _, idh in ipairs(redis.call('HMGET', K_AN, unpack(top))) do
-      if idh then add(idh, redis.call('ZSCORE', K_ANS, idh) and 'answer' or 'retrieved') end
+  local found = 0
+  for i = 1, math.min(#nums, retrieve * RETRIEVE_SCAN) do
+    if found == retrieve then break end
+    local idh = redis.call('HGET', K_AN, nums[i])
+    if idh and live(idh) then
+      found = found + 1
+      add(idh, redis.call('ZSCORE', K_ANS, idh) and 'answer' or 'retrieved')
     end
   end
 end
@@ -320,7 +336,7 @@ end
 local out, seen, total, count = {}, {}, 0, 0
 for c, idh in ipairs(cands) do
   if count < max_docs and not seen[idh] then
-    local raw = redis.call('HGET', K_DOCS, idh)
+    local raw = live(idh) and redis.call('HGET', K_DOCS, idh)
     if raw then
       seen[idh] = true
       local meta = cjson.decode(raw)
@@ -352,7 +368,8 @@ DELETE = (
     + """
 stats()
 purge()
-if remove(ARGV[5]) then return 1 end
+local was_live = live(ARGV[5])
+if remove(ARGV[5]) and was_live then return 1 end
 return 0
 """
 )
@@ -364,7 +381,7 @@ LIST = (
 stats()
 purge()
 local out = {}
-local ranked = redis.call('ZREVRANGE', K_LRU, 0, -1, 'WITHSCORES')
+local ranked = redis.call('ZREVRANGEBYSCORE', K_LRU, '+inf', CUTOFF, 'WITHSCORES')
 for i = 1, #ranked, 2 do
   local raw = redis.call('HGET', K_DOCS, ranked[i])
   if raw then

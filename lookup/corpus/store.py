@@ -16,6 +16,9 @@ import numpy as np
 
 from lookup.corpus.documents import Document, DocumentMeta
 
+PURGE_BATCH = 8  # expired documents one call removes at most (the rest count as gone)
+RETRIEVE_SCAN = 4  # best matches looked at per document retrieval may return
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -50,7 +53,8 @@ class NewDocument:
 
 
 class DocumentStore(Protocol):
-    """Documents per namespace. Stores purge documents unused for ``ttl_s`` on every call."""
+    """Documents per namespace. A document unused for ``ttl_s`` is gone: every call removes
+    up to ``PURGE_BATCH`` of them (oldest first) and skips the others."""
 
     round_trips: int
 
@@ -87,7 +91,8 @@ class DocumentStore(Protocol):
         the ``retrieve`` best matches of the ``query`` anchors.
 
         A match scores the sum, over the query anchors a document holds, of 1 / the number
-        of documents holding that anchor; ties go to the newer document. Deduplicated, in
+        of documents holding that anchor; ties go to the newer document; of the
+        ``retrieve * RETRIEVE_SCAN`` best, the first ``retrieve`` live ones. Deduplicated, in
         that order, skipping any that would pass ``max_docs`` or ``max_bytes``; the
         returned documents are marked used at ``now``.
         """

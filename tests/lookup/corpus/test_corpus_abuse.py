@@ -6,7 +6,8 @@ whose 1,024 anchors all share their top 16 bits, and documents that all hold the
 anchors (every posting list at its cap). The Redis commands an upload and a lookup run,
 counted by a private Redis's ``INFO commandstats``, and the bytes each reads, are bounded by
 the request's own anchors, the same before and after. (The time of both, before and after,
-is in ``benchmarks.bench_corpus_abuse``.)
+is in ``benchmarks.bench_corpus_abuse``.) Documents that expire together are purged a
+batch per call.
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ import numpy as np
 import pytest
 import redis
 
-from lookup.corpus import Corpus, open_store
+from lookup.corpus import Corpus, MemoryDocumentStore, RedisDocumentStore, open_store
 from lookup.corpus.anchors import MAX_POSTINGS, anchors
 from lookup.corpus.keys import index_key, namespace_base
-from lookup.corpus.store import DocumentStore, Limits, NewDocument
+from lookup.corpus.store import PURGE_BATCH, DocumentStore, Limits, NewDocument
 
 PREFIX = "dg-abuse:"
 NS = "tenant"
@@ -133,3 +134,36 @@ async def test_memory_namespaces_have_keys_of_their_own() -> None:
     alice = await store.anchor_key("alice", limits=LIMITS, create=True)
     assert alice == await store.anchor_key("alice", limits=LIMITS, create=False)
     assert alice != await store.anchor_key("bob", limits=LIMITS, create=True)
+
+
+async def _stored(store: DocumentStore, ns: str) -> int:
+    """Documents the store still holds, expired or not."""
+    if isinstance(store, MemoryDocumentStore):
+        return len(store._spaces[ns].entries)
+    assert isinstance(store, RedisDocumentStore)
+    return int(await store.client.zcard(index_key(namespace_base(store.prefix, ns), "lru")))
+
+
+async def test_documents_expiring_together_are_purged_a_batch_per_call(
+    store: DocumentStore, clock
+) -> None:
+    """However many documents expire at once, a call removes at most ``PURGE_BATCH`` of
+    them; the others are gone to every call until then."""
+    corpus = Corpus(store, clock=clock, ttl_s=100)
+    text = " ".join(f"word{i}" for i in range(300))
+    for i in range(3 * PURGE_BATCH + 1):
+        await corpus.put("t", f"d{i}", f"{i} {text}")
+    clock.advance(101)
+    held = [await _stored(store, "t")]
+    assert await corpus.list("t") == []
+    held.append(await _stored(store, "t"))
+    assert await corpus.select("t", ids=["d20"], prompt_text=text) == []
+    held.append(await _stored(store, "t"))
+    assert not await corpus.delete("t", "d24")
+    held.append(await _stored(store, "t"))
+    await corpus.put("t", "d23", "new content")
+    held.append(await _stored(store, "t"))
+    n = 3 * PURGE_BATCH + 1
+    assert held == [n, n - PURGE_BATCH, n - 2 * PURGE_BATCH, n - 3 * PURGE_BATCH, 1]
+    (meta,) = await corpus.list("t")
+    assert meta.id == "d23" and meta.created == clock.now  # a new document, not the expired one
