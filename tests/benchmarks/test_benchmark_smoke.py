@@ -144,8 +144,17 @@ def _remote(result: dict[str, Any]) -> None:
         assert row["remote_tok_s"] > 0 and row["passthrough_tok_s"] > 0
 
 
+def _agent(result: dict[str, Any]) -> None:
+    assert set(result["shapes"]) == {"edit", "patch", "write"}
+    for row in result["shapes"].values():
+        assert row["identical"]  # lossless: drafts off, from the prompt, from the conversation
+        assert 1 <= row["output_tokens"] <= 12 and row["ratio"] > 0
+    assert result["conversation_sources"]["tokens"] > result["listing_tokens"]
+
+
 SHAPES: dict[str, Callable[[dict[str, Any]], None]] = {
     "bench_abuse": _abuse,
+    "bench_agent": _agent,
     "bench_contention": _contention,
     "bench_corpus_abuse": _corpus_abuse,
     "bench_decode": _decode,
