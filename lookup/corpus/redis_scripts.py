@@ -242,7 +242,9 @@ if captured then
   redis.call('HINCRBY', K_STAT, 'cbytes', captured_cost(meta) + cost)
   max_docs, max_bytes = tonumber(ARGV[13]), tonumber(ARGV[14])
 end
--- the oldest of this document's kind, other than itself (nil: none)
+-- the oldest of this document's kind, other than itself (nil: none); the documents passed
+-- over stay in place, so each later call starts after them (one pass over the list in all)
+local passed = 0
 local function victim()
   if captured then
     for _, v in ipairs(redis.call('ZRANGE', K_CAP, 0, 1)) do
@@ -250,14 +252,13 @@ local function victim()
     end
     return nil
   end
-  local at = 0
   while true do
-    local batch = redis.call('ZRANGE', K_LRU, at, at + 15)
+    local batch = redis.call('ZRANGE', K_LRU, passed, passed + 15)
     if #batch == 0 then return nil end
     for _, v in ipairs(batch) do
       if v ~= idh and not redis.call('ZSCORE', K_CAP, v) then return v end
+      passed = passed + 1
     end
-    at = at + 16
   end
 end
 local function over()
