@@ -66,6 +66,11 @@ class Continuing(Protocol):
         before routing (raise GatewayError subclasses: an unknown id is a 404)."""
         ...
 
+    def relayed(self, call: Call, send: Send) -> Send:
+        """The send for an answer relayed from an endpoint that speaks the door's API
+        itself: passed on as it is, the door keeping what a later request may continue."""
+        ...
+
 
 class OpenAIDoor:
     """``POST /v1/chat/completions`` or ``POST /v1/completions``: the internal request is
@@ -101,7 +106,12 @@ def answer_send(door: FrontDoor, call: Call, send: Send) -> Send:
     async def choose(message: Message) -> None:
         nonlocal chosen
         if chosen is None:
-            chosen = send if call.native else transcoded
+            if not call.native:
+                chosen = transcoded
+            elif isinstance(door, Continuing):
+                chosen = door.relayed(call, send)
+            else:
+                chosen = send
         await chosen(message)
 
     return choose

@@ -510,7 +510,7 @@ def redis_gateway(
         yield url
 
 
-def test_a_conversation_stored_in_redis_continues_on_an_openai_endpoint_without_its_id(
+def test_a_conversation_stored_in_redis_continues_on_an_openai_endpoint_and_back(
     redis_gateway: str,
     redis_client: Any,
     redis_prefix: str,
@@ -539,5 +539,15 @@ def test_a_conversation_stored_in_redis_continues_on_an_openai_endpoint_without_
         },
         {"type": "message", "role": "user", "content": "Go on."},
     ]
-    with pytest.raises(openai.NotFoundError):  # the provider's response is the provider's
-        alice.responses.retrieve(second.id)
+    # the provider's answer is kept too (its own id), for alice only
+    assert alice.responses.retrieve(second.id).output_text == NATIVE_ANSWER
+    with pytest.raises(openai.NotFoundError):
+        bob.responses.retrieve(second.id)
+    with alice.responses.stream(
+        model=NATIVE, input="More.", previous_response_id=second.id
+    ) as stream:
+        third = stream.get_final_response()
+    assert alice.responses.retrieve(third.id).output_text == NATIVE_ANSWER
+    sent = native_standin[0].requests[-1].body
+    assert [item["role"] for item in sent["input"]] == ["user", "assistant"] * 2 + ["user"]
+    assert sent["input"][3]["content"][0]["text"] == NATIVE_ANSWER

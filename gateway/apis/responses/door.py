@@ -18,6 +18,7 @@ import orjson
 from starlette.types import Message, Send
 
 from gateway.apis.responses import translate
+from gateway.apis.responses.native import Relayed, last_boundary
 from gateway.apis.responses.store import Limits, ResponseStore, Stored, open_response_store
 from gateway.apis.responses.transcode import (
     StreamTranscoder,
@@ -32,7 +33,7 @@ from gateway.config import Settings
 from gateway.errors import GatewayError, NotFound, ServiceUnavailable, UpstreamError
 from lookup.corpus.errors import StoreUnavailable
 from sdk.wire import ChatCompletionRequest, CompletionRequest
-from sdk.wire.responses import InputItem, ResponsesRequest
+from sdk.wire.responses import InputItem, ReasoningItem, ResponsesRequest
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +85,7 @@ class ResponsesDoor:
         body["input"] = [
             item.model_dump(mode="json", exclude_none=True, exclude={"id"})
             for item in continued.items
+            if not isinstance(item, ReasoningItem) or item.encrypted_content
         ]
         return orjson.dumps(body), body, continued
 
@@ -101,6 +103,14 @@ class ResponsesDoor:
     def error_body(self, error: GatewayError) -> bytes:
         payload = error.payload()
         return orjson.dumps({"error": error_payload(payload["error"])})  # type: ignore[arg-type]
+
+    def relayed(self, call: Call, send: Send) -> Send:
+        request = call.request
+        assert isinstance(request, TranslatedRequest)
+        if request.source.store is False:
+            return send
+        items = [_with_id(item) for item in request.items]
+        return Relayed(self.store, call.tenant, request, items, send)
 
     def transcode(self, call: Call, send: Send) -> Send:
         request = call.request
@@ -181,7 +191,7 @@ class _Answer:
         assert stream is not None
         more = bool(message.get("more_body", False))
         data = self.pending + message.get("body", b"")
-        cut = _last_boundary(data)
+        cut = last_boundary(data)
         self.pending = data[cut:]
         out = b""
         for line in data[:cut].splitlines():
@@ -281,9 +291,3 @@ def _with_id(item: InputItem) -> dict[str, Any]:
         data["id"] = new_id(prefix)
     data.setdefault("type", "message")
     return data
-
-
-def _last_boundary(data: bytes) -> int:
-    """The index just past the last event boundary (a blank line) in ``data``, or 0."""
-    lf, crlf = data.rfind(b"\n\n"), data.rfind(b"\r\n\r\n")
-    return max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)

@@ -47,6 +47,7 @@ _REFUSED: dict[str, tuple[Any, ...]] = {
 }
 _FORMATS = ("text", "json_object", "json_schema")
 ModelT = TypeVar("ModelT", bound=BaseModel)
+_OUTPUT_KINDS = ("function_call", "custom_tool_call", "reasoning")
 _ITEM: TypeAdapter[InputItem] = TypeAdapter(InputItem)
 
 
@@ -331,14 +332,16 @@ def translate(request: ResponsesRequest, history: Sequence[InputItem]) -> Transl
 
 
 def output_items(values: Sequence[dict[str, Any]]) -> list[InputItem]:
-    """A stored response's output items as input items of the response continuing it."""
+    """A stored response's output items as input items of the response continuing it
+    (items of a provider's hosted tools, which no endpoint could read back, left out)."""
     items: list[InputItem] = []
     for value in values:
-        if value.get("type") == "message":
+        kind = value.get("type")
+        if kind == "message":
             parts: list[ContentPart] = [
                 OutputText(text=str(p.get("text", ""))) for p in value.get("content", ())
             ]
             items.append(MessageItem(role="assistant", content=parts, id=value.get("id")))
-        else:
+        elif kind in _OUTPUT_KINDS:
             items.append(_ITEM.validate_python(value))
     return items
