@@ -26,6 +26,7 @@ SLOW = {
     "bench_remote", "bench_scale", "bench_serving", "bench_speculative",
 }  # fmt: skip
 LLAMACPP_BUILD = os.environ.get("DRAFTGATE_LLAMACPP_BUILD")
+VLLM_ENV = os.environ.get("DRAFTGATE_VLLM_ENV")  # benchmarks.vllm_server install / convert
 
 
 def smoke(name: str, out: Path, *extra: str) -> dict[str, Any]:
@@ -115,6 +116,14 @@ def _llamacpp(result: dict[str, Any]) -> None:
     assert result["summary"]["prefill"][0]["length"] == 128
 
 
+def _vllm(result: dict[str, Any]) -> None:
+    assert result["self_test"]["state"] == "exact"
+    plain, draftgate = result["methods"]["plain"][0], result["methods"]["draftgate"][0]
+    assert plain["server_errors"] == draftgate["server_errors"] == 0
+    assert draftgate["identical"] == draftgate["answers"] == 1  # the real vLLM's own answer
+    assert draftgate["verified_remotely"] == 1
+
+
 def _models(result: dict[str, Any]) -> None:
     shape = result["shapes"]["smoke"]
     assert shape["head_is_embedding"] and shape["peak_rss_mib"] > 0 and shape["step_1row_ms"] > 0
@@ -169,6 +178,7 @@ SHAPES: dict[str, Callable[[dict[str, Any]], None]] = {
     "bench_scale": _scale,
     "bench_serving": _serving,
     "bench_speculative": _speculative,
+    "bench_vllm": _vllm,
 }
 
 
@@ -184,6 +194,15 @@ def _param(name: str) -> Any:
                 "to a --build-dir of benchmarks.bench_llamacpp",
             )
         )
+    if name == "bench_vllm":
+        marks += [
+            pytest.mark.slow,
+            pytest.mark.skipif(
+                not VLLM_ENV,
+                reason="vLLM's CPU build lives in its own environment: set DRAFTGATE_VLLM_ENV "
+                "and DRAFTGATE_VLLM_MODEL (python -m benchmarks.vllm_server install / convert)",
+            ),
+        ]
     return pytest.param(name, marks=marks, id=name)
 
 

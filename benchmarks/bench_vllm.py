@@ -1,0 +1,192 @@
+"""draftgate's drafts against a real vLLM server, beside vLLM's own speculation.
+
+    python -m benchmarks.bench_vllm --env DIR --model DIR --json OUT [--smoke]
+        [--categories code_edit] [--limit K] [--max-tokens 256] [--repeats 2]
+        [--methods plain,draftgate,ngram,suffix]
+
+``DIR``s come from ``python -m benchmarks.vllm_server install``/``convert`` (vLLM's CPU
+build in its own environment; SmolLM2-135M as float32); ``DRAFTGATE_VLLM_ENV`` and
+``DRAFTGATE_VLLM_MODEL`` give them when the options do not. Every item is asked greedily, not
+streamed, ``--repeats`` times in a row (the first time and again, so caches of the server
+and of the proposers show), of:
+
+- ``plain``: vLLM without speculation, its OpenAI chat endpoint (the reference answer);
+- ``draftgate``: the gateway in front of the same server with ``verify = "remote"`` (the
+  item's prediction and the prompt drafted by the gateway, scored by vLLM's token-in
+  endpoint), in a process of its own;
+- ``ngram`` and ``suffix``: vLLM restarted with its own n-gram prompt lookup or suffix
+  decoding (arctic-inference), 8 speculative tokens.
+
+Per method and repeat: output tokens over wall seconds (``tok_s``), answers identical to
+``plain``'s text, and 5xx answers; for ``draftgate`` also its round trips per output token
+and how many answers were verified remotely. vLLM and the gateway each run in a process of
+their own; the client runs here, one request at a time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from benchmarks import vllm_server
+from benchmarks.harness import free_port, gateway, machine, parse, workload, write_json
+
+SPECULATIVE = {
+    "ngram": {
+        "method": "ngram",
+        "num_speculative_tokens": 8,
+        "prompt_lookup_min": 2,
+        "prompt_lookup_max": 5,
+    },
+    "suffix": {"method": "suffix", "num_speculative_tokens": 8},
+}
+MODEL = vllm_server.SERVED_NAME
+SMOKE = ("--limit", "1", "--max-tokens", "16", "--repeats", "1", "--methods", "plain,draftgate")
+
+
+def _gateway_config(url: str) -> dict[str, Any]:
+    endpoint = {
+        "name": "vllm",
+        "kind": "vllm",
+        "base_url": f"{url}/v1",
+        "models": [MODEL],
+        "verify": "remote",
+        "tokenizer": MODEL,
+        "verify_check_interval_s": 0,
+        "timeout_s": 600,
+    }
+    return {"endpoints": [endpoint], "auth": False}
+
+
+def _wait_self_test(client: httpx.Client, deadline_s: float = 600) -> dict[str, Any]:
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        record = client.get("/v1/endpoints").json()["data"][0]
+        if record["remote_verify"] != "unknown":
+            return {"state": record["remote_verify"], "record": record}
+        time.sleep(0.5)  # the self-test runs in the gateway's process: polled
+    raise RuntimeError("the remote-verify self-test did not finish")
+
+
+def _ask(client: httpx.Client, body: dict[str, Any]) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    response = client.post("/v1/chat/completions", json=body)
+    seconds = time.perf_counter() - t0
+    if response.status_code >= 500:
+        return {"status": response.status_code, "seconds": seconds, "text": None, "tokens": 0}
+    response.raise_for_status()
+    payload = response.json()
+    return {
+        "status": response.status_code,
+        "seconds": seconds,
+        "text": payload["choices"][0]["message"]["content"],
+        "tokens": payload["usage"]["completion_tokens"],
+        "how": response.headers.get("x-draftgate-prediction", ""),
+        "remote": (payload.get("draftgate") or {}).get("remote") or {},
+    }
+
+
+def _bodies(args: argparse.Namespace) -> list[dict[str, Any]]:
+    categories = [c for c in (args.categories or "").split(",") if c]
+    bodies = []
+    for item in workload(args.workload, categories, limit=args.limit):
+        body: dict[str, Any] = {
+            "model": MODEL,
+            "messages": item.messages,
+            "temperature": 0,
+            "max_tokens": min(args.max_tokens, item.max_tokens or args.max_tokens),
+        }
+        if item.prediction:
+            body["prediction"] = {"type": "content", "content": item.prediction}
+        bodies.append(body)
+    return bodies
+
+
+def _vllm_body(body: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in body.items() if k != "prediction"}
+
+
+def _summary(answers: list[dict[str, Any]], reference: list[str | None]) -> dict[str, Any]:
+    tokens = sum(a["tokens"] for a in answers)
+    seconds = sum(a["seconds"] for a in answers)
+    row: dict[str, Any] = {
+        "answers": len(answers),
+        "tok_s": round(tokens / seconds, 2) if seconds else None,
+        "output_tokens": tokens,
+        "identical": sum(a["text"] == r for a, r in zip(answers, reference, strict=True)),
+        "server_errors": sum(a["status"] >= 500 for a in answers),
+    }
+    if any("how" in a and a["how"] for a in answers):
+        trips = sum(a["remote"].get("round_trips", 0) for a in answers)
+        row["verified_remotely"] = sum(a["how"] == "verified-remotely" for a in answers)
+        row["round_trips_per_token"] = round(trips / max(tokens, 1), 4)
+    return row
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    methods = [m for m in args.methods.split(",") if m]
+    bodies = _bodies(args)
+    log = Path(args.log) if args.log else None
+    result: dict[str, Any] = {"machine": machine(), "max_tokens": args.max_tokens, "methods": {}}
+    reference: list[str | None] = []
+    with vllm_server.running(args.env, args.model, free_port(), log=log) as url:
+        with httpx.Client(base_url=url, timeout=600) as vllm:
+            result["vllm_version"] = vllm.get("/version").json().get("version")
+            runs = [[_ask(vllm, _vllm_body(b)) for b in bodies] for _ in range(args.repeats)]
+        reference = [a["text"] for a in runs[0]]
+        result["methods"]["plain"] = [_summary(r, reference) for r in runs]
+        if "draftgate" in methods:
+            with gateway(_gateway_config(url)) as served:
+                client = httpx.Client(base_url=served.url, timeout=600)
+                result["self_test"] = _wait_self_test(client)
+                runs = [[_ask(client, b) for b in bodies] for _ in range(args.repeats)]
+                client.close()
+            result["methods"]["draftgate"] = [_summary(r, reference) for r in runs]
+    for method in ("ngram", "suffix"):
+        if method not in methods:
+            continue
+        config = json.dumps(SPECULATIVE[method])
+        with (
+            vllm_server.running(
+                args.env, args.model, free_port(), speculative=config, log=log
+            ) as url,
+            httpx.Client(base_url=url, timeout=600) as vllm,
+        ):
+            runs = [[_ask(vllm, _vllm_body(b)) for b in bodies] for _ in range(args.repeats)]
+        result["methods"][method] = [_summary(r, reference) for r in runs]
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--env", type=Path, default=os.environ.get("DRAFTGATE_VLLM_ENV"), help="vLLM's venv"
+    )
+    parser.add_argument(
+        "--model", type=Path, default=os.environ.get("DRAFTGATE_VLLM_MODEL"), help="HF dir"
+    )
+    parser.add_argument("--workload", default=None, help="a workload .jsonl (default: shipped)")
+    parser.add_argument("--categories", default="code_edit")
+    parser.add_argument("--limit", type=int, default=None)
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--methods", default="plain,draftgate,ngram,suffix")
+    parser.add_argument("--log", default=None, help="append vLLM's output to this file")
+    parser.add_argument("--json", required=True, help="where the result goes")
+    args = parse(parser, SMOKE, argv)
+    if args.env is None or args.model is None:
+        parser.error("--env and --model (or DRAFTGATE_VLLM_ENV, DRAFTGATE_VLLM_MODEL) are needed")
+    result = run(args)
+    write_json(args.json, result)
+    for method, rows in result["methods"].items():
+        print(method, rows)
+
+
+if __name__ == "__main__":
+    main()
