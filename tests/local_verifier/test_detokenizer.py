@@ -12,6 +12,7 @@ import pytest
 from local_verifier.gguf_file import GGUFFile
 from local_verifier.gguf_loader import read_tokenizer
 from local_verifier.loader import smollm2_path
+from local_verifier.output import OutputAssembler
 from local_verifier.tokenizer import (
     _BYTE_OF_CHAR,
     IncrementalDetokenizer,
@@ -98,3 +99,11 @@ def test_an_id_outside_the_vocabulary_is_a_typed_error(tok: Tokenizer, bad: int)
     with pytest.raises(UnknownTokenId):
         IncrementalDetokenizer(tok).push([bad])
     assert tok.decode([tok.vocab_size - 1]) is not None
+
+
+def test_the_assembler_reports_its_host_time_per_token(tok: Tokenizer) -> None:
+    """The step plan reads it as each row's host cost (``scheduler._host_seconds_per_row``)."""
+    output = OutputAssembler(tok, ["never said"], 100)
+    assert output.seconds_per_token == 0.0
+    delta = output.push(tok.encode("Hello there, world"))
+    assert delta.text and output.seconds_per_token > 0.0
