@@ -132,6 +132,7 @@ def load_model(
             f"{path}: unsupported model file; supported: a Hugging Face directory "
             "(config.json + safetensors) or a .gguf file"
         )
+    tokenizer.id_limit = max(tokenizer.vocab_size, cfg.vocab_size)
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, dev)
     if source.shape("lm_head.weight") is None:

@@ -52,6 +52,9 @@ class Tokenizer:
         self.special_tokens = dict(special_tokens or {})
         self.add_bos = add_bos
         self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
+        # ids that decode: the tokenizer's, and those of a model's padding rows past them
+        # (which decode to nothing); the loader raises it to the model's vocabulary
+        self.id_limit = self.vocab_size
         self.fingerprint = hashlib.sha256(backend.to_str().encode()).hexdigest()[:16]
         self._byte_level = isinstance(backend.decoder, decoders.ByteLevel)
         added = backend.get_added_tokens_decoder()
@@ -73,11 +76,11 @@ class Tokenizer:
         return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def check_ids(self, *ids: int) -> None:
-        """`UnknownTokenId` unless every one of ``ids`` is in the vocabulary."""
+        """`UnknownTokenId` unless every one of ``ids`` is below ``id_limit``."""
         for token_id in ids:
-            if not 0 <= token_id < self.vocab_size:
+            if not 0 <= token_id < self.id_limit:
                 raise UnknownTokenId(
-                    f"token id {token_id} is outside the vocabulary (0..{self.vocab_size - 1})"
+                    f"token id {token_id} is outside the vocabulary (0..{self.id_limit - 1})"
                 )
 
     @property

@@ -101,6 +101,20 @@ def test_an_id_outside_the_vocabulary_is_a_typed_error(tok: Tokenizer, bad: int)
     assert tok.decode([tok.vocab_size - 1]) is not None
 
 
+def test_a_models_padding_rows_decode_to_nothing(
+    tok: Tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model with more rows than its tokenizer has ids (the loader raises ``id_limit``
+    to the model's vocabulary): those ids decode to nothing; past them is an error."""
+    monkeypatch.setattr(tok, "id_limit", tok.vocab_size + 64)
+    padding = tok.vocab_size + 10
+    assert tok.decode([padding]) == "" and tok.token_bytes(padding) == b""
+    detok = IncrementalDetokenizer(tok)
+    assert detok.push(tok.encode("Hi") + [padding]) + detok.flush() == "Hi"
+    with pytest.raises(UnknownTokenId):
+        tok.decode([tok.vocab_size + 64])
+
+
 def test_the_assembler_reports_its_host_time_per_token(tok: Tokenizer) -> None:
     """The step plan reads it as each row's host cost (``scheduler._host_seconds_per_row``)."""
     output = OutputAssembler(tok, ["never said"], 100)
