@@ -7,8 +7,10 @@ Each kind gets a gateway of its own, run as ``draftgate serve`` runs it (uvicorn
 httptools, uvloop) in a child process, with one tenant key and one hosted endpoint that no
 rejected request reaches. A load generator in this process floods it over 127.0.0.1 with
 bounded loops: ``--clients`` threads, each sending ``--requests / --clients`` prebuilt
-requests one after another, reading each answer before the next, on one keep-alive
-connection (``keep_alive``) and then on a new connection per request (``new_connection``):
+requests (with the headers the openai Python SDK sends) one after another, reading each
+answer before the next, on one keep-alive connection (``keep_alive``) and then on a new
+connection per request (``new_connection``). Fewer clients cost the gateway more per
+request (each request wakes it alone), so ``--clients 1`` gives the figure of a slow flood:
 
 - ``wrong_key``, ``missing_key``: a small chat completion with an unknown key, with none;
 - ``wrong_key_get``: ``GET /v1/models`` with an unknown key (a route off the hot path);
@@ -50,10 +52,22 @@ OPEN = {"requests_per_minute": 10**9, "tokens_per_minute": 10**12}
 LIMITED = {"requests_per_minute": 1}
 
 
+# the headers the openai Python SDK sends besides its own (its clients are the usual ones)
+SDK_HEADERS = (
+    "accept: application/json\r\naccept-encoding: gzip, deflate\r\nconnection: keep-alive\r\n"
+    "user-agent: OpenAI/Python 1.99.9\r\nx-stainless-lang: python\r\n"
+    "x-stainless-package-version: 1.99.9\r\nx-stainless-os: Linux\r\n"
+    "x-stainless-arch: x64\r\nx-stainless-runtime: CPython\r\n"
+    "x-stainless-runtime-version: 3.11.7\r\nx-stainless-async: false\r\n"
+    "x-stainless-retry-count: 0\r\nx-stainless-read-timeout: 600\r\n"
+)
+
+
 def _post(path: str, body: bytes, key: str | None, length: int | None = None) -> bytes:
     auth = f"authorization: Bearer {key}\r\n" if key is not None else ""
     return (
-        f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\n{auth}content-type: application/json\r\n"
+        f"POST {path} HTTP/1.1\r\nhost: 127.0.0.1\r\n{SDK_HEADERS}{auth}"
+        "content-type: application/json\r\n"
         f"content-length: {len(body) if length is None else length}\r\n\r\n"
     ).encode() + body
 
@@ -62,8 +76,8 @@ KINDS: dict[str, tuple[bytes, dict[str, int]]] = {
     "wrong_key": (_post("/v1/chat/completions", CHAT, "wrong-key-0123456789"), OPEN),
     "missing_key": (_post("/v1/chat/completions", CHAT, None), OPEN),
     "wrong_key_get": (
-        b"GET /v1/models HTTP/1.1\r\nhost: 127.0.0.1\r\n"
-        b"authorization: Bearer wrong-key-0123456789\r\n\r\n",
+        f"GET /v1/models HTTP/1.1\r\nhost: 127.0.0.1\r\n{SDK_HEADERS}"
+        "authorization: Bearer wrong-key-0123456789\r\n\r\n".encode(),
         OPEN,
     ),
     "over_limit": (_post("/v1/chat/completions", CHAT, KEY), LIMITED),

@@ -104,6 +104,19 @@ def client_address(scope: Scope) -> str:
     return str(ipaddress.IPv6Network((address, 64), strict=False).network_address)
 
 
+class _Rendered(GatewayError):
+    """An error whose JSON body is rendered once: the door gives the same few answers to
+    every refused request."""
+
+    def __init__(self, error: GatewayError) -> None:
+        super().__init__(error.message, param=error.param, code=error.code, headers=error.headers)
+        self.status, self.type = error.status, error.type
+        self._body = error.body()
+
+    def body(self) -> bytes:
+        return self._body
+
+
 class Door:
     """Refusals the headers decide, answered before any route runs (no body read, no JSON
     parsed, no log line, no Redis call): a request without a valid key is a 401, or a 429
@@ -124,6 +137,7 @@ class Door:
         self._exempt = exempt
         self._per_minute = per_minute
         self._clients = ClientWindows(clock)
+        self._answers: dict[str, _Rendered] = {}  # message -> its answer, rendered
 
     def check(self, scope: Scope) -> GatewayError | None:
         """The error to answer instead of serving this request, or None."""
@@ -131,13 +145,18 @@ class Door:
             return None
         try:
             tenant = self._auth.tenant(scope)
-        except AuthenticationFailed as error:
+        except AuthenticationFailed as failed:
+            error: GatewayError = failed
             wait = self._clients.count(client_address(scope), self._per_minute)
-            if wait is None:
-                return error
-            retry = str(max(1, math.ceil(wait)))
-            return RateLimited(
-                f"too many requests without a valid key from this address; retry after {retry} s",
-                headers={"retry-after": retry},
-            )
+            if wait is not None:
+                retry = str(max(1, math.ceil(wait)))
+                error = RateLimited(
+                    "too many requests without a valid key from this address; "
+                    f"retry after {retry} s",
+                    headers={"retry-after": retry},
+                )
+            answer = self._answers.get(error.message)
+            if answer is None:  # a few messages: missing or invalid key, 429 per second left
+                answer = self._answers[error.message] = _Rendered(error)
+            return answer
         return self._limiter.known_refusal(tenant)

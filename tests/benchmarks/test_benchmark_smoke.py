@@ -145,6 +145,14 @@ def _fairness(result: dict[str, Any]) -> None:
     assert result["engine"]["within_pool"]
 
 
+def _rejections(result: dict[str, Any]) -> None:
+    kinds = result["kinds"]
+    assert kinds["wrong_key"]["keep_alive"]["runs"][0]["statuses"] == {"401": 40}
+    assert kinds["over_limit"]["new_connection"]["runs"][0]["statuses"] == {"429": 40}
+    for kind in kinds.values():
+        assert kind["keep_alive"]["server_cpu_us_per_request"] > 0
+
+
 def _remote(result: dict[str, Any]) -> None:
     assert result["self_test"]["state"] == "exact"
     assert len(result["categories"]) == 2
@@ -174,6 +182,7 @@ SHAPES: dict[str, Callable[[dict[str, Any]], None]] = {
     "bench_models": _models,
     "bench_lookup": _lookup,
     "bench_prefix": _prefix,
+    "bench_rejections": _rejections,
     "bench_remote": _remote,
     "bench_scale": _scale,
     "bench_serving": _serving,
