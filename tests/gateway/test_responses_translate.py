@@ -349,3 +349,44 @@ def test_the_wire_types_validate_as_the_sdk_s_own() -> None:
     adapter: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
     for event in _events(out):
         assert adapter.validate_python(event).type == event["type"]
+
+
+@pytest.mark.parametrize("size", [1, 7, 64, 100_000])
+@pytest.mark.parametrize("newline", ["\n", "\r\n"])
+async def test_a_relayed_stream_is_passed_unchanged_and_stored_before_its_last_event(
+    size: int, newline: str
+) -> None:
+    from gateway.apis.responses.native import Relayed
+
+    stream = StreamTranscoder(_response())
+    raw = stream.start() + stream.chunk({"choices": [{"index": 0, "delta": {"content": "Hi"}}]})
+    raw += stream.close() + stream.final()
+    raw = raw.replace(b"\n", newline.encode())
+    store = MemoryResponseStore(Limits(ttl_s=60, max_responses=10, max_bytes=1 << 20))
+    sent: list[bytes] = []
+    stored_when_final_went: list[bool] = []
+
+    async def send(message: Any) -> None:
+        body = message.get("body", b"")
+        if b"response.completed" in body:
+            stored_when_final_went.append(await store.get("alice", "resp_1") is not None)
+        sent.append(body)
+
+    relay = Relayed(store, "alice", parse(input="x"), [{"id": "msg_1"}], send)
+    await relay(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-type", b"text/event-stream")],
+        }
+    )
+    for start in range(0, len(raw), size):
+        more = start + size < len(raw)
+        await relay(
+            {"type": "http.response.body", "body": raw[start : start + size], "more_body": more}
+        )
+    assert b"".join(sent) == raw
+    assert stored_when_final_went == [True]
+    kept = await store.get("alice", "resp_1")
+    assert kept is not None and kept.input == [{"id": "msg_1"}]
+    assert kept.response["output"][0]["content"][0]["text"] == "Hi"
