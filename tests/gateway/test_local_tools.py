@@ -13,6 +13,7 @@ import openai
 import pytest
 
 from gateway.endpoints.local import tools
+from gateway.endpoints.local.tool_calls import CallParser
 from local_verifier.engine import Engine, GenerationRequest, GenerationStats, TextDelta
 from local_verifier.sampling import SamplingParams
 from sdk.wire import ChatCompletionRequest
@@ -228,3 +229,37 @@ def test_drafted_calls_are_plain_decodings_token_for_token(local_url: str, engin
     assert [c.function for c in fast.choices[0].message.tool_calls] == [
         c.function for c in plain.choices[0].message.tool_calls
     ]
+
+
+def test_a_template_that_renders_tools_prompts_the_engine(engine: Engine) -> None:
+    """SmolLM2's tokenizer with a Hermes-style template: the template renders the tools
+    (no preamble), and the prompt it gives yields a call of the grammar."""
+    from local_verifier.tokenizer import Tokenizer
+    from tests.gateway.test_local_tools_parse import HERMES
+
+    own = engine.tokenizer
+    hermes = Tokenizer(
+        own.backend,
+        eos_ids=own.eos_ids,
+        bos_id=own.bos_id,
+        chat_template=HERMES,
+        special_tokens=own.special_tokens,
+        add_bos=own.add_bos,
+    )
+    request = ChatCompletionRequest.model_validate(
+        {**COMMON, "messages": WEATHER, "tool_choice": "required"}
+    )
+    plan = tools.plan(request, HERMES, None)
+    assert plan is not None and plan.template
+    ids = plan.render(hermes)
+    prompt = hermes.decode(ids)
+    assert json.dumps(TOOLS[0]) in prompt and "# Tools" not in prompt
+    gen = GenerationRequest(
+        prompt_ids=ids, params=SamplingParams(temperature=0), max_tokens=48, grammar=plan.grammar
+    )
+    text = "".join(i.text for i in engine.generate(gen) if isinstance(i, TextDelta))
+    parser = CallParser()
+    parser.feed(text)
+    parser.close()
+    assert [c.name for c in parser.calls] in (["get_weather"], ["add"])
+    jsonschema_rs.validate(SCHEMAS[parser.calls[0].name], json.loads(parser.calls[0].arguments))
