@@ -102,32 +102,49 @@ class _Gateway(Starlette):
                 return
         await super().__call__(scope, receive, send)
 
+    def door_of(self, path: str) -> FrontDoor | None:
+        """The front door whose API ``path`` belongs to (its own path or one below it)."""
+        return next((d for p, d in self._doors.items() if path.startswith(p)), None)
+
     async def _send_refusal(self, scope: Scope, receive: Receive, send: Send) -> None:
         """The refusal in the shape of the API its path belongs to (OpenAI's by default)."""
-        path: str = scope["path"]
-        door = next((d for p, d in self._doors.items() if path.startswith(p)), None)
+        door = self.door_of(scope["path"])
         if door is None:
             await send_error(send, scope["draftgate.refusal"])
         else:
             await send_door_error(send, door, scope["draftgate.refusal"])
 
 
+def _error_response(request: Request, error: GatewayError) -> Response:
+    """``error`` in the shape of the API the request's path belongs to (OpenAI's by default)."""
+    door = request.app.door_of(request.url.path) if isinstance(request.app, _Gateway) else None
+    if door is None:
+        return error_response(error)
+    return Response(
+        door.error_body(error),
+        status_code=error.status,
+        media_type="application/json",
+        headers=error.headers,
+    )
+
+
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     if exc.status_code == 404:
-        return error_response(NotFound(f"no route {request.method} {request.url.path}"))
+        return _error_response(request, NotFound(f"no route {request.method} {request.url.path}"))
     if exc.status_code == 405:
-        return error_response(
-            _MethodNotAllowed(f"method {request.method} not allowed on {request.url.path}")
+        return _error_response(
+            request,
+            _MethodNotAllowed(f"method {request.method} not allowed on {request.url.path}"),
         )
     error = GatewayError(str(exc.detail))
     error.status = exc.status_code
-    return error_response(error)
+    return _error_response(request, error)
 
 
 async def _gateway_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, GatewayError)
-    return error_response(exc)
+    return _error_response(request, exc)
 
 
 async def _client_gone(request: Request, exc: Exception) -> Response:
@@ -136,7 +153,7 @@ async def _client_gone(request: Request, exc: Exception) -> Response:
 
 
 async def _server_error(request: Request, exc: Exception) -> Response:
-    return error_response(GatewayError("internal gateway error"))
+    return _error_response(request, GatewayError("internal gateway error"))
 
 
 def create_app(

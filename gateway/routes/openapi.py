@@ -17,7 +17,13 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from gateway.http.responses import json_response
-from sdk.wire import ChatCompletionRequest, CompletionRequest, DocumentIn
+from sdk.wire import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    CountTokensRequest,
+    DocumentIn,
+    MessagesRequest,
+)
 from sdk.wire.endpoints import AuditRequest
 from sdk.wire.responses import ResponsesRequest
 
@@ -37,10 +43,25 @@ _ERROR = {
         }
     },
 }
+# the Messages API's own error shape
+_ANTHROPIC_ERROR = {
+    "type": "object",
+    "required": ["type", "error"],
+    "properties": {
+        "type": {"const": "error"},
+        "error": {
+            "type": "object",
+            "required": ["type", "message"],
+            "properties": {"type": {"type": "string"}, "message": {"type": "string"}},
+        },
+    },
+}
 _BODIES: tuple[type[BaseModel], ...] = (
     ChatCompletionRequest,
     CompletionRequest,
     ResponsesRequest,
+    MessagesRequest,
+    CountTokensRequest,
     DocumentIn,
     AuditRequest,
 )
@@ -58,14 +79,18 @@ def _operation(
     media: str = "application/json",
     params: list[dict[str, Any]] | None = None,
     auth: bool = True,
+    error: str = "Error",
 ) -> dict[str, Any]:
+    described = "an Anthropic-style error" if error == "AnthropicError" else "an OpenAI-style error"
     operation: dict[str, Any] = {
         "summary": summary,
         "responses": {
             str(ok): {"description": "success", "content": {media: {}}},
             "default": {
-                "description": "an OpenAI-style error",
-                "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+                "description": described,
+                "content": {
+                    "application/json": {"schema": {"$ref": f"#/components/schemas/{error}"}}
+                },
             },
         },
     }
@@ -91,7 +116,7 @@ def openapi_document() -> dict[str, Any]:
         [(model, "validation") for model in _BODIES],
         ref_template="#/components/schemas/{model}",
     )
-    schemas = {**top.get("$defs", {}), "Error": _ERROR}
+    schemas = {**top.get("$defs", {}), "Error": _ERROR, "AnthropicError": _ANTHROPIC_ERROR}
     chat_stream = "application/json (text/event-stream when stream is true)"
     return {
         "openapi": "3.1.0",
@@ -112,6 +137,20 @@ def openapi_document() -> dict[str, Any]:
                 "post": _operation(
                     "A response (OpenAI Responses API); text/event-stream when stream is true",
                     body=ResponsesRequest,
+                )
+            },
+            "/v1/messages": {
+                "post": _operation(
+                    "A message (Anthropic Messages API); text/event-stream when stream is true",
+                    body=MessagesRequest,
+                    error="AnthropicError",
+                )
+            },
+            "/v1/messages/count_tokens": {
+                "post": _operation(
+                    "A Messages request's prompt tokens",
+                    body=CountTokensRequest,
+                    error="AnthropicError",
                 )
             },
             "/v1/responses/{response_id}": {

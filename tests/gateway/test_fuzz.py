@@ -1,5 +1,6 @@
 """Every route of the OpenAPI description, fuzzed over HTTP with schemathesis: no 500, every
-error OpenAI-shaped, no stack trace, no key (upstream or gateway) in any response."""
+error in its API's shape (Anthropic's on the Messages routes, else OpenAI's), no stack
+trace, no key (upstream or gateway) in any response."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def fuzz_url(fuzz_app: Any) -> Iterator[str]:
         yield url
 
 
-def check(response: Any) -> None:
+def check(response: Any, anthropic: bool = False) -> None:
     text = response.text
     headers = str(dict(response.headers))
     assert response.status_code != 500 and response.status_code < 600, text[:500]
@@ -44,8 +45,12 @@ def check(response: Any) -> None:
         assert secret not in text and secret not in headers
     if response.status_code >= 400:
         assert response.headers.get("content-type") == ["application/json"], text[:500]
-        error = response.json()["error"]
-        assert {"message", "type", "code"} <= set(error)
+        body = response.json()
+        error = body["error"]
+        if anthropic:
+            assert body.get("type") == "error" and set(error) == {"type", "message"}, text[:500]
+        else:
+            assert {"message", "type", "code"} <= set(error)
         assert isinstance(error["message"], str) and isinstance(error["type"], str)
         if response.status_code >= 500:
             assert response.status_code in (502, 503, 504)
@@ -55,7 +60,8 @@ def check(response: Any) -> None:
 @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 def test_fuzz_every_route(case: Any, fuzz_url: str) -> None:
     headers = dict(AUTH) if case.operation.path not in ("/healthz", "/metrics") else {}
-    check(case.call(base_url=fuzz_url, headers=headers, timeout=30))
+    response = case.call(base_url=fuzz_url, headers=headers, timeout=30)
+    check(response, anthropic=case.operation.path.startswith("/v1/messages"))
 
 
 def test_openapi_is_served_and_lists_every_route(fuzz_url: str, fuzz_app: Any) -> None:
