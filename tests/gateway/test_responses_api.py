@@ -551,3 +551,22 @@ def test_a_conversation_stored_in_redis_continues_on_an_openai_endpoint_and_back
     sent = native_standin[0].requests[-1].body
     assert [item["role"] for item in sent["input"]] == ["user", "assistant"] * 2 + ["user"]
     assert sent["input"][3]["content"][0]["text"] == NATIVE_ANSWER
+
+
+def test_text_format_json_schema_is_enforced_on_the_local_model(alice: openai.OpenAI) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"colour": {"type": "string", "enum": ["red", "green", "blue"]}},
+        "required": ["colour"],
+        "additionalProperties": False,
+    }
+    response = alice.responses.create(
+        model=LOCAL,
+        input="Pick a colour.",
+        text={"format": {"type": "json_schema", "name": "pick", "schema": schema, "strict": True}},
+        max_output_tokens=48,
+        temperature=0,
+        store=False,
+    )
+    assert response.status == "completed"
+    assert json.loads(response.output_text)["colour"] in ("red", "green", "blue")
