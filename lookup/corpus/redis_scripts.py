@@ -193,13 +193,18 @@ end
 
 # ARGV[5..]: id hash, metadata JSON (names = name hashes), text, answer flag, max docs,
 # max bytes, packed anchors (6 bytes each), captured flag, max captured docs, max captured
-# bytes. Uploaded and captured documents have caps of their own: each evicts its own kind's
-# least recently used, never the other's.
+# bytes, the anchor key they were computed with ("" when not known). Uploaded and captured
+# documents have caps of their own: each evicts its own kind's least recently used, never
+# the other's. An anchor key Redis evicted is put back from the one the anchors were
+# computed with, so the documents stored before it stay findable by content.
 PUT = (
     _PRELUDE
     + """
 stats()
 purge()
+if #ARGV[15] > 0 and redis.call('EXISTS', K_AKEY) == 0 then
+  redis.call('SET', K_AKEY, ARGV[15])
+end
 local idh, text, answer, captured = ARGV[5], ARGV[7], ARGV[8], ARGV[12] == '1'
 local max_docs, max_bytes = tonumber(ARGV[9]), tonumber(ARGV[10])
 local meta = cjson.decode(ARGV[6])

@@ -117,6 +117,7 @@ class RedisDocumentStore:
             "1" if captured else "0",
             limits.max_captured_docs,
             limits.max_captured_bytes,
+            self._anchor_keys.get(ns, (b"", 0.0))[0],
         ]
         created = await self._call(lambda: self._put(keys, args))
         return DocumentMeta(

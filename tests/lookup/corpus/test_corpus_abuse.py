@@ -174,3 +174,24 @@ async def test_documents_expiring_together_are_purged_a_batch_per_call(
     assert held == [n, n - PURGE_BATCH, n - 2 * PURGE_BATCH, n - 3 * PURGE_BATCH, 1]
     (meta,) = await corpus.list("t")
     assert meta.id == "d23" and meta.created == clock.now  # a new document, not the expired one
+
+
+@pytest.mark.redis
+async def test_an_evicted_anchor_key_is_put_back_by_the_next_upload(redis_server) -> None:
+    """Under an eviction policy Redis may drop a namespace's key: the next upload from a
+    gateway that knows it stores it again, so earlier documents stay findable by content."""
+    client = redis.Redis.from_url(redis_server.url)
+    writer = open_store(redis_server.url, prefix=PREFIX, timeout_s=5.0)
+    text = "the quick brown fox jumps over the lazy dog " * 40
+    await Corpus(writer).put("alice", "fox.txt", text)
+    akey = index_key(namespace_base(PREFIX, "alice"), "akey")
+    key = client.get(akey)
+    client.delete(akey)  # as allkeys-lru may
+    await Corpus(writer).put("alice", "other.txt", "something else entirely, at length")
+    assert client.get(akey) == key
+    reader = open_store(redis_server.url, prefix=PREFIX, timeout_s=5.0)  # another gateway
+    found = await Corpus(reader).select("alice", prompt_text=text[:600])
+    assert [d.id for d in found] == ["fox.txt"]
+    client.close()
+    await writer.aclose()
+    await reader.aclose()
