@@ -17,6 +17,10 @@ from gateway.endpoints.local.tool_calls import CallParser, Parsed
 from gateway.errors import InvalidRequest
 from local_verifier import gemma
 from local_verifier.chat_template import render_chat
+from local_verifier.gguf_file import GGUFFile
+from local_verifier.gguf_tokenizer import tokenizer_from_metadata
+from local_verifier.grammar import GrammarCompiler, JsonSchema
+from local_verifier.loader import resolve_spec
 from sdk.wire import ChatCompletionRequest
 
 WEATHER: dict[str, Any] = {
@@ -28,6 +32,18 @@ WEATHER: dict[str, Any] = {
             "type": "object",
             "properties": {"city": {"type": "string"}},
             "required": ["city"],
+        },
+    },
+}
+ADD_A: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "parameters": {
+            "type": "object",
+            "properties": {"a": {"type": "integer"}},
+            "required": ["a"],
+            "additionalProperties": False,
         },
     },
 }
@@ -251,6 +267,62 @@ def test_a_template_that_renders_tools_gets_them() -> None:
     assert json.dumps(plan.tools[0].spec()) in text
     assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}' in text
     assert "# Tools" not in text
+
+
+@pytest.fixture(scope="module")
+def compiler() -> GrammarCompiler:
+    """SmolLM2's tokenizer (from its GGUF metadata, no weights) for the grammar."""
+    path, _ = resolve_spec("smollm2-135m")
+    tokenizer = tokenizer_from_metadata(GGUFFile(path).fields.get, "llama")
+    return GrammarCompiler(tokenizer, tokenizer.vocab_size)
+
+
+CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>'
+WEATHER_CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+@pytest.mark.parametrize(
+    ("mode", "parallel", "text", "taken"),
+    [
+        ("auto", False, "Hello there.", True),
+        ("auto", False, "Let me add.\n" + CALL, True),
+        ("auto", False, CALL + "\n", True),
+        ("auto", False, "a <tool_ b </tool_call>", True),
+        ("auto", False, CALL + "\nmore text", False),  # nothing after the calls
+        ("auto", False, CALL.replace('"a"', '"b"'), False),  # not the tool's schema
+        ("auto", False, CALL + "\n" + CALL, False),  # one call unless parallel
+        ("auto", True, CALL + "\n" + WEATHER_CALL + "\n", True),
+        ("required", False, "Hello", False),
+        ("required", False, CALL, True),
+        ("required", False, CALL.replace('"name": "add", ', ""), False),  # the name first
+        ("function:add", False, WEATHER_CALL, False),
+        ("function:add", True, CALL + "\n" + CALL, False),  # a named function: one call
+    ],
+)
+def test_the_grammar_takes_exactly_the_answers_of_its_mode(
+    compiler: GrammarCompiler, mode: str, parallel: bool, text: str, taken: bool
+) -> None:
+    given = tools.tools_of([WEATHER, ADD_A])
+    named = mode.removeprefix("function:")
+    if named != mode:
+        choice = tools.Choice("required", frozenset({named}), single=True)
+    else:
+        choice = tools.Choice(mode, frozenset(t.name for t in given))
+    matcher = compiler.compile(tools.call_grammar(given, choice, parallel, None)).constraint()
+    ids = compiler.tokenizer.encode(text)
+    consumed = all(matcher.matcher.consume_token(t) for t in ids)
+    assert (consumed and matcher.matcher.is_accepting()) == taken
+
+
+def test_auto_with_a_response_format_is_its_json_or_calls(compiler: GrammarCompiler) -> None:
+    given = tools.tools_of([ADD_A])
+    choice = tools.Choice("auto", frozenset({"add"}))
+    schema = JsonSchema({"type": "object", "properties": {"x": {"type": "integer"}}})
+    grammar = compiler.compile(tools.call_grammar(given, choice, False, schema))
+    for text, taken in [('{"x": 1}', True), ("Hello", False), (CALL, True)]:
+        matcher = grammar.constraint().matcher
+        consumed = all(matcher.consume_token(t) for t in compiler.tokenizer.encode(text))
+        assert (consumed and matcher.is_accepting()) == taken, text
 
 
 def test_the_grammar_is_valid_llguidance_for_every_mode() -> None:

@@ -228,21 +228,21 @@ def call_grammar(
 
     callable_ = [t for t in tools if t.name in choice.names]
     bodies = " | ".join(lark_json(_call_schema(t)) for t in callable_)
-    sep = json.dumps(SEPARATOR)
-    # a separator may also end the calls: a model that writes one after every call (as
-    # after any closing tag) is not forced into another call by it
-    calls = f"call {sep}?" if choice.single or not parallel else f"call ({sep} call)* {sep}?"
+    sep, tag = json.dumps(SEPARATOR), json.dumps(OPEN)
+    # the calls after their first tag; a separator may also end them: a model that writes
+    # one after every call (as after any closing tag) is not forced into another call
+    rest = "body" if choice.single or not parallel else f"body ({sep} {tag} body)*"
     rules = [
-        f"calls: {calls}",
-        f"call: {json.dumps(OPEN + SEPARATOR)} ({bodies}) {json.dumps(SEPARATOR + CLOSE)}",
+        f"rest: {rest} {sep}?",
+        f"body: {sep} ({bodies}) {json.dumps(SEPARATOR + CLOSE)}",
     ]
     if choice.mode != "auto":
-        start = "start: calls"
+        start = f"start: {tag} rest"
     elif text is not None:
-        start = f"start: {lark_json(text.schema or {'type': 'object'})} | calls"
-    else:
-        start = "start: TEXT? | TEXT? calls"
-        rules.append(f"TEXT: {_TEXT}")
+        start = f"start: {lark_json(text.schema or {'type': 'object'})} | {tag} rest"
+    else:  # text without a tag, or text up to the first tag (lazy: it ends there) and calls
+        start = "start: TEXT? | opening rest"
+        rules += [f"TEXT: {_TEXT}", f"opening[lazy]: /(.|\\n)*/ {tag}"]
     return lark_grammar("\n".join([start, *rules]))
 
 
