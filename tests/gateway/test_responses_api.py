@@ -433,7 +433,7 @@ def test_an_openai_endpoint_gets_the_body_as_sent_with_its_own_key(
 def test_a_function_tool_round_on_the_local_model(alice: openai.OpenAI) -> None:
     """``tool_choice`` required: the grammar makes the model's answer one call matching
     the tool's schema; the call and its output then go back as the next turn's input."""
-    first = alice.responses.create(
+    plain = alice.responses.create(
         model=LOCAL,
         input="Read the file a.py.",
         tools=[READ_TOOL],
@@ -442,6 +442,19 @@ def test_a_function_tool_round_on_the_local_model(alice: openai.OpenAI) -> None:
         temperature=0,
         store=False,
     )
+    with alice.responses.stream(
+        model=LOCAL,
+        input="Read the file a.py.",
+        tools=[READ_TOOL],
+        tool_choice="required",
+        max_output_tokens=48,
+        temperature=0,
+        store=False,
+    ) as stream:
+        events = list(stream)
+        first = stream.get_final_response()
+    done = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert [e.arguments for e in done] == [item.arguments for item in plain.output]
     (call,) = first.output
     assert call.type == "function_call" and call.name == "read_file"
     arguments = json.loads(call.arguments)
