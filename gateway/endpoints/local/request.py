@@ -139,13 +139,19 @@ def unsupported(request: OpenAIRequest) -> str | None:
     return None
 
 
+_UNSUPPORTED_REASONS = {
+    "messages": "local models read text only (image, audio and file parts are not supported)"
+}
+
+
 def check_fields(request: OpenAIRequest) -> int:
     """The request's number of answers, after a 400 for a field the engine cannot honour
     or more than ``MAX_N`` answers."""
     field = unsupported(request)
     if field is not None:
+        reason = _UNSUPPORTED_REASONS.get(field, "not supported by local endpoints")
         raise InvalidRequest(
-            f"{field}: not supported by local endpoints",
+            f"{field}: {reason}",
             param=field,
             code="unsupported_parameter",
         )
