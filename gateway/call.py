@@ -48,6 +48,7 @@ class Call:
     timing: RequestTiming
     response_text: list[str] = field(default_factory=list)
     native: bool = False
+    tries_left: int = 0  # endpoints the route tries after the current one
 
     @property
     def openai_api(self) -> Api:

@@ -13,42 +13,25 @@ import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError
 
-from gateway.endpoints.capabilities import DEFAULT_BASE_URLS
+from gateway.provider_table import PROVIDERS
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
-EndpointKind = Literal[
-    "openai",
-    "azure",
-    "anthropic",
-    "fireworks",
-    "cerebras",
-    "mistral",
-    "vllm",
-    "sglang",
-    "trtllm",
-    "llamacpp",
-    "openai_compatible",
-    "openrouter",
-    "local",
-]
+if TYPE_CHECKING:
+    EndpointKind = str
+else:  # the table's kinds, validated (and documented in the schema) as a Literal
+    EndpointKind = Literal[tuple(PROVIDERS)]
 RoutingStrategy = Literal["least-busy", "prefix", "ordered"]
 RemoteVerify = Literal["off", "remote", "remote-approximate"]
-# kinds whose own API scores given tokens (docs/remote-verification.md)
-REMOTE_VERIFY_KINDS = frozenset({"sglang", "vllm"})
-# kinds run by a hosted provider: no active health check unless an endpoint asks for one
-HOSTED_KINDS = frozenset(
-    {"openai", "azure", "anthropic", "fireworks", "cerebras", "mistral", "openrouter"}
-)
 
 DEFAULT_LOCAL_MODEL = "smollm2-135m"
 DEFAULT_CONFIG_FILE = "draftgate.toml"
@@ -169,25 +152,29 @@ class EndpointConfig(_Strict):
 
     @model_validator(mode="after")
     def _kind_needs(self) -> EndpointConfig:
-        if self.kind == "local":
+        provider = PROVIDERS[self.kind]
+        if provider.in_process:
             if self.model is None and self.base_url is None:
-                raise ValueError("a local endpoint needs `model` (path or alias of the target)")
+                raise ValueError(
+                    f"a {self.kind} endpoint needs `model` (path or alias of the target)"
+                )
             if not self.models:
                 object.__setattr__(self, "models", (ModelEntry(name=self.model or self.name),))
         elif self.base_url is None:
-            default = DEFAULT_BASE_URLS.get(self.kind)
-            if default is None:
+            if provider.base_url is None:
                 raise ValueError(f"endpoint kind {self.kind!r} needs `base_url`")
-            object.__setattr__(self, "base_url", default)
+            object.__setattr__(self, "base_url", provider.base_url)
         if (self.max_tokens_default or 0) > self.max_tokens_cap:
             raise ValueError("`max_tokens_default` must not exceed `max_tokens_cap`")
         if self.verify != "off":
-            if self.kind not in REMOTE_VERIFY_KINDS:
-                raise ValueError("`verify` needs an sglang or vllm endpoint")
+            if not provider.verify:
+                kinds = " or ".join(k for k, p in PROVIDERS.items() if p.verify)
+                raise ValueError(f"`verify` needs an endpoint of kind {kinds}")
             if not self.tokenizer:
                 raise ValueError("`verify` needs `tokenizer` (the served model's tokenizer)")
-        if self.kind == "azure" and not self.api_version:
-            raise ValueError("an azure endpoint needs `api_version`")
+        for name in provider.needs:
+            if not getattr(self, name):
+                raise ValueError(f"an endpoint of kind {self.kind!r} needs `{name}`")
         if not self.models:
             raise ValueError("`models` must list at least one model name")
         names = self.client_names()
@@ -199,7 +186,7 @@ class EndpointConfig(_Strict):
         """The most tokens one answer may generate here: ``requested`` (or the default when
         absent) within the cap, on local endpoints and remotely verified ones; another
         remote endpoint bounds nothing (0 when absent)."""
-        if self.kind != "local" and self.verify == "off":
+        if not PROVIDERS[self.kind].in_process and self.verify == "off":
             return requested or 0
         return min(requested or self.max_tokens_default or self.max_tokens_cap, self.max_tokens_cap)
 
@@ -214,7 +201,7 @@ class EndpointConfig(_Strict):
             return False
         if self.health_check is not None:
             return self.health_check
-        return self.kind not in HOSTED_KINDS
+        return not PROVIDERS[self.kind].hosted
 
     def upstream_model(self, client_name: str) -> str:
         """The provider's model name for a name clients send."""

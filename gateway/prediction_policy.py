@@ -19,9 +19,9 @@ from urllib.parse import unquote
 import numpy as np
 import orjson
 
-from gateway.endpoints.capabilities import Capability
 from gateway.errors import InvalidRequest
 from gateway.http.validation import VECTOR_BYTES
+from gateway.provider_table import Capability
 from sdk.wire import ChatCompletionRequest, CompletionRequest
 
 PASSED = "passed"

@@ -1,6 +1,6 @@
-"""Everything a running gateway holds: settings, auth, routes, upstream clients, local
-engines, the document corpus, telemetry, the speculation records and the balancer. Built by ``create_app``; started and closed
-by the app's lifespan."""
+"""Everything a running gateway holds: settings, auth, routes, the endpoints (one mapping,
+every kind), the document corpus, telemetry, the speculation records and the balancer.
+Built by ``create_app``; started and closed by the app's lifespan."""
 
 from __future__ import annotations
 
@@ -18,11 +18,15 @@ from starlette.types import Scope
 from gateway.auth import Authenticator
 from gateway.call import Call
 from gateway.config import EndpointConfig, Settings
+from gateway.endpoints.endpoint import Endpoint
+from gateway.endpoints.hosted.endpoint import HostedEndpoint
 from gateway.endpoints.hosted.upstream import Upstream
 from gateway.endpoints.local.endpoint import LocalEndpoint
 from gateway.endpoints.remote.endpoint import RemoteEndpoint
 from gateway.endpoints.remote.selftest import SelfTest
+from gateway.endpoints.verifying import VerifyingEndpoint
 from gateway.limits import open_limiter
+from gateway.provider_table import PROVIDERS
 from gateway.records.evidence import make
 from gateway.records.service import Records
 from gateway.records.store import open_record_store
@@ -31,13 +35,9 @@ from gateway.routing.checks import HealthChecks
 from gateway.routing.health import Clock
 from gateway.routing.metrics import ReplicaCollector
 from gateway.telemetry import Telemetry
-from lookup.corpus import Corpus, CorpusError, open_store
+from lookup.corpus import Corpus, open_store
 
 log = logging.getLogger(__name__)
-
-
-def _in_process(endpoint: EndpointConfig) -> bool:
-    return endpoint.kind == "local" and endpoint.base_url is None
 
 
 class Runtime:
@@ -75,24 +75,9 @@ class Runtime:
             timeout_s=settings.redis.timeout_s,
         )
         self.records = Records(settings.endpoints, self.telemetry.store)
-        self.upstreams: dict[str, Upstream] = {}
-        self.local: dict[str, LocalEndpoint] = {}
-        self.remote: dict[str, RemoteEndpoint] = {}  # sglang/vllm endpoints with `verify`
-        for endpoint in settings.endpoints:
-            if _in_process(endpoint):
-                self.local[endpoint.name] = LocalEndpoint(
-                    endpoint,
-                    self.corpus,
-                    recent=settings.documents.recent,
-                    engine=(engines or {}).get(endpoint.name),
-                    weights={key.tenant: key.weight for key in settings.keys},
-                )
-            else:
-                self.upstreams[endpoint.name] = Upstream(endpoint, env, transport)
-            if endpoint.verify != "off":
-                self.remote[endpoint.name] = RemoteEndpoint(
-                    endpoint, self.corpus, env, recent=settings.documents.recent
-                )
+        self.endpoints: dict[str, Endpoint] = {
+            e.name: self._endpoint(e, env, transport, engines or {}) for e in settings.endpoints
+        }
         self.balancer = Balancer(
             settings.routing,
             settings.endpoints,
@@ -103,16 +88,65 @@ class Runtime:
         self.telemetry.registry.register(ReplicaCollector(self.balancer))
         self._checking: asyncio.Task[None] | None = None
 
+    def _endpoint(
+        self,
+        config: EndpointConfig,
+        env: Mapping[str, str],
+        transport: httpx.AsyncBaseTransport | None,
+        engines: Mapping[str, Any],
+    ) -> Endpoint:
+        """The endpoint object serving ``config``."""
+        settings = self.settings
+        if PROVIDERS[config.kind].in_process and config.base_url is None:
+            return LocalEndpoint(
+                config,
+                self.corpus,
+                recent=settings.documents.recent,
+                engine=engines.get(config.name),
+                weights={key.tenant: key.weight for key in settings.keys},
+            )
+        relay = HostedEndpoint(
+            config,
+            env,
+            self.corpus,
+            transport=transport,
+            max_response_bytes=settings.max_response_bytes,
+            capture=settings.capture,
+        )
+        if config.verify == "off":
+            return relay
+        remote = RemoteEndpoint(config, self.corpus, env, recent=settings.documents.recent)
+        return VerifyingEndpoint(remote, relay, self._remote_self_test)
+
+    @property
+    def local(self) -> dict[str, LocalEndpoint]:
+        """The in-process endpoints (a view of :attr:`endpoints`)."""
+        return {n: e for n, e in self.endpoints.items() if isinstance(e, LocalEndpoint)}
+
+    @property
+    def upstreams(self) -> dict[str, Upstream]:
+        """The HTTP upstreams of the endpoints reached over HTTP (a view of :attr:`endpoints`)."""
+        found = {}
+        for name, endpoint in self.endpoints.items():
+            if isinstance(endpoint, VerifyingEndpoint):
+                endpoint = endpoint.relay
+            if isinstance(endpoint, HostedEndpoint):
+                found[name] = endpoint.upstream
+        return found
+
+    @property
+    def remote(self) -> dict[str, RemoteEndpoint]:
+        """The remote verifiers of ``verify`` endpoints (a view of :attr:`endpoints`)."""
+        return {n: e.remote for n, e in self.endpoints.items() if isinstance(e, VerifyingEndpoint)}
+
     def model_names(self) -> list[str]:
         """Every model name clients may send, in configuration order."""
         return list(self.routes)
 
     async def start(self) -> None:
         """Start loading local models (queued first on their worker threads)."""
-        for local in self.local.values():
-            local.start()
-        for remote in self.remote.values():
-            remote.start(self._remote_self_test)
+        for endpoint in self.endpoints.values():
+            endpoint.start()
         interval = self.settings.routing.health_check_interval_s
         if interval > 0 and self.health_checks.upstreams:
             self._checking = asyncio.create_task(
@@ -131,12 +165,8 @@ class Runtime:
             self._checking.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._checking
-        for upstream in self.upstreams.values():
-            await upstream.aclose()
-        for remote in self.remote.values():
-            await remote.aclose()
-        for local in self.local.values():
-            local.close()
+        for endpoint in self.endpoints.values():
+            await endpoint.aclose()
         await self.corpus.aclose()
         await self.limiter.aclose()
 
@@ -153,19 +183,6 @@ class Runtime:
                 feature="remote_verify",
             ),
         )
-
-    async def document_text(self, tenant: str, ids: list[str]) -> tuple[str | None, str]:
-        """The named documents' text joined (for a synthesized prediction), or ``None``
-        and the reason (``no-document`` / ``store-unavailable``)."""
-        try:
-            docs = await self.corpus.select(tenant, ids=ids)
-        except CorpusError:
-            return None, "store-unavailable"
-        wanted = set(ids)
-        texts = [d.text for d in docs if d.id in wanted]
-        if not texts:
-            return None, "no-document"
-        return "\n".join(texts), ""
 
     async def capture(self, call: Call) -> None:
         """Store the answer and the request's code blocks in the tenant's namespace after

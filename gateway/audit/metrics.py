@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
 from gateway.audit.client import RequestRecord
+from gateway.stats import percentile
 from sdk.wire.audits import (
     Acceptance,
     Distribution,
@@ -41,14 +41,6 @@ FORMULAS: dict[str, str] = {
     "preemptions": "answers preempted at least once, and sum(preemptions), endpoint-reported",
     "percentiles": "nearest rank: the ceil(q/100 * n)-th smallest of n samples",
 }
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """Nearest-rank percentile: the ceil(q/100 * n)-th smallest value."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[max(1, math.ceil(q / 100 * len(ordered))) - 1]
 
 
 def distribution(values: Sequence[float]) -> Distribution:

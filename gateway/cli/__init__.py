@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import typer
 
+from gateway.cli.audit import audit_command
 from gateway.cli.documents import documents_app, index_command
-from gateway.cli.records import audit_command, endpoints_command
+from gateway.cli.endpoints import endpoints_command
 from gateway.cli.serve import serve_command, verifier_command
 from sdk import __version__
 

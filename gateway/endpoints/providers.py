@@ -1,4 +1,5 @@
-"""Provider adapters: request URL and credential headers for each endpoint kind.
+"""Provider adapters: an endpoint's request URL and credential headers, from its kind's
+row of the provider table (:mod:`gateway.provider_table`).
 
 Credentials come only from the gateway's environment (``api_key_env``).
 """
@@ -6,9 +7,9 @@ Credentials come only from the gateway's environment (``api_key_env``).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from urllib.parse import quote
 
 from gateway.config import ConfigError, EndpointConfig
+from gateway.provider_table import PROVIDERS
 
 
 class MissingCredential(ConfigError):
@@ -16,10 +17,11 @@ class MissingCredential(ConfigError):
 
 
 class Adapter:
-    """OpenAI-style provider: ``{base_url}/{path}`` and ``Authorization: Bearer``."""
+    """The URL of an API path and the headers every request carries, for one endpoint."""
 
     def __init__(self, config: EndpointConfig, environ: Mapping[str, str]) -> None:
         self.config = config
+        self.provider = PROVIDERS[config.kind]
         self.base_url = (config.base_url or "").rstrip("/")
         self.api_key: str | None = None
         if config.api_key_env:
@@ -31,45 +33,18 @@ class Adapter:
                 )
 
     def url(self, path: str, upstream_model: str) -> str:
-        """The URL for an OpenAI path such as ``chat/completions``."""
-        return f"{self.base_url}/{path}"
+        """The URL for an API path such as ``chat/completions``."""
+        return self.provider.url(self.base_url, path, upstream_model, self.config)
 
     def auth_headers(self) -> list[tuple[bytes, bytes]]:
-        if self.api_key is None:
-            return []
-        return [(b"authorization", f"Bearer {self.api_key}".encode())]
-
-
-class AzureAdapter(Adapter):
-    """Azure OpenAI: deployment in the URL, ``api-version`` query, ``api-key`` header."""
-
-    def url(self, path: str, upstream_model: str) -> str:
-        deployment = quote(self.config.deployment or upstream_model, safe="")
-        version = quote(self.config.api_version or "", safe="")
-        return f"{self.base_url}/openai/deployments/{deployment}/{path}?api-version={version}"
-
-    def auth_headers(self) -> list[tuple[bytes, bytes]]:
-        if self.api_key is None:
-            return []
-        return [(b"api-key", self.api_key.encode())]
-
-
-class AnthropicAdapter(Adapter):
-    """Anthropic: ``{base_url}/{path}``, ``x-api-key`` and the ``anthropic-version`` header."""
-
-    VERSION = b"2023-06-01"
-
-    def auth_headers(self) -> list[tuple[bytes, bytes]]:
-        headers = [(b"anthropic-version", self.VERSION)]
+        """The kind's fixed headers and the key (none without ``api_key_env``)."""
+        headers = list(self.provider.headers)
         if self.api_key is not None:
-            headers.append((b"x-api-key", self.api_key.encode()))
+            provider = self.provider
+            headers.append((provider.key_header, provider.key_prefix + self.api_key.encode()))
         return headers
 
 
 def adapter_for(config: EndpointConfig, environ: Mapping[str, str]) -> Adapter:
-    """The adapter for an endpoint's kind."""
-    if config.kind == "azure":
-        return AzureAdapter(config, environ)
-    if config.kind == "anthropic":
-        return AnthropicAdapter(config, environ)
+    """The adapter for an endpoint."""
     return Adapter(config, environ)

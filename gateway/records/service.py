@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 import httpx
 
+from gateway.provider_table import PROVIDERS
 from gateway.records.evidence import verdict
 from gateway.records.probes import probe_engine, probe_usage
 from gateway.records.store import RecordStore
@@ -16,8 +17,6 @@ from gateway.records.table import documented_for
 from gateway.records.traffic import latency
 from sdk.wire.endpoints import EndpointRecord
 from sdk.wire.evidence import Evidence
-
-ENGINE_KINDS = {"vllm", "sglang", "trtllm", "llamacpp"}
 
 
 class EndpointLike(Protocol):
@@ -124,7 +123,7 @@ class Records:
     ) -> None:
         models = model_names(e)
         found: list[Evidence] = []
-        if e.kind in ENGINE_KINDS and e.base_url:
+        if PROVIDERS[e.kind].engine and e.base_url:
             previous = next(
                 (
                     ev

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import time
 
-from gateway.audit.metrics import percentile
 from gateway.records.evidence import make
 from gateway.records.store import WINDOW_S, RecordStore, Sample
+from gateway.stats import percentile
 from sdk.wire.endpoints import LatencySummary
 
 PASSIVE_EVIDENCE_EVERY_S = 60.0

@@ -2,31 +2,27 @@
 ASGI app.
 
 Per request: authenticate, read the body (bounded), parse it with the door into the
-internal request, apply the limits, route by model, then try the model's endpoints in the order the balancer plans
-(:mod:`gateway.routing.balancer`); a failure before the first byte moves to the next. An
-HTTP upstream's answer is forwarded as it arrives; a local endpoint runs the engine.
-Nothing is retried or failed over once the first byte went to the client.
+internal request, apply the limits, route by model, then hand the request to the model's
+endpoints (:mod:`gateway.endpoints.endpoint`) in the order the balancer plans
+(:mod:`gateway.routing.balancer`); one that cannot answer before its first byte passes it
+to the next. Nothing is retried or failed over once the first byte went to the client.
+No upstream is talked to here: that is the endpoints' job.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from typing import TYPE_CHECKING, Any
 
-import httpx
 from starlette.types import Receive, Scope, Send
 
 from gateway import prediction_policy
-from gateway.call import API_PATHS, Call, apply_usage
+from gateway.call import Call
 from gateway.config import EndpointConfig
-from gateway.endpoints.capabilities import CAPABILITIES
-from gateway.endpoints.hosted.upstream import UpstreamFailure
-from gateway.endpoints.remote.endpoint import REMOTE_VERIFY_HEADER
+from gateway.endpoints.endpoint import Unavailable
 from gateway.errors import GatewayError, InvalidJSON, ModelNotFound, UpstreamError
 from gateway.front_door import Continuing, FrontDoor, answer_send
 from gateway.http.asgi import (
-    ENDPOINT_HEADER,
     JSON,
     PREDICTION_HEADER,
     ClientDisconnected,
@@ -36,9 +32,7 @@ from gateway.http.asgi import (
     read_body,
     run_until_disconnect,
     send_body,
-    send_error,
 )
-from gateway.http.sse import SSE_HEADERS, EventTooLarge, StreamRelay, error_event
 from gateway.http.validation import parse_json_async
 from gateway.limits import Lease, prompt_tokens
 from gateway.routing.key import SESSION_HEADER, routing_key
@@ -192,235 +186,41 @@ class CompletionsRoute:
         client_send: Send,
         session: bytes | None,
     ) -> None:
-        """Try the endpoints in the balancer's order; ``send`` is the door's answer send,
-        ``client_send`` answers the gateway's own error when no endpoint could."""
-        balancer = self.runtime.balancer
+        """Hand ``call`` to the endpoints in the balancer's order until one answers;
+        ``send`` is the door's answer send, ``client_send`` answers the gateway's own error
+        when none could."""
+        runtime = self.runtime
+        balancer = runtime.balancer
         key = None
         if balancer.strategy_for(call.request.model) == "prefix":
             key = routing_key(call, session, balancer.config.prefix_chars)
         plan = balancer.plan(call.request.model, endpoints, key)
-        failure: UpstreamFailure | None = None
-        failed_endpoint = endpoints[0].name
-        for index, (endpoint, admitted) in enumerate(plan):
-            replica = balancer.replicas[endpoint.name]
+        error: GatewayError | None = None
+        for index, (config, admitted) in enumerate(plan):
+            replica = balancer.replicas[config.name]
             if admitted and not replica.health.acquire():
                 continue  # its half-open trial went to another request meanwhile
-            call.timing.endpoint = endpoint.name
-            with balancer.attempt(endpoint.name) as attempt:
-                local = self.runtime.local.get(endpoint.name)
-                if local is not None:
-                    await local.serve(call, send)
-                    return
-                remote = self.runtime.remote.get(endpoint.name)
-                passthrough = None if remote is None else await remote.serve(call, send)
-                if remote is not None and passthrough is None:
-                    return
-                upstream = self.runtime.upstreams[endpoint.name]
-                native = call.api in CAPABILITIES[endpoint.kind].native_apis
-                decision, body = await self._prepare(call, endpoint, native)
-                call.timing.prediction_status = decision.status
-                t0 = time.perf_counter()
+            call.timing.endpoint = config.name
+            call.tries_left = len(plan) - 1 - index
+            with balancer.attempt(config.name) as attempt:
                 try:
-                    response = await upstream.open(
-                        API_PATHS[call.api if native else call.openai_api],
-                        body,
-                        endpoint.upstream_model(call.request.model),
-                        call.forward_headers,
-                        retry=index == len(plan) - 1,
-                    )
-                except UpstreamFailure as exc:
-                    if exc.client_fault:
-                        await self._fail(call, send, exc.to_error(endpoint.name), decision.status)
-                        return
+                    served = await runtime.endpoints[config.name].serve(call, send)
+                except Unavailable as exc:
                     if exc.endpoint_fault:
                         attempt.failed()
-                    failure, failed_endpoint = exc, endpoint.name
+                    error = exc.error
                     continue
-                finally:
-                    call.wait.seconds += time.perf_counter() - t0
-                call.timing.t_first_byte = time.perf_counter()
-                call.native = native
-                headers: Headers = [
-                    (PREDICTION_HEADER, decision.status.encode()),
-                    (ENDPOINT_HEADER, endpoint.name.encode()),
-                ]
-                if passthrough is not None:
-                    headers.append((REMOTE_VERIFY_HEADER, b"passthrough:" + passthrough.encode()))
-                if call.request.stream:
-                    await self._relay_stream(call, response, send, headers)
-                else:
-                    await self._relay_body(call, response, send, headers)
-                if call.timing.error is None:
-                    attempt.succeeded(time.perf_counter() - t0)
-                else:
-                    attempt.failed()
+                if served is not None:
+                    if served.healthy:
+                        attempt.succeeded(served.latency_s)
+                    else:
+                        attempt.failed()
                 return
-        if failure is None:  # every endpoint was skipped: none admitted this request
-            failure = UpstreamFailure("no endpoint is available")
-        error = failure.to_error(failed_endpoint)
+        if error is None:  # every endpoint was skipped: none admitted this request
+            error = UpstreamError(
+                f"endpoint {endpoints[0].name!r} failed: no endpoint is available"
+            )
         call.timing.status = error.status
         call.timing.error = error.message
         status = call.timing.prediction_status.encode()
         await send_door_error(client_send, self.door, error, [(PREDICTION_HEADER, status)])
-
-    async def _prepare(
-        self, call: Call, endpoint: EndpointConfig, native: bool
-    ) -> tuple[prediction_policy.Decision, bytes]:
-        upstream_model = endpoint.upstream_model(call.request.model)
-        if native:  # the client's own API: only the model is renamed
-            body = prediction_policy.upstream_body(
-                call.raw,
-                call.data,
-                upstream_model=upstream_model,
-                strip_prediction=False,
-                prediction_text=None,
-            )
-            return prediction_policy.Decision(prediction_policy.NONE), body
-        raw, data = call.openai_body()
-        decision = prediction_policy.decide(
-            call.request,
-            CAPABILITIES[endpoint.kind],
-            upstream_model=upstream_model,
-            doc_ids=call.doc_ids,
-            accepts_override=endpoint.accepts_prediction,
-            api_version=endpoint.api_version,
-        )
-        prediction_text = None
-        if decision.synthesize:
-            prediction_text, missing = await self.runtime.document_text(call.tenant, call.doc_ids)
-            if prediction_text is None:
-                decision = prediction_policy.Decision(prediction_policy.dropped(missing))
-        body = prediction_policy.upstream_body(
-            raw,
-            data,
-            upstream_model=upstream_model,
-            strip_prediction=decision.strip_prediction,
-            prediction_text=prediction_text,
-        )
-        return decision, body
-
-    async def _fail(self, call: Call, send: Send, error: GatewayError, status: str) -> None:
-        call.timing.status = error.status
-        call.timing.error = error.message
-        await send_error(send, error, [(PREDICTION_HEADER, status.encode())])
-
-    async def _relay_body(
-        self, call: Call, response: httpx.Response, send: Send, headers: Headers
-    ) -> None:
-        t0 = time.perf_counter()
-        limit = self.runtime.settings.max_response_bytes
-        try:
-            body = await _read_capped(response, limit)
-        except ResponseTooLarge:
-            await self._fail(
-                call,
-                send,
-                UpstreamError(f"upstream answer is over {limit} bytes", code="response_too_large"),
-                call.timing.prediction_status,
-            )
-            return
-        except httpx.TimeoutException:
-            await self._fail(
-                call,
-                send,
-                UpstreamError("upstream timed out sending the body", code="gateway_timeout"),
-                call.timing.prediction_status,
-            )
-            return
-        except httpx.HTTPError as exc:
-            await self._fail(
-                call,
-                send,
-                UpstreamError(f"upstream body interrupted: {type(exc).__name__}"),
-                call.timing.prediction_status,
-            )
-            return
-        finally:
-            await response.aclose()
-            call.wait.seconds += time.perf_counter() - t0
-        content_type = response.headers.get("content-type", "application/json").encode()
-        call.timing.status = response.status_code
-        await send_body(
-            send, response.status_code, body, [(b"content-type", content_type), *headers]
-        )
-        now = time.perf_counter()
-        call.timing.t_first_content = call.timing.t_end = now
-        try:
-            payload = json.loads(body)
-        except ValueError:
-            return
-        if isinstance(payload, dict):
-            apply_usage(call.timing, payload.get("usage"))
-            if self.runtime.settings.capture:
-                call.response_text = _texts(payload)
-
-    async def _relay_stream(
-        self, call: Call, response: httpx.Response, send: Send, headers: Headers
-    ) -> None:
-        await send(
-            {"type": "http.response.start", "status": 200, "headers": [*SSE_HEADERS, *headers]}
-        )
-        relay = StreamRelay(call.timing, keep_text=self.runtime.settings.capture)
-        problem: str | None = None
-        # the transport's byte stream itself: ``aiter_raw`` re-chunks and wraps every chunk
-        stream = response.stream
-        assert isinstance(stream, httpx.AsyncByteStream)
-        try:
-            async for chunk in stream:
-                ready = relay.feed(chunk)
-                if ready:
-                    await send({"type": "http.response.body", "body": ready, "more_body": True})
-                    relay.observe(ready)
-            # a native stream (Messages, Responses) has no [DONE]: its end is the close
-            if not relay.done and not call.native:
-                problem = "upstream stream ended before [DONE]"
-        except EventTooLarge as exc:
-            problem = str(exc)
-        except httpx.TimeoutException:
-            problem = "upstream timed out mid-stream"
-        except httpx.HTTPError as exc:
-            problem = f"upstream stream interrupted: {type(exc).__name__}"
-        finally:
-            await response.aclose()
-        call.timing.t_end = time.perf_counter()
-        apply_usage(call.timing, relay.usage)
-        if problem is not None:
-            call.timing.status = 502
-            call.timing.error = problem
-            await send(
-                {"type": "http.response.body", "body": error_event(problem), "more_body": True}
-            )
-        elif relay.text is not None:
-            call.response_text = ["".join(relay.text)]
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-
-class ResponseTooLarge(Exception):
-    """An upstream answer is longer than the gateway will hold."""
-
-
-async def _read_capped(response: httpx.Response, limit: int) -> bytes:
-    """The whole body of ``response``; :class:`ResponseTooLarge` past ``limit`` bytes."""
-    declared = response.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise ResponseTooLarge
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in response.aiter_bytes():
-        size += len(chunk)
-        if size > limit:
-            raise ResponseTooLarge
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _texts(payload: dict[str, Any]) -> list[str]:
-    texts = []
-    for choice in payload.get("choices") or ():
-        if not isinstance(choice, dict):
-            continue
-        message = choice.get("message")
-        text = message.get("content") if isinstance(message, dict) else choice.get("text")
-        if isinstance(text, str) and text:
-            texts.append(text)
-    return texts

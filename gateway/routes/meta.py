@@ -8,18 +8,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from gateway.config import EndpointConfig
-from gateway.endpoints.local.request import capabilities as local_capabilities
 from gateway.http.responses import json_response
 from gateway.runtime import Runtime
-
-
-def _local_entry(endpoint: EndpointConfig) -> dict[str, Any]:
-    """A local model's ``/v1/models`` extras: what it honours and its answer length bounds."""
-    return local_capabilities() | {
-        "max_tokens_default": endpoint.answer_tokens(None),
-        "max_tokens_cap": endpoint.max_tokens_cap,
-    }
 
 
 def meta_routes(runtime: Runtime) -> list[Route]:
@@ -27,12 +17,14 @@ def meta_routes(runtime: Runtime) -> list[Route]:
 
     async def models(request: Request) -> Response:
         runtime.auth.tenant(request.scope)
-        local = {
-            n: e for e in runtime.settings.endpoints if e.kind == "local" for n in e.client_names()
-        }
+        extras: dict[str, dict[str, Any]] = {}  # model name -> what its endpoint says it honours
+        for endpoint in runtime.endpoints.values():
+            said = endpoint.capabilities()
+            if said:
+                extras.update((name, said) for name in endpoint.config.client_names())
         data = [
             {"id": name, "object": "model", "created": 0, "owned_by": "draftgate"}
-            | ({"draftgate": _local_entry(local[name])} if name in local else {})
+            | ({"draftgate": extras[name]} if name in extras else {})
             for name in runtime.model_names()
         ]
         return json_response({"object": "list", "data": data})

@@ -1,9 +1,9 @@
 """Which grammar engine should structured output use? Set-up, compile, per-token mask, fork
 and rollback of each on SmolLM2's tokenizer.
 
-    python tools/grammar_engines.py llguidance [--json out.json]
-    python tools/grammar_engines.py xgrammar      # needs xgrammar installed
-    python tools/grammar_engines.py outlines-core # needs outlines-core installed
+    python -m benchmarks.bench_grammar_engines llguidance [--json out.json]
+    python -m benchmarks.bench_grammar_engines xgrammar      # needs xgrammar installed
+    python -m benchmarks.bench_grammar_engines outlines-core # needs outlines-core installed
 
 How docs/structured-output.md chose the engine. One engine per process (import time and
 peak memory are its own). A valid answer (the ``json`` workload's packages, 110 tokens)
@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from gguf import GGUFReader
 
+from benchmarks.harness import parse, write_json
 from local_verifier.gguf_loader import read_tokenizer
 from local_verifier.loader import smollm2_path
 
@@ -182,7 +183,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("engine", choices=sorted(ENGINES))
     parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args()
+    args = parse(parser, ["llguidance"])  # one engine's walks take seconds
     reader = GGUFReader(str(smollm2_path()))
     tokenizer = read_tokenizer(reader)
     tokens = [str(t) for t in reader.fields["tokenizer.ggml.tokens"].contents()]
@@ -201,7 +202,7 @@ def main() -> None:
     }
     print(json.dumps(result, indent=1))
     if args.json:
-        args.json.write_text(json.dumps(result, indent=1))
+        write_json(args.json, result)
 
 
 if __name__ == "__main__":
