@@ -1,23 +1,43 @@
 """An honest tenant alone, then beside an abusive one, on the embedded default engine: does
-the engine share itself fairly?
+the engine share itself fairly, whatever the abuser sends?
 
-    python -m benchmarks.bench_fairness --json OUT [--requests 4] [--max-tokens 128]
-                                        [--abusers 5] [--smoke]
+    python -m benchmarks.bench_fairness --json OUT [--abusers NAME,...] [--runs 3]
+                                        [--requests 4] [--max-tokens 128]
+                                        [--abuser-clients 5] [--smoke]
 
 ``draftgate serve`` (the embedded SmolLM2, two tenant keys and an admin key) serves an
 honest tenant: two clients, each streaming ``--requests`` chat completions of the
 project's workload one after another (greedy, ``--max-tokens`` tokens). Once untimed (so
-both timed phases find the prompts in the prefix cache), then alone; then
-while ``--abusers`` clients of another tenant send, in a loop, the worst requests they
-may: ``n = 16``, no ``max_tokens`` (the endpoint's default), end of text banned, a
-``logit_bias`` over the whole vocabulary, and the longest prediction the context allows.
+every timed phase finds the prompts in the prefix cache); then, in each of ``--runs``
+runs, the honest tenant alone, and beside each abuser of ``--abusers`` in turn:
+``--abuser-clients`` clients of another tenant sending its requests in a loop (a refused
+one is asked again 0.2 s later). The abusers (``n = 16``, no ``max_tokens``, end of text
+banned, unless said otherwise):
 
-Reported per phase: the honest TTFT and end-to-end percentiles, its errors, whether every
-honest answer equals its answer alone (greedy, batch-invariant: it must), what the
-abuser got back (answers, 429s, 503s), the engine's preemptions and its KV peak against
-its pool; and the median over honest requests of each one's end-to-end time beside the
-abuser over its time alone. Goals: honest TTFT p99 and e2e p50 within 2x of alone, no honest error, the
-same honest text, the abuser throttled rather than served at the honest tenant's expense.
+- ``sampled_resend``: temperature 0.8, not streamed, the client hangs up after
+  ``--hang-up-s`` and sends it again; ``greedy_resend``: the same, greedy;
+  ``sampled_stream_resend``: sampled, streamed, hangs up likewise;
+- ``sampled_wait``: sampled, not streamed, the client waits for the answer;
+  ``sampled_n1``: the same with ``n = 1``;
+- ``vocab_bias``: a ``logit_bias`` over the whole vocabulary and the longest prediction
+  the context allows, streamed;
+- ``long_drafts``: greedy repetitive text with a prediction of that text (long accepted
+  drafts: many rows a step);
+- ``long_prompts``: ``n = 1`` prompts of ``--long-prompt-tokens`` tokens of source code,
+  16 tokens each;
+- ``many_stops``: sampled, with the most stop strings a request may carry, each of the
+  longest length, that the text keeps almost matching;
+- ``grammars``: sampled, with a JSON schema of many properties (a grammar mask each row).
+
+Reported per abuser and run: the honest TTFT and end-to-end percentiles beside it, the
+ratios to the run's alone phase (e2e p50, TTFT p99, and the median over honest requests of
+each one's e2e beside over alone), honest errors, whether every honest answer equals its
+answer alone (greedy, batch-invariant: it must), what the abuser got back (answers, 429s,
+hang-ups), the CPU seconds this process (the load generator: honest clients and abusers)
+and the gateway process used in the phase; per abuser over the runs, each ratio's median
+and its spread (min, max). Then the engine's preemptions and its KV peak against its
+pool. Goals: honest TTFT p99 and e2e p50 within 2x of alone, no honest error, the same
+honest text, the abuser throttled rather than served at the honest tenant's expense.
 """
 
 from __future__ import annotations
@@ -29,19 +49,35 @@ import re
 import statistics
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from benchmarks.harness import MODEL, gateway, local_endpoint, parse, pct, workload, write_json
+from benchmarks.harness import (
+    MODEL,
+    cpu_s,
+    gateway,
+    local_endpoint,
+    parse,
+    pct,
+    stdlib_slices,
+    workload,
+    write_json,
+)
 
-SMOKE = ("--requests", "1", "--max-tokens", "16", "--abusers", "1", "--prediction-tokens", "512")
+SMOKE = (
+    "--requests", "1", "--max-tokens", "16", "--abusers", "sampled_resend",
+    "--abuser-clients", "1", "--runs", "1", "--hang-up-s", "2",
+)  # fmt: skip
 KEYS = {"BENCH_HONEST": "honest-key-0123456789", "BENCH_ABUSER": "abuser-key-0123456789"}
 ADMIN = ("BENCH_ADMIN", "admin-key-0123456789")
 HONEST_CLIENTS = 2
 VOCAB = 49152  # SmolLM2's
 END_TOKENS = (0, 1, 2)  # <|endoftext|>, <|im_start|>, <|im_end|>
+RETRY_REFUSED_S = 0.2  # a refused abuser asks again after this
+REPEATED = "the cat sat on the mat and the dog sat on the log.\n"
 
 
 def _config() -> dict[str, Any]:
@@ -59,6 +95,82 @@ def _auth(key: str) -> dict[str, str]:
     return {"authorization": f"Bearer {key}"}
 
 
+@dataclass(frozen=True)
+class Abuser:
+    """What an abusive client sends in a loop, and whether it hangs up on its answer."""
+
+    body: dict[str, Any]
+    hang_up: bool = False
+
+
+def _abusers(args: argparse.Namespace) -> dict[str, Abuser]:
+    ban = {str(t): -100 for t in END_TOKENS}
+    base = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Write forever."}],
+        "n": 16,
+        "logit_bias": ban,
+    }
+    sampled, greedy = {**base, "temperature": 0.8}, {**base, "temperature": 0}
+    whole_vocab = {str(t): (-100 if t in END_TOKENS else 0.01) for t in range(VOCAB)}
+    (source,) = stdlib_slices(4 * args.long_prompt_tokens, 1)  # about 4 characters a token
+    near = "the cat sat on the mat and the dog sat on the log and the cat sat on the" * 14
+    schema = {
+        "type": "object",
+        "properties": {
+            f"field_{i}": {"type": "string", "enum": [f"value {i} {j}" for j in range(8)]}
+            for i in range(48)
+        },
+        "required": [f"field_{i}" for i in range(48)],
+    }
+    return {
+        "sampled_resend": Abuser(sampled, hang_up=True),
+        "greedy_resend": Abuser(greedy, hang_up=True),
+        "sampled_stream_resend": Abuser({**sampled, "stream": True}, hang_up=True),
+        "sampled_wait": Abuser(sampled),
+        "sampled_n1": Abuser({**sampled, "n": 1}),
+        "vocab_bias": Abuser(
+            {
+                **base,
+                "logit_bias": whole_vocab,
+                "prediction": {"type": "content", "content": " x" * args.prediction_tokens},
+                "stream": True,
+            }
+        ),
+        "long_drafts": Abuser(
+            {
+                **greedy,
+                "messages": [{"role": "user", "content": f"Repeat this line forever: {REPEATED}"}],
+                "prediction": {"type": "content", "content": REPEATED * 200},
+            }
+        ),
+        "long_prompts": Abuser(
+            {
+                "model": MODEL,
+                "messages": [{"role": "user", "content": f"Summarise:\n{source}"}],
+                "max_tokens": 16,
+                "temperature": 0.8,
+            }
+        ),
+        "many_stops": Abuser({**sampled, "stop": [near[:1023] + str(i) for i in range(4)]}),
+        "grammars": Abuser(
+            {
+                **sampled,
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "fields", "schema": schema, "strict": True},
+                },
+            }
+        ),
+    }
+
+
+ABUSERS = (
+    "sampled_resend", "greedy_resend", "sampled_stream_resend", "sampled_wait", "sampled_n1",
+    "vocab_bias", "long_drafts", "long_prompts", "many_stops", "grammars",
+)  # fmt: skip
+
+
 class Phase:
     """What the honest clients and the abuser saw in one phase."""
 
@@ -69,9 +181,12 @@ class Phase:
         self.e2e_by_id: dict[str, float] = {}
         self.errors: Counter[str] = Counter()
         self.abuser: Counter[str] = Counter()
+        self.cpu_s = {"load_generator": 0.0, "gateway_and_engine": 0.0}
 
     def summary(self) -> dict[str, Any]:
         def stats(values: list[float]) -> dict[str, float]:
+            if not values:
+                return {}
             return {q: round(1000 * pct(values, p), 1) for q, p in (("p50", 50), ("p99", 99))}
 
         return {
@@ -81,6 +196,7 @@ class Phase:
             "e2e_ms": stats(self.e2e),
             "errors": dict(self.errors),
             "abuser": dict(self.abuser),
+            "cpu_s": {k: round(v, 3) for k, v in self.cpu_s.items()},
         }
 
 
@@ -127,46 +243,46 @@ async def _honest(
             phase.texts[item.id] = "".join(text)
 
 
-def _abusive_body(prediction_tokens: int) -> bytes:
-    bias = {str(t): (-100 if t in END_TOKENS else 0.01) for t in range(VOCAB)}
-    return json.dumps(
-        {
-            "model": MODEL,
-            "messages": [{"role": "user", "content": "Write forever."}],
-            "n": 16,
-            "logit_bias": bias,
-            "prediction": {"type": "content", "content": " x" * prediction_tokens},
-            "stream": True,
-        }
-    ).encode()
-
-
-async def _abuse(session: aiohttp.ClientSession, url: str, body: bytes, phase: Phase) -> None:
+async def _abuse(
+    session: aiohttp.ClientSession, url: str, abuser: Abuser, hang_up_s: float, phase: Phase
+) -> None:
+    """The abuser's requests in a loop; one that hangs up closes its connection after
+    ``hang_up_s`` (the gateway cancels the answer) and sends the request again."""
     headers = {**_auth(KEYS["BENCH_ABUSER"]), "content-type": "application/json"}
+    body = json.dumps(abuser.body).encode()
     while True:
         try:
-            async with session.post(f"{url}/v1/chat/completions", data=body, headers=headers) as r:
-                if r.status != 200:
-                    await r.read()
-                    phase.abuser[f"status {r.status}"] += 1
-                    await asyncio.sleep(0.2)  # keeps asking, a little slower than flat out
-                    continue
-                phase.abuser["admitted"] += 1
-                async for _ in r.content.iter_any():
-                    pass
-                phase.abuser["finished"] += 1
-        except (aiohttp.ClientError, TimeoutError) as exc:
+            async with asyncio.timeout(hang_up_s if abuser.hang_up else None):
+                async with session.post(
+                    f"{url}/v1/chat/completions", data=body, headers=headers
+                ) as r:
+                    if r.status != 200:
+                        await r.read()
+                        phase.abuser[f"status {r.status}"] += 1
+                        await asyncio.sleep(RETRY_REFUSED_S)
+                        continue
+                    phase.abuser["admitted"] += 1
+                    async for _ in r.content.iter_any():
+                        pass
+                    phase.abuser["finished"] += 1
+        except TimeoutError:
+            phase.abuser["hung up"] += 1
+        except aiohttp.ClientError as exc:
             phase.abuser[type(exc).__name__] += 1
 
 
-async def _phase(url: str, args: argparse.Namespace, abusers: int) -> Phase:
+async def _phase(url: str, pid: int, args: argparse.Namespace, abuser: Abuser | None) -> Phase:
     phase = Phase()
     items = workload(limit=HONEST_CLIENTS * args.requests)
     timeout = aiohttp.ClientTimeout(total=None, sock_read=3600)
+    cpu0, gateway0 = time.process_time(), cpu_s(pid)
     async with aiohttp.ClientSession(timeout=timeout) as session:
-        body = _abusive_body(args.prediction_tokens)
-        abusing = [asyncio.create_task(_abuse(session, url, body, phase)) for _ in range(abusers)]
-        if abusing:
+        abusing = []
+        if abuser is not None:
+            abusing = [
+                asyncio.create_task(_abuse(session, url, abuser, args.hang_up_s, phase))
+                for _ in range(args.abuser_clients)
+            ]
             await asyncio.sleep(args.abuser_lead_s)  # the abuser's requests come first
         honest = [
             _honest(session, url, items[c::HONEST_CLIENTS], args.max_tokens, phase)
@@ -176,6 +292,10 @@ async def _phase(url: str, args: argparse.Namespace, abusers: int) -> Phase:
         for task in abusing:  # its connections close: the engine cancels its answers
             task.cancel()
         await asyncio.gather(*abusing, return_exceptions=True)
+    phase.cpu_s = {
+        "load_generator": time.process_time() - cpu0,
+        "gateway_and_engine": cpu_s(pid) - gateway0,
+    }
     return phase
 
 
@@ -215,24 +335,16 @@ def paired(alone: dict[str, float], beside: dict[str, float]) -> float | None:
     return round(statistics.median(ratios), 2) if ratios else None
 
 
-async def _run(args: argparse.Namespace) -> dict[str, Any]:
-    environ = {**KEYS, ADMIN[0]: ADMIN[1]}
-    with gateway(_config(), environ) as served:
-        await _warm(served.url)
-        await _phase(served.url, args, 0)  # untimed: both timed phases find prompts cached
-        alone = await _phase(served.url, args, 0)
-        beside = await _phase(served.url, args, args.abusers)
-        engine = await _engine_figures(served.url)
-    same = [beside.texts.get(i) == text for i, text in alone.texts.items()]
+def _compare(alone: Phase, beside: Phase) -> dict[str, Any]:
+    """One abuser's phase beside the run's alone phase."""
     alone_s, beside_s = alone.summary(), beside.summary()
 
     def ratio(metric: str, q: str) -> float | None:
-        base = alone_s[metric][q]
-        return round(beside_s[metric][q] / base, 2) if base else None
+        base, value = alone_s[metric].get(q), beside_s[metric].get(q)
+        return round(value / base, 2) if base and value is not None else None
 
+    same = [beside.texts.get(i) == text for i, text in alone.texts.items()]
     return {
-        "settings": {k: v for k, v in vars(args).items() if k != "json"},
-        "alone": alone_s,
         "beside_abuser": beside_s,
         "honest_text_identical": all(same) and len(same) == len(beside.texts),
         "ttft_p99_ratio": ratio("ttft_ms", "p99"),
@@ -240,18 +352,73 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         # each request beside the abuser over the same request alone, the median: the
         # p50 of a few requests of very different lengths moves with which one is middle
         "e2e_paired_ratio_p50": paired(alone.e2e_by_id, beside.e2e_by_id),
+    }
+
+
+def _spread(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each ratio's median and range over the runs, and every run's honest errors."""
+    out: dict[str, Any] = {}
+    for key in ("e2e_p50_ratio", "ttft_p99_ratio", "e2e_paired_ratio_p50"):
+        values = [r[key] for r in runs if r[key] is not None]
+        out[key] = (
+            {"median": statistics.median(values), "min": min(values), "max": max(values)}
+            if values
+            else None
+        )
+    out["honest_errors"] = sum(sum(r["beside_abuser"]["errors"].values()) for r in runs)
+    out["honest_text_identical"] = all(r["honest_text_identical"] for r in runs)
+    return out
+
+
+async def _run(args: argparse.Namespace) -> dict[str, Any]:
+    environ = {**KEYS, ADMIN[0]: ADMIN[1]}
+    abusers = _abusers(args)
+    alone_runs: list[dict[str, Any]] = []
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in args.abusers}
+    with gateway(_config(), environ) as served:
+        url, pid = served.url, served.pid
+        await _warm(url)
+        await _phase(url, pid, args, None)  # untimed: every timed phase finds prompts cached
+        for _ in range(args.runs):
+            alone = await _phase(url, pid, args, None)
+            alone_runs.append(alone.summary())
+            for name in args.abusers:
+                runs[name].append(_compare(alone, await _phase(url, pid, args, abusers[name])))
+        engine = await _engine_figures(url)
+    return {
+        "settings": {k: v for k, v in vars(args).items() if k != "json"},
+        "alone": alone_runs,
+        "abusers": {name: {**_spread(r), "runs": r} for name, r in runs.items()},
         "engine": engine,
     }
+
+
+def _names(value: str) -> tuple[str, ...]:
+    names = tuple(value.split(","))
+    unknown = set(names) - set(ABUSERS)
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown abusers: {', '.join(sorted(unknown))}")
+    return names
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", type=Path, required=True, help="write the results here")
+    parser.add_argument(
+        "--abusers", type=_names, default=ABUSERS, help=f"comma-separated: {','.join(ABUSERS)}"
+    )
+    parser.add_argument("--runs", type=int, default=3, help="alone, then beside each abuser")
     parser.add_argument("--requests", type=int, default=4, help="per honest client")
     parser.add_argument("--max-tokens", type=int, default=128, help="per honest answer")
-    parser.add_argument("--abusers", type=int, default=5, help="abusive clients at once")
+    parser.add_argument("--abuser-clients", type=int, default=5, help="abusive clients at once")
     parser.add_argument(
-        "--prediction-tokens", type=int, default=7000, help="the abuser's prediction, tokens"
+        "--hang-up-s", type=float, default=5.0, help="the hanging-up abusers hang up after this"
+    )
+    parser.add_argument(
+        "--prediction-tokens", type=int, default=7000, help="vocab_bias's prediction, tokens"
+    )
+    parser.add_argument(
+        "--long-prompt-tokens", type=int, default=6000, help="long_prompts' prompt, tokens"
     )
     parser.add_argument(
         "--abuser-lead-s", type=float, default=2.0, help="the abuser starts this much earlier"
@@ -259,7 +426,10 @@ def main() -> None:
     args = parse(parser, SMOKE)
     result = asyncio.run(_run(args))
     write_json(args.json, result)
-    print(json.dumps({k: v for k, v in result.items() if k != "settings"}, indent=2))
+    summary = {
+        name: {k: v for k, v in a.items() if k != "runs"} for name, a in result["abusers"].items()
+    }
+    print(json.dumps({"abusers": summary, "engine": result["engine"]}, indent=2))
 
 
 if __name__ == "__main__":

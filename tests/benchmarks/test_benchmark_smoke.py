@@ -138,10 +138,14 @@ def _models(result: dict[str, Any]) -> None:
 
 
 def _fairness(result: dict[str, Any]) -> None:
-    for phase in ("alone", "beside_abuser"):
-        assert result[phase]["answers"] == 2 and not result[phase]["errors"]
-    assert result["honest_text_identical"]  # greedy and batch-invariant: the same answers
-    assert result["e2e_paired_ratio_p50"] > 0
+    (alone,) = result["alone"]
+    assert alone["answers"] == 2 and not alone["errors"]
+    abuser = result["abusers"]["sampled_resend"]
+    (run,) = abuser["runs"]
+    assert run["beside_abuser"]["answers"] == 2 and abuser["honest_errors"] == 0
+    assert abuser["honest_text_identical"]  # greedy and batch-invariant: the same answers
+    assert abuser["e2e_paired_ratio_p50"]["median"] > 0
+    assert run["beside_abuser"]["cpu_s"]["load_generator"] > 0
     assert result["engine"]["within_pool"]
 
 
