@@ -26,7 +26,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.apis.anthropic.count_tokens import CountTokens
-from gateway.apis.anthropic.door import MESSAGES
+from gateway.apis.anthropic.door import MessagesDoor
 from gateway.apis.responses.door import open_door
 from gateway.apis.responses.routes import response_routes
 from gateway.config import Settings, load_settings
@@ -50,7 +50,6 @@ from lookup.corpus import Corpus
 FRONT_DOORS: dict[str, FrontDoor] = {
     "/v1/chat/completions": CHAT,
     "/v1/completions": COMPLETIONS,
-    "/v1/messages": MESSAGES,
 }
 
 UNCOUNTED_PATHS = frozenset({"/healthz", "/metrics", "/openapi.json"})
@@ -199,7 +198,11 @@ def create_app(
             await runtime.telemetry.aclose()
             await responses.store.aclose()
 
-    doors: dict[str, FrontDoor] = {**FRONT_DOORS, "/v1/responses": responses}
+    doors: dict[str, FrontDoor] = {
+        **FRONT_DOORS,
+        "/v1/messages": MessagesDoor(runtime.routes),
+        "/v1/responses": responses,
+    }
     completions: dict[str, ASGIApp] = {
         path: CompletionsRoute(runtime, door) for path, door in doors.items()
     }

@@ -115,6 +115,13 @@ class EndpointConfig(_Strict):
         ge=1,
         description="local kind and verify: an answer's max_tokens when absent (the cap)",
     )
+    messages_temperature: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=1.0,
+        description="Messages API (POST /v1/messages): the temperature of a request that sends "
+        "none, when this is the model's first endpoint (None: Anthropic's default, 1.0)",
+    )
     health_check: bool | None = Field(
         default=None,
         description="active GET {base_url}/models checks (default: on unless a hosted provider)",

@@ -582,3 +582,17 @@ def test_count_tokens_errors_in_anthropics_shape(gateway: str) -> None:
         url, json={"model": CHAT_MODEL}, headers={"x-api-key": "alice-key"}, timeout=30
     )
     assert error_of(no_messages, 400, "invalid_request_error") == "messages: Field required"
+
+
+def test_native_relay_carries_what_the_translation_cannot(
+    gateway: str, native: AnthropicStandIn
+) -> None:
+    body = {
+        "model": NATIVE_MODEL,
+        "max_tokens": 20,
+        "messages": [{"role": "user", "content": "Search the web for draftgate."}],
+        "tools": [{"type": "web_search_20250305", "name": "web_search", "max_uses": 2}],
+    }
+    response = post(gateway, body)
+    assert response.status_code == 200, response.text
+    assert native.requests[-1].body == {**body, "model": NATIVE_UPSTREAM}

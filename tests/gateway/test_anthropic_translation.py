@@ -10,14 +10,16 @@ import pytest
 from pydantic import TypeAdapter
 
 from gateway.apis.anthropic import errors
-from gateway.apis.anthropic.door import MESSAGES
+from gateway.apis.anthropic.door import MessagesDoor
 from gateway.apis.anthropic.response import message
 from gateway.apis.anthropic.stream import StreamTranscoder
+from gateway.config import build_settings
 from gateway.errors import GatewayError, InvalidRequest, RateLimited, ServiceUnavailable
 from sdk.wire import MessagesResponse, StreamEvent
 from sdk.wire.anthropic import MessagesError
 
 EVENTS: TypeAdapter[Any] = TypeAdapter(StreamEvent)
+MESSAGES = MessagesDoor({})
 
 
 def internal(**fields: Any) -> dict[str, Any]:
@@ -398,3 +400,34 @@ def test_stream_failures_are_error_events() -> None:
     ]
     last = parsed(interleaved.start() + interleaved.feed(sse(*calls)))[-1]
     assert last["type"] == "error" and "interleaved" in last["error"]["message"]
+
+
+def test_the_models_endpoints_set_the_default_temperature_and_native_leniency() -> None:
+    settings = build_settings(
+        {
+            "endpoints": [
+                {
+                    "name": "chat",
+                    "kind": "openai",
+                    "models": ["m"],
+                    "api_key_env": "K",
+                    "messages_temperature": 0.3,
+                },
+                {"name": "claude", "kind": "anthropic", "models": ["claude"], "api_key_env": "K"},
+            ]
+        },
+        "test",
+    )
+    door = MessagesDoor(settings.routes())
+    body: dict[str, Any] = {"max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+    assert door.parse({**body, "model": "m"}).temperature == 0.3
+    assert door.parse({**body, "model": "m", "temperature": 0.9}).temperature == 0.9
+    assert door.parse({**body, "model": "claude"}).temperature == 1.0
+    server_tool = {"tools": [{"type": "web_search_20250305", "name": "web_search"}]}
+    with pytest.raises(InvalidRequest):
+        door.parse({**body, **server_tool, "model": "m"})
+    relayed = door.parse({**body, **server_tool, "model": "claude", "system": "s"})
+    assert [m.model_dump(exclude_unset=True) for m in relayed.messages] == [
+        {"role": "user", "content": "s\n\nhi"}
+    ]
+    assert relayed.tools is None

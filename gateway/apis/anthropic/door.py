@@ -1,9 +1,17 @@
 """The Messages front door (:class:`gateway.front_door.FrontDoor`): a Messages body parsed
 into the internal chat request, the endpoint's chat-completions answer sent back as a
-Messages answer, errors in Anthropic's shape."""
+Messages answer, errors in Anthropic's shape.
+
+The door knows the routing table, for two facts about the model a request names, from
+its endpoints' configuration: the temperature a request without one gets (the first
+endpoint's ``messages_temperature``, else Anthropic's 1.0), and whether every endpoint
+speaks Messages itself (the ``anthropic`` kind): then what the translation cannot carry
+(server tools, PDF documents, ...) is no refusal, since the body goes upstream as sent and
+the internal request only sizes the limits."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -11,12 +19,14 @@ from pydantic import ValidationError
 from starlette.types import Message, Send
 
 from gateway.apis.anthropic import errors
-from gateway.apis.anthropic.request import to_chat
+from gateway.apis.anthropic.request import ANTHROPIC_TEMPERATURE, to_chat, to_chat_text
 from gateway.apis.anthropic.response import BadToolCall, message
 from gateway.apis.anthropic.stream import StreamTranscoder
 from gateway.call import Api, Call
-from gateway.errors import GatewayError
+from gateway.config import EndpointConfig
+from gateway.errors import GatewayError, InvalidRequest
 from gateway.http.validation import validate
+from gateway.provider_table import PROVIDERS
 from sdk.wire import ChatCompletionRequest, MessagesRequest
 
 _EVENT_STREAM = b"text/event-stream"
@@ -31,12 +41,29 @@ def parse_messages(data: dict[str, Any]) -> MessagesRequest:
 
 
 class MessagesDoor:
-    """``POST /v1/messages`` (any query string, such as Claude Code's ``?beta=true``)."""
+    """``POST /v1/messages`` (any query string, such as Claude Code's ``?beta=true``), for
+    the models of ``routes`` (client model name -> its endpoints, in order)."""
 
     api: Api = "messages"
 
+    def __init__(self, routes: Mapping[str, tuple[EndpointConfig, ...]]) -> None:
+        self.routes = routes
+
     def parse(self, data: dict[str, Any]) -> ChatCompletionRequest:
-        return validate(ChatCompletionRequest, to_chat(parse_messages(data)))
+        request = parse_messages(data)
+        endpoints = self.routes.get(request.model, ())
+        default = next(iter(endpoints), None)
+        temperature = ANTHROPIC_TEMPERATURE
+        if default is not None and default.messages_temperature is not None:
+            temperature = default.messages_temperature
+        try:
+            body = to_chat(request, temperature)
+        except InvalidRequest:
+            native = all("messages" in PROVIDERS[e.kind].native_apis for e in endpoints)
+            if not endpoints or not native:
+                raise
+            body = to_chat_text(request, temperature)
+        return validate(ChatCompletionRequest, body)
 
     def error_body(self, error: GatewayError) -> bytes:
         return errors.error_body(error)
@@ -120,6 +147,3 @@ class _Answer:
             return 200, orjson.dumps(message(chat, self.model, self.stops))
         except BadToolCall as exc:
             return 502, errors.body(502, str(exc))
-
-
-MESSAGES = MessagesDoor()

@@ -14,8 +14,9 @@ What each field becomes (docs/anthropic-api.md holds the same table for users):
   ``auto``/``any``/``tool``/``none`` -> ``auto``/``required``/the named function/``none``,
   ``disable_parallel_tool_use`` -> ``parallel_tool_calls: false``;
 - ``max_tokens``, ``top_p``, ``top_k``, ``stream`` as they are; ``stop_sequences`` ->
-  ``stop``; ``temperature`` -> itself, Anthropic's default 1.0 when absent; a stream asks
-  for usage (``stream_options.include_usage``);
+  ``stop``; ``temperature`` -> itself, when absent the door's default (the endpoint's
+  ``messages_temperature``, else Anthropic's 1.0); a stream asks for usage
+  (``stream_options.include_usage``);
 - ``output_config.format`` (or ``output_format``) of type ``json_schema`` ->
   ``response_format`` (structured output through the grammar on local endpoints);
 - ``draftgate`` (the gateway's extension) as it is;
@@ -206,9 +207,27 @@ def _response_format(extra: dict[str, Any]) -> dict[str, Any] | None:
     return {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
 
 
-def to_chat(request: MessagesRequest) -> dict[str, Any]:
+def to_chat_text(request: MessagesRequest, temperature: float) -> dict[str, Any]:
+    """The internal request of a body an endpoint relays as sent: its text only, for the
+    limits to size (``temperature``: the default of a request without one)."""
+    texts = [request.system if isinstance(request.system, str) else ""]
+    for message in request.messages:
+        if isinstance(message.content, str):
+            texts.append(message.content)
+        else:
+            texts.extend(b.text for b in message.content if isinstance(b, TextBlock))
+    return {
+        "model": request.model,
+        "messages": [{"role": "user", "content": "\n\n".join(t for t in texts if t)}],
+        "max_tokens": request.max_tokens,
+        "temperature": temperature if request.temperature is None else request.temperature,
+        "stream": request.stream,
+    }
+
+
+def to_chat(request: MessagesRequest, temperature: float = ANTHROPIC_TEMPERATURE) -> dict[str, Any]:
     """The internal chat request's fields for ``request`` (a 400 naming what cannot be
-    carried)."""
+    carried); ``temperature`` is the default of a request without one."""
     extra = request.model_extra or {}
     for name in _REFUSED_FIELDS:
         if extra.get(name):
@@ -223,9 +242,7 @@ def to_chat(request: MessagesRequest) -> dict[str, Any]:
         "model": request.model,
         "messages": messages,
         "max_tokens": request.max_tokens,
-        "temperature": (
-            ANTHROPIC_TEMPERATURE if request.temperature is None else request.temperature
-        ),
+        "temperature": temperature if request.temperature is None else request.temperature,
         "stream": request.stream,
     }
     if request.stream:
