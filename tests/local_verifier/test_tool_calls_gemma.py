@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 SCHEMA: dict[str, Any] = {
     "type": "object",
-    "properties": {"path": {"type": "string", "maxLength": 40}},
+    "properties": {"path": {"type": "string", "maxLength": 24}},
     "required": ["path"],
     "additionalProperties": False,
 }
@@ -51,7 +51,7 @@ def _answer(
     gen = GenerationRequest(
         messages=plan.messages,
         params=SamplingParams(temperature=0),
-        max_tokens=40,
+        max_tokens=64,
         grammar=plan.grammar,
         draft=draft,
         prediction=prediction,
