@@ -5,11 +5,14 @@ off and on, on the local engine.
         [--file lookup/drafter.py] [--lines 300] [--max-tokens 512] [--repeats 2] [--smoke]
 
 The conversation, as a coding agent sends it: a system prompt and a tool list of 12 tools
-with their JSON schemas (written here, about 3,500 tokens together), the user's task, the
-assistant's ``Read`` call, and its result: the first ``--lines`` lines of ``--file`` (a
-module of this repository) as Claude Code numbers them (``N\\t<line>``). The chat
-template renders it (Gemma's alternates user and model turns: the tool call is the
-model's text, the tool result a user turn).
+with their JSON schemas (written here, about 3,900 tokens together), the user's task (a
+comment at the top of each method), the assistant's ``Read`` call, and its result: the
+first ``--lines`` lines of ``--file`` (a module of this repository) as Claude Code numbers
+them (``N\\t<line>``). For ``edit`` and ``patch`` the conversation also holds the agent's
+first edit of the task in the same shape (ten lines around an earlier method's signature)
+and its one-line result, as an agent's conversation does after its first change. The
+chat template renders it (Gemma's alternates user and model turns: a tool call is the
+model's text, a tool result a user turn).
 
 What is forced: a 270M model does not reliably choose to write an edit, so the model's
 turn starts with the beginning of the tool call already written (appended to the
@@ -354,15 +357,14 @@ def forced(shape: str, path: str, lines: list[str], forced_lines: int) -> str:
 
 
 def conversation(path: str, lines: list[str], tools: int) -> list[dict[str, str]]:
-    """The agent's conversation up to the model's edit (roles as the agent sends them)."""
+    """The agent's conversation up to its first edit (roles as the agent sends them)."""
     name = path.rsplit("/", 1)[-1]
     return [
         {"role": "system", "content": SYSTEM + "\n# Tools\n" + json.dumps(TOOLS[:tools], indent=1)},
         {
             "role": "user",
-            "content": f"In {name}, the Drafter's methods lack a word on their cost. Add a "
-            "sentence to each method's docstring saying how its cost grows, and keep the "
-            "code itself as it is.",
+            "content": f"In {name}, put a comment line under each method's signature and "
+            "docstring saying how its cost grows, and keep the code itself as it is.",
         },
         {
             "role": "assistant",
@@ -371,6 +373,40 @@ def conversation(path: str, lines: list[str], tools: int) -> list[dict[str, str]
             ),
         },
         {"role": "tool", "content": numbered(lines)},
+    ]
+
+
+def earlier_edit(shape: str, path: str, lines: list[str]) -> list[dict[str, str]]:
+    """The agent's first edit of the task in ``shape`` (``edit`` and ``patch``), and its
+    result: the comment under the signature (and one-line docstring) of the last one-line
+    ``def`` before the edited region, ten lines of the file around it repeated."""
+    start = region_start(lines)
+    at = max((i for i in range(start) if lines[i].startswith("    def ")), default=-1)
+    at = next((i for i in range(at, -1, -1) if lines[i].startswith("    def ")
+               and lines[i].endswith(":")), -1)  # fmt: skip
+    if shape == "write" or at < 0:
+        return []
+    comment = "        # Cost: constant."
+    old = lines[at : at + 10]
+    doc = old[1].strip()
+    head = 2 if len(doc) > 6 and doc.startswith('"""') and doc.endswith('"""') else 1
+    new = [*old[:head], comment, *old[head:]]
+    call: dict[str, Any]
+    if shape == "edit":
+        text = ["\n".join(old) + "\n", "\n".join(new) + "\n"]
+        call = {
+            "name": "Edit",
+            "arguments": {"file_path": path, "old_string": text[0], "new_string": text[1]},
+        }
+    else:
+        rel = path.removeprefix(REPO + "/")
+        hunk = "".join(f" {line}\n" for line in old[:head]) + f"+{comment}\n"
+        hunk += "".join(f" {line}\n" for line in old[head:])
+        patch = f"apply_patch <<'EOF'\n*** Begin Patch\n*** Update File: {rel}\n@@\n{hunk}"
+        call = {"name": "exec_command", "arguments": {"cmd": patch + "*** End Patch\nEOF\n"}}
+    return [
+        {"role": "assistant", "content": json.dumps(call, ensure_ascii=False)},
+        {"role": "tool", "content": f"The file {path} has been updated."},
     ]
 
 
@@ -402,23 +438,25 @@ def measure(
 ) -> dict[str, Any]:
     messages = conversation(path, lines, args.tools)
     tok = lm.tokenizer
-    begin = time.perf_counter()
-    documents = conversation_documents(messages, tok.encode, tok.fingerprint)
-    sources_s = time.perf_counter() - begin
     shared = rendered(lm, messages, "")
     engine_run = run(engine, GenerationRequest(prompt_ids=shared, max_tokens=1, draft=False))
+    begin = time.perf_counter()
+    documents = conversation_documents(messages, tok.encode, tok.fingerprint)
+    build_s = time.perf_counter() - begin  # tokenized once; the shapes' calls hit the cache
     shapes: dict[str, Any] = {}
     for shape in args.shapes:
+        turns = messages + earlier_edit(shape, path, lines)
+        shown = conversation_documents(turns, tok.encode, tok.fingerprint)
         prefix = forced(shape, path, lines, args.forced_lines)
-        ids = rendered(lm, messages, prefix)
+        ids = rendered(lm, turns, prefix)
         base = {"prompt_ids": ids, "max_tokens": args.max_tokens}
         requests = {
             "plain": GenerationRequest(**base, draft=False),
             "prompt": GenerationRequest(**base),
             "agent": GenerationRequest(
                 **base,
-                documents=documents,
-                document_sources=[Source.CONVERSATION] * len(documents),
+                documents=shown,
+                document_sources=[Source.CONVERSATION] * len(shown),
             ),
         }
         run(engine, GenerationRequest(prompt_ids=ids, max_tokens=1, draft=False))  # warm
@@ -427,6 +465,7 @@ def measure(
             for config in CONFIGS if r % 2 == 0 else CONFIGS[::-1]:  # alternate against drift
                 runs[config].append(run(engine, requests[config]))
         shapes[shape] = summarise(shape, prefix, runs)
+        shapes[shape]["prompt_tokens"] = len(ids)
     return {
         "prompt_tokens": len(shared),
         "system_and_tools_tokens": len(tok.encode(messages[0]["content"])),
@@ -434,7 +473,7 @@ def measure(
         "conversation_sources": {
             "documents": len(documents),
             "tokens": int(sum(len(t) for _, t in documents)),
-            "build_s": round(sources_s, 4),
+            "build_s": round(build_s, 4),
         },
         "first_prefill_s": round(engine_run["stats"].prefill_s, 3),
         "shapes": shapes,
@@ -509,7 +548,8 @@ def main() -> None:
         "tools": args.tools,
         "forced": "the model's turn starts with the tool call's opening and the first "
         f"{args.forced_lines} lines of the repeated text in the shape's form (forced_prefix "
-        "per shape); the rest is the model's greedy output",
+        "per shape); the rest is the model's greedy output. The edit and patch "
+        "conversations hold the agent's first edit of the task in the same shape",
         "ratio_goal": 2.0,
         **result,
     }
