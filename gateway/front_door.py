@@ -50,7 +50,18 @@ class FrontDoor(Protocol):
 
 
 @runtime_checkable
-class Continuing(Protocol):
+class Relaying(Protocol):
+    """A door that sees the answers an endpoint speaking its API itself relays."""
+
+    def relayed(self, call: Call, send: Send) -> Send:
+        """The send for an answer relayed from an endpoint that speaks the door's API
+        itself: passed on as it is, the door keeping what a later request may continue
+        or putting the gateway's own errors in its shape."""
+        ...
+
+
+@runtime_checkable
+class Continuing(Relaying, Protocol):
     """A door whose requests may continue a conversation the gateway stored for the
     tenant (the Responses API's ``previous_response_id``)."""
 
@@ -64,11 +75,6 @@ class Continuing(Protocol):
         """The body (as sent upstream by a native endpoint) and the internal request with
         the stored conversation the request continues; run once the tenant is known,
         before routing (raise GatewayError subclasses: an unknown id is a 404)."""
-        ...
-
-    def relayed(self, call: Call, send: Send) -> Send:
-        """The send for an answer relayed from an endpoint that speaks the door's API
-        itself: passed on as it is, the door keeping what a later request may continue."""
         ...
 
 
@@ -108,7 +114,7 @@ def answer_send(door: FrontDoor, call: Call, send: Send) -> Send:
         if chosen is None:
             if not call.native:
                 chosen = transcoded
-            elif isinstance(door, Continuing):
+            elif isinstance(door, Relaying):
                 chosen = door.relayed(call, send)
             else:
                 chosen = send

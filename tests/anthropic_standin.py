@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +32,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from sdk.wire import CountTokensRequest, MessagesRequest
-from tests.openai_standin import Seen, tokens
+from tests.openai_standin import BrokenStream, Seen, tokens
 
 ANSWER = "Hello from the Messages stand-in."
 VERSION = "2023-06-01"
@@ -50,6 +50,7 @@ class Script:
     reply: Callable[[dict[str, Any]], str] = lambda body: ANSWER
     calls: Callable[[dict[str, Any]], list[tuple[str, dict[str, Any]]]] = _no_calls
     error: tuple[int, str] | None = None
+    break_after: int | None = None  # drop the connection after this many stream events
 
 
 def error(status: int, type_: str, message: str) -> JSONResponse:
@@ -154,6 +155,13 @@ class AnthropicStandIn:
         return StreamingResponse(self._events(message), media_type="text/event-stream")
 
     async def _events(self, message: dict[str, Any]) -> AsyncIterator[str]:
+        limit = self.script.break_after
+        for sent, event in enumerate(self._sequence(message)):
+            if sent == limit:
+                raise BrokenStream("the stand-in drops the connection mid-stream")
+            yield event
+
+    def _sequence(self, message: dict[str, Any]) -> Iterator[str]:
         usage = message["usage"]
         start = {
             **message,

@@ -596,3 +596,25 @@ def test_native_relay_carries_what_the_translation_cannot(
     response = post(gateway, body)
     assert response.status_code == 200, response.text
     assert native.requests[-1].body == {**body, "model": NATIVE_UPSTREAM}
+
+
+def test_native_stream_cut_is_an_anthropic_error_event(
+    gateway: str, native: AnthropicStandIn
+) -> None:
+    native.reset(MessagesScript(break_after=4))
+    body = {
+        "model": NATIVE_MODEL,
+        "max_tokens": 50,
+        "stream": True,
+        "messages": [{"role": "user", "content": "Say hello."}],
+    }
+    seen = events(gateway, body)
+    assert [name for name, _ in seen][:4] == [
+        "message_start",
+        "ping",
+        "content_block_start",
+        "content_block_delta",
+    ]
+    name, data = seen[-1]
+    assert name == "error" and data["type"] == "error"
+    assert data["error"]["type"] == "api_error" and "interrupted" in data["error"]["message"]

@@ -11,7 +11,7 @@ the internal request only sizes the limits."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
@@ -21,7 +21,7 @@ from starlette.types import Message, Send
 from gateway.apis.anthropic import errors
 from gateway.apis.anthropic.request import ANTHROPIC_TEMPERATURE, to_chat, to_chat_text
 from gateway.apis.anthropic.response import BadToolCall, message
-from gateway.apis.anthropic.stream import StreamTranscoder
+from gateway.apis.anthropic.stream import StreamTranscoder, error_event
 from gateway.call import Api, Call
 from gateway.config import EndpointConfig
 from gateway.errors import GatewayError, InvalidRequest
@@ -71,6 +71,69 @@ class MessagesDoor:
     def transcode(self, call: Call, send: Send) -> Send:
         return _Answer(call, send)
 
+    def relayed(self, call: Call, send: Send) -> Send:
+        return _Relayed(send)
+
+
+def _is_stream(message: Message) -> bool:
+    headers = message.get("headers", [])
+    kind = next((v for k, v in headers if k == b"content-type"), b"")
+    return message["status"] == 200 and kind.startswith(_EVENT_STREAM)
+
+
+class _Held:
+    """A JSON answer held whole (its length changes), then sent as ``convert`` makes it."""
+
+    def __init__(self, start: Message) -> None:
+        self.start = start
+        self.chunks: list[bytes] = []
+
+    async def feed(
+        self, message: Message, send: Send, convert: Callable[[int, bytes], tuple[int, bytes]]
+    ) -> None:
+        self.chunks.append(message.get("body", b""))
+        if message.get("more_body", False):
+            return
+        status, body = convert(self.start["status"], b"".join(self.chunks))
+        headers = [(k, v) for k, v in self.start.get("headers", []) if k != b"content-length"]
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(b"content-length", str(len(body)).encode()), *headers],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
+def _anthropic_error(status: int, raw: bytes) -> tuple[int, bytes]:
+    return status, errors.from_openai(status, raw)
+
+
+class _Relayed:
+    """The send of an answer an ``anthropic`` endpoint relays: passed on as it is, but for
+    the gateway's own errors, written in OpenAI's shape (an error body, or the event that
+    ends an interrupted stream), put in Anthropic's. An Anthropic event always opens with
+    its ``event:`` line, so a body that opens with ``data: {"error"`` is the gateway's."""
+
+    def __init__(self, send: Send) -> None:
+        self.send = send
+        self.held: _Held | None = None
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start" and message["status"] >= 400:
+            self.held = _Held(message)
+        elif message["type"] == "http.response.body" and self.held is not None:
+            await self.held.feed(message, self.send, _anthropic_error)
+        elif message["type"] == "http.response.body" and message.get("body", b"").startswith(
+            b'data: {"error"'
+        ):
+            detail = orjson.loads(message["body"][5:]).get("error") or {}
+            event = error_event(502, str(detail.get("message") or "the answer failed"))
+            await self.send({**message, "body": event})
+        else:
+            await self.send(message)
+
 
 class _Answer:
     """The send a non-native endpoint answers through: a stream is transcoded event by
@@ -81,8 +144,7 @@ class _Answer:
         self.model = call.request.model
         self.stops = call.request.stop_list()
         self.stream: StreamTranscoder | None = None
-        self.start: Message | None = None
-        self.chunks: list[bytes] = []
+        self.held: _Held | None = None
 
     async def __call__(self, message: Message) -> None:
         if message["type"] == "http.response.start":
@@ -95,10 +157,8 @@ class _Answer:
             await self._json_body(message)
 
     async def _start(self, message: Message) -> None:
-        headers = message.get("headers", [])
-        kind = next((v for k, v in headers if k == b"content-type"), b"")
-        if message["status"] != 200 or not kind.startswith(_EVENT_STREAM):
-            self.start = message  # sent with the transcoded body and its new length
+        if not _is_stream(message):
+            self.held = _Held(message)  # sent with the transcoded body and its new length
             return
         self.stream = StreamTranscoder(self.model, self.stops)
         await self.send(message)
@@ -116,25 +176,13 @@ class _Answer:
             await self.send({"type": "http.response.body", "body": out, "more_body": more})
 
     async def _json_body(self, message: Message) -> None:
-        self.chunks.append(message.get("body", b""))
-        if message.get("more_body", False):
-            return
-        assert self.start is not None
-        raw = b"".join(self.chunks)
-        status = self.start["status"]
+        assert self.held is not None
+        await self.held.feed(message, self.send, self._converted)
+
+    def _converted(self, status: int, raw: bytes) -> tuple[int, bytes]:
         if status == 200:
-            status, body = self._message(raw)
-        else:
-            body = errors.from_openai(status, raw)
-        headers = [(k, v) for k, v in self.start.get("headers", []) if k != b"content-length"]
-        await self.send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [(b"content-length", str(len(body)).encode()), *headers],
-            }
-        )
-        await self.send({"type": "http.response.body", "body": body})
+            return self._message(raw)
+        return status, errors.from_openai(status, raw)
 
     def _message(self, raw: bytes) -> tuple[int, bytes]:
         try:
