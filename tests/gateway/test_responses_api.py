@@ -331,45 +331,74 @@ def test_a_streamed_call_keeps_its_ids_from_the_first_event_to_the_last(
     assert json.loads(arguments.arguments) == {"path": "b.py"}
 
 
-def test_a_codex_shaped_request_is_answered(gateway: str, standin: StandIn) -> None:
-    """What Codex CLI sends for a model name it does not know: tools it cannot hand to
-    another model are dropped, the rest goes on."""
+APPLY_PATCH = {
+    "type": "custom",
+    "name": "apply_patch",
+    "description": "Edit files. This is a FREEFORM tool, so do not wrap the patch in JSON.",
+    "format": {
+        "type": "grammar",
+        "syntax": "lark",
+        "definition": 'start: begin_patch hunk+ end_patch\nbegin_patch: "*** Begin Patch" LF\n',
+    },
+}
+
+
+@pytest.mark.parametrize("model_tools", ["unknown-model", "gpt-5.5"])
+def test_a_codex_shaped_request_is_answered(
+    gateway: str, standin: StandIn, model_tools: str
+) -> None:
+    """What Codex CLI 0.171 sends (recorded): for a model name it does not know, function
+    tools, a ``namespace`` and ``web_search``; for ``gpt-5.5``, ``apply_patch`` as a custom
+    tool with a Lark grammar and ``tool_search``. Tools no other model can run are
+    dropped, the rest goes on."""
+    exec_command = {
+        "type": "function",
+        "name": "exec_command",
+        "description": "Runs a command",
+        "strict": False,
+        "parameters": {
+            "type": "object",
+            "properties": {"cmd": {"type": "string"}},
+            "required": ["cmd"],
+            "additionalProperties": False,
+        },
+    }
+    hosted: list[dict[str, Any]] = [
+        {"type": "web_search", "external_web_access": False},
+        {
+            "type": "namespace",
+            "name": "multi_agent_v1",
+            "description": "Tools for spawning and managing sub-agents.",
+            "tools": [{**exec_command, "name": "close_agent"}],
+        },
+    ]
+    if model_tools == "gpt-5.5":
+        tools = [exec_command, APPLY_PATCH, {"type": "tool_search", "execution": "client"}]
+    else:
+        tools = [exec_command, *hosted]
+    text = "<environment_context><cwd>/w</cwd></environment_context>"
     body = {
         "model": CHAT,
-        "instructions": None,
         "input": [
             {
                 "type": "message",
                 "role": "developer",
                 "content": [{"type": "input_text", "text": "You are Codex."}],
             },
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]},
             {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]},
             {"type": "reasoning", "summary": [], "encrypted_content": "gAAAAB"},
         ],
-        "tools": [
-            {
-                "type": "function",
-                "name": "exec_command",
-                "description": "Run",
-                "strict": False,
-                "parameters": {
-                    "type": "object",
-                    "properties": {"cmd": {"type": "string"}},
-                    "required": ["cmd"],
-                },
-            },
-            {"type": "namespace", "name": "mcp__fs", "description": "files", "tools": []},
-            {"type": "web_search", "external_web_access": False},
-        ],
+        "tools": tools,
         "tool_choice": "auto",
-        "parallel_tool_calls": False,
+        "parallel_tool_calls": True,
         "reasoning": {"effort": "medium", "summary": "auto"},
         "store": False,
         "stream": True,
         "include": ["reasoning.encrypted_content"],
         "prompt_cache_key": "019a-session",
-        "client_metadata": {"originator": "codex_cli_rs"},
-        "text": {"verbosity": "medium"},
+        "client_metadata": {"session_id": "019a-session", "x-codex-turn-metadata": "{}"},
+        "text": {"verbosity": "low"},
     }
     with httpx.stream(
         "POST",
@@ -384,9 +413,13 @@ def test_a_codex_shaped_request_is_answered(gateway: str, standin: StandIn) -> N
     assert events[-1]["type"] == "response.completed"
     assert events[-1]["response"]["output"][0]["content"][0]["text"] == ANSWER
     sent = standin.bodies()[-1]
-    assert [t["function"]["name"] for t in sent["tools"]] == ["exec_command"]
+    names = [t[t["type"]]["name"] for t in sent["tools"]]
+    assert names == (
+        ["exec_command", "apply_patch"] if model_tools == "gpt-5.5" else ["exec_command"]
+    )
     assert sent["messages"] == [
         {"role": "system", "content": "You are Codex."},
+        {"role": "user", "content": text},
         {"role": "user", "content": "hi"},
     ]
 
