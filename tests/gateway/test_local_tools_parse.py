@@ -314,6 +314,24 @@ def test_the_grammar_takes_exactly_the_answers_of_its_mode(
     assert (consumed and matcher.matcher.is_accepting()) == taken
 
 
+def test_references_to_the_parameters_definitions_hold(compiler: GrammarCompiler) -> None:
+    """A schema as pydantic writes it: ``$defs`` and ``#/$defs/...`` references."""
+    parameters = {
+        "$defs": {"Point": {"type": "object", "properties": {"x": {"type": "integer"}}}},
+        "type": "object",
+        "properties": {"at": {"$ref": "#/$defs/Point"}},
+        "required": ["at"],
+    }
+    tool = {"type": "function", "function": {"name": "go", "parameters": parameters}}
+    choice = tools.Choice("required", frozenset({"go"}))
+    grammar = compiler.compile(tools.call_grammar(tools.tools_of([tool]), choice, False, None))
+    for at, taken in [('{"x": 1}', True), ('{"x": "a"}', False)]:
+        text = f'<tool_call>\n{{"name": "go", "arguments": {{"at": {at}}}}}\n</tool_call>'
+        matcher = grammar.constraint().matcher
+        consumed = all(matcher.consume_token(t) for t in compiler.tokenizer.encode(text))
+        assert (consumed and matcher.is_accepting()) == taken, text
+
+
 def test_auto_with_a_response_format_is_its_json_or_calls(compiler: GrammarCompiler) -> None:
     given = tools.tools_of([ADD_A])
     choice = tools.Choice("auto", frozenset({"add"}))

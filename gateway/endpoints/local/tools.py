@@ -1,7 +1,7 @@
 """Tool calling on local endpoints: a chat request's ``tools``, ``tool_choice`` and tool
 messages onto the engine's prompt and grammar (:func:`plan`).
 
-Every model speaks one call format, Hermes' (Qwen's, SmolLM's)::
+Every model speaks one call format, Hermes' (Qwen 2.5's)::
 
     <tool_call>
     {"name": "get_weather", "arguments": {"city": "Paris"}}
@@ -56,6 +56,7 @@ A function's result comes back within {RESULT_OPEN}{RESULT_CLOSE} tags."""
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for function names
 # a function without ``parameters`` takes none
 _NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
+_DEFINITIONS = ("$defs", "definitions")  # where a schema keeps the subschemas it refers to
 # answer text in ``auto``: anything that never opens a call (llguidance's lexeme syntax)
 _TEXT = f"/(.|\\n)+/ & ~/(.|\\n)*{OPEN}(.|\\n)*/"
 
@@ -85,7 +86,11 @@ class ToolPlan:
     messages: list[dict[str, Any]]  # the conversation as the engine renders it
     template: bool  # the model's chat template renders the tools (``render`` gives the prompt)
     grammar: str | None  # the answer's grammar (None: plain generation)
-    parse: bool  # the answer is split into text and calls
+
+    @property
+    def parse(self) -> bool:
+        """Whether the answer is split into text and calls (it follows the tool grammar)."""
+        return self.grammar is not None
 
     def render(self, tokenizer: Tokenizer) -> list[int]:
         """The prompt's token ids, the tools rendered by the model's own template."""
@@ -136,7 +141,7 @@ def plan(
         if not isinstance(parallel, bool | None):
             raise _bad("parallel_tool_calls", "parallel_tool_calls must be a boolean")
         grammar = call_grammar(shown, choice, parallel is True, text)
-    return ToolPlan(shown, messages, rendered, grammar, parse=bool(shown))
+    return ToolPlan(shown, messages, rendered, grammar)
 
 
 def tools_of(value: Sequence[Any] | None) -> tuple[Tool, ...]:
@@ -247,9 +252,14 @@ def call_grammar(
 
 
 def _call_schema(tool: Tool) -> dict[str, Any]:
+    """The schema of a call's JSON; the parameters' definitions move to its root, where
+    their ``#/$defs/...`` references point."""
+    arguments = dict(tool.parameters)
+    definitions = {k: arguments.pop(k) for k in _DEFINITIONS if k in arguments}
     return {
+        **definitions,
         "type": "object",
-        "properties": {"name": {"const": tool.name}, "arguments": dict(tool.parameters)},
+        "properties": {"name": {"const": tool.name}, "arguments": arguments},
         "required": ["name", "arguments"],
         "additionalProperties": False,
     }
