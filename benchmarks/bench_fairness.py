@@ -11,7 +11,7 @@ project's workload one after another (greedy, ``--max-tokens`` tokens). Once unt
 every timed phase finds the prompts in the prefix cache); then, in each of ``--runs``
 runs, the honest tenant alone, and beside each abuser of ``--abusers`` in turn:
 ``--abuser-clients`` clients of another tenant sending its requests in a loop (a refused
-one is asked again 0.2 s later). The abusers (``n = 16``, no ``max_tokens``, end of text
+one is asked again 0.2 s later, unless said otherwise). The abusers (``n = 16``, no ``max_tokens``, end of text
 banned, unless said otherwise):
 
 - ``sampled_resend``: temperature 0.8, not streamed, the client hangs up after
@@ -27,7 +27,10 @@ banned, unless said otherwise):
   16 tokens each;
 - ``many_stops``: sampled, with the most stop strings a request may carry, each of the
   longest length, that the text keeps almost matching;
-- ``grammars``: sampled, with a JSON schema of many properties (a grammar mask each row).
+- ``grammars``: sampled, with a JSON schema of many properties (a grammar mask each row);
+- ``wrong_key_flood``: a small request with a key the gateway does not know, sent again as
+  soon as it is refused (nothing admitted: the gateway's and the load generator's CPU
+  beside the engine).
 
 Reported per abuser and run: the honest TTFT and end-to-end percentiles beside it, the
 ratios to the run's alone phase (e2e p50, TTFT p99, and the median over honest requests of
@@ -101,6 +104,8 @@ class Abuser:
 
     body: dict[str, Any]
     hang_up: bool = False
+    key: str = KEYS["BENCH_ABUSER"]
+    pause_s: float = RETRY_REFUSED_S  # before asking again once refused
 
 
 def _abusers(args: argparse.Namespace) -> dict[str, Abuser]:
@@ -152,6 +157,11 @@ def _abusers(args: argparse.Namespace) -> dict[str, Abuser]:
                 "temperature": 0.8,
             }
         ),
+        "wrong_key_flood": Abuser(
+            {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}]},
+            key="not-a-key-0123456789",
+            pause_s=0.0,
+        ),
         "many_stops": Abuser({**sampled, "stop": [near[:1023] + str(i) for i in range(4)]}),
         "grammars": Abuser(
             {
@@ -167,7 +177,7 @@ def _abusers(args: argparse.Namespace) -> dict[str, Abuser]:
 
 ABUSERS = (
     "sampled_resend", "greedy_resend", "sampled_stream_resend", "sampled_wait", "sampled_n1",
-    "vocab_bias", "long_drafts", "long_prompts", "many_stops", "grammars",
+    "vocab_bias", "long_drafts", "long_prompts", "many_stops", "grammars", "wrong_key_flood",
 )  # fmt: skip
 
 
@@ -248,7 +258,7 @@ async def _abuse(
 ) -> None:
     """The abuser's requests in a loop; one that hangs up closes its connection after
     ``hang_up_s`` (the gateway cancels the answer) and sends the request again."""
-    headers = {**_auth(KEYS["BENCH_ABUSER"]), "content-type": "application/json"}
+    headers = {**_auth(abuser.key), "content-type": "application/json"}
     body = json.dumps(abuser.body).encode()
     while True:
         try:
@@ -259,7 +269,7 @@ async def _abuse(
                     if r.status != 200:
                         await r.read()
                         phase.abuser[f"status {r.status}"] += 1
-                        await asyncio.sleep(RETRY_REFUSED_S)
+                        await asyncio.sleep(abuser.pause_s)
                         continue
                     phase.abuser["admitted"] += 1
                     async for _ in r.content.iter_any():

@@ -366,7 +366,8 @@ def tenant_limits(
 ) -> ASGIApp:
     """ASGI middleware: every request to a path not in ``exempt`` counts toward its
     tenant's requests in flight and per minute (the completion routes count their own,
-    with tokens). A request without a valid key goes on to its route, which answers 401.
+    with tokens). A request without a valid key goes on to its route, which answers 401
+    (behind :class:`gateway.http.guard.Door`, none comes here).
     One to an ``admin_only`` (method, path) without an admin key is refused here (403,
     or 429 past the requests a minute): counted, but never in flight, so one Redis call
     (none once the window is full) instead of an admission and a release."""
