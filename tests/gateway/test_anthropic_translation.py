@@ -430,4 +430,21 @@ def test_the_models_endpoints_set_the_default_temperature_and_native_leniency() 
     assert [m.model_dump(exclude_unset=True) for m in relayed.messages] == [
         {"role": "user", "content": "s\n\nhi"}
     ]
-    assert relayed.tools is None
+    assert relayed.tools is None and relayed.max_tokens == 5
+    searched = [
+        {"role": "user", "content": "find it"},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "server_tool_use", "id": "s1", "name": "web_search", "input": {}},
+                {"type": "web_search_tool_result", "tool_use_id": "s1", "content": []},
+                {"type": "text", "text": "found"},
+            ],
+        },
+    ]
+    unknown = door.parse({**body, "model": "claude", "messages": searched})
+    assert unknown.messages[0].content == "find it\n\nfound"
+    with pytest.raises(InvalidRequest):
+        door.parse({**body, "model": "m", "messages": searched})
+    with pytest.raises(InvalidRequest):  # no max_tokens: not even relayed
+        door.parse({"model": "claude", "messages": searched})

@@ -6,8 +6,8 @@ The door knows the routing table, for two facts about the model a request names,
 its endpoints' configuration: the temperature a request without one gets (the first
 endpoint's ``messages_temperature``, else Anthropic's 1.0), and whether every endpoint
 speaks Messages itself (the ``anthropic`` kind): then what the translation cannot carry
-(server tools, PDF documents, ...) is no refusal, since the body goes upstream as sent and
-the internal request only sizes the limits."""
+(server tools, PDF documents, block types this gateway does not know) is no refusal, since
+the body goes upstream as sent and the internal request only sizes the limits."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from starlette.types import Message, Send
 
 from gateway.apis.anthropic import errors
-from gateway.apis.anthropic.request import ANTHROPIC_TEMPERATURE, to_chat, to_chat_text
+from gateway.apis.anthropic.request import ANTHROPIC_TEMPERATURE, relayed_only, to_chat
 from gateway.apis.anthropic.response import BadToolCall, message
 from gateway.apis.anthropic.stream import StreamTranscoder, error_event
 from gateway.call import Api, Call
@@ -50,20 +50,26 @@ class MessagesDoor:
         self.routes = routes
 
     def parse(self, data: dict[str, Any]) -> ChatCompletionRequest:
-        request = parse_messages(data)
-        endpoints = self.routes.get(request.model, ())
-        default = next(iter(endpoints), None)
-        temperature = ANTHROPIC_TEMPERATURE
-        if default is not None and default.messages_temperature is not None:
-            temperature = default.messages_temperature
+        model = data.get("model")
+        endpoints = self.routes.get(model, ()) if isinstance(model, str) else ()
         try:
-            body = to_chat(request, temperature)
+            body = to_chat(parse_messages(data), self._temperature(endpoints))
         except InvalidRequest:
             native = all("messages" in PROVIDERS[e.kind].native_apis for e in endpoints)
-            if not endpoints or not native:
+            relayed = relayed_only(data) if endpoints and native else None
+            if relayed is None:
                 raise
-            body = to_chat_text(request, temperature)
+            body = relayed
         return validate(ChatCompletionRequest, body)
+
+    @staticmethod
+    def _temperature(endpoints: tuple[EndpointConfig, ...]) -> float:
+        """A request's temperature when it sends none: its first endpoint's
+        ``messages_temperature``, else Anthropic's default."""
+        first = next(iter(endpoints), None)
+        if first is None or first.messages_temperature is None:
+            return ANTHROPIC_TEMPERATURE
+        return first.messages_temperature
 
     def error_body(self, error: GatewayError) -> bytes:
         return errors.error_body(error)

@@ -207,21 +207,33 @@ def _response_format(extra: dict[str, Any]) -> dict[str, Any] | None:
     return {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
 
 
-def to_chat_text(request: MessagesRequest, temperature: float) -> dict[str, Any]:
-    """The internal request of a body an endpoint relays as sent: its text only, for the
-    limits to size (``temperature``: the default of a request without one)."""
-    texts = [request.system if isinstance(request.system, str) else ""]
-    for message in request.messages:
-        if isinstance(message.content, str):
-            texts.append(message.content)
-        else:
-            texts.extend(b.text for b in message.content if isinstance(b, TextBlock))
+def _texts(value: Any) -> list[str]:
+    """The strings of ``value``'s ``text`` members and of its string contents, in order."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        return [t for item in value for t in _texts(item)]
+    if isinstance(value, dict):
+        text = value.get("text")
+        return [text] if isinstance(text, str) else _texts(value.get("content"))
+    return []
+
+
+def relayed_only(data: dict[str, Any]) -> dict[str, Any] | None:
+    """The internal request of a body only an endpoint speaking Messages itself receives
+    (it goes upstream as sent): its model, answer bound and text, for the limits to size.
+    None when the body lacks even those (the translation's own 400 then stands)."""
+    model, bound, messages = data.get("model"), data.get("max_tokens"), data.get("messages")
+    if not isinstance(model, str) or not model or not isinstance(messages, list) or not messages:
+        return None
+    if isinstance(bound, bool) or not isinstance(bound, int) or bound < 1:
+        return None
+    texts = _texts(data.get("system")) + [t for m in messages for t in _texts(m)]
     return {
-        "model": request.model,
+        "model": model,
         "messages": [{"role": "user", "content": "\n\n".join(t for t in texts if t)}],
-        "max_tokens": request.max_tokens,
-        "temperature": temperature if request.temperature is None else request.temperature,
-        "stream": request.stream,
+        "max_tokens": bound,
+        "stream": data.get("stream") is True,
     }
 
 
