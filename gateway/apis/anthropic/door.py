@@ -112,6 +112,16 @@ class _Held:
         await send({"type": "http.response.body", "body": body})
 
 
+def _error_message(message: Message) -> str:
+    """The message of the OpenAI error event a body holds."""
+    try:
+        detail = orjson.loads(message["body"].removeprefix(b"data:")).get("error")
+    except (orjson.JSONDecodeError, AttributeError):
+        detail = None
+    text = detail.get("message") if isinstance(detail, dict) else None
+    return text if isinstance(text, str) and text else "the answer failed"
+
+
 def _anthropic_error(status: int, raw: bytes) -> tuple[int, bytes]:
     return status, errors.from_openai(status, raw)
 
@@ -134,9 +144,7 @@ class _Relayed:
         elif message["type"] == "http.response.body" and message.get("body", b"").startswith(
             b'data: {"error"'
         ):
-            detail = orjson.loads(message["body"][5:]).get("error") or {}
-            event = error_event(502, str(detail.get("message") or "the answer failed"))
-            await self.send({**message, "body": event})
+            await self.send({**message, "body": error_event(502, _error_message(message))})
         else:
             await self.send(message)
 
