@@ -25,7 +25,8 @@ What each field becomes (docs/anthropic-api.md holds the same table for users):
 
 What cannot be carried and would change the answer is a 400 naming it: Anthropic's
 server tools, PDF/URL/file documents, image files, images inside a tool result,
-``mcp_servers``, more than four stop sequences.
+``mcp_servers``, more than four stop sequences. A body only endpoints speaking Messages
+themselves receive needs no translation: :func:`relayed_only` gives its internal request.
 """
 
 from __future__ import annotations
