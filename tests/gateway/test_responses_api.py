@@ -577,7 +577,7 @@ def test_a_conversation_stored_in_redis_continues_on_an_openai_endpoint_and_back
     sent = native_standin[0].requests[-1].body
     assert "previous_response_id" not in sent
     assert sent["input"] == [
-        {"type": "message", "role": "user", "content": "Hello?"},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hello?"}]},
         {
             "type": "message",
             "role": "assistant",
@@ -616,3 +616,30 @@ def test_text_format_json_schema_is_enforced_on_the_local_model(alice: openai.Op
     )
     assert response.status == "completed"
     assert json.loads(response.output_text)["colour"] in ("red", "green", "blue")
+
+
+def test_input_items_are_listed_by_page_in_either_order(
+    alice: openai.OpenAI, standin: StandIn, gateway: str
+) -> None:
+    stored = alice.responses.create(
+        model=CHAT,
+        input=[
+            {"role": "developer", "content": "Be brief."},
+            {"role": "user", "content": "one"},
+            {"role": "user", "content": "two"},
+        ],
+    )
+    newest = alice.responses.input_items.list(stored.id, limit=2)
+    assert [item.content[0].text for item in newest.data] == ["two", "one"]
+    assert newest.has_more and newest.first_id == newest.data[0].id
+    rest = alice.responses.input_items.list(stored.id, limit=2, after=newest.last_id)
+    assert [item.role for item in rest.data] == ["developer"] and not rest.has_more
+    oldest = alice.responses.input_items.list(stored.id, order="asc", limit=100)
+    assert [item.id for item in oldest.data] == [item.id for item in [*newest.data, *rest.data]][
+        ::-1
+    ]
+    answer = httpx.get(
+        f"{gateway}/v1/responses/{stored.id}/input_items?limit=101",
+        headers={"Authorization": "Bearer alice-key"},
+    )
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "limit"

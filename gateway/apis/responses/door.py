@@ -33,7 +33,7 @@ from gateway.config import Settings
 from gateway.errors import GatewayError, NotFound, ServiceUnavailable, UpstreamError
 from lookup.corpus.errors import StoreUnavailable
 from sdk.wire import ChatCompletionRequest, CompletionRequest
-from sdk.wire.responses import InputItem, ReasoningItem, ResponsesRequest
+from sdk.wire.responses import InputItem, MessageItem, ReasoningItem, ResponsesRequest
 
 log = logging.getLogger(__name__)
 
@@ -284,10 +284,17 @@ def _error(raw: bytes, status: int) -> bytes:
 
 
 def _with_id(item: InputItem) -> dict[str, Any]:
-    """An input item as stored: with an id (``GET .../input_items`` lists items by id)."""
+    """An input item as stored and listed (``GET .../input_items``), in the shape OpenAI
+    lists them: with an id and a type, a message's text as one text part."""
     data = item.model_dump(mode="json", exclude_none=True)
     if not data.get("id"):
-        prefix = "msg" if data.get("type") == "message" else "item"
+        prefix = "msg" if isinstance(item, MessageItem) else "item"
         data["id"] = new_id(prefix)
-    data.setdefault("type", "message")
+    if isinstance(item, MessageItem) and isinstance(item.content, str):
+        part = (
+            {"type": "output_text", "text": item.content, "annotations": []}
+            if item.role == "assistant"
+            else {"type": "input_text", "text": item.content}
+        )
+        data["content"] = [part]
     return data
