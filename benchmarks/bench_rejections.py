@@ -188,9 +188,9 @@ def _run_flood(
 def _spread(runs: list[dict[str, Any]]) -> dict[str, Any]:
     server = [r["server_cpu_us"] for r in runs]
     return {
-        "server_cpu_us_per_request": statistics.median(server),
+        "server_cpu_us_per_request": round(statistics.median(server), 1),
         "server_cpu_us_min_max": [min(server), max(server)],
-        "client_cpu_us_per_request": statistics.median(r["client_cpu_us"] for r in runs),
+        "client_cpu_us_per_request": round(statistics.median(r["client_cpu_us"] for r in runs), 1),
         "runs": runs,
     }
 
