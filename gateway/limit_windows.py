@@ -11,6 +11,7 @@ from gateway.config import LimitsConfig
 
 WINDOW_S = 60.0
 CLIENTS_TRACKED = 65_536  # client addresses with a window open at once
+FULL_HOLD_S = 0.25  # a tenant Redis found at its in-flight limit is refused here this long
 
 
 @dataclass(frozen=True)
@@ -103,13 +104,20 @@ class Seen:
     request those counts already refuse (the window's requests all used, or its tokens
     too few) is refused from here, without a Redis call: the requests a refused client
     keeps sending cost the gateway no round trip. A window is taken to end its time to
-    live after the call was sent, never later than Redis ends it. Anything else is
-    decided by Redis."""
+    live after the call was sent, never later than Redis ends it. A tenant Redis found
+    with all its requests in flight is refused from here for ``FULL_HOLD_S`` (its 429
+    says retry after 1 s): a client hammering at that limit costs a round trip at most
+    that often. Anything else is decided by Redis."""
 
     def __init__(self, clock: Callable[[], float]) -> None:
         self._clock = clock
         self._requests: dict[str, tuple[int, float]] = {}  # tenant -> (count, window end)
         self._tokens: dict[str, tuple[int, float]] = {}
+        self._full: dict[str, float] = {}  # tenant -> when its in-flight refusals end here
+
+    def note_full(self, tenant: str, asked_at: float) -> None:
+        """Redis refused a call sent at ``asked_at``: the tenant's requests were all in flight."""
+        self._full[tenant] = asked_at + FULL_HOLD_S
 
     def note(self, tenant: str, kind: str, count: int, reset_s: float, asked_at: float) -> None:
         """Redis's ``requests`` or ``tokens`` count, for a call sent at ``asked_at``."""
@@ -117,14 +125,22 @@ class Seen:
         seen[tenant] = (count, asked_at + reset_s)
 
     def refusal(
-        self, tenant: str, limits: LimitsConfig, tokens: int, requests: int = 1
+        self,
+        tenant: str,
+        limits: LimitsConfig,
+        tokens: int,
+        requests: int = 1,
+        in_flight: bool = True,
     ) -> Verdict | None:
         """The refusal the counts seen already give ``requests`` more requests and
-        ``tokens`` more tokens, or None (ask Redis)."""
+        ``tokens`` more tokens (``in_flight``: to be counted in flight), or None (ask
+        Redis)."""
         now = self._clock()
         used_requests, requests_end = self._requests.get(tenant, (0, now))
         used_tokens, tokens_end = self._tokens.get(tenant, (0, now))
-        if requests_end > now and used_requests + requests > limits.requests_per_minute:
+        if in_flight and self._full.get(tenant, now) > now:
+            kind = "concurrent"
+        elif requests_end > now and used_requests + requests > limits.requests_per_minute:
             kind = "requests"
         elif tokens and tokens_end > now and used_tokens + tokens > limits.tokens_per_minute:
             kind = "tokens"

@@ -17,8 +17,9 @@ owed and retried in the background until Redis takes it: a slot left counted wou
 refuse the tenant's requests until the count expired, so the count errs low (never below
 zero), never high. A request the counts Redis
 last answered already refuse (a full window) is refused without asking again
-(:class:`~gateway.limit_windows.Seen`): a client that keeps sending once refused costs no
-round trip.
+(:class:`~gateway.limit_windows.Seen`), and so is one of a tenant Redis found with all its
+requests in flight a moment ago: a client that keeps sending once refused costs no round
+trip, or one per moment.
 
 Tokens are counted at admission as OpenAI does: the prompt estimated from the body's
 bytes (4 per token), then the most the answers may use once they are known: ``n`` times
@@ -179,8 +180,9 @@ class RateLimiter:
 
     def known_refusal(self, tenant: str) -> RateLimited | None:
         """The 429 this process already knows a request of ``tenant`` gets, or None: its
-        requests a minute spent as Redis last answered, or (counting here) its requests in
-        flight or a minute all used. No Redis call."""
+        requests a minute spent (or its requests in flight all taken, a moment ago) as
+        Redis last answered, or (counting here) its requests in flight or a minute all
+        used. No Redis call."""
         if self._admit is not None and self._open_until is None:
             verdict = self._seen.refusal(tenant, self.limits, 0)
         else:
@@ -218,6 +220,8 @@ class RateLimiter:
                 self._seen.note(tenant, "tokens", used, verdict.tokens_reset_s, asked_at)
                 if refused is None:
                     return Lease(tenant, in_redis=True)
+                if refused == "concurrent":
+                    self._seen.note_full(tenant, asked_at)
         if verdict is None:
             verdict = self._local.admit(tenant, limits, tokens)
             if verdict.refused is None:
@@ -232,7 +236,7 @@ class RateLimiter:
         limit = self.limits.tokens_per_minute
         result = None
         if self._charge is not None:
-            seen = self._seen.refusal(tenant, self.limits, tokens, requests=0)
+            seen = self._seen.refusal(tenant, self.limits, tokens, requests=0, in_flight=False)
             if seen is not None:
                 raise self._refusal(seen)
             (key,) = self._keys(tenant, "tokens")
@@ -315,7 +319,7 @@ class RateLimiter:
         ``requests_per_minute``."""
         limit = self.limits.requests_per_minute
         if self._redis is not None:
-            seen = self._seen.refusal(tenant, self.limits, 0)
+            seen = self._seen.refusal(tenant, self.limits, 0, in_flight=False)
             if seen is not None:
                 raise self._refusal(seen)
         asked_at = self._clock()
