@@ -101,8 +101,9 @@ class ResponsesDoor:
         return stored
 
     def error_body(self, error: GatewayError) -> bytes:
-        payload = error.payload()
-        return orjson.dumps({"error": error_payload(payload["error"])})  # type: ignore[arg-type]
+        detail = error.payload()["error"]
+        assert isinstance(detail, dict)
+        return orjson.dumps({"error": error_payload(detail)})
 
     def relayed(self, call: Call, send: Send) -> Send:
         request = call.request
