@@ -220,6 +220,7 @@ def create_app(
         runtime.limiter,
         exempt=UNCOUNTED_PATHS,
         per_minute=runtime.settings.limits.unauthenticated_per_minute,
+        count=runtime.telemetry.count_refusal,
     )
     app = _Gateway(
         completions,

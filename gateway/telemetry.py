@@ -157,6 +157,12 @@ class _Metrics:
             ("endpoint", "part"),
             registry=registry,
         )
+        self.refused = Counter(
+            "draftgate_refused",
+            "requests refused from their headers before any route ran (no log line each)",
+            ("status",),
+            registry=registry,
+        )
         self.preemptions = Counter(
             "draftgate_local_preemptions",
             "requests a local endpoint preempted (KV blocks taken back, recomputed later)",
@@ -210,6 +216,10 @@ class Telemetry:
         for part, value in memory.items():
             if isinstance(value, int | float):
                 self._m.memory.labels(endpoint, part).set(value)
+
+    def count_refusal(self, status: int) -> None:
+        """Count one request refused before any route ran, by its status."""
+        self._child(self._m.refused, str(status)).inc()
 
     def set_preemptions(self, endpoint: str, total: int) -> None:
         """Export a local engine's count of preemptions so far."""

@@ -130,9 +130,11 @@ class Door:
         *,
         exempt: frozenset[str],
         per_minute: int,
+        count: Callable[[int], None],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._auth = auth
+        self._count = count
         self._limiter = limiter
         self._exempt = exempt
         self._per_minute = per_minute
@@ -140,7 +142,14 @@ class Door:
         self._answers: dict[str, _Rendered] = {}  # message -> its answer, rendered
 
     def check(self, scope: Scope) -> GatewayError | None:
-        """The error to answer instead of serving this request, or None."""
+        """The error to answer instead of serving this request, or None; each refusal is
+        counted by its status (``count``), never logged."""
+        refusal = self._refusal(scope)
+        if refusal is not None:
+            self._count(refusal.status)
+        return refusal
+
+    def _refusal(self, scope: Scope) -> GatewayError | None:
         if scope["path"] in self._exempt:
             return None
         try:

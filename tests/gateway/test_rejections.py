@@ -82,6 +82,9 @@ def test_keyless_requests_are_limited_per_address(door_app: Any, standin: StandI
     assert httpx.post(f"{url}/v1/chat/completions", json=CHAT, headers=ALICE).status_code == 200
     assert httpx.get(f"{url}/healthz").status_code == 200  # probes are never counted
     assert door_app.state.admitted == ["alice"] and len(standin.requests) == 1
+    metrics = httpx.get(f"{url}/metrics", headers={"authorization": "Bearer ops-key"}).text
+    assert 'draftgate_refused_total{status="401"} 3.0' in metrics
+    assert 'draftgate_refused_total{status="429"} 3.0' in metrics
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/documents", "/v1/no-such-route"])
