@@ -122,8 +122,18 @@ class GGUFFile:
     def _tensor(
         self, whole: np.ndarray, start: int, name: str, dims: tuple[int, ...], kind: int, at: int
     ) -> TensorInfo:
-        qtype = GGMLQuantizationType(kind)
+        try:
+            qtype = GGMLQuantizationType(kind)
+        except ValueError:
+            raise ValueError(f"tensor {name} has unknown GGML type {kind}") from None
+        if qtype not in GGML_QUANT_SIZES:
+            raise ValueError(f"tensor {name} has GGML type {qtype.name}, which has no block size")
         block, size = GGML_QUANT_SIZES[qtype]
+        if not dims or min(dims) < 1 or dims[0] % block:
+            raise ValueError(
+                f"tensor {name} of type {qtype.name} has shape {list(dims)}: its rows must hold "
+                f"whole blocks of {block} values"
+            )
         n_bytes = math.prod(dims) * size // block
         offset = start + at
         if offset + n_bytes > len(whole):

@@ -14,6 +14,7 @@ from local_verifier import gemma
 from local_verifier.errors import ModelLoadError
 from local_verifier.gguf_file import GGUFFile, TensorInfo
 from local_verifier.gguf_tokenizer import tokenizer_from_metadata
+from local_verifier.kernels.packing import QUANT_TYPES, quant_blocks
 from local_verifier.model import ModelConfig
 from local_verifier.tokenizer import Tokenizer
 from local_verifier.weights import row_chunks
@@ -157,13 +158,16 @@ class GGUFSource:
     A tensor is read from the file chunk by chunk of rows (plain reads: no page of the file
     stays resident) and each chunk reinterpreted (F32, F16, BF16) or dequantized by the gguf
     package, then written into its destination (cast once); llama's q/k rows go back to the
-    rotate-half order as they are written."""
+    rotate-half order as they are written. A tensor named in ``keep_blocks`` is read as its
+    blocks instead: its shape is the ``quant`` one (``kernels.packing``) and its rows' bytes
+    are copied as they are."""
 
     def __init__(self, path: Path, reader: GGUFFile, cfg: ModelConfig) -> None:
         arch = _field(reader, "general.architecture")
         layer_names = _GEMMA_LAYER_NAMES if arch == "gemma3" else _LAYER_NAMES
         self._path = path
         self._tensors: dict[str, tuple[TensorInfo, int | None]] = {}  # name: (tensor, heads)
+        self._blocks: set[str] = set()
         for t in reader.tensors:
             if t.name == "rope_freqs.weight":  # read into the config by ``read_gguf``
                 continue
@@ -190,11 +194,39 @@ class GGUFSource:
 
     def shape(self, name: str) -> tuple[int, ...] | None:
         entry = self._tensors.get(name)
-        return None if entry is None else tuple(int(d) for d in reversed(entry[0].shape))
+        if entry is None:
+            return None
+        dims = tuple(int(d) for d in reversed(entry[0].shape))
+        if name in self._blocks:
+            return quant_blocks(dims[0], dims[1], entry[0].tensor_type)
+        return dims
+
+    def block_type(self, name: str) -> GGMLQuantizationType | None:
+        """The GGML type of a 2-D tensor whose blocks the C++ kernels run (``QUANT_TYPES``),
+        else None."""
+        entry = self._tensors.get(name)
+        if entry is None or len(entry[0].shape) != 2 or entry[0].tensor_type not in QUANT_TYPES:
+            return None
+        return entry[0].tensor_type
+
+    def tensor_type(self, name: str) -> GGMLQuantizationType | None:
+        """The file's type of tensor ``name`` (None: no such tensor)."""
+        entry = self._tensors.get(name)
+        return None if entry is None else entry[0].tensor_type
+
+    def keep_blocks(self, name: str, alias: str | None = None) -> None:
+        """Read ``name`` (a ``block_type`` tensor) as its blocks from now on; or, with
+        ``alias``, read it as its blocks under that name only (a tied head's blocks from the
+        embedding's tensor, the embedding read as values)."""
+        if alias is not None:
+            self._tensors[alias] = self._tensors[name]
+        self._blocks.add(alias or name)
 
     def read_into(self, name: str, out: torch.Tensor) -> None:
         t, heads = self._tensors[name]
         stored = t.data  # the reader's memory map: its shape and dtype, no page read
+        if name in self._blocks:
+            stored = stored.reshape(out.shape[0] if heads is None else -1, *out.shape[1:])
         rows = stored.shape[0] if stored.ndim > 1 else 1
         row_bytes = t.n_bytes // rows
         whole = heads is not None or stored.ndim == 1  # permuted across rows, or a vector
@@ -207,7 +239,11 @@ class GGUFSource:
             if raw.size != count:
                 raise ModelLoadError(f"{self._path} is truncated (tensor {t.name})")
             shape = stored.shape if whole else (end - start, *stored.shape[1:])
-            values = _values(raw.view(stored.dtype).reshape(shape), t.tensor_type)
+            values = (
+                torch.from_numpy(raw.reshape(shape))
+                if name in self._blocks
+                else _values(raw.view(stored.dtype).reshape(shape), t.tensor_type)
+            )
             if heads is None:
                 target = out if whole else out[start:end]
                 target.copy_(values.reshape(target.shape))

@@ -14,13 +14,15 @@ _FALLBACKS: dict[Layout, list[Layout]] = {
     "amx": ["amx", "packed", "row"],
     "packed": ["packed", "row"],
     "row": ["row"],
+    "quant": ["row"],
 }
 
 
 class Linear(nn.Module):
     """Weight [out_features, in_features] and optional bias [out_features]. The C++ backend
     holds a bf16 weight packed (``kernels.packing``: the same values, one copy; for the bf16
-    kernels where they run); state dicts hold it row-major either way."""
+    kernels where they run); state dicts hold it row-major either way. A GGUF quantized
+    weight is held as its blocks (``quant``), in every state."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__()
@@ -31,7 +33,9 @@ class Linear(nn.Module):
     @torch.no_grad()
     def set_layout(self, layout: Layout) -> None:
         """Holds the weight in ``layout`` where ``packable`` (``amx`` else ``packed``), else
-        row-major; in place."""
+        row-major; in place. A ``quant`` weight (GGUF blocks) stays as it is."""
+        if layout_of(self.weight.data) == "quant":
+            return
         w = unpack(self.weight.data)
         fits = [c for c in _FALLBACKS[layout] if packable(w, c)]
         if layout_of(self.weight.data) != fits[0]:

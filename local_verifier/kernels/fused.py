@@ -14,11 +14,12 @@ from dataclasses import dataclass
 import torch
 
 from local_verifier.kernels.cpp import MAX_HEAD_DIM
-from local_verifier.kernels.packing import dense_shape, layout_of
+from local_verifier.kernels.packing import dense_shape, layout_of, quant_type
 from local_verifier.kernels.plan import AttentionPlan
 from local_verifier.kernels.step_args import StepArgs
 
 LAYOUT_CODES = {"row": 0, "packed": 1, "amx": 2}  # a weight's layout, as dg_stack_new takes it
+QUANT_CODE = 100  # + the GGML type: a weight of GGUF blocks (``quant``)
 PROFILE_KINDS = ("linear", "head", "attention", "row_ops")  # the entries of ``profile``
 
 
@@ -59,12 +60,13 @@ class FusedStack:
         n_kv_heads: int,
     ) -> None:
         self._lib = library
-        self.dtype = head.dtype
-        """The weights' dtype, and the K/V storage's the stack reads and writes."""
+        self.dtype = norm.dtype
+        """The weights' dtype (the norms', and the linears' that are not GGUF blocks), and the
+        K/V storage's the stack reads and writes."""
         self._params = [norm, head, *(t for w in layers for t in w.tensors())]  # kept alive
         self.vocab, dim = dense_shape(head)
         pointers = [None if t is None else t.data_ptr() for t in self._params]
-        layouts = [0 if t is None else LAYOUT_CODES[layout_of(t)] for t in self._params]
+        layouts = [_layout_code(t) for t in self._params]
         eps = [e for w in layers for e in (w.attn_eps, w.ffn_eps)] + [norm_eps]
         self._handle = library.dg_stack_new(
             len(layers), dim, n_heads, n_kv_heads, _head_dim(layers[0], n_heads),
@@ -72,6 +74,8 @@ class FusedStack:
             (ctypes.c_void_p * len(pointers))(*pointers), (ctypes.c_int * len(layouts))(*layouts),
             (ctypes.c_float * len(eps))(*eps),
         )  # fmt: skip
+        if not self._handle:
+            raise TypeError("the C++ stack does not run a quantized type of these weights")
         weakref.finalize(self, library.dg_stack_free, self._handle)
         self.profile: torch.Tensor | None = None
 
@@ -87,14 +91,17 @@ class FusedStack:
         n_kv_heads: int,
     ) -> FusedStack | None:
         """The stack, or None where it does not apply (parameters not all contiguous float32
-        or all bfloat16, or a head geometry the C++ attention does not take: the per-op path
-        then runs, or says why it cannot)."""
+        or all bfloat16, GGUF blocks aside, or a head geometry the C++ attention does not take:
+        the per-op path then runs, or says why it cannot)."""
         tensors = [norm, head, *(t for w in layers for t in w.tensors() if t is not None)]
-        dtype = head.dtype
+        dtype = norm.dtype
         if dtype not in (torch.float32, torch.bfloat16) or not layers:
             return None
         if any(
-            t.dtype != dtype or t.device.type != "cpu" or not t.is_contiguous() for t in tensors
+            (t.dtype != dtype and layout_of(t) != "quant")
+            or t.device.type != "cpu"
+            or not t.is_contiguous()
+            for t in tensors
         ):
             return None
         head_dim = _head_dim(layers[0], n_heads)
@@ -131,6 +138,13 @@ class FusedStack:
         )  # fmt: skip
         self._lib.dg_stack_step(self._handle, ctypes.byref(args))
         return logits
+
+
+def _layout_code(weight: torch.Tensor | None) -> int:
+    if weight is None:
+        return 0
+    layout = layout_of(weight)
+    return QUANT_CODE + int(quant_type(weight)) if layout == "quant" else LAYOUT_CODES[layout]
 
 
 def _head_dim(layer: LayerWeights, n_heads: int) -> int:

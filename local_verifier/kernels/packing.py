@@ -13,32 +13,69 @@ same values in another order (packing and unpacking are exact):
   (one pair row is the vector ``vdpbf16ps`` takes, 16 output columns per instruction).
   Both round a linear's input to bf16 and sum in their own fixed order (``cpu/amx.h``,
   ``cpu/dot.h``): a different y from the row-major weight's, the same for every row count.
-  ``DRAFTGATE_AMX=0`` turns both off (bf16 weights ``packed`` for the float32 kernels)."""
+  ``DRAFTGATE_AMX=0`` turns both off (bf16 weights ``packed`` for the float32 kernels).
+- ``quant``: a GGUF quantized weight as the file holds it, uint8 ``[M, blocks per row, bytes
+  per block]`` (``QUANT_BLOCKS``: the type follows from the block's size); the C++ kernels
+  run it as it is (``cpu/quant.h``), it is never repacked."""
 
 from __future__ import annotations
 
 import mmap
 from typing import Literal
 
+import numpy as np
 import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize
 
 from local_verifier.huge_pages import HUGE_PAGE, huge_page_mapping
 
 PACK = 16
 AMX_K = 32
 
-Layout = Literal["row", "packed", "amx"]
-_LAYOUTS: dict[int, Layout] = {4: "packed", 5: "amx"}
+Layout = Literal["row", "packed", "amx", "quant"]
+_LAYOUTS: dict[int, Layout] = {3: "quant", 4: "packed", 5: "amx"}
+_Q = GGMLQuantizationType
+# bytes per block: (the GGML type, values per block) of the types the C++ kernels run
+QUANT_BLOCKS: dict[int, tuple[GGMLQuantizationType, int]] = {
+    18: (_Q.Q4_0, 32),
+    20: (_Q.Q4_1, 32),
+    22: (_Q.Q5_0, 32),
+    34: (_Q.Q8_0, 32),
+    144: (_Q.Q4_K, 256),
+    176: (_Q.Q5_K, 256),
+    210: (_Q.Q6_K, 256),
+}
+QUANT_TYPES = {qtype: (size, values) for size, (qtype, values) in QUANT_BLOCKS.items()}
 
 
 def layout_of(weight: torch.Tensor) -> Layout:
-    """The layout a weight (or a vector: ``row``) is held in, by its number of dimensions."""
+    """The layout a weight (or a vector: ``row``) is held in, by its number of dimensions
+    (``quant``: a uint8 tensor of three)."""
     return _LAYOUTS.get(weight.dim(), "row")
 
 
 def is_packed(weight: torch.Tensor) -> bool:
     """Whether ``weight`` is held in a packed layout (``packed`` or ``amx``)."""
-    return weight.dim() > 2
+    return weight.dim() > 3
+
+
+def quant_type(weight: torch.Tensor) -> GGMLQuantizationType:
+    """The GGML type of a weight in the ``quant`` layout."""
+    return QUANT_BLOCKS[weight.shape[2]][0]
+
+
+def quant_blocks(rows: int, cols: int, qtype: GGMLQuantizationType) -> tuple[int, int, int]:
+    """The ``quant`` shape of an [rows, cols] weight of ``qtype`` (cols a whole number of
+    blocks)."""
+    size, values = QUANT_TYPES[qtype]
+    return rows, cols // values, size
+
+
+def dequantized(weight: torch.Tensor) -> torch.Tensor:
+    """The float32 values [M, K] of a ``quant`` weight (the gguf package's dequantization)."""
+    values = dequantize(weight.reshape(weight.shape[0], -1).numpy(), quant_type(weight))
+    return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
 
 
 def packable(weight: torch.Tensor, layout: Layout) -> bool:
@@ -63,6 +100,8 @@ def dense_shape(weight: torch.Tensor) -> tuple[int, int]:
     if layout == "row":
         m, k = weight.shape
         return m, k
+    if layout == "quant":
+        return weight.shape[0], weight.shape[1] * QUANT_BLOCKS[weight.shape[2]][1]
     return weight.shape[0] * PACK, weight.shape[1] * (AMX_K if layout == "amx" else PACK)
 
 
@@ -79,7 +118,8 @@ def pack(weight: torch.Tensor, layout: Layout = "packed") -> torch.Tensor:
 
 
 def unpack(weight: torch.Tensor) -> torch.Tensor:
-    """The row-major copy of a weight in any layout (itself if row-major)."""
+    """The row-major copy of a weight in any layout (itself if row-major or ``quant``: its
+    blocks are its only form)."""
     layout = layout_of(weight)
     if layout == "amx":
         return weight.permute(0, 3, 1, 2, 4).reshape(dense_shape(weight))
@@ -95,6 +135,8 @@ def gather_rows(weight: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     layout = layout_of(weight)
     if layout == "row":
         return weight[index]
+    if layout == "quant":  # the rows' blocks dequantized
+        return dequantized(weight[index])
     tile, lane = index // PACK, index % PACK
     rows = weight[tile, :, lane] if layout == "packed" else weight[tile, :, :, lane]
     return rows.reshape(index.shape[0], -1)

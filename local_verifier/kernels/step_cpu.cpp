@@ -21,6 +21,7 @@
 //   cpu/linear.h     linear layers on float32/bf16 weights, row-major or packed
 //   cpu/amx.h        linear layers on AMX tiles (bf16 weights in the AMX layout)
 //   cpu/dot.h        linear layers on AVX512-BF16 dot products (the same layout)
+//   cpu/quant.h      linear layers on GGUF quantized blocks (integer dot products)
 //   cpu/attention.h  attention over each row's own key list
 //   cpu/stack.h      the layer stack of a step in one call (dg_stack_step)
 //
@@ -31,6 +32,7 @@
 #include "cpu/common.h"
 #include "cpu/dot.h"
 #include "cpu/linear.h"
+#include "cpu/quant.h"
 #include "cpu/stack.h"
 
 #include <omp.h>
@@ -62,6 +64,20 @@ void dg_linear_packed(const float* xp, const float* wp, const float* bp, float* 
 void dg_linear_packed_bf16(const float* xp, const uint16_t* wp, const float* bp, float* yp,
                            int64_t N, int64_t K, int64_t M, int threads) {
   linear(xp, wp, true, bp, yp, N, K, M, threads);
+}
+
+// y [N, M] = x [N, K] @ w.T (+ bias [M] unless null) for w [M, K / block] GGUF blocks of GGML
+// type `type` (cpu/quant.h): x quantized per block of 32, integer sums per sub-block. Returns
+// 0, or -1 (nothing written) for a type it does not run or a K not a multiple of its block.
+int dg_linear_quant(const float* xp, const uint8_t* wp, const float* bp, float* yp, int64_t N,
+                    int64_t K, int64_t M, int type, int threads) {
+  const int64_t block = type == kQ4_K || type == kQ5_K || type == kQ6_K ? 256 : kQBlock;
+  if (!quant_type_known(type) || K % block != 0) return -1;
+  QuantRows rows;
+  rows.fit(N, K);
+#pragma omp parallel num_threads(threads)
+  quant_linear_team(type, xp, wp, bp, yp, N, K, M, rows);
+  return 0;
 }
 
 // Frees the calling thread's OpenMP team (torch's threads too: the process has one OpenMP
@@ -150,11 +166,14 @@ extern "C" {
 // A layer stack's table: n_layers layers of dim, n_heads / n_kv_heads heads of head_dim,
 // hidden_dim and vocab; weights (float32, or bf16 bits when bf16) = the final norm, the head,
 // then per layer attn_norm, wqkv, bqkv (or null), wo, ffn_norm, w13, w2; layouts[i]: the
-// Layout of weights[i] (a linear layer's; kAmxPacked only where dg_bf16_kernels); eps = per
+// Layout of weights[i] (a linear layer's; kAmxPacked only where dg_bf16_kernels; kQuantBlocks +
+// a GGML type for rows of its blocks, null returned for a type not run here); eps = per
 // layer attn_norm's, ffn_norm's, then the final norm's. The weights must outlive the table.
 void* dg_stack_new(int64_t n_layers, int64_t dim, int64_t n_heads, int64_t n_kv_heads,
                    int64_t head_dim, int64_t hidden_dim, int64_t vocab, int bf16,
                    const void* const* weights, const int* layouts, const float* eps) {
+  for (int64_t i = 1; i < 2 + 7 * n_layers; ++i)  // a quantized matrix: a type it runs
+    if (layouts[i] >= kQuantBlocks && !quant_type_known(layouts[i] - kQuantBlocks)) return nullptr;
   Stack* m = new Stack();
   m->dim = dim;
   m->H = n_heads;

@@ -13,6 +13,7 @@
 #include "common.h"
 #include "dot.h"
 #include "linear.h"
+#include "quant.h"
 
 // The arguments of one dg_stack_step call: a plain C struct, mirrored field for field by
 // step_args.py's StepArgs (a ctypes.Structure; dg_step_args_layout reports this side's
@@ -55,9 +56,10 @@ namespace {
 // by the table, grown to the largest step. One parallel region per layer (from the wo of
 // the layer before to the rope of this one) plus attention's own.
 
-enum Layout { kRowMajor = 0, kPacked = 1, kAmxPacked = 2 };  // as fused.py's LAYOUT_CODES
+// as fused.py's LAYOUT_CODES; kQuantBlocks + a GGML type code: rows of that type's blocks
+enum Layout { kRowMajor = 0, kPacked = 1, kAmxPacked = 2, kQuantBlocks = 100 };
 
-struct Matrix {  // a linear layer's weight and its layout (cpu/linear.h)
+struct Matrix {  // a linear layer's weight and its layout (cpu/linear.h, cpu/quant.h)
   const void* w;
   int layout;
 };
@@ -78,6 +80,7 @@ struct Stack {
   std::vector<float> widened;         // bf16: the norms' and biases' float32 values, per step
   std::vector<const float*> vectors;  // per layer attn_norm, ffn_norm, bqkv; then the norm
   std::vector<float> scratch;         // a step's activations
+  QuantRows quant_rows;               // a quantized linear's input rows
   std::mutex busy;                    // one step at a time uses the scratch
 };
 
@@ -105,10 +108,13 @@ void attention(const float* qp, const KV* kc, const KV* vc, const DgStepArgs& s,
                  op, s.n_rows, s.n_seqs, H, KVH, Dh, s.threads);
 }
 
-// linear_team over a matrix of the table.
+// linear_team over a matrix of the table (quantized blocks: quant_linear_team).
 template <typename W>
 void linear_team(const float* xp, const Matrix& w, const float* bp, float* yp, int64_t N,
-                 int64_t K, int64_t M) {
+                 int64_t K, int64_t M, QuantRows& rows) {
+  if (w.layout >= kQuantBlocks)
+    return quant_linear_team(w.layout - kQuantBlocks, xp, static_cast<const uint8_t*>(w.w), bp,
+                             yp, N, K, M, rows);
 #if DG_DOT
   if constexpr (std::is_same_v<W, uint16_t>)
     if (w.layout == kAmxPacked)
@@ -171,6 +177,7 @@ void stack_step(Stack& m, const DgStepArgs& s) {
   float *tmp = buffers[4], *gate_up = buffers[5], *act = buffers[6];
   float *last = buffers[7], *normed = buffers[8];
   float* x = s.x;
+  m.quant_rows.fit(N, std::max({D, HD, F}));
   Clock clock{s.seconds, s.seconds != nullptr ? omp_get_wtime() : 0.0};
 
   for (int64_t l = 0; l <= L; ++l) {
@@ -178,7 +185,7 @@ void stack_step(Stack& m, const DgStepArgs& s) {
     {
       if (l > 0) {  // the rest of layer l - 1, after its attention
         const LayerWeights& w = m.layers[l - 1];
-        linear_team<W>(att, w.wo, nullptr, tmp, N, HD, D);
+        linear_team<W>(att, w.wo, nullptr, tmp, N, HD, D, m.quant_rows);
         clock.mark(kLinearTime);
 #pragma omp for schedule(static)
         for (int64_t n = 0; n < N; ++n) {
@@ -186,12 +193,12 @@ void stack_step(Stack& m, const DgStepArgs& s) {
           rms_norm_row(x + n * D, m.vectors[3 * (l - 1) + 1], h + n * D, D, w.ffn_eps);
         }
         clock.mark(kRowOpsTime);
-        linear_team<W>(h, w.w13, nullptr, gate_up, N, D, 2 * F);
+        linear_team<W>(h, w.w13, nullptr, gate_up, N, D, 2 * F, m.quant_rows);
         clock.mark(kLinearTime);
 #pragma omp for schedule(static)
         for (int64_t n = 0; n < N; ++n) silu_mul_row(gate_up + n * 2 * F, act + n * F, F);
         clock.mark(kRowOpsTime);
-        linear_team<W>(act, w.w2, nullptr, tmp, N, F, D);
+        linear_team<W>(act, w.w2, nullptr, tmp, N, F, D, m.quant_rows);
         clock.mark(kLinearTime);
       }
       if (l < L) {  // layer l up to its attention
@@ -202,7 +209,7 @@ void stack_step(Stack& m, const DgStepArgs& s) {
           rms_norm_row(x + n * D, m.vectors[3 * l], h + n * D, D, w.attn_eps);
         }
         clock.mark(kRowOpsTime);
-        linear_team<W>(h, w.wqkv, m.vectors[3 * l + 2], qkv, N, D, QKV);
+        linear_team<W>(h, w.wqkv, m.vectors[3 * l + 2], qkv, N, D, QKV, m.quant_rows);
         clock.mark(kLinearTime);
 #pragma omp for schedule(static)
         for (int64_t n = 0; n < N; ++n) {  // each row to its own slot (a step's are distinct)
@@ -221,7 +228,7 @@ void stack_step(Stack& m, const DgStepArgs& s) {
           rms_norm_row(last + p * D, m.vectors[3 * L], normed + p * D, D, m.norm_eps);
         }
         clock.mark(kRowOpsTime);
-        linear_team<W>(normed, m.head, nullptr, s.logits, P, D, m.V);
+        linear_team<W>(normed, m.head, nullptr, s.logits, P, D, m.V, m.quant_rows);
         clock.mark(kHeadTime);
       }
     }

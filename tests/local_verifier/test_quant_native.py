@@ -1,0 +1,239 @@
+"""GGUF quantized weights run as blocks (``dtype="native"``): every type the C++ kernels take,
+on tiny files written here (the gguf package's quantizers where it has them, else blocks of
+valid random fields), bitwise the same for a row alone, batched, in prompt chunks, in draft
+trees, fused or op by op, on one thread or two; close to the same weights dequantized."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, GGUFWriter
+from gguf.quants import quantize
+from safetensors.torch import load_file
+
+from local_verifier.errors import ModelLoadError
+from local_verifier.kernels.packing import QUANT_TYPES, layout_of, quant_type
+from local_verifier.kv_storage import KVStorage
+from local_verifier.linear import Linear
+from local_verifier.loader import LoadedModel, load_model
+from local_verifier.model import SeqStep, Transformer
+from tests.local_verifier.conftest import write_tiny_checkpoint
+from tests.local_verifier.test_gguf_tiny import _permute
+
+Q = GGMLQuantizationType
+GGUF_QUANTIZED = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q8_0)  # the gguf package quantizes these
+TYPES = tuple(QUANT_TYPES)
+PROMPT = 300
+
+
+def random_blocks(rows: int, cols: int, qtype: GGMLQuantizationType, seed: int) -> np.ndarray:
+    """[rows, bytes per row] of ``qtype`` blocks with random fields and scales that keep the
+    values within about +-0.3 (K-quants, which the gguf package does not quantize)."""
+    size, values = QUANT_TYPES[qtype]
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(0, 256, (rows, cols // values, size), dtype=np.uint8)
+    top = {Q.Q4_K: 15 * 63, Q.Q5_K: 31 * 63, Q.Q6_K: 32 * 127}[qtype]
+    scale = (rng.random((rows, cols // values)) * 0.3 / top).astype(np.float16)
+    if qtype == Q.Q6_K:
+        blocks[..., 208:210] = scale.view(np.uint8).reshape(rows, -1, 2)
+    else:  # d, then dmin
+        blocks[..., 0:2] = scale.view(np.uint8).reshape(rows, -1, 2)
+        blocks[..., 2:4] = scale.view(np.uint8).reshape(rows, -1, 2)
+    return blocks.reshape(rows, -1)
+
+
+def write_quant_gguf(src: Path, dst: Path, qtype: GGMLQuantizationType) -> Path:
+    """The tiny checkpoint at ``src`` as a llama GGUF whose linear layers are ``qtype``."""
+    cfg = json.loads((src / "config.json").read_text())
+    tok = json.loads((src / "tokenizer.json").read_text())
+    writer = GGUFWriter(str(dst), "llama")
+    writer.add_block_count(cfg["num_hidden_layers"])
+    writer.add_context_length(cfg["max_position_embeddings"])
+    writer.add_embedding_length(cfg["hidden_size"])
+    writer.add_feed_forward_length(cfg["intermediate_size"])
+    writer.add_head_count(cfg["num_attention_heads"])
+    writer.add_head_count_kv(cfg["num_key_value_heads"])
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    vocab = tok["model"]["vocab"]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(sorted(vocab, key=vocab.__getitem__))
+    writer.add_token_merges(
+        [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
+    )
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, cfg["num_hidden_layers"])
+    for seed, (name, tensor) in enumerate(
+        sorted(load_file(str(src / "model.safetensors")).items())
+    ):
+        array = tensor.float().numpy()
+        gguf_name = names.get_name(name, try_suffixes=(".weight",))
+        assert gguf_name is not None, name
+        if ".self_attn.q_proj." in name:
+            array = _permute(array, cfg["num_attention_heads"])
+        elif ".self_attn.k_proj." in name:
+            array = _permute(array, cfg["num_key_value_heads"])
+        if array.ndim == 1 or "embed_tokens" in name:
+            writer.add_tensor(gguf_name, array.astype(np.float32))
+        elif qtype in GGUF_QUANTIZED:
+            writer.add_tensor(gguf_name, quantize(array, qtype), raw_dtype=qtype)
+        else:
+            writer.add_tensor(
+                gguf_name,
+                random_blocks(array.shape[0], array.shape[1], qtype, seed),
+                raw_dtype=qtype,
+            )
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return dst
+
+
+@pytest.fixture(scope="module")
+def quant_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Llama whose every dimension is a whole number of 256-value blocks."""
+    return write_tiny_checkpoint(
+        tmp_path_factory.mktemp("tiny-quant"),
+        hidden_size=256,
+        intermediate_size=512,
+        max_position_embeddings=512,
+    )
+
+
+@pytest.fixture(scope="module", params=TYPES, ids=lambda t: t.name)
+def quant_file(
+    request: pytest.FixtureRequest, quant_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[GGMLQuantizationType, Path]:
+    qtype: GGMLQuantizationType = request.param
+    path = tmp_path_factory.mktemp("quant") / f"tiny-{qtype.name}.gguf"
+    return qtype, write_quant_gguf(quant_checkpoint, path, qtype)
+
+
+@pytest.fixture(scope="module")
+def native(quant_file: tuple[GGMLQuantizationType, Path]) -> LoadedModel:
+    return load_model(str(quant_file[1]), device="cpu", dtype="native", tune_threads=False)
+
+
+def _kv(lm: LoadedModel, slots: int) -> KVStorage:
+    return KVStorage(lm.config, slots, dtype=lm.model.kv_dtype)
+
+
+def _prompt(n: int, seed: int) -> torch.Tensor:
+    return torch.randint(3, 176, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def _prefill(
+    model: Transformer, kv: KVStorage, tokens: torch.Tensor, chunks: list[int]
+) -> torch.Tensor:
+    """Every row's logits of ``tokens`` fed in steps of ``chunks`` rows (slots = positions)."""
+    rows, start = [], 0
+    for size in chunks:
+        slots = torch.arange(start, start + size)
+        step = SeqStep(tokens[start : start + size], slots, slots, torch.arange(start))
+        rows.append(model.step([step], kv)[0])
+        start += size
+    return torch.cat(rows)
+
+
+def test_linear_layers_hold_the_files_blocks(
+    native: LoadedModel, quant_file: tuple[GGMLQuantizationType, Path]
+) -> None:
+    linears = [m for m in native.model.modules() if isinstance(m, Linear)]
+    assert len(linears) == 1 + 4 * native.config.n_layers
+    for module in linears:
+        assert layout_of(module.weight) == "quant"
+        assert quant_type(module.weight) == quant_file[0]
+    assert native.model.fused_stack() is not None
+
+
+def test_rows_are_the_same_alone_chunked_batched_fused_and_on_two_threads(
+    native: LoadedModel,
+) -> None:
+    model = native.model
+    tokens = _prompt(PROMPT, 1)
+    whole = _prefill(model, _kv(native, PROMPT), tokens, [PROMPT])
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            chunked = _prefill(model, _kv(native, PROMPT), tokens, [1, 7, 64, PROMPT - 72])
+            assert torch.equal(chunked, whole), count
+    finally:
+        torch.set_num_threads(threads)
+    kv = _kv(native, PROMPT + 64)
+    other = _prompt(64, 2)
+    slots = torch.arange(PROMPT)
+    alone_rows = torch.arange(PROMPT, PROMPT + 64)
+    batched, _ = model.step(
+        [
+            SeqStep(tokens, slots, slots, slots[:0]),
+            SeqStep(other, torch.arange(64), alone_rows, alone_rows[:0]),
+        ],
+        kv,
+    )
+    assert torch.equal(batched, whole)
+    per_op = replace(model.kernel_options, fused=False)
+    fused = model.kernel_options
+    try:
+        model.kernel_options = per_op
+        assert torch.equal(_prefill(model, _kv(native, PROMPT), tokens, [7, PROMPT - 7]), whole)
+    finally:
+        model.kernel_options = fused
+
+
+def test_tree_rows_equal_their_paths_decoded_one_row_at_a_time(native: LoadedModel) -> None:
+    model, n = native.model, 12
+    parents = [-1, 0, 0, 1, 1, 2, -1, 6, 7, 3, 9, 5]
+    mask, depth = torch.zeros(n, n, dtype=torch.bool), [0] * n
+    for i, p in enumerate(parents):
+        mask[i, i] = True
+        if p >= 0:
+            mask[i] |= mask[p]
+            depth[i] = depth[p] + 1
+    prompt, tokens = _prompt(20, 3), _prompt(n, 4)
+    kv = _kv(native, 80)
+    _prefill(model, kv, prompt, [20])
+    context = torch.arange(20)
+    tree = SeqStep(
+        tokens, torch.tensor([20 + d for d in depth]), torch.arange(20, 20 + n), context, mask=mask
+    )
+    logits = model.step([tree], kv)[0]
+    for i in range(n):
+        path = mask[i].nonzero().flatten()
+        base = 40
+        for j, row in enumerate(path.tolist()):  # the path alone, one row per step
+            slot = torch.tensor([base + j])
+            step = SeqStep(
+                tokens[row : row + 1],
+                torch.tensor([20 + j]),
+                slot,
+                torch.cat([context, torch.arange(base, base + j)]),
+            )
+            last = model.step([step], kv)[0]
+        assert torch.equal(logits[i], last[0]), i
+
+
+def test_native_is_close_to_the_same_weights_dequantized(
+    native: LoadedModel, quant_file: tuple[GGMLQuantizationType, Path]
+) -> None:
+    reference = load_model(str(quant_file[1]), device="cpu", dtype="float32", tune_threads=False)
+    tokens = _prompt(40, 5)
+    ours = _prefill(native.model, _kv(native, 40), tokens, [40])
+    theirs = _prefill(reference.model, _kv(reference, 40), tokens, [40])
+    spread = theirs.abs().max()
+    assert (ours - theirs).abs().max() < 0.08 * spread  # activations quantized to 8 bits
+    assert (ours.argmax(-1) == theirs.argmax(-1)).float().mean() >= 0.9
+
+
+def test_native_needs_a_gguf_file(quant_checkpoint: Path) -> None:
+    with pytest.raises(ModelLoadError, match="native"):
+        load_model(str(quant_checkpoint), device="cpu", dtype="native", tune_threads=False)
