@@ -288,7 +288,11 @@ class StandIn:
             text = "".join(answer)
             if chat:
                 content = None if calls else text
-                message = {"role": "assistant", "content": content, "refusal": None}
+                message: dict[str, Any] = {
+                    "role": "assistant",
+                    "content": content,
+                    "refusal": None,
+                }
                 if calls:
                     message["tool_calls"] = calls
                 choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
