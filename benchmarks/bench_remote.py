@@ -3,6 +3,7 @@
 
     python -m benchmarks.bench_remote --workload PATH --max-tokens N --json OUT [--smoke]
         [--limit K] [--categories code_edit,...] [--round-trip-s S --token-s S]
+        [--healthz [--unknown-context]]
 
 Every workload item is asked twice, greedy and not streamed: once with drafting off (the
 gateway passes it through to the stand-in's own decoding) and once remotely verified
@@ -14,11 +15,19 @@ pass-through one) and ``passed_through`` (verified requests the gateway passed t
 The stand-in and the gateway run in child processes; the client runs here.
 ``--round-trip-s``/``--token-s`` pin the gateway's cost model (``verify_round_trip_s``,
 ``verify_token_s``) instead of the self-test's measurement.
+
+``--healthz`` then sends one greedy chat request with a 6 MB prompt through remote
+verification while this process polls ``GET /healthz`` back to back, and reports the
+polls' latency (``healthz_p50_ms``, ``healthz_p99_ms``, ``healthz_max_ms``; the goal is a
+p99 under 10 ms), the big request's status, seconds and pass-through reason. The stand-in
+reports its context (``max_model_len``) unless ``--unknown-context``: then the gateway
+templates and tokenizes the whole prompt (on a worker thread) before it finds it too long.
 """
 
 from __future__ import annotations
 
 import argparse
+import threading
 import time
 from typing import Any
 
@@ -29,6 +38,7 @@ from benchmarks.harness import (
     free_port,
     gateway,
     parse,
+    pct,
     spawned,
     wait_port,
     workload,
@@ -39,13 +49,17 @@ SMOKE = ("--limit", "2", "--max-tokens", "16")
 ENDPOINT = "standin"
 
 
-def _serve_standin(port: int) -> None:
+HEALTHZ_PROMPT_BYTES = 6_000_000
+
+
+def _serve_standin(port: int, reports_context: bool = True) -> None:
     import uvicorn
 
     from local_verifier.engine import Engine
     from tests.remote_standin import RemoteStandIn
 
     standin = RemoteStandIn(Engine(MODEL, "cpu", "float32"))
+    standin.reports_context = reports_context
     uvicorn.run(standin.app, host="127.0.0.1", port=port, log_level="error", access_log=False)
 
 
@@ -86,11 +100,52 @@ def _ask(client: httpx.Client, body: dict[str, Any]) -> tuple[dict[str, Any], fl
     return response.json(), seconds, response.headers.get("x-draftgate-prediction", "")
 
 
+def _healthz_during_big_prompt(url: str) -> dict[str, Any]:
+    """``/healthz`` latency while a 6 MB greedy prompt goes through remote verification."""
+    line = "def add(a, b):\n    return a + b  # a line of a long file, naïve café\n"
+    content = (line * (HEALTHZ_PROMPT_BYTES // len(line) + 1))[:HEALTHZ_PROMPT_BYTES]
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": content}],
+        "temperature": 0,
+        "max_tokens": 16,
+    }
+    outcome: dict[str, Any] = {}
+
+    def big() -> None:
+        t0 = time.perf_counter()
+        response = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=600)
+        outcome.update(
+            status=response.status_code,
+            seconds=round(time.perf_counter() - t0, 3),
+            remote_verify=response.headers.get("x-draftgate-remote-verify", ""),
+        )
+
+    latencies: list[float] = []
+    with httpx.Client(base_url=url, timeout=60) as client:
+        client.get("/healthz")  # the connection is open before the clock starts
+        sender = threading.Thread(target=big)
+        sender.start()
+        while sender.is_alive():
+            t0 = time.perf_counter()
+            client.get("/healthz").raise_for_status()
+            latencies.append(time.perf_counter() - t0)
+        sender.join()
+    return {
+        "prompt_bytes": HEALTHZ_PROMPT_BYTES,
+        "polls": len(latencies),
+        "healthz_p50_ms": round(pct(latencies, 50) * 1000, 2),
+        "healthz_p99_ms": round(pct(latencies, 99) * 1000, 2),
+        "healthz_max_ms": round(max(latencies) * 1000, 2),
+        "big_request": outcome,
+    }
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     categories = [c for c in (args.categories or "").split(",") if c]
     items = workload(args.workload, categories, limit=args.limit)
     port = free_port()
-    with spawned(_serve_standin, port) as proc:
+    with spawned(_serve_standin, port, not args.unknown_context) as proc:
         wait_port(port, proc, deadline_s=600)
         with gateway(
             _config(f"http://127.0.0.1:{port}", args.round_trip_s, args.token_s)
@@ -126,6 +181,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 t["drafted"] += extension.get("drafted_tokens", 0)
                 t["accepted"] += extension.get("accepted_tokens", 0)
             client.close()
+            healthz = _healthz_during_big_prompt(served.url) if args.healthz else None
     categories = {
         name: {
             "remote_tok_s": round(t["tokens"] / t["seconds"], 2),
@@ -140,12 +196,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for name, t in totals.items()
     }
     pinned = {"round_trip_s": args.round_trip_s, "token_s": args.token_s}
-    return {
+    result = {
         "self_test": state,
         "pinned_costs": pinned,
         "max_tokens": args.max_tokens,
         "categories": categories,
     }
+    if healthz is not None:
+        result["healthz_during_6mb_prompt"] = {
+            "context_reported": not args.unknown_context,
+            **healthz,
+        }
+    return result
 
 
 _KEYS = (
@@ -174,6 +236,14 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument(
         "--token-s", type=float, default=None, help="pin the gateway's time per output token"
+    )
+    parser.add_argument(
+        "--healthz", action="store_true", help="/healthz latency during a 6 MB prompt"
+    )
+    parser.add_argument(
+        "--unknown-context",
+        action="store_true",
+        help="the stand-in does not report max_model_len (the prompt is tokenized)",
     )
     args = parse(parser, SMOKE, argv)
     result = run(args)

@@ -117,10 +117,11 @@ class RemoteStandIn:
         self.corrupt: Corruption | None = None  # generate answers turn hostile ...
         self.corrupt_after_scores = 0  # ... once this many scores were answered
         self.set_cookie = False  # every answer sets a cookie
+        self.reports_context = True  # /tokenize tells max_model_len
         self.scores = 0
         self.decodes = 0
         self.garbage_rows = 0  # uninitialised rows sent (vLLM, cache read)
-        self.salts: list[str | None] = []  # each generate request's salt
+        self.salts: list[tuple[str, str | None]] = []  # each generate request's API and salt
         self.cached: list[int] = []  # each scoring request's cached tokens
         self.cookies: list[str] = []  # Cookie headers received
         self.busy = asyncio.Lock()  # one request on the model at a time, like one GPU
@@ -297,7 +298,7 @@ class RemoteStandIn:
         body = await self._body(request)
         ids = [int(t) for t in body["input_ids"]]
         salt = body.get("extra_key")
-        self.salts.append(salt)
+        self.salts.append(("sglang", salt))
         params = body.get("sampling_params") or {}
         max_new = int(params.get("max_new_tokens", 128))
         refused = self._refused_ids(ids)
@@ -395,7 +396,7 @@ class RemoteStandIn:
         body = await self._body(request)
         ids = [int(t) for t in body["token_ids"]]
         salt = body.get("cache_salt")
-        self.salts.append(salt)
+        self.salts.append(("vllm", salt))
         params = body.get("sampling_params") or {}
         max_tokens = int(params.get("max_tokens", 16))
         refused = self._refused_ids(ids, max_tokens)
@@ -496,9 +497,10 @@ class RemoteStandIn:
         body = await self._body(request)
         tokenizer = self.engine.tokenizer
         tokens = tokenizer.encode(body["prompt"], bool(body.get("add_special_tokens", True)))
-        return self._answer(
-            JSONResponse({"tokens": tokens, "count": len(tokens), "max_model_len": MAX_MODEL_LEN})
-        )
+        answer: dict[str, Any] = {"tokens": tokens, "count": len(tokens)}
+        if self.reports_context:
+            answer["max_model_len"] = MAX_MODEL_LEN
+        return self._answer(JSONResponse(answer))
 
     async def _version(self, request: Request) -> Response:
         return JSONResponse({"version": VLLM_VERSION})

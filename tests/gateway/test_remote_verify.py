@@ -17,8 +17,14 @@ from gateway.app import create_app
 from gateway.audit.client import RequestRecord
 from gateway.audit.metrics import group_stats
 from gateway.config import build_settings
+from gateway.endpoints.remote import context as context_module
+from gateway.endpoints.remote import endpoint as endpoint_module
+from gateway.endpoints.remote.context import TokenIds
 from gateway.endpoints.remote.endpoint import RemoteEndpoint
+from gateway.endpoints.remote.failures import RemoteFailure
+from gateway.endpoints.remote.salt import CacheSalts
 from gateway.endpoints.remote.verify import Pacing, judge
+from gateway.endpoints.remote.wire import Ask, engine_client
 from lookup.corpus import Corpus, open_store
 from tests.gateway.servers import serve
 from tests.remote_standin import RemoteStandIn
@@ -176,6 +182,27 @@ def test_requests_pass_through_where_drafts_cannot_pay(
     assert fresh.scores == 0
 
 
+def test_a_does_not_pay_verdict_is_measured_again(
+    gateway: tuple[Any, str], fresh: RemoteStandIn
+) -> None:
+    remote = gateway[0].state.runtime.remote["sg"]
+    pinned = remote.pacing
+    remote.pacing = Pacing(round_trip_s=10.0, token_s=0.001)  # measured: a slow moment
+    remote.remeasure_s = 0.0
+    remote.checked.clear()
+    try:
+        body = {"model": "smollm2-sg", "messages": MESSAGES, "temperature": 0, "max_tokens": 4}
+        response = httpx.post(f"{gateway[1]}/v1/chat/completions", json=body, timeout=120)
+        assert response.headers["x-draftgate-remote-verify"] == "passthrough:does-not-pay"
+        assert remote.checked.wait(120)  # a self-test ran in the background
+        measured = remote.pacing
+    finally:
+        remote.pacing = pinned
+        remote.remeasure_s = endpoint_module.REMEASURE_S
+    assert measured.measured_round_trips > 0 and measured.round_trip_s != 10.0
+    assert remote.self_test is not None and remote.self_test.state == "exact"
+
+
 def test_sampled_requests_pass_through_and_say_so(
     gateway: tuple[Any, str], fresh: RemoteStandIn
 ) -> None:
@@ -292,3 +319,314 @@ def test_audits_report_round_trips_per_token_and_cached_tokens_per_round() -> No
     assert stats.remote_cached_tokens_per_round == 80
     local = group_stats(records[2:], config="c", setting="s", concurrency=1, category="all")
     assert local.remote_round_trips_per_token is None
+
+
+# -- vLLM 0.32's prefix cache: rows of cached positions are never read ------------------------
+
+
+@pytest.fixture
+def vllm(gateway: tuple[Any, str], fresh: RemoteStandIn) -> Iterator[Any]:
+    """The gateway's vLLM client, reading the cache again (as after a start)."""
+    client = gateway[0].state.runtime.remote["vl"].client
+    client.cache_note = None
+    yield client
+    client.cache_note = None
+
+
+def _verified(url: str, model: str, **extra: Any) -> httpx.Response:
+    body = {
+        "model": model,
+        "messages": MESSAGES,
+        "temperature": 0,
+        "max_tokens": 24,
+        "prediction": {"type": "content", "content": PREDICTION},
+        **extra,
+    }
+    return httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120)
+
+
+def _exact(text: str) -> dict[str, str]:
+    return {"type": "content", "content": text}
+
+
+def _text(response: httpx.Response) -> str:
+    return str(response.json()["choices"][0]["message"]["content"])
+
+
+def test_rows_of_cached_positions_are_never_read(
+    gateway: tuple[Any, str], fresh: RemoteStandIn, vllm: Any
+) -> None:
+    """The same answer twice, predicted exactly: the second one's drafts were scored
+    before, so vLLM serves them from its cache with uninitialised rows; only rows past
+    ``cached_tokens`` count."""
+    greedy = _greedy(gateway[1], "smollm2-vl")
+    answers = [_verified(gateway[1], "smollm2-vl", prediction=_exact(greedy)) for _ in range(2)]
+    assert fresh.garbage_rows > 0 and max(fresh.cached) > 0
+    assert vllm.cache_note is None  # cached_tokens said which rows were computed
+    for answer in answers:
+        assert answer.status_code == 200
+        assert answer.headers["x-draftgate-prediction"] == "verified-remotely"
+        assert _text(answer) == greedy
+
+
+def test_without_cached_tokens_the_cache_is_not_read(
+    gateway: tuple[Any, str], fresh: RemoteStandIn, vllm: Any
+) -> None:
+    fresh.prompt_tokens_details = False  # vLLM without --enable-prompt-tokens-details
+    greedy = _greedy(gateway[1], "smollm2-vl")
+    answers = [_verified(gateway[1], "smollm2-vl", prediction=_exact(greedy)) for _ in range(2)]
+    assert "cached_tokens" in (vllm.cache_note or "")
+    assert [(a.status_code, _text(a)) for a in answers] == [(200, greedy)] * 2
+
+
+def test_non_finite_rows_end_verification_not_the_answer(
+    gateway: tuple[Any, str], fresh: RemoteStandIn, vllm: Any
+) -> None:
+    """vLLM's 400 "Out of range float values are not JSON compliant": the answer goes on
+    as plain decoding, and the client stops reading the cache."""
+    fresh.nonfinite_garbage = True
+    greedy = _greedy(gateway[1], "smollm2-vl")
+    answers = [_verified(gateway[1], "smollm2-vl", prediction=_exact(greedy)) for _ in range(2)]
+    assert "non-finite" in (vllm.cache_note or "")
+    assert [(a.status_code, _text(a)) for a in answers] == [(200, greedy)] * 2
+
+
+def _endpoint_check(url: str, name: str) -> tuple[Any, RemoteEndpoint]:
+    config = next(e for e in _settings(url).endpoints if e.name == name)
+
+    async def check() -> tuple[Any, RemoteEndpoint]:
+        remote = RemoteEndpoint(config, Corpus(open_store(None)), {})
+        try:
+            return await remote.check(), remote
+        finally:
+            await remote.aclose()
+
+    return asyncio.run(check())
+
+
+def test_the_self_test_scores_through_the_cache_and_names_the_server(
+    standin: tuple[RemoteStandIn, str], fresh: RemoteStandIn
+) -> None:
+    test, _ = _endpoint_check(standin[1], "vl")
+    assert test.state == "exact"
+    assert fresh.garbage_rows > 0 and max(fresh.cached) > 0  # rows were served from cache
+    assert "server vLLM 0.32.0" in test.detail
+
+
+def test_the_self_test_says_why_unusable_rows_keep_verification_off(
+    standin: tuple[RemoteStandIn, str], fresh: RemoteStandIn
+) -> None:
+    fresh.corrupt = "oov-ids"  # ids outside the vocabulary in every generate answer
+    test, remote = _endpoint_check(standin[1], "vl")
+    assert test.state == "failed" and not remote.enabled
+    assert "unusable rows" in test.detail and "vocabulary" in test.detail
+    assert "server vLLM 0.32.0" in test.detail
+
+
+def test_without_the_token_in_endpoint_the_self_test_fails(
+    standin: tuple[RemoteStandIn, str], fresh: RemoteStandIn
+) -> None:
+    fresh.scale_out = False  # vLLM without --enable-scale-out
+    test, remote = _endpoint_check(standin[1], "vl")
+    assert test.state == "failed" and not remote.enabled
+    assert "HTTP 404" in test.detail
+
+
+# -- an upstream that cannot be trusted ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "corrupt", ["not-json", "list-event", "huge-line", "huge-body", "oov-ids", "trickle"]
+)
+def test_a_hostile_upstream_gives_a_recovered_answer_or_a_502(
+    gateway: tuple[Any, str],
+    fresh: RemoteStandIn,
+    vllm: Any,
+    corrupt: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """From the third scoring request on, every generate answer is hostile: the answer
+    cannot be recovered, so it is a 502 in the OpenAI shape; no traceback in the log."""
+    remote = gateway[0].state.runtime.remote["vl"]
+    deadline = vllm.deadline_s
+    vllm.deadline_s = 2.0  # a trickle never ends: the total deadline does
+    fresh.corrupt, fresh.corrupt_after_scores = corrupt, 2
+    try:
+        with caplog.at_level("WARNING"):
+            answer = _verified(gateway[1], "smollm2-vl", max_tokens=64)
+    finally:
+        vllm.deadline_s = deadline
+    assert remote.enabled
+    assert answer.status_code == 502
+    assert answer.json()["error"]["type"] == "upstream_error"
+    assert not any(r.exc_info for r in caplog.records)
+    assert "Traceback" not in caplog.text
+
+
+@pytest.mark.parametrize(("corrupt", "said"), [("huge-line", "line over"), ("huge-body", "over")])
+def test_answers_are_read_within_their_bound(
+    standin: tuple[RemoteStandIn, str], fresh: RemoteStandIn, corrupt: Any, said: str
+) -> None:
+    fresh.corrupt = corrupt
+
+    async def ask() -> str:
+        client = engine_client("vllm", standin[1], {}, 30.0, 5.0)
+        ask = Ask(fresh.vocab_size)
+        try:
+            with pytest.raises(RemoteFailure) as failed:
+                if corrupt == "huge-line":
+                    _ = [b async for b in client.decode(TokenIds([1, 2, 3]), 4, ask)]
+                else:
+                    await client.score(TokenIds([1, 2, 3]), [4, 5], ask)
+            return str(failed.value)
+        finally:
+            await client.aclose()
+
+    assert said in asyncio.run(ask())
+
+
+def test_a_hostile_first_answer_passes_through(
+    gateway: tuple[Any, str], fresh: RemoteStandIn, vllm: Any
+) -> None:
+    fresh.corrupt, fresh.corrupt_after_scores = "not-json", 0  # the OpenAI API stays sane
+    answer = _verified(gateway[1], "smollm2-vl")
+    assert answer.status_code == 200
+    assert answer.headers["x-draftgate-remote-verify"] == "passthrough:failed-before-output"
+
+
+def test_upstream_cookies_are_never_sent_back(
+    gateway: tuple[Any, str], fresh: RemoteStandIn, vllm: Any
+) -> None:
+    fresh.set_cookie = True
+    for _ in range(2):
+        assert _verified(gateway[1], "smollm2-vl").status_code == 200
+    assert fresh.scores > 1 and fresh.cookies == []
+
+
+def test_proxy_settings_in_the_environment_are_not_read(
+    standin: tuple[RemoteStandIn, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.setenv(name, "http://127.0.0.1:9")  # nothing listens there
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+
+    async def tokenize() -> list[int]:
+        client = engine_client("vllm", standin[1], {}, 30.0, 5.0)
+        try:
+            return await client.tokenize("hello")
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(tokenize())
+
+
+# -- budgets, tenants and what callers see --------------------------------------------------
+
+
+def test_an_answer_without_max_tokens_is_bounded_and_charged_by_the_cap(
+    gateway: tuple[Any, str], fresh: RemoteStandIn
+) -> None:
+    remote = gateway[0].state.runtime.remote["sg"]
+    config = remote.config
+    assert config.answer_tokens(None) == config.max_tokens_cap  # what admission charges
+    remote.config = config.model_copy(update={"max_tokens_cap": 6})
+    try:
+        body = {"model": "smollm2-sg", "messages": MESSAGES, "temperature": 0}
+        answer = httpx.post(f"{gateway[1]}/v1/chat/completions", json=body, timeout=120)
+    finally:
+        remote.config = config
+    assert answer.headers["x-draftgate-prediction"] == "verified-remotely"
+    assert answer.json()["usage"]["completion_tokens"] == 6
+    assert answer.json()["choices"][0]["finish_reason"] == "length"
+
+
+def test_the_cache_is_salted_per_tenant_and_cached_tokens_stay_private(
+    gateway: tuple[Any, str], fresh: RemoteStandIn, vllm: Any
+) -> None:
+    answers = [_verified(gateway[1], f"smollm2-{name}") for name in ("vl", "sg", "vl")]
+    assert max(fresh.cached) > 0  # the engine served cached tokens ...
+    for answer in answers:  # ... and no caller hears of them
+        body = answer.json()
+        details = body["usage"].get("prompt_tokens_details") or {}
+        assert not details.get("cached_tokens")
+        assert "cached_tokens_per_round" not in body["draftgate"]["remote"]
+    salts = {api: {s for a, s in fresh.salts if a == api} for api in ("vllm", "sglang")}
+    assert [len(s) for s in salts.values()] == [1, 1]  # one tenant: one salt per server
+    for (value,) in salts.values():
+        assert value is not None and len(value) == 43 and not set(value) & set("@/\\\0")
+    salt = CacheSalts(b"k" * 32)
+    assert salt("a") != salt("b") and salt("a") == CacheSalts(b"k" * 32)("a")
+    assert CacheSalts()("a") != CacheSalts()("a")  # keyed: nobody computes another's
+
+
+def test_a_client_chosen_field_name_never_reaches_a_header_as_is(
+    gateway: tuple[Any, str], fresh: RemoteStandIn
+) -> None:
+    body = {
+        "model": "smollm2-vl",
+        "messages": MESSAGES,
+        "temperature": 0,
+        "max_tokens": 2,
+        "x\u00e9\r\nSet-Cookie: a=b": 1,
+    }
+    answer = httpx.post(f"{gateway[1]}/v1/chat/completions", json=body, timeout=120)
+    assert answer.headers["x-draftgate-remote-verify"] == "passthrough:unsupported:unknown-field"
+    assert "set-cookie" not in answer.headers
+
+
+# -- work off the event loop ---------------------------------------------------------------
+
+
+def test_a_prompt_no_context_holds_passes_through_untokenized(
+    gateway: tuple[Any, str], fresh: RemoteStandIn
+) -> None:
+    body = {
+        "model": "smollm2-vl",
+        "messages": [{"role": "user", "content": "x" * 6_000_000}],
+        "temperature": 0,
+        "max_tokens": 4,
+    }
+    answer = httpx.post(f"{gateway[1]}/v1/chat/completions", json=body, timeout=120)
+    assert answer.headers["x-draftgate-remote-verify"] == "passthrough:prompt-too-long"
+    assert answer.status_code == 400  # the engine's own answer to a prompt over its context
+    assert fresh.scores == 0 and fresh.decodes == 0
+
+
+def test_prompt_work_runs_on_a_worker_thread(
+    gateway: tuple[Any, str], fresh: RemoteStandIn, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loops: list[bool] = []
+    real = endpoint_module.prepare
+
+    def prepare(*args: Any) -> Any:
+        try:
+            asyncio.get_running_loop()
+            loops.append(True)
+        except RuntimeError:  # no event loop runs in this thread
+            loops.append(False)
+        return real(*args)
+
+    monkeypatch.setattr(endpoint_module, "prepare", prepare)
+    answer = _verified(gateway[1], "smollm2-sg")
+    assert answer.headers["x-draftgate-prediction"] == "verified-remotely"
+    assert loops == [False]
+
+
+def test_a_round_encodes_only_the_tokens_it_adds(monkeypatch: pytest.MonkeyPatch) -> None:
+    encoded: list[int] = []
+    real = context_module._ids_text
+
+    def counting(ids: Any) -> bytes:
+        encoded.append(len(ids))
+        return real(ids)
+
+    monkeypatch.setattr(context_module, "_ids_text", counting)
+    prompt = list(range(5000))
+    context = TokenIds(prompt)
+    for step in range(20):  # twenty rounds: a 4-token draft, then 3 tokens committed
+        draft = [7, 8, 9, step]
+        assert json.loads(context.json(draft)) == context.ids + draft
+        context.extend([1, 2, step])
+    assert context.ids == prompt + [t for s in range(20) for t in (1, 2, s)]
+    assert sum(encoded) == 5000 + 20 * (4 + 3)  # the prompt once, then only new tokens

@@ -6,9 +6,10 @@ engine verifies over its own API (``verify = "remote"``; docs/remote-verificatio
 verification is not enabled (the self-test has not found the engine exact, or found it
 only approximate without ``remote-approximate``), the request samples, asks for fields
 only the engine's OpenAI API implements, the prompt cannot fit the engine's context, or
-drafts cannot pay (then the costs are measured again, at most once a
-:data:`REMEASURE_S`, so the estimate recovers). Templating, tokenizing and indexing run on
-a worker thread; the answer is bounded by the endpoint's ``max_tokens_cap``. The
+drafts cannot pay (then, and after a failed self-test, a self-test runs again in the
+background at most once a :data:`REMEASURE_S`, so neither verdict is final).
+Templating, tokenizing and indexing run on a worker thread; the answer is bounded by the
+endpoint's ``max_tokens_cap``. The
 engine's prefix cache is salted per tenant, and no cached-token count reaches a caller
 (it would tell one tenant what others sent). The tokenizer is loaded with
 ``local_verifier`` (imported lazily, like the local endpoints do).
@@ -246,11 +247,9 @@ class RemoteEndpoint:
         await self.client.aclose()
 
     def _measure_again(self) -> None:
-        """Run a self-test in the background when the costs are measured (not pinned) and
-        the last one is older than ``remeasure_s``: a "does not pay" estimate recovers."""
-        pacing, test = self.pacing, self.self_test
-        if pacing.pinned_round_trip and pacing.pinned_token:
-            return
+        """Run a self-test in the background unless one ran within ``remeasure_s``: a
+        measured "does not pay" or a failed self-test is not final."""
+        test = self.self_test
         if self._remeasure is not None and not self._remeasure.done():
             return
         if test is not None and time.time() - test.at < self.remeasure_s:
@@ -273,12 +272,17 @@ class RemoteEndpoint:
         nothing was sent)."""
         request = call.request
         if not self.enabled:
-            return "not-enabled" if self.self_test is None else f"self-test:{self.self_test.state}"
+            if self.self_test is None:
+                return "not-enabled"
+            if self.self_test.state == "failed":
+                self._measure_again()
+            return f"self-test:{self.self_test.state}"
         reason = passthrough_reason(request)
         if reason is not None:
             return reason
         if not self.pacing.pays(MAX_DRAFT + 1):
-            self._measure_again()
+            if not (self.pacing.pinned_round_trip and self.pacing.pinned_token):
+                self._measure_again()
             return "does-not-pay"
         tokenizer = await self.tokenizer()
         limit = self.client.max_model_len
