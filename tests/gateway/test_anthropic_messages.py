@@ -39,6 +39,7 @@ READ_TOOL = {
     },
 }
 LISTING = "1\tdef add(a, b):\n2\t    return a + b\n"
+MAX_BODY = 1 << 20
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +75,7 @@ def gateway(
                 },
             ],
             "keys": [{"key_env": "DRAFTGATE_KEY_ALICE", "tenant": "alice"}],
+            "max_body_bytes": MAX_BODY,
         },
         "test",
     )
@@ -434,6 +436,16 @@ def test_keys(gateway: str, chat: StandIn) -> None:
         model=CHAT_MODEL, max_tokens=50, messages=[{"role": "user", "content": "Hi"}]
     )
     assert answer.content[0].text == ANSWER
+
+
+def test_body_over_the_limit_is_request_too_large(gateway: str, chat: StandIn) -> None:
+    body = {
+        "model": CHAT_MODEL,
+        "max_tokens": 5,
+        "messages": [{"role": "user", "content": "x" * MAX_BODY}],
+    }
+    assert str(MAX_BODY) in error_of(post(gateway, body), 413, "request_too_large")
+    assert chat.requests == []
 
 
 def test_unknown_model_is_not_found(gateway: str) -> None:
