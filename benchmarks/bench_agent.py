@@ -36,6 +36,13 @@ drafter without conversation sources) and ``agent`` (drafts with the conversatio
 files in the forms edits write them, ``lookup.agent_sources``, as the gateway's local and
 remote-verify endpoints attach them). ``identical`` compares the token ids of all three;
 tokens/s = output tokens over the whole generation call; ``ratio`` = agent / plain.
+
+What a 270M model writes after the forced lines is its own: it may stop copying the
+file. ``intended_answer`` counts, without the model, what drafting gives one that writes
+the edit the task asks for (the comment under the method's head, ``IDEAL_LINES`` lines of
+the region repeated; for ``write`` the whole file with the comment under every one-line
+``def``): the verify steps that commit those tokens with ``IDEAL_DRAFT``-token chains from
+the ``prompt`` drafter and from the ``agent`` one, and the tokens per step.
 """
 
 from __future__ import annotations
@@ -53,11 +60,15 @@ from local_verifier.engine import Engine, GenerationRequest, GenerationStats, Te
 from local_verifier.loader import LoadedModel, load_model
 from lookup.agent_sources import conversation_documents
 from lookup.draft import Source
+from lookup.drafter import Drafter
+from lookup.index import build_index
 
 SMOKE = ("--lines", "30", "--tools", "2", "--max-tokens", "12", "--repeats", "1", "--threads", "1")
 SHAPES = ("edit", "patch", "write")
 CONFIGS = ("plain", "prompt", "agent")
 REPO = "/home/dev/draftgate"  # where the conversation says the repository is
+IDEAL_LINES = 40  # lines of the region an intended edit repeats
+IDEAL_DRAFT = 16  # draft tokens per step in the intended answers' count
 
 SYSTEM = """You are a coding agent working in a user's software repository from a terminal.
 You help with software engineering tasks: fixing bugs, adding features, refactoring,
@@ -376,21 +387,20 @@ def conversation(path: str, lines: list[str], tools: int) -> list[dict[str, str]
     ]
 
 
-def earlier_edit(shape: str, path: str, lines: list[str]) -> list[dict[str, str]]:
-    """The agent's first edit of the task in ``shape`` (``edit`` and ``patch``), and its
-    result: the comment under the signature (and one-line docstring) of the last one-line
-    ``def`` before the edited region, ten lines of the file around it repeated."""
-    start = region_start(lines)
-    at = max((i for i in range(start) if lines[i].startswith("    def ")), default=-1)
-    at = next((i for i in range(at, -1, -1) if lines[i].startswith("    def ")
-               and lines[i].endswith(":")), -1)  # fmt: skip
-    if shape == "write" or at < 0:
-        return []
-    comment = "        # Cost: constant."
-    old = lines[at : at + 10]
-    doc = old[1].strip()
-    head = 2 if len(doc) > 6 and doc.startswith('"""') and doc.endswith('"""') else 1
-    new = [*old[:head], comment, *old[head:]]
+COMMENT = "        # Cost: constant."  # the line the task asks for under each method's head
+
+
+def head_lines(lines: list[str], at: int) -> int:
+    """The lines of the method defined at ``at`` that the comment goes under: its signature,
+    and its docstring when that is one line."""
+    doc = lines[at + 1].strip() if at + 1 < len(lines) else ""
+    return 2 if len(doc) > 6 and doc.startswith('"""') and doc.endswith('"""') else 1
+
+
+def edit_call(shape: str, path: str, old: list[str], head: int) -> str:
+    """The ``edit`` or ``patch`` call that puts ``COMMENT`` after the first ``head`` of the
+    file's lines ``old``, as the model writes it (JSON)."""
+    new = [*old[:head], COMMENT, *old[head:]]
     call: dict[str, Any]
     if shape == "edit":
         text = ["\n".join(old) + "\n", "\n".join(new) + "\n"]
@@ -400,14 +410,79 @@ def earlier_edit(shape: str, path: str, lines: list[str]) -> list[dict[str, str]
         }
     else:
         rel = path.removeprefix(REPO + "/")
-        hunk = "".join(f" {line}\n" for line in old[:head]) + f"+{comment}\n"
+        hunk = "".join(f" {line}\n" for line in old[:head]) + f"+{COMMENT}\n"
         hunk += "".join(f" {line}\n" for line in old[head:])
         patch = f"apply_patch <<'EOF'\n*** Begin Patch\n*** Update File: {rel}\n@@\n{hunk}"
         call = {"name": "exec_command", "arguments": {"cmd": patch + "*** End Patch\nEOF\n"}}
+    return json.dumps(call, ensure_ascii=False)
+
+
+def earlier_edit(shape: str, path: str, lines: list[str]) -> list[dict[str, str]]:
+    """The agent's first edit of the task in ``shape`` (``edit`` and ``patch``), and its
+    result: ``COMMENT`` under the head of the last one-line ``def`` before the edited
+    region, ten lines of the file around it repeated."""
+    start = region_start(lines)
+    at = next((i for i in range(start - 1, -1, -1) if lines[i].startswith("    def ")
+               and lines[i].endswith(":")), -1)  # fmt: skip
+    if shape == "write" or at < 0:
+        return []
+    call = edit_call(shape, path, lines[at : at + 10], head_lines(lines, at))
     return [
-        {"role": "assistant", "content": json.dumps(call, ensure_ascii=False)},
+        {"role": "assistant", "content": call},
         {"role": "tool", "content": f"The file {path} has been updated."},
     ]
+
+
+def intended(shape: str, path: str, lines: list[str]) -> str:
+    """The whole call a model that follows the task writes: ``COMMENT`` under the edited
+    region's method head, the region's first ``IDEAL_LINES`` lines repeated (``edit``,
+    ``patch``), or the whole file with ``COMMENT`` under every one-line ``def`` (``write``)."""
+    if shape != "write":
+        start = region_start(lines)
+        return edit_call(shape, path, lines[start : start + IDEAL_LINES], head_lines(lines, start))
+    heads = [
+        i for i, line in enumerate(lines) if line.startswith("    def ") and line.endswith(":")
+    ]
+    after = {i + head_lines(lines, i) - 1 for i in heads}
+    content = [
+        x for i, line in enumerate(lines) for x in ([line, COMMENT] if i in after else [line])
+    ]
+    call = {"name": "Write", "arguments": {"file_path": path, "content": "\n".join(content)}}
+    return json.dumps(call, ensure_ascii=False)
+
+
+def steps_to_write(drafter: Drafter, answer: list[int], k: int) -> int:
+    """Verify steps that commit ``answer`` when the target writes it: each step keeps the
+    longest prefix of the drafter's ``k``-token chain that agrees, then one token more."""
+    steps = i = 0
+    while i < len(answer):
+        draft = drafter.propose(k).tokens.tolist()
+        n = 0
+        while n < len(draft) and i + n < len(answer) and draft[n] == answer[i + n]:
+            n += 1
+        drafter.extend(answer[i : i + n + 1])
+        i += n + 1
+        steps += 1
+    return steps
+
+
+def ideal(prompt: list[int], answer: list[int], shown: list[tuple[str, Any]]) -> dict[str, Any]:
+    """Tokens per verify step on the intended answer, drafts from the prompt and output alone
+    and with the conversation's forms (no model: what drafting gives a model that copies)."""
+    alone = steps_to_write(Drafter(prompt), answer, IDEAL_DRAFT)
+    indexes = [build_index(tokens) for _, tokens in shown]
+    sources = [Source.CONVERSATION] * len(indexes)
+    agent = steps_to_write(Drafter(prompt, documents=indexes, document_sources=sources), answer,
+                           IDEAL_DRAFT)  # fmt: skip
+    return {
+        "tokens": len(answer),
+        "draft_tokens": IDEAL_DRAFT,
+        "steps": {"prompt": alone, "agent": agent},
+        "tokens_per_step": {
+            "prompt": round(len(answer) / alone, 2),
+            "agent": round(len(answer) / agent, 2),
+        },  # fmt: skip
+    }
 
 
 def rendered(lm: LoadedModel, messages: list[dict[str, str]], prefix: str) -> list[int]:
@@ -466,6 +541,9 @@ def measure(
                 runs[config].append(run(engine, requests[config]))
         shapes[shape] = summarise(shape, prefix, runs)
         shapes[shape]["prompt_tokens"] = len(ids)
+        answer = tok.encode(intended(shape, path, lines))
+        shapes[shape]["intended_answer"] = ideal(rendered(lm, turns, ""), answer, shown)
+        print(f"{shape:<6} intended answer: {json.dumps(shapes[shape]['intended_answer'])}")
     return {
         "prompt_tokens": len(shared),
         "system_and_tools_tokens": len(tok.encode(messages[0]["content"])),

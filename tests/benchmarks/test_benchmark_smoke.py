@@ -170,6 +170,8 @@ def _agent(result: dict[str, Any]) -> None:
     for row in result["shapes"].values():
         assert row["identical"]  # lossless: drafts off, from the prompt, from the conversation
         assert 1 <= row["output_tokens"] <= 12 and row["ratio"] > 0
+        steps = row["intended_answer"]["steps"]  # the conversation's forms draft the edit
+        assert steps["agent"] < steps["prompt"]
     assert result["conversation_sources"]["tokens"] > result["listing_tokens"]
 
 
