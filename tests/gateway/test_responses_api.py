@@ -73,7 +73,7 @@ def gateway(
                     "api_key_env": "STANDIN_KEY",
                     "health_check": False,
                     "retries": 0,
-                    "models": [{"name": CHAT, "upstream": "gpt-4o-mini"}],
+                    "models": [{"name": CHAT, "upstream": "gpt-4o-mini"}, "bad-request"],
                 },
                 {
                     "name": "native",
@@ -643,3 +643,14 @@ def test_input_items_are_listed_by_page_in_either_order(
         headers={"Authorization": "Bearer alice-key"},
     )
     assert answer.status_code == 400 and answer.json()["error"]["param"] == "limit"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_upstreams_400_is_the_clients_in_openais_shape(
+    alice: openai.OpenAI, standin: StandIn, stream: bool
+) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        alice.responses.create(model="bad-request", input="x", temperature=1.5, stream=stream)
+    assert isinstance(caught.value.body, dict)
+    assert caught.value.body["param"] == "temperature"
+    assert UPSTREAM_KEY not in str(caught.value.body)
