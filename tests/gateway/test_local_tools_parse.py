@@ -13,13 +13,14 @@ import pytest
 from llguidance import LLMatcher
 
 from gateway.endpoints.local import tools
+from gateway.endpoints.local.stream import failed
 from gateway.endpoints.local.tool_calls import CallParser, Parsed
 from gateway.errors import InvalidRequest
 from local_verifier import gemma
 from local_verifier.chat_template import render_chat
 from local_verifier.gguf_file import GGUFFile
 from local_verifier.gguf_tokenizer import tokenizer_from_metadata
-from local_verifier.grammar import GrammarCompiler, JsonSchema
+from local_verifier.grammar import GrammarCompiler, GrammarLimitExceeded, JsonSchema
 from local_verifier.loader import resolve_spec
 from sdk.wire import ChatCompletionRequest
 
@@ -350,3 +351,11 @@ def test_the_grammar_is_valid_llguidance_for_every_mode() -> None:
             choice = tools.Choice(mode, frozenset({"get_weather", "add"}))
             grammar = tools.call_grammar(given, choice, parallel, None)
             assert LLMatcher.validate_grammar(grammar) == ""
+
+
+def test_a_tool_grammar_over_a_step_limit_is_the_clients_400_naming_tools() -> None:
+    error = failed(GrammarLimitExceeded(3, "Parser Error: Too many items (limit 50000)"), "e", True)
+    assert isinstance(error, InvalidRequest)
+    assert error.param == "tools" and error.code == "grammar_too_complex"
+    assert error.message.startswith("the tools' grammar exceeded the engine's per-token grammar")
+    assert "after 3 output tokens" in error.message
