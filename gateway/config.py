@@ -13,9 +13,19 @@ import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError
 
@@ -26,10 +36,23 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-if TYPE_CHECKING:
-    EndpointKind = str
-else:  # the table's kinds, validated (and documented in the schema) as a Literal
-    EndpointKind = Literal[tuple(PROVIDERS)]
+
+def _known_kind(kind: str) -> str:
+    """``kind`` when the provider table has a row for it (read at validation time)."""
+    if kind not in PROVIDERS:
+        *first, last = (repr(k) for k in PROVIDERS)
+        expected = f"{', '.join(first)} or {last}"
+        raise PydanticCustomError(
+            "literal_error", "Input should be {expected}", {"expected": expected}
+        )
+    return kind
+
+
+EndpointKind = Annotated[
+    str,
+    AfterValidator(_known_kind),
+    WithJsonSchema({"type": "string", "enum": list(PROVIDERS)}),
+]
 RoutingStrategy = Literal["least-busy", "prefix", "ordered"]
 RemoteVerify = Literal["off", "remote", "remote-approximate"]
 

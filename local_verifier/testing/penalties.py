@@ -29,18 +29,3 @@ def adjust(
         )
     return out
 
-
-def adjust_rows(
-    logits: torch.Tensor,
-    penalties: Penalties,
-    prompt: Sequence[int],
-    output: Sequence[int],
-    draft_tokens: Sequence[int],
-    parents: Sequence[int],
-) -> torch.Tensor:
-    """:func:`adjust` on each row of a verify step: row 0 after ``output``, row ``i + 1``
-    after draft node ``i`` and its ancestors."""
-    paths: list[list[int]] = [list(output)]
-    for token, parent in zip(draft_tokens, parents, strict=True):
-        paths.append([*paths[int(parent) + 1], int(token)])
-    return torch.stack([adjust(logits[i], penalties, prompt, p) for i, p in enumerate(paths)])

@@ -83,9 +83,8 @@ class HostedEndpoint:
             if exc.client_fault:
                 await fail(call, send, exc.to_error(config.name), extra)
                 return None
-            if exc.endpoint_fault:
-                raise Unavailable(exc.to_error(config.name), endpoint_fault=True) from None
-            raise Unavailable(exc.to_error(config.name)) from None
+            error = exc.to_error(config.name)
+            raise Unavailable(error, endpoint_fault=exc.endpoint_fault) from None
         finally:
             call.wait.seconds += time.perf_counter() - t0
         call.timing.t_first_byte = time.perf_counter()
