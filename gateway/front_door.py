@@ -6,14 +6,17 @@ internal request (``sdk.wire.ChatCompletionRequest``, or ``CompletionRequest`` f
 completions door only). Limits, routing and the endpoints run on that request alike for
 every door. Every endpoint answers in OpenAI chat-completions form (a JSON body, an SSE
 stream of ``chat.completion.chunk`` events ending in ``[DONE]``, or an OpenAI error
-body); :meth:`FrontDoor.transcode` turns that into the door's own answer. An endpoint
-that relays the client's body to an upstream speaking the door's API itself sets
-``call.native`` before its first byte, and the transcoder is skipped
-(:func:`answer_send`). Errors raised before an endpoint runs are answered with
-:meth:`FrontDoor.error_body`.
+body); :meth:`FrontDoor.transcode` turns that into the door's own answer. An HTTP
+endpoint sends such an upstream ``call.openai_body()`` (the internal request encoded,
+for every door but the two OpenAI ones) to ``call.openai_api``'s path. An endpoint that
+relays the client's body to an upstream speaking the door's API itself (the kind's
+``native_apis`` in :mod:`gateway.provider_table`) sets ``call.native`` before its first
+byte, and the transcoder is skipped (:func:`answer_send`); such a stream ends at the
+upstream's close, not at a ``[DONE]``. Errors raised before an endpoint runs are
+answered with :meth:`FrontDoor.error_body`.
 
-Adding a door: a class with the three methods below (its module beside this one), and
-one line in ``gateway.app.FRONT_DOORS`` mapping its path to it.
+Adding a door: a class with the three methods below (in its package under
+``gateway/apis/``), and one line in ``gateway.app.FRONT_DOORS`` mapping its path to it.
 """
 
 from __future__ import annotations
