@@ -415,7 +415,9 @@ def test_a_codex_shaped_request_is_answered(
     sent = standin.bodies()[-1]
     names = [t[t["type"]]["name"] for t in sent["tools"]]
     assert names == (
-        ["exec_command", "apply_patch"] if model_tools == "gpt-5.5" else ["exec_command"]
+        ["exec_command", "apply_patch"]
+        if model_tools == "gpt-5.5"
+        else ["exec_command", "multi_agent_v1__close_agent"]
     )
     assert sent["messages"] == [
         {"role": "system", "content": "You are Codex."},

@@ -390,3 +390,66 @@ async def test_a_relayed_stream_is_passed_unchanged_and_stored_before_its_last_e
     kept = await store.get("alice", "resp_1")
     assert kept is not None and kept.input == [{"id": "msg_1"}]
     assert kept.response["output"][0]["content"][0]["text"] == "Hi"
+
+
+def test_a_namespaces_tools_go_by_qualified_names_and_come_back_split() -> None:
+    read = {"type": "function", "name": "read", "parameters": {"type": "object"}}
+    request = parse(
+        input=[
+            {"role": "user", "content": "x"},
+            {
+                "type": "function_call",
+                "call_id": "c1",
+                "name": "read",
+                "namespace": "fs",
+                "arguments": "{}",
+            },
+            {"type": "function_call_output", "call_id": "c1", "output": "ok"},
+        ],
+        tools=[
+            {"type": "namespace", "name": "fs", "description": "Files.", "tools": [read]},
+            {"type": "namespace", "name": "x" * 63, "description": "Too long.", "tools": [read]},
+        ],
+    )
+    assert request.tools == [
+        {"type": "function", "function": {"name": "fs__read", "parameters": {"type": "object"}}}
+    ]
+    assert request.namespaced == {"fs__read": ("fs", "read")}
+    messages = request.model_dump(exclude_unset=True)["messages"]
+    assert messages[1]["tool_calls"][0]["function"]["name"] == "fs__read"
+    body = {
+        "choices": [
+            {
+                "finish_reason": "tool_calls",
+                "message": {
+                    "tool_calls": [
+                        {
+                            "id": "c2",
+                            "type": "function",
+                            "function": {"name": "fs__read", "arguments": "{}"},
+                        }
+                    ]
+                },
+            }
+        ]
+    }
+    base = base_response(request.source, "resp_2")
+    (call,) = SDKResponse.model_validate(
+        from_completion(body, base, request.namespaced).model_dump(mode="json")
+    ).output
+    assert call.type == "function_call" and (call.namespace, call.name) == ("fs", "read")
+    stream = StreamTranscoder(base_response(request.source, "resp_3"), request.namespaced)
+    delta = {
+        "tool_calls": [
+            {
+                "index": 0,
+                "id": "c3",
+                "type": "function",
+                "function": {"name": "fs__read", "arguments": "{}"},
+            }
+        ]
+    }
+    out = stream.start() + stream.chunk({"choices": [{"index": 0, "delta": delta}]})
+    out += stream.close() + stream.final()
+    added = next(e for e in _events(out) if e["type"] == "response.output_item.added")
+    assert (added["item"]["namespace"], added["item"]["name"]) == ("fs", "read")

@@ -163,7 +163,7 @@ class _Answer:
         if message["status"] != 200 or not kind.startswith(_EVENT_STREAM):
             self.start = message  # sent with the transcoded body and its new length
             return
-        self.stream = StreamTranscoder(self.response)
+        self.stream = StreamTranscoder(self.response, self.request.namespaced)
         await self.send(message)
         await self._emit(self.stream.start())
 
@@ -266,7 +266,7 @@ class _Answer:
         if not isinstance(chat, dict):
             error = UpstreamError("the endpoint's answer is not a JSON object")
             return error.status, error.body()
-        response = from_completion(chat, self.response)
+        response = from_completion(chat, self.response, self.request.namespaced)
         await self._keep()
         return 200, response.model_dump_json().encode()
 

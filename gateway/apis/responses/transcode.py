@@ -16,6 +16,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.apis.responses.translate import Namespaced
 from sdk.wire.responses import (
     ArgumentsDeltaEvent,
     ContentPart,
@@ -132,29 +133,38 @@ def finished(response: Response, finish_reason: Any) -> None:
         response.incomplete_details = IncompleteDetails(reason=reason)  # type: ignore[arg-type]
 
 
-def _call_item(call: dict[str, Any]) -> OutputItem:
-    call_id = call.get("id") or new_id("call")
-    if call.get("type") == "custom" or "custom" in call:
-        custom = call.get("custom") or {}
-        return CustomToolCallItem(
-            id=new_id("ctc"),
-            call_id=call_id,
-            name=custom.get("name") or "",
-            input=custom.get("input") or "",
-            status="completed",
+def call_item(
+    kind: str, item_id: str, call_id: str, name: str, text: str, status: Status, names: Namespaced
+) -> OutputItem:
+    """A ``function_call`` (``text``: its arguments) or ``custom_tool_call`` (its input)
+    item for a chat call to ``name`` (a namespaced tool's qualified name is split back
+    into its namespace and name). Built unchecked: a model's call may lack a name."""
+    namespace, own = names.get(name, (None, name))
+    if kind == "custom_tool_call":
+        return CustomToolCallItem.model_construct(
+            id=item_id, call_id=call_id, name=own, input=text, status=status, namespace=namespace
         )
-    function = call.get("function") or {}
-    return FunctionCallItem(
-        id=new_id("fc"),
-        call_id=call_id,
-        name=function.get("name") or "",
-        arguments=function.get("arguments") or "",
-        status="completed",
+    return FunctionCallItem.model_construct(
+        id=item_id, call_id=call_id, name=own, arguments=text, status=status, namespace=namespace
     )
 
 
-def from_completion(body: dict[str, Any], response: Response) -> Response:
-    """``response`` (from :func:`base_response`) with a ``chat.completion``'s answer."""
+def _call_item(call: dict[str, Any], names: Namespaced) -> OutputItem:
+    call_id = call.get("id") or new_id("call")
+    if call.get("type") == "custom" or "custom" in call:
+        custom = call.get("custom") or {}
+        name, text = custom.get("name") or "", custom.get("input") or ""
+        return call_item("custom_tool_call", new_id("ctc"), call_id, name, text, "completed", names)
+    function = call.get("function") or {}
+    name, text = function.get("name") or "", function.get("arguments") or ""
+    return call_item("function_call", new_id("fc"), call_id, name, text, "completed", names)
+
+
+def from_completion(
+    body: dict[str, Any], response: Response, names: Namespaced | None = None
+) -> Response:
+    """``response`` (from :func:`base_response`) with a ``chat.completion``'s answer
+    (``names``: namespaced tools' qualified names, :attr:`TranslatedRequest.namespaced`)."""
     choices = body.get("choices") or [{}]
     choice = choices[0] if isinstance(choices[0], dict) else {}
     message = choice.get("message") or {}
@@ -172,7 +182,7 @@ def from_completion(body: dict[str, Any], response: Response) -> Response:
                 content=[OutputText(text=text)],
             )
         )
-    output.extend(_call_item(c) for c in calls)
+    output.extend(_call_item(c, names or {}) for c in calls)
     response.output = output
     response.usage = usage(body.get("usage"))
     if isinstance(body.get("draftgate"), dict):
@@ -196,6 +206,7 @@ class _Item:
     call_id: str = ""
     name: str = ""
     parts: list[str] = field(default_factory=list)
+    names: Namespaced = field(default_factory=dict)
 
     def text(self) -> str:
         return "".join(self.parts)
@@ -207,20 +218,15 @@ class _Item:
                 [OutputText(text=text)] if status != "in_progress" or text else []
             )
             return MessageItem(id=self.id, role="assistant", status=status, content=content)
-        if self.kind == "custom_tool_call":
-            return CustomToolCallItem(
-                id=self.id, call_id=self.call_id, name=self.name, input=text, status=status
-            )
-        return FunctionCallItem(
-            id=self.id, call_id=self.call_id, name=self.name, arguments=text, status=status
-        )
+        return call_item(self.kind, self.id, self.call_id, self.name, text, status, self.names)
 
 
 class StreamTranscoder:
     """Chat chunks in, Responses events out, numbered from 0 (``sequence_number``)."""
 
-    def __init__(self, response: Response) -> None:
+    def __init__(self, response: Response, names: Namespaced | None = None) -> None:
         self.response = response
+        self.names = names or {}
         self.sequence = 0
         self.items: list[_Item] = []
         self.message: _Item | None = None
@@ -245,7 +251,7 @@ class StreamTranscoder:
     def _open(
         self, kind: str, prefix: str, call_id: str = "", name: str = ""
     ) -> tuple[_Item, bytes]:
-        item = _Item(len(self.items), kind, new_id(prefix), call_id, name)
+        item = _Item(len(self.items), kind, new_id(prefix), call_id, name, names=self.names)
         self.items.append(item)
         added = OutputItemEvent(
             type="response.output_item.added",

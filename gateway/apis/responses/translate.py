@@ -6,13 +6,15 @@ assistant messages keep their role (text parts joined, images as ``image_url`` p
 ``tool_calls`` (consecutive calls in one message, after the text that precedes them),
 their outputs ``tool`` messages; ``reasoning`` items are dropped (their content is
 encrypted for the provider that made them). ``function`` and ``custom`` tools map to
-their chat-completions forms, other tool types (hosted tools such as ``web_search``, a
-``namespace`` of tools) are dropped; ``text.format`` becomes ``response_format``. A field
+their chat-completions forms (a ``namespace``'s under qualified names), other tool types
+(hosted tools such as ``web_search``) are dropped; ``text.format`` becomes
+``response_format``. A field
 whose meaning cannot be kept is a 400 naming it (docs/responses-api.md lists each).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
@@ -48,6 +50,11 @@ _REFUSED: dict[str, tuple[Any, ...]] = {
 _FORMATS = ("text", "json_object", "json_schema")
 ModelT = TypeVar("ModelT", bound=BaseModel)
 _OUTPUT_KINDS = ("function_call", "custom_tool_call", "reasoning")
+_CALLABLE = ("function", "custom")
+_CHAT_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+NAMESPACE_SEPARATOR = "__"
+# a namespaced tool's chat name -> (its namespace, its own name)
+Namespaced = dict[str, tuple[str, str]]
 _ITEM: TypeAdapter[InputItem] = TypeAdapter(InputItem)
 
 
@@ -57,6 +64,7 @@ class TranslatedRequest(ChatCompletionRequest):
 
     _source: ResponsesRequest | None = PrivateAttr(default=None)
     _items: list[InputItem] = PrivateAttr(default_factory=list)
+    _namespaced: Namespaced = PrivateAttr(default_factory=dict)
 
     @property
     def source(self) -> ResponsesRequest:
@@ -68,6 +76,11 @@ class TranslatedRequest(ChatCompletionRequest):
         """Every input item the model sees: the continued responses' items, then the
         request's own."""
         return self._items
+
+    @property
+    def namespaced(self) -> Namespaced:
+        """The chat names of namespaced tools -> (namespace, the tool's own name)."""
+        return self._namespaced
 
 
 def _bad(message: str, param: str) -> InvalidRequest:
@@ -142,14 +155,15 @@ def messages(instructions: str | None, items: Sequence[InputItem]) -> list[dict[
                 out.append({"role": "user", "content": _user_content(item, at)})
         elif isinstance(item, FunctionCallItem | CustomToolCallItem):
             if isinstance(item, FunctionCallItem):
-                function = {"name": item.name, "arguments": item.arguments}
+                name = qualified(item.namespace, item.name)
+                function = {"name": name, "arguments": item.arguments}
                 call: dict[str, Any] = {
                     "id": item.call_id,
                     "type": "function",
                     "function": function,
                 }
             else:
-                custom = {"name": item.name, "input": item.input}
+                custom = {"name": qualified(item.namespace, item.name), "input": item.input}
                 call = {"id": item.call_id, "type": "custom", "custom": custom}
             last = out[-1] if out else None
             if last is None or last["role"] != "assistant":
@@ -211,34 +225,61 @@ def validated(model: type[ModelT], value: Any, at: str = "") -> ModelT:
         raise InvalidRequest(f"{loc}: {first['msg']}", param=loc, code="invalid_field") from None
 
 
-def tools(values: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The chat tools for the request's ``function`` and ``custom`` tools (others dropped)."""
+def qualified(namespace: str | None, name: str) -> str:
+    """A tool's chat name: ``name``, after its namespace's name and ``__`` if it has one."""
+    return f"{namespace}{NAMESPACE_SEPARATOR}{name}" if namespace else name
+
+
+def _chat_tool(value: dict[str, Any], at: str, namespace: str | None) -> dict[str, Any]:
+    """The chat form of one ``function`` or ``custom`` tool."""
+    if value.get("type") == "function":
+        tool = validated(FunctionTool, value, at)
+        function: dict[str, Any] = {
+            "name": qualified(namespace, tool.name),
+            "parameters": tool.parameters or {"type": "object", "properties": {}},
+        }
+        if tool.description is not None:
+            function["description"] = tool.description
+        if tool.strict is not None:
+            function["strict"] = tool.strict
+        return {"type": "function", "function": function}
+    custom = validated(CustomTool, value, at)
+    spec: dict[str, Any] = {"name": qualified(namespace, custom.name)}
+    if custom.description is not None:
+        spec["description"] = custom.description
+    if isinstance(custom.format, GrammarFormat):
+        grammar = {"syntax": custom.format.syntax, "definition": custom.format.definition}
+        spec["format"] = {"type": "grammar", "grammar": grammar}
+    elif custom.format is not None:
+        spec["format"] = {"type": "text"}
+    return {"type": "custom", "custom": spec}
+
+
+def tools(values: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], Namespaced]:
+    """The chat tools for the request's ``function`` and ``custom`` tools, and those of
+    its ``namespace`` tools under their qualified names (:func:`qualified`; one whose name
+    is then not a valid or distinct chat name is dropped), with what each qualified name
+    stands for. Other tool types are dropped."""
     out: list[dict[str, Any]] = []
+    namespaced: Namespaced = {}
     for i, value in enumerate(values):
         kind = value.get("type")
-        if kind == "function":
-            tool = validated(FunctionTool, value, f"tools.{i}")
-            function: dict[str, Any] = {
-                "name": tool.name,
-                "parameters": tool.parameters or {"type": "object", "properties": {}},
-            }
-            if tool.description is not None:
-                function["description"] = tool.description
-            if tool.strict is not None:
-                function["strict"] = tool.strict
-            out.append({"type": "function", "function": function})
-        elif kind == "custom":
-            custom = validated(CustomTool, value, f"tools.{i}")
-            spec: dict[str, Any] = {"name": custom.name}
-            if custom.description is not None:
-                spec["description"] = custom.description
-            if isinstance(custom.format, GrammarFormat):
-                grammar = {"syntax": custom.format.syntax, "definition": custom.format.definition}
-                spec["format"] = {"type": "grammar", "grammar": grammar}
-            elif custom.format is not None:
-                spec["format"] = {"type": "text"}
-            out.append({"type": "custom", "custom": spec})
-    return out
+        if kind in _CALLABLE:
+            out.append(_chat_tool(value, f"tools.{i}", None))
+        elif kind == "namespace" and isinstance(value.get("name"), str):
+            inner = value.get("tools")
+            for k, tool in enumerate(inner if isinstance(inner, list) else ()):
+                if not isinstance(tool, dict) or tool.get("type") not in _CALLABLE:
+                    continue
+                chat = _chat_tool(tool, f"tools.{i}.tools.{k}", value["name"])
+                name = chat[chat["type"]]["name"]
+                if _CHAT_NAME.fullmatch(name) and name not in namespaced:
+                    namespaced[name] = (value["name"], tool["name"])
+                    out.append(chat)
+    names = [t[t["type"]]["name"] for t in out]
+    if len(names) != len(set(names)):
+        raise _bad("tools: two tools share a name", "tools")
+    return out, namespaced
 
 
 def _tool_ref(value: Any, at: str) -> dict[str, Any]:
@@ -309,7 +350,7 @@ def translate(request: ResponsesRequest, history: Sequence[InputItem]) -> Transl
             body[name] = value
     if request.max_output_tokens is not None:
         body["max_tokens"] = request.max_output_tokens
-    chat_tools = tools(request.tools or [])
+    chat_tools, namespaced = tools(request.tools or [])
     if chat_tools:
         body["tools"] = chat_tools
         if request.parallel_tool_calls is not None:
@@ -328,6 +369,7 @@ def translate(request: ResponsesRequest, history: Sequence[InputItem]) -> Transl
     internal = validated(TranslatedRequest, body)
     internal._source = request
     internal._items = items
+    internal._namespaced = namespaced
     return internal
 
 
