@@ -656,3 +656,32 @@ def test_an_upstreams_400_is_the_clients_in_openais_shape(
     assert isinstance(caught.value.body, dict)
     assert caught.value.body["param"] == "temperature"
     assert UPSTREAM_KEY not in str(caught.value.body)
+
+
+def test_a_continued_conversation_is_paid_for_as_if_sent(
+    standin_server: tuple[StandIn, str], standin: StandIn
+) -> None:
+    """A small body continuing a long stored conversation spends the tenant's token
+    budget by the conversation's size: 8,000 bytes stored, then about 2,000 tokens more
+    for a 3,000-token budget."""
+    settings = build_settings(
+        {
+            "endpoints": [
+                {
+                    "name": "chat",
+                    "kind": "openai_compatible",
+                    "base_url": f"{standin_server[1]}/v1",
+                    "health_check": False,
+                    "models": [CHAT],
+                }
+            ],
+            "keys": [{"key_env": "DRAFTGATE_KEY_ALICE", "tenant": "alice"}],
+            "limits": {"tokens_per_minute": 3000},
+        },
+        "test",
+    )
+    with serve(create_app(settings, environ=ENVIRON)) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="alice-key", max_retries=0)
+        first = client.responses.create(model=CHAT, input="a" * 8000)
+        with pytest.raises(openai.RateLimitError):
+            client.responses.create(model=CHAT, input="more", previous_response_id=first.id)
