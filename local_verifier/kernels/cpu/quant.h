@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "simd.h"
@@ -217,6 +218,10 @@ inline void quantize_row(const float* x, int64_t K, int8_t* q, float* d, float* 
   }
 }
 
+// Float accumulators per output: sub-block s folds into accumulator s % kQuantAccs (each
+// sub-block's FMA then waits on the one kQuantAccs before it, not on the last one).
+constexpr int kQuantAccs = DG_AVX512 ? 4 : 2;
+
 // R outputs of one weight row (nb blocks at w) against R quantized activation rows (rows
 // K apart, their blocks' d and sums K / 32 apart): the sub-block's decode shared, each
 // output's own operations the same as for R = 1.
@@ -225,30 +230,54 @@ inline void quant_dot(const uint8_t* w, int64_t nb, const int8_t* xq, const floa
                       const float* xs, int64_t K, const float* bias, float* y, int64_t ldy) {
   using Q = QuantTraits<T>;
   constexpr int kSubs = static_cast<int>(Q::kValues / kQBlock);
+  static_assert(kSubs == 1 || kSubs % kQuantAccs == 0, "a block's sub-blocks fill the accumulators");
   const int64_t ldb = K / kQBlock;
-  __m256 acc[R];
-  float mins[R];
-  for (int r = 0; r < R; ++r) {
-    acc[r] = _mm256_setzero_ps();
-    mins[r] = 0.0f;
-  }
-  for (int64_t b = 0; b < nb; ++b, w += Q::kBytes) {
-    for (int s = 0; s < kSubs; ++s) {
-      const SubBlock sub = Q::decode(w, s);
-      const int64_t xb = b * kSubs + s;
-      for (int r = 0; r < R; ++r) {
-        const __m256i xv =
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + r * K + xb * kQBlock));
-        const __m256 sums = _mm256_cvtepi32_ps(dot_lanes(sub.q, xv));
-        const __m256 scale = _mm256_mul_ps(sub.scale, _mm256_set1_ps(xd[r * ldb + xb]));
-        acc[r] = _mm256_fmadd_ps(scale, sums, acc[r]);
-        if constexpr (Q::kMin)
-          mins[r] = mins[r] + sub.min * xs[r * ldb + xb];
-      }
+  __m256 acc[R][kQuantAccs];
+  float mins[R][kQuantAccs];
+  for (int r = 0; r < R; ++r)
+    for (int a = 0; a < kQuantAccs; ++a) {
+      acc[r][a] = _mm256_setzero_ps();
+      mins[r][a] = 0.0f;
+    }
+  // sub-block `at` into accumulator A = at % kQuantAccs (A a constant: registers, not memory)
+  auto fold = [&](int64_t at, auto accumulator) {
+    constexpr int A = decltype(accumulator)::value;
+    const SubBlock sub = Q::decode(w + at / kSubs * Q::kBytes, static_cast<int>(at % kSubs));
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m256i xv =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + r * K + at * kQBlock));
+      const __m256 sums = _mm256_cvtepi32_ps(dot_lanes(sub.q, xv));
+      const __m256 scale = _mm256_mul_ps(sub.scale, _mm256_set1_ps(xd[r * ldb + at]));
+      acc[r][A] = _mm256_fmadd_ps(scale, sums, acc[r][A]);
+      if constexpr (Q::kMin) mins[r][A] = mins[r][A] + sub.min * xs[r * ldb + at];
+    }
+  };
+  using First = std::integral_constant<int, 0>;
+  using Second = std::integral_constant<int, 1>;
+  using Third = std::integral_constant<int, 2 % kQuantAccs>;
+  using Fourth = std::integral_constant<int, 3 % kQuantAccs>;
+  const int64_t subs = nb * kSubs;
+  int64_t at = 0;
+  for (; at + kQuantAccs <= subs; at += kQuantAccs) {
+    fold(at, First{});
+    fold(at + 1, Second{});
+    if constexpr (kQuantAccs == 4) {
+      fold(at + 2, Third{});
+      fold(at + 3, Fourth{});
     }
   }
+  if (at < subs) fold(at, First{});  // the last whole group's remainder (32-value blocks)
+  if (at + 1 < subs) fold(at + 1, Second{});
+  if (at + 2 < subs) fold(at + 2, Third{});
   for (int r = 0; r < R; ++r) {
-    const float s = sum8(acc[r]) + mins[r];
+    __m256 total = acc[r][0];
+    float min = mins[r][0];
+    for (int a = 1; a < kQuantAccs; ++a) {
+      total = _mm256_add_ps(total, acc[r][a]);
+      min = min + mins[r][a];
+    }
+    const float s = sum8(total) + min;
     y[r * ldy] = bias != nullptr ? s + bias[0] : s;
   }
 }
