@@ -292,9 +292,12 @@ class StreamTranscoder:
     def _call(self, delta: dict[str, Any]) -> bytes:
         out = b""
         index = delta.get("index", 0)
-        custom = delta.get("type") == "custom" or "custom" in delta
-        spec = (delta.get("custom") if custom else delta.get("function")) or {}
         item = self.calls.get(index)
+        if item is None:
+            custom = delta.get("type") == "custom" or "custom" in delta
+        else:  # the call's later pieces: of the kind its first piece set
+            custom = item.kind == "custom_tool_call"
+        spec = (delta.get("custom") if custom else delta.get("function")) or {}
         if item is None:
             kind, prefix = ("custom_tool_call", "ctc") if custom else ("function_call", "fc")
             call_id = delta.get("id") or new_id("call")
