@@ -139,13 +139,16 @@ def _user_content(item: MessageItem, at: str) -> str | list[dict[str, Any]]:
     return parts
 
 
-def messages(instructions: str | None, items: Sequence[InputItem]) -> list[dict[str, Any]]:
-    """The chat messages for ``instructions`` and the conversation's ``items``."""
+def messages(
+    instructions: str | None, items: Sequence[InputItem], own: int = 0
+) -> list[dict[str, Any]]:
+    """The chat messages for ``instructions`` and the conversation's ``items`` (the
+    request's own from index ``own`` on: an error names ``input`` by their index)."""
     out: list[dict[str, Any]] = []
     if instructions:
         out.append({"role": "system", "content": instructions})
     for i, item in enumerate(items):
-        at = f"input.{i}"
+        at = f"input.{i - own}"
         if isinstance(item, MessageItem):
             if item.role in ("system", "developer"):
                 out.append({"role": "system", "content": item.text()})
@@ -334,7 +337,7 @@ def translate(request: ResponsesRequest, history: Sequence[InputItem]) -> Transl
     """The internal request for ``request`` continuing the items ``history``."""
     check_refused(request)
     items = [*history, *own_items(request)]
-    chat_messages = messages(request.instructions, items)
+    chat_messages = messages(request.instructions, items, len(history))
     if not chat_messages:
         raise _bad("input: no input items (and no instructions)", "input")
     body: dict[str, Any] = {
