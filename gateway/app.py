@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.apis.anthropic.count_tokens import CountTokens
@@ -44,6 +44,8 @@ from gateway.routes.records import ADMIN_ROUTES, records_routes
 from gateway.routing.health import Clock
 from gateway.runtime import Runtime
 from gateway.telemetry import Telemetry
+from gateway.ui import PATHS as UI_PATHS
+from gateway.ui import ui_routes
 from lookup.corpus import Corpus
 
 # path -> the front door answering POSTs to it: a new client-facing API is one line here
@@ -206,7 +208,7 @@ def create_app(
     completions: dict[str, ASGIApp] = {
         path: CompletionsRoute(runtime, door) for path, door in doors.items()
     }
-    routes: list[Route] = [
+    routes: list[BaseRoute] = [
         *(Route(path, app, methods=["POST"]) for path, app in completions.items()),
         *meta_routes(runtime),
         Route("/v1/messages/count_tokens", CountTokens(runtime), methods=["POST"]),
@@ -214,11 +216,12 @@ def create_app(
         *response_routes(runtime, responses),
         *records_routes(runtime),
         *openapi_routes(),
+        *ui_routes(runtime),
     ]
     door = guard.Door(
         runtime.auth,
         runtime.limiter,
-        exempt=UNCOUNTED_PATHS,
+        exempt=UNCOUNTED_PATHS | UI_PATHS,
         per_minute=runtime.settings.limits.unauthenticated_per_minute,
         count=runtime.telemetry.count_refusal,
     )
@@ -234,7 +237,7 @@ def create_app(
                 tenant_limits,
                 auth=runtime.auth,
                 limiter=runtime.limiter,
-                exempt=UNCOUNTED_PATHS,
+                exempt=UNCOUNTED_PATHS | UI_PATHS,
                 admin_only=ADMIN_ROUTES,
             ),
         ],

@@ -26,6 +26,7 @@ from prometheus_client.metrics import MetricWrapperBase
 
 from gateway.records.store import MemoryRecordStore, RecordStore, Sample
 from gateway.records.traffic import TrafficRollup
+from gateway.rolling import RollingWindow, Row
 
 log = logging.getLogger(__name__)
 
@@ -193,11 +194,13 @@ class Telemetry:
         self._wake_pending = False
         self._rollup = TrafficRollup(self.store)
         self._preempted: dict[str, int] = {}  # endpoint -> the engine's count last exported
+        self.recent = RollingWindow()  # the last minutes per endpoint (the dashboard's)
 
     def record(self, timing: RequestTiming) -> None:
         """Record one finished request; must return at once and never raise."""
         try:
             self._observe(timing)
+            self._note_recent(timing)
             try:
                 self._queue.put_nowait(timing)
             except queue.Full:
@@ -281,6 +284,20 @@ class Telemetry:
         if t.cached_tokens is not None and t.prompt_tokens is not None:
             child(m.prefix_hit, ep).inc(t.cached_tokens)
             child(m.prefix_miss, ep).inc(t.prompt_tokens - t.cached_tokens)
+
+    def _note_recent(self, t: RequestTiming) -> None:
+        n, _ = t.tokens()
+        self.recent.add(
+            t.endpoint,
+            Row(
+                at=self.recent.now(),
+                error=t.error is not None or t.status >= 400,
+                ttft=t.ttft(),
+                tpot=t.tpot(),
+                output_tokens=n or 0,
+                accepted=t.accepted_prediction_tokens or 0,
+            ),
+        )
 
     def _wake_drain(self) -> None:
         """Have the drain task write the queue within ``DRAIN_EVERY_S`` (one timer per batch)."""

@@ -1,0 +1,336 @@
+"""``/ui``: the dashboard's pages and the JSON its script polls.
+
+Pages: the overview (live traffic per endpoint), the endpoints (records, routing, local
+engines), the tenants (admin) and one tenant's page (its admin or itself). Every page
+needs a viewer (:mod:`gateway.ui.session`); one without is sent to the sign-in page.
+Traffic figures follow the API's rule (:meth:`Runtime.traffic_viewer`): admin keys,
+unless ``metrics_public``. Pages answer errors as a page, the JSON route as JSON.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from importlib import resources
+from typing import Any
+from urllib.parse import quote
+
+from jinja2 import Environment, PackageLoader, select_autoescape
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import BaseRoute, Mount, Route
+
+from gateway.auth import DEFAULT_TENANT
+from gateway.errors import (
+    AuthenticationFailed,
+    GatewayError,
+    InvalidRequest,
+    NotFound,
+    PermissionDenied,
+)
+from gateway.http.asgi import read_body
+from gateway.http.responses import error_response, json_response
+from gateway.http.validation import parse_json
+from gateway.runtime import Runtime
+from gateway.ui import svg
+from gateway.ui.session import COOKIE, SESSION_S, Sessions, Viewer, same_origin
+from lookup.corpus.errors import StoreUnavailable
+
+SPAN_S = 60.0  # the overview's figures: the last minute
+CHART_S = 300.0  # its charts: the last five minutes
+CHART_BUCKETS = 30
+MAX_KEY_CHARS = 4096
+
+PATHS = frozenset(
+    {
+        "/ui",
+        "/ui/",
+        "/ui/overview.json",
+        "/ui/endpoints",
+        "/ui/tenants",
+        "/ui/tenant",
+        "/ui/login",
+        "/ui/logout",
+        "/ui/static/ui.js",
+        "/ui/static/ui.css",
+    }
+)
+"""Every dashboard path: served before the API's key check and not counted toward a
+tenant's limits (the dashboard checks its viewer itself)."""
+
+_HEADERS = {
+    "content-security-policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
+    "img-src 'self' data:; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; "
+    "base-uri 'none'",
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "same-origin",
+    "cache-control": "no-store",
+}
+_STATIC = {"ui.js": "text/javascript", "ui.css": "text/css"}
+
+_templates = Environment(
+    loader=PackageLoader("gateway.ui", "templates"),
+    autoescape=select_autoescape(default=True),
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+
+Handler = Callable[[Request, Viewer], Awaitable[Response]]
+
+
+def _own_page(viewer: Viewer) -> str:
+    return f"/ui/tenant?name={quote(viewer.tenant)}"
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 1)
+
+
+class _Unavailable(GatewayError):
+    status = 503
+
+
+class Dashboard:
+    """The dashboard bound to one runtime."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+        self.sessions = Sessions(runtime.auth)
+
+    # -- rendering and access -------------------------------------------------------
+
+    def render(
+        self, request: Request, name: str, viewer: Viewer | None, status: int = 200, **values: Any
+    ) -> HTMLResponse:
+        html = _templates.get_template(name).render(
+            viewer=viewer,
+            sign_in=self.sessions.needed,
+            traffic=viewer is not None and self._sees_traffic(viewer),
+            path=request.url.path,
+            **values,
+        )
+        return HTMLResponse(html, status_code=status, headers=_HEADERS)
+
+    def _sees_traffic(self, viewer: Viewer) -> bool:
+        return viewer.admin or self.runtime.settings.metrics_public
+
+    def _traffic(self, viewer: Viewer) -> None:
+        if not self._sees_traffic(viewer):
+            raise PermissionDenied("the traffic of every tenant needs an admin key")
+
+    def page(self, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+        """``handler`` as a page: a request without a viewer goes to the sign-in page, an
+        error becomes an error page with its status."""
+
+        async def endpoint(request: Request) -> Response:
+            viewer: Viewer | None = None
+            try:
+                viewer = self.sessions.viewer(request)
+                if viewer is None:
+                    return RedirectResponse("/ui/login", status_code=303, headers=_HEADERS)
+                return await handler(request, viewer)
+            except GatewayError as error:
+                return self.render(request, "error.html", viewer, error.status, error=error.message)
+
+        return endpoint
+
+    def data(self, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+        """``handler`` as a JSON route: 401 without a viewer; errors as the API's JSON."""
+
+        async def endpoint(request: Request) -> Response:
+            try:
+                viewer = self.sessions.viewer(request)
+                if viewer is None:
+                    raise AuthenticationFailed("sign in at /ui/login or send a gateway key")
+                return await handler(request, viewer)
+            except GatewayError as error:
+                return error_response(error)
+
+        return endpoint
+
+    # -- pages ----------------------------------------------------------------------
+
+    async def overview(self, request: Request, viewer: Viewer) -> Response:
+        if not self._sees_traffic(viewer):  # a tenant key: its own page
+            return RedirectResponse(_own_page(viewer), status_code=303)
+        return self.render(request, "overview.html", viewer, live=self._live(), span_s=SPAN_S)
+
+    async def overview_json(self, request: Request, viewer: Viewer) -> Response:
+        self._traffic(viewer)
+        return json_response(self._live())
+
+    def _live(self) -> dict[str, Any]:
+        window = self.runtime.telemetry.recent
+        names = [e.name for e in self.runtime.settings.endpoints]
+        names += [n for n in window.endpoints() if n not in names]
+        rows = []
+        requests: dict[str, list[float]] = {}
+        tokens: dict[str, list[float]] = {}
+        width = CHART_S / CHART_BUCKETS
+        for name in names:
+            f = window.figures(name, SPAN_S)
+            rows.append(
+                {
+                    "endpoint": name,
+                    "requests": f.requests,
+                    "errors": f.errors,
+                    "requests_per_s": round(f.requests_per_s, 3),
+                    "ttft_p50_ms": _ms(f.ttft_p50),
+                    "ttft_p99_ms": _ms(f.ttft_p99),
+                    "tpot_p50_ms": _ms(f.tpot_p50),
+                    "tpot_p99_ms": _ms(f.tpot_p99),
+                    "output_tokens_per_s": round(f.output_tokens_per_s, 2),
+                    "drafted_share": None if f.drafted_share is None else round(f.drafted_share, 4),
+                    "drafted_bar": svg.share_bar(f.drafted_share),
+                }
+            )
+            series = window.series(name, CHART_S, CHART_BUCKETS)
+            if any(r for r, _ in series):
+                requests[name] = [r / width for r, _ in series]
+                tokens[name] = [t / width for _, t in series]
+        return {
+            "span_s": SPAN_S,
+            "generated_at": time.time(),
+            "endpoints": rows,
+            "charts": {
+                "requests": svg.line_chart(
+                    requests, title="requests/s, last 5 minutes (10 s buckets)"
+                ),
+                "tokens": svg.line_chart(
+                    tokens, title="output tokens/s, last 5 minutes (10 s buckets)"
+                ),
+            },
+        }
+
+    async def endpoints(self, request: Request, viewer: Viewer) -> Response:
+        self._traffic(viewer)
+        runtime = self.runtime
+        try:
+            await runtime.telemetry.flush()
+            records = await runtime.records.records()
+        except StoreUnavailable as exc:
+            raise _Unavailable(f"record store unavailable: {exc}") from None
+        for record in records:
+            record.routing = runtime.balancer.state(record.name)
+        engines = {}
+        for name, local in runtime.local.items():
+            engines[name] = {
+                "state": local.state,
+                "memory": local.memory() or {},
+                "preemptions": local.preemptions(),
+            }
+        return self.render(
+            request,
+            "endpoints.html",
+            viewer,
+            records=[r.model_dump(mode="json") for r in records],
+            engines=engines,
+        )
+
+    def _tenants(self) -> list[str]:
+        names = [key.tenant for key in self.runtime.settings.keys]
+        return list(dict.fromkeys(names)) or [DEFAULT_TENANT]
+
+    async def tenants(self, request: Request, viewer: Viewer) -> Response:
+        if not viewer.admin:
+            raise PermissionDenied("the list of tenants needs an admin key")
+        rows = [await self._tenant(name) for name in self._tenants()]
+        return self.render(request, "tenants.html", viewer, tenants=rows)
+
+    async def tenant(self, request: Request, viewer: Viewer) -> Response:
+        name = request.query_params.get("name", viewer.tenant)
+        if not viewer.may_see(name):
+            raise PermissionDenied("a tenant key sees its own tenant's page only")
+        if name not in self._tenants():
+            raise NotFound(f"no tenant named {name!r}")
+        return self.render(request, "tenant.html", viewer, tenant=await self._tenant(name))
+
+    async def _tenant(self, name: str) -> dict[str, Any]:
+        settings = self.runtime.settings
+        weight = next((k.weight for k in settings.keys if k.tenant == name), 1.0)
+        try:
+            documents = await self.runtime.corpus.list(name)
+        except (StoreUnavailable, GatewayError, ValueError) as exc:
+            return {"name": name, "weight": weight, "documents": None, "error": str(exc)}
+        return {
+            "name": name,
+            "weight": weight,
+            "limits": settings.limits.model_dump(),
+            "documents": len(documents),
+            "bytes": sum(d.bytes for d in documents),
+            "recent": [
+                {"id": d.id, "path": d.path, "bytes": d.bytes, "last_used": d.last_used}
+                for d in documents[:20]
+            ],
+            "error": None,
+        }
+
+    # -- sign-in --------------------------------------------------------------------
+
+    async def login_page(self, request: Request) -> Response:
+        return self.render(request, "login.html", None)
+
+    async def login(self, request: Request) -> Response:
+        """``{"key": ...}`` -> a session cookie (JSON; posted by the sign-in page's script)."""
+        try:
+            if not same_origin(request):
+                raise PermissionDenied("sign-in must come from this gateway's own page")
+            data = parse_json(await self._body(request))
+            key = data.get("key") if isinstance(data, dict) else None
+            if not isinstance(key, str) or not 0 < len(key) <= MAX_KEY_CHARS:
+                raise InvalidRequest('send {"key": "<gateway key>"}', param="key")
+            if not self.sessions.needed:
+                return json_response({"tenant": DEFAULT_TENANT, "next": "/ui/"})
+            token, viewer = self.sessions.sign_in(key)
+        except GatewayError as error:
+            return error_response(error)
+        nxt = "/ui/" if self._sees_traffic(viewer) else _own_page(viewer)
+        response = json_response({"tenant": viewer.tenant, "next": nxt})
+        response.set_cookie(
+            COOKIE,
+            token,
+            max_age=int(SESSION_S),
+            path="/ui",
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+        )
+        return response
+
+    async def logout(self, request: Request) -> Response:
+        if not same_origin(request):
+            return error_response(PermissionDenied("sign-out must come from this gateway's page"))
+        self.sessions.sign_out(request.cookies.get(COOKIE))
+        response = json_response({"next": "/ui/login"})
+        response.delete_cookie(COOKIE, path="/ui", httponly=True, samesite="strict")
+        return response
+
+    async def _body(self, request: Request) -> bytes:
+        return await read_body(
+            request.receive,
+            min(self.runtime.settings.max_body_bytes, 64 * 1024),
+            request.headers.get("content-length", "").encode() or None,
+        )
+
+    async def static(self, request: Request) -> Response:
+        name = request.url.path.rsplit("/", 1)[1]
+        body = resources.files("gateway.ui").joinpath("static", name).read_bytes()
+        return Response(body, media_type=_STATIC[name], headers=_HEADERS)
+
+
+def ui_routes(runtime: Runtime) -> list[BaseRoute]:
+    """The dashboard bound to ``runtime``: one mount (its pages are no part of the API's
+    description; ``/ui`` is redirected to ``/ui/``)."""
+    ui = Dashboard(runtime)
+    routes = [
+        Route("/", ui.page(ui.overview), methods=["GET"]),
+        Route("/overview.json", ui.data(ui.overview_json), methods=["GET"]),
+        Route("/endpoints", ui.page(ui.endpoints), methods=["GET"]),
+        Route("/tenants", ui.page(ui.tenants), methods=["GET"]),
+        Route("/tenant", ui.page(ui.tenant), methods=["GET"]),
+        Route("/login", ui.login_page, methods=["GET"]),
+        Route("/login", ui.login, methods=["POST"]),
+        Route("/logout", ui.logout, methods=["POST"]),
+        *(Route(f"/static/{name}", ui.static, methods=["GET"]) for name in _STATIC),
+    ]
+    return [Mount("/ui", routes=routes)]
