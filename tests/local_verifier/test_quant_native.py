@@ -24,6 +24,7 @@ from local_verifier.linear import Linear
 from local_verifier.loader import LoadedModel, load_model
 from local_verifier.model import SeqStep, Transformer
 from tests.local_verifier.conftest import write_tiny_checkpoint
+from tests.local_verifier.stepping import plain_decode, verify_batched
 from tests.local_verifier.test_gguf_tiny import _permute
 
 Q = GGMLQuantizationType
@@ -237,3 +238,15 @@ def test_native_is_close_to_the_same_weights_dequantized(
 def test_native_needs_a_gguf_file(quant_checkpoint: Path) -> None:
     with pytest.raises(ModelLoadError, match="native"):
         load_model(str(quant_checkpoint), device="cpu", dtype="native", tune_threads=False)
+
+
+def test_shipped_smollm2_runs_its_q4_1_blocks_and_drafts_equal_plain_decoding() -> None:
+    lm = load_model("smollm2-135m", dtype="native", tune_threads=False)
+    layers = [m.weight for m in lm.model.layers.modules() if isinstance(m, Linear)]
+    assert {quant_type(w) for w in layers} == {Q.Q4_1}
+    assert quant_type(lm.model.head.weight) == Q.Q8_0  # the tied embedding's blocks
+    assert lm.model.fused_stack() is not None
+    ids = lm.tokenizer.encode("def fibonacci(n):\n    ")
+    tokens, plain = plain_decode(lm, ids, 12)
+    other = lm.tokenizer.encode("import os\n")
+    assert torch.equal(verify_batched(lm, ids, tokens, other, split=3), plain)
