@@ -37,8 +37,9 @@ from local_verifier.loader import LoadedModel, load_model
 from local_verifier.logits_processors import Penalties
 from local_verifier.logprobs import MAX_TOP_LOGPROBS
 from local_verifier.output import OutputAssembler, TextDelta
+from local_verifier.request import Request
 from local_verifier.sampling import MAX_SEED, SamplingParams, make_generator
-from local_verifier.scheduler import DraftPolicy, DraftSource, Request, Scheduler
+from local_verifier.scheduler import Scheduler
 from local_verifier.step_costs import measure_row_costs
 from lookup.controller import DraftController
 from lookup.draft import Source
@@ -46,6 +47,7 @@ from lookup.drafter import Drafter
 from lookup.index import IndexCache
 from lookup.native import load_library as load_drafter_library
 from lookup.prompt_index import PromptIndexCache
+from lookup.protocols import DraftPolicy, DraftSource
 
 __all__ = [
     "END",
@@ -195,7 +197,6 @@ class Engine:
         self._scheduler = Scheduler(
             model_,
             self.pool,
-            self.tokenizer,
             self.row_costs,
             token_budget,
             max_batch,
@@ -397,12 +398,12 @@ class Engine:
 
     def prefix_cache_tokens(self) -> tuple[int, int]:
         """(hit, miss): prompt tokens found in the prefix cache and computed, so far."""
-        return self._scheduler.hit_tokens, self._scheduler.miss_tokens
+        return self._scheduler.places.hit_tokens, self._scheduler.places.miss_tokens
 
     @property
     def preemptions(self) -> int:
         """Requests preempted so far (their KV blocks taken back, recomputed later)."""
-        return self._scheduler.preemptions
+        return self._scheduler.places.preemptions
 
     def memory(self) -> dict[str, int]:
         """Bytes: model weights, KV pool reserved and in use, document indexes."""

@@ -24,8 +24,9 @@ from local_verifier.kv_pool import KVPool
 from local_verifier.kv_storage import KVStorage
 from local_verifier.model import SeqStep
 from local_verifier.output import OutputAssembler, TextDelta
+from local_verifier.request import Request
 from local_verifier.sampling import SamplingParams
-from local_verifier.scheduler import Request, Scheduler
+from local_verifier.scheduler import Scheduler
 from local_verifier.tokenizer import Tokenizer
 from lookup.controller import DraftController
 from lookup.drafter import Drafter
@@ -203,7 +204,6 @@ def replay(
     scheduler = Scheduler(
         model,  # type: ignore[arg-type]
         KVPool(storage),
-        tokenizer,
         row_costs,
         token_budget,
         max_batch,

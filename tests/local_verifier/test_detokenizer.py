@@ -116,7 +116,7 @@ def test_a_models_padding_rows_decode_to_nothing(
 
 
 def test_the_assembler_reports_its_host_time_per_token(tok: Tokenizer) -> None:
-    """The step plan reads it as each row's host cost (``scheduler._host_seconds_per_row``)."""
+    """The step plan reads it as each row's host cost (``step._host_seconds_per_row``)."""
     output = OutputAssembler(tok, ["never said"], 100)
     assert output.seconds_per_token == 0.0
     delta = output.push(tok.encode("Hello there, world"))

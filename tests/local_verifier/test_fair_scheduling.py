@@ -253,16 +253,16 @@ def test_each_tenants_drafts_stay_within_its_share_of_a_step(tiny_lm: LoadedMode
         lambda item: want.extend(getattr(item, "token_ids", [])),
     )
     assert engine.wait_idle(60)
-    scheduler = engine._scheduler
+    runner = engine._scheduler.runner
     rows: list[list[tuple[str, int]]] = []
-    plan = scheduler._fair_drafts
+    plan = runner._fair_drafts
 
     def recorded(decoding: list[Any], drafts: list[Any]) -> list[Any]:
         out = plan(decoding, drafts)
         rows.append([(r.owner, len(d)) for r, d in zip(decoding, out, strict=True)])
         return out
 
-    scheduler._fair_drafts = recorded  # type: ignore[method-assign]
+    runner._fair_drafts = recorded  # type: ignore[method-assign]
     answers: list[list[int]] = [[] for _ in range(3)]
     for i in range(3):  # tenant a: three answers drafting 8 right tokens every step
         drafter = OracleDrafter(want, tiny_lm.config.vocab_size, "right", eos=2)

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from local_verifier import scheduler
+from local_verifier import step as step_module
 from local_verifier.engine import END, Engine, GenerationRequest, GenerationStats
 from local_verifier.grammar import (
     Constraint,
@@ -258,7 +258,7 @@ class Spy:
         monkeypatch.setattr(MaskedRows, "__getitem__", spied_getitem)
         # every proposed node verified: the steps' drafts are the prediction's next max_draft
         # tokens, not what the timed planner keeps
-        monkeypatch.setattr(scheduler, "plan_batch", lambda drafts, *_, **__: list(drafts))
+        monkeypatch.setattr(step_module, "plan_batch", lambda drafts, *_, **__: list(drafts))
 
 
 def request(schema: dict[str, Any], content: str, **kwargs: Any) -> GenerationRequest:

@@ -71,7 +71,7 @@ def test_preempted_answers_equal_uninterrupted_ones(
     for req, answer in zip(requests(params), answers, strict=True):
         tight.submit(req, answer)
     assert tight.wait_idle(120)
-    assert tight._scheduler.preemptions > 0
+    assert tight._scheduler.places.preemptions > 0
     # each answer reports its own preemptions (the audits read them from the response)
     stats = [a.items[-2] for a in answers]
     assert sum(s.preemptions for s in stats) == tight.preemptions

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 
-from local_verifier import scheduler
+from local_verifier import step as step_module
 from local_verifier.engine import Engine, GenerationRequest, TextDelta
 from local_verifier.loader import LoadedModel
 from local_verifier.logits_processors import Penalties, PenaltyState
@@ -390,7 +390,7 @@ def test_decoding_loop_samples_the_target_distribution(tiny_model: Transformer) 
 def test_decoding_loop_check_detects_a_wrong_rule(
     tiny_model: Transformer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(scheduler, "verify_sampled", no_renormalise)
+    monkeypatch.setattr(step_module, "verify_sampled", no_renormalise)
     table = _target_table(tiny_model)
     samples = _sampled_tiny(tiny_model, table, N_TINY)
     ok, worst, threshold = distribution_matches(samples, _exact_tiny(table))

@@ -13,7 +13,7 @@ from spec_drafts import OracleDrafter, PassThrough
 from test_batching import PROMPTS, Collector, alone, ids_of, make_engine
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import local_verifier.scheduler as scheduler_module
+import local_verifier.step as step_module
 import local_verifier.verify as verify_module
 from local_verifier.engine import Engine, GenerationRequest
 from local_verifier.loader import LoadedModel
@@ -195,7 +195,7 @@ def step_log(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
         now["copies"] += 1
         return real_copy(values)
 
-    monkeypatch.setattr(scheduler_module, "_on_device", lambda device: True)  # the GPU's path
+    monkeypatch.setattr(step_module, "_on_device", lambda device: True)  # the GPU's path
     monkeypatch.setattr(Scheduler, "step", step)
     monkeypatch.setattr(Transformer, "step", forward)
     monkeypatch.setattr(verify_module, "_to_host", copy)
@@ -211,7 +211,7 @@ def test_a_greedy_step_copies_its_verdicts_once(
     reqs = [GenerationRequest(prompt_ids=ids_of(tiny_lm, p), max_tokens=30) for p in PROMPTS]
     want = [alone(engine, GenerationRequest(**{**r.__dict__, "draft": False})) for r in reqs]
     host_reads: list[int] = []
-    monkeypatch.setattr(scheduler_module, "verify_greedy", lambda *a: host_reads.append(1))
+    monkeypatch.setattr(step_module, "verify_greedy", lambda *a: host_reads.append(1))
     step_log.clear()
     got = [Collector() for _ in reqs + reqs]
     vocab = tiny_lm.config.vocab_size
