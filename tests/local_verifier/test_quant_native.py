@@ -250,3 +250,35 @@ def test_shipped_smollm2_runs_its_q4_1_blocks_and_drafts_equal_plain_decoding() 
     tokens, plain = plain_decode(lm, ids, 12)
     other = lm.tokenizer.encode("import os\n")
     assert torch.equal(verify_batched(lm, ids, tokens, other, split=3), plain)
+
+
+def _patched(path: Path, tensor: str, dst: Path, dims: int = 2, **fields: int) -> Path:
+    """``path`` with tensor ``tensor``'s index entry changed: ``ne0`` (its row length) or
+    ``type`` (its GGML type code)."""
+    data = bytearray(path.read_bytes())
+    name = tensor.encode()
+    at = data.index(len(name).to_bytes(8, "little") + name) + 8 + len(name) + 4
+    if "ne0" in fields:
+        data[at : at + 8] = fields["ne0"].to_bytes(8, "little")
+    if "type" in fields:
+        at += 8 * dims
+        data[at : at + 4] = fields["type"].to_bytes(4, "little")
+    dst.write_bytes(bytes(data))
+    return dst
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"type": 99}, "tensor blk.1.ffn_down.weight has unknown GGML type 99"),
+        ({"ne0": 500}, r"tensor blk.1.ffn_down.weight of type Q8_0 has shape \[500, 256\]"),
+    ],
+)
+def test_a_tensor_of_unknown_type_or_partial_blocks_is_a_load_error_naming_it(
+    quant_checkpoint: Path, tmp_path: Path, fields: dict[str, int], message: str
+) -> None:
+    good = write_quant_gguf(quant_checkpoint, tmp_path / "good.gguf", Q.Q8_0)
+    bad = _patched(good, "blk.1.ffn_down.weight", tmp_path / "bad.gguf", **fields)
+    for dtype in ("native", "float32"):
+        with pytest.raises(ModelLoadError, match=message):
+            load_model(str(bad), device="cpu", dtype=dtype, tune_threads=False)
