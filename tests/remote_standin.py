@@ -48,7 +48,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from local_verifier.engine import END, Engine, GenerationRequest, GenerationStats
+from local_verifier.engine import END, Engine, Failed, GenerationRequest, GenerationStats
 from local_verifier.sampling import SamplingParams
 from local_verifier.testing.kv_cache import forward, new_cache
 
@@ -117,7 +117,7 @@ class RemoteStandIn:
         self.corrupt: Corruption | None = None  # generate answers turn hostile ...
         self.corrupt_after_scores = 0  # ... once this many scores were answered
         self.set_cookie = False  # every answer sets a cookie
-        self.reports_context = True  # /tokenize tells max_model_len
+        self.reports_context = True  # /tokenize and /v1/models tell max_model_len
         self.scores = 0
         self.decodes = 0
         self.garbage_rows = 0  # uninitialised rows sent (vLLM, cache read)
@@ -192,8 +192,8 @@ class RemoteStandIn:
             handle = self.engine.submit(gen, deliver)
             try:
                 while (item := await items.get()) is not END:
-                    if isinstance(item, Exception):
-                        raise item
+                    if isinstance(item, Failed):
+                        raise item.error
                     yield item
             finally:
                 handle.cancel()
@@ -508,7 +508,10 @@ class RemoteStandIn:
     # -- OpenAI (pass-through) -------------------------------------------------------------
 
     async def _models(self, request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [{"id": "smollm2", "object": "model"}]})
+        card: dict[str, Any] = {"id": "smollm2", "object": "model"}
+        if self.reports_context:
+            card["max_model_len"] = MAX_MODEL_LEN
+        return JSONResponse({"object": "list", "data": [card]})
 
     async def _openai(self, request: Request) -> Response:
         if self.fail_all:

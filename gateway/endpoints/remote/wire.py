@@ -47,8 +47,8 @@ served with ``--enable-scale-out``; ``vllm/sampling_params.py``):
 - streaming: ``data: {"choices": [{"token_ids": [...]}]}`` deltas, then ``data: [DONE]``.
 
 Both ``/tokenize``: ``{"prompt": text, "add_special_tokens": bool}`` answers
-``{"tokens": [...], "count": n, "max_model_len": m}``; ``GET /version``:
-``{"version": "..."}``.
+``{"tokens": [...], "count": n, "max_model_len": m}`` (where ``max_model_len`` is missing,
+``GET /v1/models``'s model cards carry it); ``GET /version``: ``{"version": "..."}``.
 
 The upstream is not trusted: every answer is bounded in bytes (a scoring answer by the
 context's length, a stream line by :data:`MAX_LINE_BYTES`), every request by a total
@@ -67,7 +67,7 @@ import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from http.cookiejar import CookieJar, DefaultCookiePolicy
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeGuard
 
 import httpx
 
@@ -138,6 +138,10 @@ async def _parse(body: bytes, path: str) -> Any:
         return _loads(body)
     except (ValueError, RecursionError):
         raise RemoteFailure(f"{path}: the answer is not JSON") from None
+
+
+def _positive(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def _body(fields: dict[str, Any], key: str, ids: bytes) -> bytes:
@@ -247,9 +251,23 @@ class _Client:
         ):
             raise RemoteFailure("/tokenize: no token list in the answer")
         length = answer.get("max_model_len")
-        if isinstance(length, int) and not isinstance(length, bool) and length > 0:
+        if _positive(length):
             self.max_model_len = length
+        elif self.max_model_len is None:
+            self.max_model_len = await self._served_context()
         return tokens
+
+    async def _served_context(self) -> int | None:
+        """The longest ``max_model_len`` ``GET /v1/models`` lists (both engines' model
+        cards carry it), None when it lists none."""
+        with contextlib.suppress(RemoteFailure):
+            answer = await self._request("GET", "/v1/models")
+            cards = answer.get("data") if isinstance(answer, dict) else None
+            lengths = [c.get("max_model_len") for c in cards or [] if isinstance(c, dict)]
+            found = [n for n in lengths if _positive(n)]
+            if found:
+                return max(found)
+        return None
 
     async def version(self) -> str | None:
         """The server's version (``GET /version``), None when it does not say."""
