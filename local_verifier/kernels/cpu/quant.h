@@ -20,14 +20,15 @@ namespace {
 // y[n][m] = sum over k of w[m][k] x[n][k], with x quantized per block of 32 values to int8
 // (llama.cpp's Q8_0 activations: d = max|x| / 127, q = round-to-nearest-even(x / d), the sum
 // of q kept as d * sum q for the types with a minimum) and each weight sub-block of 32 values
-// decoded in registers to 32 int8. Per sub-block the 32 products are summed exactly in
-// integers (4 consecutive products per int32 lane: vpdpbusd where the CPU has AVX512-VNNI,
-// else vpmaddubsw + vpmaddwd, the same lane sums), the 8 lanes widened exactly to float and
-// folded into 8 float accumulators by one FMA with the sub-block's scale (lane-wise for
-// Q6_K's 16-value scales), sub-blocks in k order; a minimum term (Q4_1, Q4_K, Q5_K) adds
-// into one float sum in the same order; then one fixed lane tree, the minimum sum, the
-// bias. An output is thus one fixed sequence of operations on its own row and column: the
-// same bits for any row count, row tile, thread count, and on AVX2 and AVX-512 builds alike.
+// decoded in registers to 32 uint8 (Q4_0, Q4_1, Q5_0, Q4_K, Q5_K: Q4_0's and Q5_0's offsets
+// of -8 and -16 become minimum terms) or int8 (Q8_0, Q6_K). Per sub-block the 32 products are
+// summed exactly in integers (4 consecutive products per int32 lane: vpdpbusd where the CPU
+// has AVX512-VNNI, else vpmaddubsw + vpmaddwd, the same lane sums; int8 weights through
+// their magnitudes and x's sign flipped by theirs), the 8 lanes widened exactly to float and
+// folded into a float accumulator by one FMA with the sub-block's scale (lane-wise for Q6_K's
+// 16-value scales); a minimum term adds into a float sum; the accumulators, one fixed lane
+// tree, the minimum sums, the bias. An output is thus one fixed sequence of operations on
+// its own row and column: the same bits for any row count, row tile and thread count.
 
 // The GGML type codes of the types run here (dg_linear_quant's `type`).
 enum QuantType { kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ8_0 = 8, kQ4_K = 12, kQ5_K = 13, kQ6_K = 14 };
@@ -79,7 +80,7 @@ struct QuantTraits;
 template <>
 struct QuantTraits<kQ8_0> {
   static constexpr int64_t kValues = 32, kBytes = 34;
-  static constexpr bool kMin = false;
+  static constexpr bool kMin = false, kUnsigned = false;
   static SubBlock decode(const uint8_t* b, int) {
     return {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2)),
             _mm256_set1_ps(half_to_float(b)), 0.0f};
@@ -87,19 +88,20 @@ struct QuantTraits<kQ8_0> {
 };
 
 template <>
-struct QuantTraits<kQ4_0> {
+struct QuantTraits<kQ4_0> {  // d (q - 8): the offset as a minimum of -8 d
   static constexpr int64_t kValues = 32, kBytes = 18;
-  static constexpr bool kMin = false;
+  static constexpr bool kMin = true, kUnsigned = true;
   static SubBlock decode(const uint8_t* b, int) {
-    const __m256i q = low_nibbles(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2)));
-    return {_mm256_sub_epi8(q, _mm256_set1_epi8(8)), _mm256_set1_ps(half_to_float(b)), 0.0f};
+    const float d = half_to_float(b);
+    return {low_nibbles(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2))),
+            _mm256_set1_ps(d), -8.0f * d};
   }
 };
 
 template <>
 struct QuantTraits<kQ4_1> {
   static constexpr int64_t kValues = 32, kBytes = 20;
-  static constexpr bool kMin = true;
+  static constexpr bool kMin = true, kUnsigned = true;
   static SubBlock decode(const uint8_t* b, int) {
     return {low_nibbles(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 4))),
             _mm256_set1_ps(half_to_float(b)), half_to_float(b + 2)};
@@ -107,20 +109,21 @@ struct QuantTraits<kQ4_1> {
 };
 
 template <>
-struct QuantTraits<kQ5_0> {
+struct QuantTraits<kQ5_0> {  // d ((nibble | high bit << 4) - 16): the offset a minimum
   static constexpr int64_t kValues = 32, kBytes = 22;
-  static constexpr bool kMin = false;
-  static SubBlock decode(const uint8_t* b, int) {  // (nibble | high bit << 4) - 16
+  static constexpr bool kMin = true, kUnsigned = true;
+  static SubBlock decode(const uint8_t* b, int) {
+    const float d = half_to_float(b);
     const __m256i q = low_nibbles(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 6)));
-    const __m256i high = _mm256_andnot_si256(bits_to_bytes(b + 2), _mm256_set1_epi8(-16));
-    return {_mm256_or_si256(q, high), _mm256_set1_ps(half_to_float(b)), 0.0f};
+    const __m256i high = _mm256_and_si256(bits_to_bytes(b + 2), _mm256_set1_epi8(16));
+    return {_mm256_or_si256(q, high), _mm256_set1_ps(d), -16.0f * d};
   }
 };
 
 template <>
 struct QuantTraits<kQ4_K> {  // d, dmin, 12 bytes of scales, 128 of nibbles
   static constexpr int64_t kValues = 256, kBytes = 144;
-  static constexpr bool kMin = true;
+  static constexpr bool kMin = true, kUnsigned = true;
   static SubBlock decode(const uint8_t* b, int s) {
     int scale, min;
     scale_min_k4(s, b + 4, &scale, &min);
@@ -135,7 +138,7 @@ struct QuantTraits<kQ4_K> {  // d, dmin, 12 bytes of scales, 128 of nibbles
 template <>
 struct QuantTraits<kQ5_K> {  // d, dmin, 12 bytes of scales, 32 of high bits, 128 of nibbles
   static constexpr int64_t kValues = 256, kBytes = 176;
-  static constexpr bool kMin = true;
+  static constexpr bool kMin = true, kUnsigned = true;
   static SubBlock decode(const uint8_t* b, int s) {
     int scale, min;
     scale_min_k4(s, b + 4, &scale, &min);
@@ -153,7 +156,7 @@ struct QuantTraits<kQ5_K> {  // d, dmin, 12 bytes of scales, 32 of high bits, 12
 template <>
 struct QuantTraits<kQ6_K> {  // 128 bytes low nibbles, 64 of 2-bit highs, 16 int8 scales, d
   static constexpr int64_t kValues = 256, kBytes = 210;
-  static constexpr bool kMin = false;
+  static constexpr bool kMin = false, kUnsigned = false;
   static SubBlock decode(const uint8_t* b, int s) {
     const int half = s / 4, t = s % 4;
     __m256i low =
@@ -170,6 +173,15 @@ struct QuantTraits<kQ6_K> {  // 128 bytes low nibbles, 64 of 2-bit highs, 16 int
     return {q, _mm256_set_ps(second, second, second, second, first, first, first, first), 0.0f};
   }
 };
+
+// Lane i: the exact sum of products 4i..4i+3 of w (uint8 values 0-63) and x (int8).
+inline __m256i dot_unsigned(__m256i w, __m256i x) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x);
+#else  // |pair sum| <= 2 * 63 * 128: no saturation
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1));
+#endif
+}
 
 // Lane i: the exact sum of products 4i..4i+3 of two int8 vectors.
 inline __m256i dot_lanes(__m256i w, __m256i x) {
@@ -247,7 +259,8 @@ inline void quant_dot(const uint8_t* w, int64_t nb, const int8_t* xq, const floa
     for (int r = 0; r < R; ++r) {
       const __m256i xv =
           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + r * K + at * kQBlock));
-      const __m256 sums = _mm256_cvtepi32_ps(dot_lanes(sub.q, xv));
+      const __m256i lanes = Q::kUnsigned ? dot_unsigned(sub.q, xv) : dot_lanes(sub.q, xv);
+      const __m256 sums = _mm256_cvtepi32_ps(lanes);
       const __m256 scale = _mm256_mul_ps(sub.scale, _mm256_set1_ps(xd[r * ldb + at]));
       acc[r][A] = _mm256_fmadd_ps(scale, sums, acc[r][A]);
       if constexpr (Q::kMin) mins[r][A] = mins[r][A] + sub.min * xs[r * ldb + at];
