@@ -23,8 +23,9 @@ def token_id(value: Any, vocab_size: int) -> int:
 
 
 def token_ids(values: Any, vocab_size: int) -> list[int]:
-    if not isinstance(values, list):
-        raise UnusableAnswer("token ids are not a list")
+    """A JSON list of token ids (numbers only), each in the vocabulary."""
+    if not isinstance(values, list) or any(isinstance(v, str) for v in values):
+        raise UnusableAnswer("token ids are not a list of numbers")
     return [token_id(v, vocab_size) for v in values]
 
 
