@@ -4,6 +4,8 @@
         [--threads N] [--types Q8_0,Q4_1,...] [--json OUT.json]
     python -m benchmarks.kernels.bench_quant --numerics smollm2-135m gemma3-270m [FILE.gguf] \
         [--prompts 6] [--tokens 32] [--json OUT.json]
+    python -m benchmarks.kernels.bench_quant --decode smollm2-135m [--dtypes native,bf16,float32] \
+        [--prompts 6] [--tokens 32] [--rows 1,16,64] [--repeats 7] [--threads N] [--json OUT.json]
 
 Kernels: per type, one product y = x @ w.T over a weight of ``--shape`` (M x K, random
 blocks, far beyond the caches) for each row count, three sides timed in turn (order
@@ -18,6 +20,12 @@ float32 (``dtype="float32"``) on the first ``--prompts`` workload prompts (chat 
 the file's linear types, the top-1 agreement and the largest logit difference over every
 prompt position (one prefill step each), and greedy agreement (``--tokens`` tokens of plain
 decoding each side: prompts identical throughout, mean common prefix).
+
+Decode (``--decode``): the model loaded once per ``--dtypes`` entry, then, interleaved (order
+alternating), plain greedy decoding of ``--tokens`` tokens on each of the first ``--prompts``
+workload prompts (decode tokens/s: the tokens after the first over the time after the
+prompt's step) and ``--repeats`` steps of each ``--rows`` count (a chain of R rows after a
+128-token context: a verify step's shape; ms per step, best and median).
 """
 
 from __future__ import annotations
@@ -191,6 +199,67 @@ def numerics(args: argparse.Namespace) -> dict[str, Any]:
     return {"numerics": results}
 
 
+def _timed_greedy(lm: LoadedModel, ids: list[int], n: int) -> float:
+    """Seconds of the ``n - 1`` one-row steps of greedy decoding after the prompt's step."""
+    kv = KVStorage(lm.config, len(ids) + n, dtype=lm.model.kv_dtype)
+    slots = torch.arange(len(ids))
+    step = SeqStep(torch.tensor(ids), slots, slots, slots[:0], logits="last")
+    token = int(lm.model.step([step], kv)[0][-1].argmax())
+    start = time.perf_counter()
+    for i in range(n - 1):
+        at = torch.tensor([len(ids) + i])
+        step = SeqStep(torch.tensor([token]), at, at, torch.arange(len(ids) + i))
+        token = int(lm.model.step([step], kv)[0][-1].argmax())
+    return time.perf_counter() - start
+
+
+def _timed_rows(lm: LoadedModel, rows: int, context: int = 128) -> float:
+    kv = KVStorage(lm.config, context + rows, dtype=lm.model.kv_dtype)
+    tokens = torch.arange(context + rows) % lm.config.vocab_size
+    slots = torch.arange(context + rows)
+    lm.model.step(
+        [SeqStep(tokens[:context], slots[:context], slots[:context], slots[:0], logits="none")], kv
+    )
+    new = slots[context:]
+    step = SeqStep(tokens[context:], new, new, slots[:context])
+    start = time.perf_counter()
+    lm.model.step([step], kv)
+    return time.perf_counter() - start
+
+
+def decode(args: argparse.Namespace) -> dict[str, Any]:
+    models = {
+        d: load_model(args.decode, dtype=d, tune_threads=False) for d in args.dtypes.split(",")
+    }
+    tokenizer = next(iter(models.values())).tokenizer
+    prompts = [
+        tokenizer.encode(tokenizer.apply_chat_template(item.messages))
+        for item in workload(limit=args.prompts)
+    ]
+    seconds: dict[str, float] = dict.fromkeys(models, 0.0)
+    for i, ids in enumerate(prompts):
+        for side in list(models)[:: 1 if i % 2 == 0 else -1]:
+            seconds[side] += _timed_greedy(models[side], ids, args.tokens)
+    steps: dict[str, dict[int, list[float]]] = {side: {} for side in models}
+    for rows in (int(r) for r in args.rows.split(",")):
+        for i in range(args.repeats + 1):  # the first round warms up
+            for side in list(models)[:: 1 if i % 2 == 0 else -1]:
+                t = _timed_rows(models[side], rows)
+                if i:
+                    steps[side].setdefault(rows, []).append(t)
+    report: dict[str, Any] = {}
+    for side in models:
+        report[side] = {
+            "decode_tok_s": len(prompts) * (args.tokens - 1) / seconds[side],
+            "step_ms": {
+                rows: {"best": min(t) * 1e3, "median": statistics.median(t) * 1e3}
+                for rows, t in steps[side].items()
+            },
+        }
+        print(side, json.dumps(report[side]), flush=True)
+    return {"model": args.decode, "threads": torch.get_num_threads(), "decode": report}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--shape", default="8192x2048", help="M x K of the weight")
@@ -199,13 +268,17 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--threads", type=int, default=0, help="0: torch's count")
     parser.add_argument("--numerics", nargs="*", help="models: native against float32")
+    parser.add_argument("--decode", help="a model: plain decoding and steps per --dtypes")
+    parser.add_argument("--dtypes", default="native,bf16,float32")
     parser.add_argument("--prompts", type=int, default=6)
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    report = numerics(args) if args.numerics else kernels(args)
+    modes = {"decode": decode, "numerics": numerics}
+    mode = next((m for m in modes if getattr(args, m)), None)
+    report = modes[mode](args) if mode else kernels(args)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2))
 
