@@ -163,6 +163,8 @@ class VerifyLoop:
 
     def _draft(self) -> Draft:
         left = self.budget - len(self.out)
+        if self.client.max_model_len is not None:  # a round's tokens and the next one fit
+            left = min(left, self.client.max_model_len - len(self.context))
         if self.drafter is None or left < 2:
             return Draft.empty()
         limit, _ = self._controller.budget()
