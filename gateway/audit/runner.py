@@ -14,12 +14,12 @@ from typing import Any
 
 import httpx
 from pydantic import ValidationError
-from tqdm.auto import tqdm
 
 from gateway.audit.client import RequestRecord, stream_chat
 from gateway.audit.quality import Checks, check
 from gateway.audit.summary import summarize
 from gateway.audit.workload import WorkloadItem, load_workload, parse_item
+from gateway.progress import Task, progress
 from sdk import AsyncClient
 from sdk.errors import APIStatusError, DraftgateError
 from sdk.wire import ChatCompletionRequest
@@ -227,7 +227,7 @@ class _Audit:
         self.origin = time.perf_counter()
         self.records: list[RequestRecord] = []
         self.setup_errors: dict[str, int] = {}
-        self.bar: Any = None
+        self.task = Task()
 
     async def put_document(self, doc_id: str, text: str) -> bool:
         try:
@@ -261,8 +261,7 @@ class _Audit:
                 rec.error = "served_by_fallback"  # another endpoint answered: not this one's figure
                 rec.error_message = f"answered by endpoint {rec.served_by!r}"
             self.records.append(rec)
-            if self.bar is not None:
-                self.bar.update(1)
+            self.task.advance()
             scheduled = time.perf_counter() - self.origin
             if job.item.series and job.config != "baseline" and rec.ok():
                 doc_id = f"audit-{job.item.series}-{job.item.id}-{job.config}-{job.label}-c{job.concurrency}-r{job.round}"
@@ -342,16 +341,20 @@ async def run_audit(
     settings = plan.settings()
     total = len(plan.concurrency) * len(settings) * plan.jobs_per_level()
     audit = _Audit(plan, client)
-    if plan.warmup:
-        await audit.warm_up()
     docs = {d["id"]: d["text"] for item in plan.items for d in item.documents}
-    for doc_id, text in docs.items():
-        await audit.put_document(doc_id, text)
+    setup = int(plan.warmup) + len(docs)  # a local endpoint's warm-up waits for its model
+    with progress(
+        f"audit {plan.endpoint}: warm-up and documents", setup, enabled=plan.progress and setup > 0
+    ) as task:
+        if plan.warmup:
+            await audit.warm_up()
+            task.advance()
+        for doc_id, text in docs.items():
+            await audit.put_document(doc_id, text)
+            task.advance()
     levels = []
-    with tqdm(
-        total=total, desc=f"audit {plan.endpoint}", unit="req", disable=not plan.progress
-    ) as bar:
-        audit.bar = bar
+    with progress(f"audit {plan.endpoint}", total, enabled=plan.progress) as task:
+        audit.task = task
         for conc in plan.concurrency:
             for label, setting in settings:
                 levels.append(await audit.run_level(conc, label, setting))

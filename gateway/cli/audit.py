@@ -215,7 +215,9 @@ def audit_command(
 ) -> None:
     """Audit one endpoint's latency with and without drafts; writes audit.json, report.md, PNGs.
 
-    The options have the bounds of ``POST /v1/audits`` and run the same audit."""
+    The options have the bounds of ``POST /v1/audits`` and run the same audit. Progress
+    goes to stderr: a live bar on a terminal, plain lines (one per tenth of the requests)
+    otherwise; the summary goes to stdout."""
     from pydantic import ValidationError
 
     from gateway.audit.report import write_outputs
