@@ -86,6 +86,8 @@ class Runtime:
         )
         self.health_checks = HealthChecks(self.balancer, self.upstreams)
         self.telemetry.registry.register(ReplicaCollector(self.balancer))
+        for name, local in self.local.items():
+            self.telemetry.watch_engine(name, local.stats)
         self._checking: asyncio.Task[None] | None = None
 
     def _endpoint(

@@ -18,8 +18,9 @@ import logging
 import queue
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics import MetricWrapperBase
@@ -27,6 +28,9 @@ from prometheus_client.metrics import MetricWrapperBase
 from gateway.records.store import MemoryRecordStore, RecordStore, Sample
 from gateway.records.traffic import TrafficRollup
 from gateway.rolling import RollingWindow, Row
+
+if TYPE_CHECKING:
+    from local_verifier.events import EngineStats
 
 log = logging.getLogger(__name__)
 
@@ -193,6 +197,7 @@ class Telemetry:
         self._task: asyncio.Task[None] | None = None
         self._wake_pending = False
         self._rollup = TrafficRollup(self.store)
+        self._engines: dict[str, Callable[[], EngineStats | None]] = {}  # read at each scrape
         self._preempted: dict[str, int] = {}  # endpoint -> the engine's count last exported
         self.recent = RollingWindow()  # the last minutes per endpoint (the dashboard's)
 
@@ -210,8 +215,18 @@ class Telemetry:
         except Exception:  # recording must never break a response
             log.exception("telemetry: recording a request failed")
 
+    def watch_engine(self, endpoint: str, stats: Callable[[], EngineStats | None]) -> None:
+        """Export a local engine's snapshot (``stats()``; None: not loaded) at each scrape:
+        its memory by part and its preemptions so far."""
+        self._engines[endpoint] = stats
+
     def metrics_text(self) -> bytes:
         """This app's series in Prometheus text format (for ``GET /metrics``)."""
+        for endpoint, read in self._engines.items():
+            snapshot = read()
+            if snapshot is not None:
+                self.set_memory(endpoint, snapshot.memory)
+                self._count_preemptions(endpoint, snapshot.preemptions)
         return generate_latest(self.registry)
 
     def set_memory(self, endpoint: str, memory: dict[str, int]) -> None:
@@ -224,8 +239,8 @@ class Telemetry:
         """Count one request refused before any route ran, by its status."""
         self._child(self._m.refused, str(status)).inc()
 
-    def set_preemptions(self, endpoint: str, total: int) -> None:
-        """Export a local engine's count of preemptions so far."""
+    def _count_preemptions(self, endpoint: str, total: int) -> None:
+        """Advance the endpoint's counter to its engine's count of preemptions so far."""
         seen = self._preempted.get(endpoint, 0)
         if total > seen:
             self._m.preemptions.labels(endpoint).inc(total - seen)

@@ -2,8 +2,9 @@
 
 One engine thread runs the :class:`~local_verifier.scheduler.Scheduler` (continuous
 batching over a paged KV pool, speculative decoding per request with drafts sized for the
-batch). ``submit`` is thread-safe and hands each request's items to a callback on the
-engine thread; ``generate`` is a blocking iterator over the same path.
+batch). ``submit`` is thread-safe and hands each request's events
+(``local_verifier.events``) to a callback on the engine thread; ``generate`` is a blocking
+iterator over the same path.
 """
 
 from __future__ import annotations
@@ -16,33 +17,37 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any
-
-import numpy as np
 
 from local_verifier.devices import ThreadTuner, available_cpus
 from local_verifier.errors import (
     EngineBusy,
     EngineClosed,
-    PredictionTooLong,
     PromptTooLong,
     TenantBusy,
 )
-from local_verifier.grammar import GrammarCompiler, JsonSchema
+from local_verifier.events import (
+    END,
+    Ended,
+    EngineStats,
+    Event,
+    Failed,
+    GenerationStats,
+    answer_stats,
+)
+from local_verifier.grammar import GrammarCompiler
 from local_verifier.kernels.cpp import release_threads
 from local_verifier.kv_pool import DEFAULT_BLOCK_SIZE, KVPool
 from local_verifier.kv_storage import KVStorage
 from local_verifier.loader import LoadedModel, load_model
-from local_verifier.logits_processors import Penalties
 from local_verifier.logprobs import MAX_TOP_LOGPROBS
 from local_verifier.output import OutputAssembler, TextDelta
-from local_verifier.request import Request
-from local_verifier.sampling import MAX_SEED, SamplingParams, make_generator
+from local_verifier.prompts import PromptEncoder
+from local_verifier.request import DocumentTokens, GenerationRequest, Request
+from local_verifier.sampling import MAX_SEED, make_generator
 from local_verifier.scheduler import Scheduler
 from local_verifier.step_costs import measure_row_costs
 from lookup.controller import DraftController
-from lookup.draft import Source
 from lookup.drafter import Drafter
 from lookup.index import IndexCache
 from lookup.native import load_library as load_drafter_library
@@ -53,75 +58,20 @@ __all__ = [
     "END",
     "DocumentTokens",
     "Engine",
+    "EngineStats",
+    "Event",
+    "Failed",
     "GenerationRequest",
     "GenerationStats",
     "TextDelta",
 ]
 
-DocumentTokens = tuple[str, np.ndarray]  # (content sha256, uint32 token ids)
 MAX_DRAFT = 64  # largest draft per request per step
 DEFAULT_KV_CACHE_MB = 512
 TOKEN_BUDGET = 128  # prompt rows per step (decode rows always run)
 MAX_BATCH = 16  # requests running at once
 MAX_QUEUE = 64  # requests waiting beyond those running
 PROMPT_INDEX_BYTES = 64 << 20  # the drafter's cached prompt-prefix indexes
-
-
-class _End:
-    """The last item a submitted request's callback receives."""
-
-
-END = _End()
-
-
-@dataclass
-class GenerationRequest:
-    """One generation: chat ``messages``, a raw ``prompt`` or ``prompt_ids`` (exactly one)."""
-
-    messages: list[dict[str, Any]] | None = None
-    prompt: str | None = None
-    prompt_ids: list[int] | None = None
-    params: SamplingParams = field(default_factory=SamplingParams)
-    max_tokens: int | None = None  # None = up to the context
-    stop: list[str] = field(default_factory=list)
-    prediction: str | None = None
-    prediction_ids: list[int] | None = None  # the prediction's tokens (None: from ``prediction``)
-    documents: list[DocumentTokens] = field(default_factory=list)
-    document_sources: list[Source] = field(default_factory=list)  # default: Source.DOCUMENT
-    draft: bool = True
-    max_draft: int | None = None  # cap on draft tokens per verify step (None = measured range)
-    tenant: str = ""  # prefixes are reused only between requests of the same tenant
-    owner: str = ""  # the tenant whose fair share of the engine (and queue places) it uses
-    weight: float = 1.0  # the owner's weight in fair scheduling (> 0)
-    penalties: Penalties = field(default_factory=Penalties)
-    logprobs: int | None = None  # report logprobs with this many top alternatives (None: off)
-    # structured output: an llguidance grammar (grammar.json_grammar) or a JSON schema
-    grammar: str | JsonSchema | None = None
-
-
-@dataclass(frozen=True)
-class GenerationStats:
-    """Per-request counters; the last item ``Engine.generate`` yields."""
-
-    prompt_tokens: int
-    completion_tokens: int
-    finish_reason: str  # "stop" | "length"
-    verify_steps: int
-    drafted_tokens: int
-    accepted_tokens: int
-    accepted_by_position: list[int]
-    accepted_by_source: dict[str, int]  # accepted draft tokens per source (Source names)
-    drafted_by_source: dict[str, int]  # verified draft tokens per source
-    accepted_prediction_tokens: int | None
-    rejected_prediction_tokens: int | None
-    prefill_s: float
-    draft_s: float
-    verify_s: float
-    total_s: float
-    queued_s: float = 0.0
-    cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache
-    grammar_s: float = 0.0  # time spent in the grammar: draft pruning, masks, commits
-    preemptions: int = 0  # times the answer was preempted and its K/V recomputed
 
 
 class Handle:
@@ -193,6 +143,7 @@ class Engine:
         # the drafter's prompt index, by prefix (bound 0: nothing kept)
         self.prompt_indexes = PromptIndexCache(max_bytes=PROMPT_INDEX_BYTES if prefix_cache else 0)
         self.grammars = GrammarCompiler(self.tokenizer, cfg.vocab_size)
+        self._prompts = PromptEncoder(self.tokenizer, cfg.vocab_size, self.context_length)
         self.max_queue = max_queue
         self._scheduler = Scheduler(
             model_,
@@ -218,26 +169,27 @@ class Engine:
     def submit(
         self,
         req: GenerationRequest,
-        on_item: Callable[[Any], None],
+        on_item: Callable[[Event], None],
         *,
         drafter: DraftSource | None = None,
         controller: DraftPolicy | None = None,
     ) -> Handle:
-        """Queue ``req``; ``on_item`` gets (on the engine thread) each ``TextDelta``, then a
-        ``GenerationStats`` or an ``Exception``, then ``END`` (after a cancel: just ``END``).
+        """Queue ``req``; ``on_item`` gets its events (``local_verifier.events``) on the
+        engine thread: each ``TextDelta``, then ``GenerationStats`` or ``Failed``, then
+        ``END`` (after a cancel: just ``END``).
 
         Raises ``PromptTooLong``/``ValueError`` (bad request; ``InvalidGrammar`` for its
         grammar) or ``EngineBusy`` (queue full) here. The grammar is compiled here, on the
         calling thread. ``drafter``/``controller`` replace the request's own lookup drafter
         and controller (tests inject fixed drafts this way).
         """
-        req = self._tokenised(req)
+        req = self._prompts.tokenised(req)
         request = self._request(req, on_item, drafter, controller)
         self._constrain([request], req)
         return self._enqueue([(request, req)])
 
     def submit_n(
-        self, req: GenerationRequest, n: int, on_item: Callable[[int, Any], None]
+        self, req: GenerationRequest, n: int, on_item: Callable[[int, Event], None]
     ) -> Handle:
         """Queue ``n`` answers to ``req``'s prompt; ``on_item(i, item)`` as in ``submit``.
 
@@ -252,7 +204,7 @@ class Engine:
         seed = req.params.seed
         if seed is not None and seed + n - 1 > MAX_SEED:
             raise ValueError(f"seed must be at most 2**64 - n = {MAX_SEED - n + 1} with n = {n}")
-        req = self._tokenised(req)
+        req = self._prompts.tokenised(req)
         group: list[tuple[Request, GenerationRequest]] = []
         for i in range(n):
             params = dataclasses.replace(req.params, seed=None if seed is None else seed + i)
@@ -262,48 +214,15 @@ class Engine:
         group[0][0].followers = [request for request, _ in group[1:]]
         return self._enqueue(group)
 
-    def _tokenised(self, req: GenerationRequest) -> GenerationRequest:
-        """``req`` with its prompt and prediction as token ids, each checked against the
-        model's embedding and the context (tokenised once for all ``n`` answers)."""
-        prompt_ids = self._prompt_ids(req)
-        prediction = req.prediction_ids
-        if prediction is None and req.prediction:
-            # a token is at most max_token_bytes long: a longer text cannot fit the context
-            if len(req.prediction.encode()) > self.context_length * self._max_token_bytes:
-                raise PredictionTooLong(self.context_length)
-            prediction = self.tokenizer.encode(req.prediction, add_special_tokens=False)
-        if prediction is not None:
-            if len(prediction) > self.context_length:
-                raise PredictionTooLong(self.context_length)
-            self._check_ids("prediction", prediction)
-        return dataclasses.replace(
-            req, messages=None, prompt=None, prompt_ids=prompt_ids, prediction_ids=prediction
-        )
-
-    @functools.cached_property
-    def _max_token_bytes(self) -> int:
-        """The longest token's UTF-8 bytes (bounds a text's token count from below)."""
-        tokens = self.tokenizer.backend.get_vocab()
-        return max(len(t.encode()) for t in tokens) if tokens else 1
-
-    def _check_ids(self, what: str, ids: Sequence[int]) -> None:
-        """A ``ValueError`` for a token id the model's embedding has no row for."""
-        vocab = self.lm.config.vocab_size
-        bad = next((t for t in ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise ValueError(
-                f"{what}: token id {bad} is outside this model's vocabulary [0, {vocab})"
-            )
-
     def _request(
         self,
         req: GenerationRequest,
-        on_item: Callable[[Any], None],
+        on_item: Callable[[Event], None],
         drafter: DraftSource | None = None,
         controller: DraftPolicy | None = None,
     ) -> Request:
         """The scheduler's request for ``req`` (raises on a bad request)."""
-        assert req.prompt_ids is not None  # _tokenised
+        assert req.prompt_ids is not None  # PromptEncoder.tokenised
         prompt_ids = req.prompt_ids
         room = self.context_length - len(prompt_ids)
         if room < 1:
@@ -392,18 +311,20 @@ class Engine:
         Raises ``PromptTooLong`` or ``ValueError`` here, before anything is yielded;
         closing the iterator early cancels the request.
         """
-        items: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        items: queue.SimpleQueue[Event] = queue.SimpleQueue()
         handle = self.submit(req, items.put, drafter=drafter, controller=controller)
         return _drain(items, handle)
 
-    def prefix_cache_tokens(self) -> tuple[int, int]:
-        """(hit, miss): prompt tokens found in the prefix cache and computed, so far."""
-        return self._scheduler.places.hit_tokens, self._scheduler.places.miss_tokens
-
-    @property
-    def preemptions(self) -> int:
-        """Requests preempted so far (their KV blocks taken back, recomputed later)."""
-        return self._scheduler.places.preemptions
+    def stats(self) -> EngineStats:
+        """The engine's counters so far (read off the engine thread: each one is current
+        or a step behind) and its memory now."""
+        places = self._scheduler.places
+        return EngineStats(
+            preemptions=places.preemptions,
+            prefix_hit_tokens=places.hit_tokens,
+            prefix_miss_tokens=places.miss_tokens,
+            memory=self.memory(),
+        )
 
     def memory(self) -> dict[str, int]:
         """Bytes: model weights, KV pool reserved and in use, document indexes."""
@@ -485,7 +406,7 @@ class Engine:
         request: Request,
         error: Exception | None,
         req: GenerationRequest,
-        on_item: Callable[[Any], None],
+        on_item: Callable[[Event], None],
     ) -> None:
         with self._cond:
             self._outstanding -= 1
@@ -496,55 +417,10 @@ class Engine:
                 del self._owned[req.owner]
             self._cond.notify_all()
         if error is not None:
-            on_item(error)
+            on_item(Failed(error))
         elif not request.cancelled:
-            on_item(self._stats(request, req))
+            on_item(answer_stats(request, bool(req.prediction)))
         on_item(END)
-
-    def _stats(self, request: Request, req: GenerationRequest) -> GenerationStats:
-        stats = request.stats
-        usage = getattr(request.drafter, "prediction_usage", None)
-        accepted_pred, rejected_pred = (
-            usage() if usage is not None and req.prediction else (None, None)
-        )
-        total = time.perf_counter() - request.submitted
-        return GenerationStats(
-            prompt_tokens=len(request.prompt_ids),
-            completion_tokens=len(request.output.token_ids),
-            finish_reason=request.output.finish_reason or "length",
-            verify_steps=stats.verify_steps,
-            drafted_tokens=stats.drafted_tokens,
-            accepted_tokens=stats.accepted_tokens,
-            accepted_by_position=stats.accepted_by_position,
-            accepted_by_source=stats.accepted_by_source,
-            drafted_by_source=stats.drafted_by_source,
-            accepted_prediction_tokens=accepted_pred,
-            rejected_prediction_tokens=rejected_pred,
-            prefill_s=stats.prefill_s,
-            draft_s=stats.draft_s,
-            verify_s=max(total - stats.queued_s - stats.prefill_s - stats.draft_s, 0.0),
-            total_s=total,
-            queued_s=stats.queued_s,
-            cached_tokens=request.cached_tokens,
-            grammar_s=0.0 if request.grammar is None else request.grammar.seconds,
-            preemptions=stats.preemptions,
-        )
-
-    def _prompt_ids(self, req: GenerationRequest) -> list[int]:
-        given = [x is not None for x in (req.messages, req.prompt, req.prompt_ids)]
-        if sum(given) != 1:
-            raise ValueError("give exactly one of messages, prompt or prompt_ids")
-        if req.messages is not None:
-            text = self.tokenizer.apply_chat_template(req.messages, add_generation_prompt=True)
-            ids = self.tokenizer.encode(text, add_special_tokens=False)
-        elif req.prompt is not None:
-            ids = self.tokenizer.encode(req.prompt, add_special_tokens=True)
-        else:
-            ids = [int(t) for t in req.prompt_ids or []]
-        if not ids:
-            raise ValueError("the prompt is empty")
-        self._check_ids("prompt", ids)
-        return ids
 
     def _drafter(self, req: GenerationRequest, prompt_ids: Sequence[int]) -> Drafter:
         prediction = req.prediction_ids or None
@@ -564,11 +440,13 @@ def _thread_tuner(device: Any) -> ThreadTuner | None:
     return ThreadTuner([1, cpus]) if device.type == "cpu" and cpus > 1 else None
 
 
-def _drain(items: queue.SimpleQueue[Any], handle: Handle) -> Iterator[TextDelta | GenerationStats]:
+def _drain(
+    items: queue.SimpleQueue[Event], handle: Handle
+) -> Iterator[TextDelta | GenerationStats]:
     try:
-        while (item := items.get()) is not END:
-            if isinstance(item, Exception):
-                raise item
+        while not isinstance(item := items.get(), Ended):
+            if isinstance(item, Failed):
+                raise item.error
             yield item
     finally:
         handle.cancel()

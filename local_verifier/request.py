@@ -1,14 +1,17 @@
-"""A generation request's state between scheduler steps, and its counters."""
+"""A generation request as submitted (``GenerationRequest``), and its state between
+scheduler steps (``Request``) with its counters."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
 import torch
 
-from local_verifier.grammar import Constraint
+from local_verifier.grammar import Constraint, JsonSchema
 from local_verifier.kv_pool import BlockTable
 from local_verifier.logits_processors import Penalties, PenaltyState
 from local_verifier.output import OutputAssembler, TextDelta
@@ -16,6 +19,33 @@ from local_verifier.sampling import SamplingParams
 from lookup.controller import ScoreCalibration
 from lookup.draft import Source
 from lookup.protocols import DraftPolicy, DraftSource
+
+DocumentTokens = tuple[str, np.ndarray]  # (content sha256, uint32 token ids)
+
+
+@dataclass
+class GenerationRequest:
+    """One generation: chat ``messages``, a raw ``prompt`` or ``prompt_ids`` (exactly one)."""
+
+    messages: list[dict[str, Any]] | None = None
+    prompt: str | None = None
+    prompt_ids: list[int] | None = None
+    params: SamplingParams = field(default_factory=SamplingParams)
+    max_tokens: int | None = None  # None = up to the context
+    stop: list[str] = field(default_factory=list)
+    prediction: str | None = None
+    prediction_ids: list[int] | None = None  # the prediction's tokens (None: from ``prediction``)
+    documents: list[DocumentTokens] = field(default_factory=list)
+    document_sources: list[Source] = field(default_factory=list)  # default: Source.DOCUMENT
+    draft: bool = True
+    max_draft: int | None = None  # cap on draft tokens per verify step (None = measured range)
+    tenant: str = ""  # prefixes are reused only between requests of the same tenant
+    owner: str = ""  # the tenant whose fair share of the engine (and queue places) it uses
+    weight: float = 1.0  # the owner's weight in fair scheduling (> 0)
+    penalties: Penalties = field(default_factory=Penalties)
+    logprobs: int | None = None  # report logprobs with this many top alternatives (None: off)
+    # structured output: an llguidance grammar (grammar.json_grammar) or a JSON schema
+    grammar: str | JsonSchema | None = None
 
 
 @dataclass

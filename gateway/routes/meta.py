@@ -36,11 +36,6 @@ def meta_routes(runtime: Runtime) -> list[Route]:
 
     async def metrics(request: Request) -> Response:
         runtime.traffic_viewer(request.scope)
-        for name, local in runtime.local.items():  # local endpoints' KV pool gauges, fresh
-            memory = local.memory()
-            if memory is not None:
-                runtime.telemetry.set_memory(name, memory)
-                runtime.telemetry.set_preemptions(name, local.preemptions())
         return Response(
             runtime.telemetry.metrics_text(), media_type="text/plain; version=0.0.4; charset=utf-8"
         )

@@ -190,14 +190,14 @@ def test_engine_failures_reach_the_log_not_the_client(
     """A failure inside the engine (injected: the real one does not fail on demand)."""
     engine = local_app.state.runtime.local["local"]._engine
 
-    from local_verifier.engine import END
+    from local_verifier.events import END, Failed
 
     class Finished:
         def cancel(self) -> None:
             pass
 
     def fail(request: Any, n: int, on_item: Any) -> Finished:
-        on_item(0, RuntimeError("CUDA error at /srv/models/secret-weights.bin"))
+        on_item(0, Failed(RuntimeError("CUDA error at /srv/models/secret-weights.bin")))
         on_item(0, END)
         return Finished()
 

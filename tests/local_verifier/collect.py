@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from local_verifier.engine import END, GenerationStats, TextDelta
+from local_verifier.events import END, Failed, GenerationStats, TextDelta
 from local_verifier.logprobs import TokenLogprob
 
 
@@ -43,9 +43,9 @@ class Collector:
     @property
     def error(self) -> Exception:
         """The error an answer ended with."""
-        error = self._last()
-        assert isinstance(error, Exception)
-        return error
+        failed = self._last()
+        assert isinstance(failed, Failed)
+        return failed.error
 
     def _last(self) -> Any:
         """The item before the end: the answer's stats or its error."""

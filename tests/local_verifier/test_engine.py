@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from spec_drafts import OracleDrafter, PassThrough, make_draft
 
-from local_verifier.engine import END, Engine, GenerationRequest, GenerationStats, TextDelta
+from local_verifier.engine import END, Engine, Failed, GenerationRequest, GenerationStats, TextDelta
 from local_verifier.errors import EngineClosed, PromptTooLong
 from local_verifier.loader import LoadedModel
 from local_verifier.sampling import SamplingParams
@@ -272,7 +272,8 @@ def test_close_ends_the_running_request_and_refuses_more(tiny_lm: LoadedModel) -
     engine.submit(GenerationRequest(prompt_ids=ids, max_tokens=100, draft=False), on_item)
     (thread,) = set(threading.enumerate()) - others
     assert ended.wait(60)
-    assert isinstance(items[-2], EngineClosed) and items[-1] is END
+    assert isinstance(items[-2], Failed) and isinstance(items[-2].error, EngineClosed)
+    assert items[-1] is END
     assert sum(isinstance(i, TextDelta) for i in items) < 100
     engine.close()  # from another thread: joins the stopped thread
     assert not thread.is_alive()

@@ -207,7 +207,7 @@ def test_the_limit_ends_only_its_answer(engine: Engine) -> None:
     engine.submit(plain, other)
     assert engine.wait_idle(120)
     assert failing.items[-1] is END
-    error = failing.items[-2]
+    error = failing.error
     assert isinstance(error, GrammarLimitExceeded)
     assert 0 < error.tokens == len(failing.ids)  # the tokens sent before it
     assert other.items[-1] is END and isinstance(other.items[-2], GenerationStats)
@@ -227,7 +227,7 @@ def run(engine: Engine, request: GenerationRequest) -> Collector:
 
 
 def failure(answer: Collector) -> GrammarLimitExceeded:
-    error = answer.items[-2]
+    error = answer.error
     assert isinstance(error, GrammarLimitExceeded)
     return error
 

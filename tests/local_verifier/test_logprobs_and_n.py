@@ -85,10 +85,10 @@ def test_n_answers_equal_single_requests_with_seed_plus_index(
     ids = tiny_lm.tokenizer.encode(PROMPT)
     req = GenerationRequest(prompt_ids=ids, params=SAMPLED, max_tokens=16, tenant="n-test")
     items: list[list[Any]] = [[], [], []]
-    hits_before = engine.prefix_cache_tokens()[0]
+    hits_before = engine.stats().prefix_hit_tokens
     engine.submit_n(req, 3, lambda i, item: items[i].append(item))
     assert engine.wait_idle(120)
-    hits = engine.prefix_cache_tokens()[0] - hits_before
+    hits = engine.stats().prefix_hit_tokens - hits_before
     assert all(got[-1] is END and isinstance(got[-2], GenerationStats) for got in items)
     answers = [[t for d in deltas(got) for t in d.token_ids] for got in items]
     assert len({tuple(a) for a in answers}) == 3  # distinct under sampling

@@ -71,10 +71,10 @@ def test_preempted_answers_equal_uninterrupted_ones(
     for req, answer in zip(requests(params), answers, strict=True):
         tight.submit(req, answer)
     assert tight.wait_idle(120)
-    assert tight._scheduler.places.preemptions > 0
+    assert tight.stats().preemptions > 0
     # each answer reports its own preemptions (the audits read them from the response)
     stats = [a.items[-2] for a in answers]
-    assert sum(s.preemptions for s in stats) == tight.preemptions
+    assert sum(s.preemptions for s in stats) == tight.stats().preemptions
     for answer, want in zip(answers, alone, strict=True):
         ids, text, logprobs = answer.ids, answer.text, answer.logprobs
         assert len(ids) == MAX_TOKENS
@@ -86,5 +86,5 @@ def test_preempted_answers_equal_uninterrupted_ones(
         metrics = httpx.get(f"{url}/metrics").text
     line = 'draftgate_local_preemptions_total{endpoint="local"} '
     counted = [float(x.removeprefix(line)) for x in metrics.splitlines() if x.startswith(line)]
-    assert counted == [tight.preemptions]
+    assert counted == [tight.stats().preemptions]
     tight.close()

@@ -89,7 +89,8 @@ def test_answers_with_a_hit_equal_cold_answers(
         engine, GenerationRequest(prompt_ids=ids, params=params, max_tokens=24, tenant="a")
     )
     assert repeat[2].cached_tokens >= len(ids) - 16  # all full blocks but the last token's
-    hit, miss = engine.prefix_cache_tokens()
+    counts = engine.stats()
+    hit, miss = counts.prefix_hit_tokens, counts.prefix_miss_tokens
     assert hit > 0 and miss > 0
     assert engine.pool.used() == 0 and engine.pool.cached() > 0
     assert len(cold_engine.prompt_indexes) == 0  # off: no drafter index is kept either

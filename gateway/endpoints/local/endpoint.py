@@ -47,7 +47,7 @@ from lookup.corpus import Corpus
 from sdk.wire import ChatCompletionRequest
 
 if TYPE_CHECKING:
-    from local_verifier.engine import Engine, GenerationRequest, Handle
+    from local_verifier.engine import Engine, EngineStats, GenerationRequest, Handle
 
 log = logging.getLogger(__name__)
 
@@ -125,13 +125,17 @@ class LocalEndpoint:
             return "failed"
         return "idle" if self._loading is None else "loading"
 
+    def stats(self) -> EngineStats | None:
+        """The loaded engine's counters and memory now (None before it loads)."""
+        return None if self._engine is None else self._engine.stats()
+
     def memory(self) -> dict[str, int] | None:
         """The loaded engine's memory by part (KV pool reserved and in use...), else None."""
         return None if self._engine is None else self._engine.memory()
 
     def preemptions(self) -> int:
         """Requests the loaded engine preempted so far (0 before it loads)."""
-        return 0 if self._engine is None else self._engine.preemptions
+        return 0 if self._engine is None else self._engine.stats().preemptions
 
     async def engine(self) -> Engine:
         """The loaded engine (loads it on the worker thread if needed)."""
@@ -187,8 +191,10 @@ class LocalEndpoint:
             job.handle = await asyncio.to_thread(self._submit, engine, gen, job, plan)
             first = await job.next(call)
             parse = plan is not None and plan.parse
-            if isinstance(first[1], Exception):
-                raise local_stream.failed(first[1], self.config.name, parse)
+            from local_verifier.events import Failed
+
+            if isinstance(first[1], Failed):
+                raise local_stream.failed(first[1].error, self.config.name, parse)
             logprobs = None
             if gen.logprobs is not None:
                 logprobs = Logprobs(call.api, engine.tokenizer.token_bytes)

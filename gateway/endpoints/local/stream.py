@@ -23,11 +23,11 @@ from gateway.http.asgi import Headers, send_body
 from gateway.http.sse import DONE_EVENT, SSE_HEADERS, data_event, error_event
 
 if TYPE_CHECKING:
-    from local_verifier.engine import GenerationStats, Handle, TextDelta
+    from local_verifier.engine import Event, GenerationStats, Handle, TextDelta
 
 log = logging.getLogger(__name__)
 
-Item = tuple[int, Any]  # (choice index, a TextDelta, GenerationStats, Exception or END)
+Item = tuple[int, "Event"]  # (choice index, one of its events: local_verifier.events)
 
 
 class Job:
@@ -45,7 +45,7 @@ class Job:
     def done(self) -> bool:
         return len(self.ended) == self.n
 
-    def push(self, index: int, item: Any) -> None:
+    def push(self, index: int, item: Event) -> None:
         try:
             self.loop.call_soon_threadsafe(self.items.put_nowait, (index, item))
         except RuntimeError:  # the loop is closed: nobody is listening any more
@@ -54,12 +54,12 @@ class Job:
 
     async def next(self, call: Call) -> Item:
         """The next ``(choice index, item)``; the wait counts as ``call``'s."""
-        from local_verifier.engine import END, GenerationStats
+        from local_verifier.events import Ended, Failed, GenerationStats
 
         t0 = time.perf_counter()
         index, item = await self.items.get()
         call.wait.seconds += time.perf_counter() - t0
-        if item is END or isinstance(item, GenerationStats | Exception):
+        if isinstance(item, Ended | GenerationStats | Failed):
             self.ended.add(index)  # nothing but END follows
         return index, item
 
@@ -154,7 +154,7 @@ async def complete(
 ) -> None:
     """Sends ``job``'s ``n`` answers, from ``first`` on, as one JSON body (with each token's
     logprobs unless ``logprobs`` is None; with ``tools``, each split into text and calls)."""
-    from local_verifier.engine import END, GenerationStats
+    from local_verifier.events import Ended, Failed, GenerationStats
 
     n = job.n
     texts: list[list[str]] = [[] for _ in range(n)]
@@ -162,9 +162,9 @@ async def complete(
     stats: dict[int, GenerationStats] = {}
     index, item = first
     while len(stats) < n:
-        if isinstance(item, Exception):
-            raise failed(item, endpoint, tools)
-        if item is END:
+        if isinstance(item, Failed):
+            raise failed(item.error, endpoint, tools)
+        if isinstance(item, Ended):
             if index not in stats:
                 raise UpstreamError("local generation ended without statistics")
         elif isinstance(item, GenerationStats):
@@ -211,7 +211,7 @@ async def stream(
     ``tools``, content and ``delta.tool_calls`` as OpenAI streams them), each answer's final
     chunk with its draft statistics, usage when asked, ``[DONE]``; a failure mid-stream as
     an error event."""
-    from local_verifier.engine import END, GenerationStats
+    from local_verifier.events import Ended, Failed, GenerationStats
 
     builder = ResponseBuilder(call.api, call.request.model)
     include_usage = bool(call.request.stream_options and call.request.stream_options.include_usage)
@@ -239,8 +239,8 @@ async def stream(
     stats: dict[int, GenerationStats] = {}
     index, item = first
     while True:
-        if isinstance(item, Exception):
-            error = failed(item, endpoint, tools)
+        if isinstance(item, Failed):
+            error = failed(item.error, endpoint, tools)
             call.timing.error = error.message
             if isinstance(error, UpstreamError):  # the engine's own failure
                 call.timing.status = 500
@@ -258,7 +258,7 @@ async def stream(
             final = builder.chunk(finish=finish, index=index)
             final["draftgate"] = draft_stats(item)
             await emit(data_event(final))
-        elif item is not END:
+        elif not isinstance(item, Ended):
             if item.text or item.logprobs:
                 lp = (
                     logprobs.format(item.logprobs, index)
