@@ -28,4 +28,3 @@ def adjust(
             counts.float() * penalties.frequency_penalty + (counts > 0) * penalties.presence_penalty
         )
     return out
-
