@@ -20,7 +20,9 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 
+from gateway.audit.workload import load_workload
 from gateway.auth import DEFAULT_TENANT
+from gateway.endpoints.local.endpoint import LocalEndpoint
 from gateway.errors import (
     AuthenticationFailed,
     GatewayError,
@@ -30,11 +32,13 @@ from gateway.errors import (
 )
 from gateway.http.asgi import read_body
 from gateway.http.responses import error_response, json_response
-from gateway.http.validation import parse_json
+from gateway.http.validation import parse_json, validate
 from gateway.runtime import Runtime
 from gateway.ui import svg
+from gateway.ui.audits import Audits
 from gateway.ui.session import COOKIE, SESSION_S, Sessions, Viewer, same_origin
 from lookup.corpus.errors import StoreUnavailable
+from sdk.wire.endpoints import AuditRequest
 
 SPAN_S = 60.0  # the overview's figures: the last minute
 CHART_S = 300.0  # its charts: the last five minutes
@@ -51,6 +55,10 @@ PATHS = frozenset(
         "/ui/tenant",
         "/ui/login",
         "/ui/logout",
+        "/ui/audits",
+        "/ui/audit",
+        "/ui/audit.json",
+        "/ui/audit/plot",
         "/ui/static/ui.js",
         "/ui/static/ui.css",
     }
@@ -78,12 +86,24 @@ _templates = Environment(
 Handler = Callable[[Request, Viewer], Awaitable[Response]]
 
 
+def _engine(local: LocalEndpoint) -> dict[str, Any]:
+    """A local endpoint's engine as the endpoints page shows it."""
+    try:
+        return {
+            "state": local.state,
+            "memory": local.memory() or {},
+            "preemptions": local.preemptions(),
+        }
+    except Exception as exc:  # an engine bug must not take the page down
+        return {"state": f"unavailable ({type(exc).__name__})", "memory": {}, "preemptions": "?"}
+
+
 def _own_page(viewer: Viewer) -> str:
     return f"/ui/tenant?name={quote(viewer.tenant)}"
 
 
 def _ms(seconds: float | None) -> float | None:
-    return None if seconds is None else round(seconds * 1000, 1)
+    return None if seconds is None else round(seconds * 1000, 2)
 
 
 class _Unavailable(GatewayError):
@@ -96,6 +116,8 @@ class Dashboard:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
         self.sessions = Sessions(runtime.auth)
+        self.audits = Audits(runtime.records)
+        self.categories = sorted({item.category for item in load_workload()})
 
     # -- rendering and access -------------------------------------------------------
 
@@ -212,13 +234,7 @@ class Dashboard:
             raise _Unavailable(f"record store unavailable: {exc}") from None
         for record in records:
             record.routing = runtime.balancer.state(record.name)
-        engines = {}
-        for name, local in runtime.local.items():
-            engines[name] = {
-                "state": local.state,
-                "memory": local.memory() or {},
-                "preemptions": local.preemptions(),
-            }
+        engines = {name: _engine(local) for name, local in runtime.local.items()}
         return self.render(
             request,
             "endpoints.html",
@@ -264,6 +280,68 @@ class Dashboard:
             ],
             "error": None,
         }
+
+    # -- audits ---------------------------------------------------------------------
+
+    @staticmethod
+    def _admin(viewer: Viewer) -> None:
+        if not viewer.admin:
+            raise PermissionDenied("audits need an admin key")
+
+    async def audits_page(self, request: Request, viewer: Viewer) -> Response:
+        self._admin(viewer)
+        runs = sorted(self.audits.runs.values(), key=lambda r: r.started_at, reverse=True)
+        return self.render(
+            request,
+            "audits.html",
+            viewer,
+            runs=runs,
+            endpoints=list(self.runtime.records.endpoints),
+            categories=self.categories,
+        )
+
+    async def start_audit(self, request: Request, viewer: Viewer) -> Response:
+        """``{"endpoint", "categories", "concurrency", "requests", "key"}`` -> the run's id
+        (posted by the audits page's script; ``key``: an admin key, when keys are set)."""
+        if not same_origin(request):
+            raise PermissionDenied("an audit must be started from this gateway's own page")
+        self._admin(viewer)
+        data = parse_json(await self._body(request))
+        if not isinstance(data, dict):
+            raise InvalidRequest("send a JSON object")
+        headers: dict[str, str] = {}
+        if self.sessions.needed:  # the audit's own requests carry an admin key
+            key = data.pop("key", None)
+            if not isinstance(key, str) or not 0 < len(key) <= MAX_KEY_CHARS:
+                raise InvalidRequest("an audit needs an admin key", param="key")
+            if not self.sessions.key_viewer(key).admin:
+                raise PermissionDenied("audits need an admin key")
+            headers = {"authorization": f"Bearer {key}"}
+        categories = data.pop("categories", [])
+        if not isinstance(categories, list) or not set(categories) <= set(self.categories):
+            raise InvalidRequest(
+                f"categories: a list of {', '.join(self.categories)}", param="categories"
+            )
+        body = validate(AuditRequest, data)
+        run = self.audits.start(request.app, body, categories, headers)
+        return json_response({"id": run.id, "next": f"/ui/audit?id={run.id}"}, status=202)
+
+    async def audit_page(self, request: Request, viewer: Viewer) -> Response:
+        self._admin(viewer)
+        run = self.audits.get(request.query_params.get("id", ""))
+        return self.render(request, "audit.html", viewer, run=run, headline=run.headline())
+
+    async def audit_json(self, request: Request, viewer: Viewer) -> Response:
+        self._admin(viewer)
+        return json_response(self.audits.get(request.query_params.get("id", "")).status())
+
+    async def audit_plot(self, request: Request, viewer: Viewer) -> Response:
+        self._admin(viewer)
+        run = self.audits.get(request.query_params.get("id", ""))
+        plot = run.plots.get(request.query_params.get("name", ""))
+        if plot is None:
+            raise NotFound("no such plot", param="name")
+        return Response(plot, media_type="image/png", headers=_HEADERS)
 
     # -- sign-in --------------------------------------------------------------------
 
@@ -328,6 +406,11 @@ def ui_routes(runtime: Runtime) -> list[BaseRoute]:
         Route("/endpoints", ui.page(ui.endpoints), methods=["GET"]),
         Route("/tenants", ui.page(ui.tenants), methods=["GET"]),
         Route("/tenant", ui.page(ui.tenant), methods=["GET"]),
+        Route("/audits", ui.page(ui.audits_page), methods=["GET"]),
+        Route("/audits", ui.data(ui.start_audit), methods=["POST"]),
+        Route("/audit", ui.page(ui.audit_page), methods=["GET"]),
+        Route("/audit.json", ui.data(ui.audit_json), methods=["GET"]),
+        Route("/audit/plot", ui.data(ui.audit_plot), methods=["GET"]),
         Route("/login", ui.login_page, methods=["GET"]),
         Route("/login", ui.login, methods=["POST"]),
         Route("/logout", ui.logout, methods=["POST"]),

@@ -63,10 +63,14 @@ class Sessions:
             return Viewer(tenant, admin=False)
         return Viewer(tenant, admin=True)
 
+    def key_viewer(self, key: str) -> Viewer:
+        """The viewer a gateway key signs in as (:class:`AuthenticationFailed`)."""
+        scope: Scope = {"type": "http", "headers": [(b"authorization", b"Bearer " + key.encode())]}
+        return self._check(scope)
+
     def sign_in(self, key: str) -> tuple[str, Viewer]:
         """A new session token for a valid gateway key (:class:`AuthenticationFailed`)."""
-        scope: Scope = {"type": "http", "headers": [(b"authorization", b"Bearer " + key.encode())]}
-        viewer = self._check(scope)
+        viewer = self.key_viewer(key)
         now = self._clock()
         if len(self._live) >= MAX_SESSIONS:  # drop the ended ones, then the oldest
             self._live = {d: v for d, v in self._live.items() if v[1] > now}

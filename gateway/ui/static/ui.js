@@ -86,8 +86,51 @@ function setUpLive() {
   window.setInterval(refresh, 2000);
 }
 
+function setUpAuditForm() {
+  const form = document.getElementById("audit-form");
+  if (!form) return;
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const body = {
+      endpoint: form.elements.endpoint.value,
+      categories: [...form.querySelectorAll("input[name=categories]:checked")].map((c) => c.value),
+      concurrency: form.elements.concurrency.value.split(",").map((v) => v.trim())
+        .filter((v) => v !== "").map(Number),
+    };
+    if (form.elements.requests.value !== "") body.requests = Number(form.elements.requests.value);
+    if (form.elements.key) body.key = form.elements.key.value;
+    const { ok, data } = await postJSON("/ui/audits", body);
+    if (ok) {
+      window.location.assign(data.next);
+    } else {
+      const message = data.error ? data.error.message : "the audit did not start";
+      document.getElementById("audit-error").textContent = message;
+    }
+  });
+}
+
+function setUpAuditProgress() {
+  const state = document.getElementById("audit-state");
+  if (!state || state.dataset.state !== "running") return;
+  const timer = window.setInterval(async () => {
+    const response = await fetch("/ui/audit.json?id=" + encodeURIComponent(state.dataset.id), {
+      credentials: "same-origin",
+    });
+    if (!response.ok) return;
+    const run = await response.json();
+    document.getElementById("audit-progress").value = run.answered;
+    document.getElementById("audit-count").textContent = run.answered + "/" + run.total + " answered";
+    if (run.state !== "running") {
+      window.clearInterval(timer);
+      window.location.reload();
+    }
+  }, 1000);
+}
+
 document.addEventListener("DOMContentLoaded", () => {
   setUpLogin();
   setUpLogout();
   setUpLive();
+  setUpAuditForm();
+  setUpAuditProgress();
 });
