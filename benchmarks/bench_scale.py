@@ -63,7 +63,7 @@ from typing import Any
 import httpx
 
 from benchmarks.harness import MODEL, ROOT, cpu_s, free_port, machine_busy_s, parse, write_json
-from gateway.audit.metrics import percentile
+from gateway.stats import percentile
 
 SMOKE = (
     *("--max-batch", "1", "--max-tokens", "2", "--warmup-s", "1", "--window-s", "3"),

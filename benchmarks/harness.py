@@ -1,5 +1,6 @@
 """What the benchmarks share: ports, servers in child processes, percentiles, CPU seconds,
-the workload, the machine's facts, transformers in a process of its own, the JSON written.
+the workload, the machine's facts, transformers in a process of its own, the JSON written,
+the loops' progress.
 
 Benchmarks run from the repository root as modules (``python -m benchmarks.bench_serving``);
 the package is not part of the wheel.
@@ -17,15 +18,16 @@ import socket
 import sys
 import sysconfig
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from gateway.audit.metrics import percentile
 from gateway.audit.workload import WorkloadItem, load_workload
+from gateway.progress import Task, progress, track
+from gateway.stats import percentile
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOAD = ROOT / "benchmarks" / "workloads" / "default.jsonl"
@@ -33,6 +35,7 @@ WORKLOAD = ROOT / "benchmarks" / "workloads" / "default.jsonl"
 MODEL = "smollm2-135m"
 """The embedded default model, served under this name."""
 SIMD_FLAG_PREFIXES = ("avx", "amx", "fma", "f16c")
+T = TypeVar("T")
 SPAWN = multiprocessing.get_context("spawn")  # a child without this process's threads
 
 
@@ -44,7 +47,7 @@ def free_port() -> int:
 
 
 def pct(values: Sequence[float], q: float) -> float:
-    """The nearest-rank percentile the audit reports (``gateway.audit.metrics``)."""
+    """The nearest-rank percentile the audit reports (``gateway.stats``)."""
     value = percentile(values, q)
     if value is None:
         raise ValueError("no samples")
@@ -125,6 +128,22 @@ def write_json(path: str | Path, result: Mapping[str, Any]) -> None:
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({**result, "machine": machine()}, indent=2) + "\n")
+
+
+def _titled(description: str) -> str:
+    return f"{Path(sys.argv[0]).stem}: {description}"  # the benchmark's module name
+
+
+def steps(items: Iterable[T], description: str, *, total: int | None = None) -> Iterator[T]:
+    """Each of ``items``, the loop's progress on stderr (a live bar on a terminal, plain
+    lines otherwise): stdout and the JSON written hold the results alone."""
+    return track(items, _titled(description), total=total)
+
+
+def counted(description: str, total: int | None) -> contextlib.AbstractContextManager[Task]:
+    """A progress task on stderr for work :func:`steps` cannot wrap (requests answered by
+    concurrent workers): ``advance()`` it after each."""
+    return progress(_titled(description), total)
 
 
 @contextlib.contextmanager

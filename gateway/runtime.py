@@ -33,7 +33,7 @@ from gateway.records.store import open_record_store
 from gateway.routing.balancer import Balancer
 from gateway.routing.checks import HealthChecks
 from gateway.routing.health import Clock
-from gateway.routing.metrics import ReplicaCollector
+from gateway.routing.replica_collector import ReplicaCollector
 from gateway.telemetry import Telemetry
 from lookup.corpus import Corpus, open_store
 

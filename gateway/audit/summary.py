@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from gateway.audit.client import RequestRecord
-from gateway.audit.metrics import (
+from gateway.audit.figures import (
     FORMULAS,
     group_stats,
     prefix_cache_stats,

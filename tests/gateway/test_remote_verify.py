@@ -15,7 +15,7 @@ import pytest
 
 from gateway.app import create_app
 from gateway.audit.client import RequestRecord
-from gateway.audit.metrics import group_stats
+from gateway.audit.figures import group_stats
 from gateway.config import build_settings
 from gateway.endpoints.remote import context as context_module
 from gateway.endpoints.remote import endpoint as endpoint_module

@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from gateway.audit.metrics import FORMULAS, percentile
+from gateway.audit.figures import FORMULAS
 from gateway.audit.report import write_outputs
 from gateway.audit.runner import AuditPlan, audit_client, run_audit
 from gateway.audit.serve import serve_in_thread
 from gateway.audit.workload import load_workload, parse_item
+from gateway.stats import percentile
 from sdk.wire.audits import CheckCount
 from sdk.wire.endpoints import AuditResult
 from tests.openai_standin import Script, StandIn

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.audit.client import RequestRecord
-from gateway.audit.metrics import FORMULAS, group_stats
+from gateway.audit.figures import FORMULAS, group_stats
 from gateway.audit.report import _latency, _sources
 from sdk.wire.audits import AuditSummary
 

@@ -1,4 +1,4 @@
-"""An audit's latency metrics (docs/metrics.md), each with the formula it is computed by
+"""An audit's latency figures (docs/metrics.md), each with the formula it is computed by
 (``FORMULAS``)."""
 
 from __future__ import annotations
