@@ -55,7 +55,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.harness import ROOT, parse, write_json
+from benchmarks.harness import ROOT, parse, steps, write_json
 from local_verifier.engine import Engine, GenerationRequest, GenerationStats, TextDelta
 from local_verifier.loader import LoadedModel, load_model
 from lookup.agent_sources import conversation_documents
@@ -519,7 +519,7 @@ def measure(
     documents = conversation_documents(messages, tok.encode, tok.fingerprint)
     build_s = time.perf_counter() - begin  # tokenized once; the shapes' calls hit the cache
     shapes: dict[str, Any] = {}
-    for shape in args.shapes:
+    for shape in steps(args.shapes, "shapes"):
         turns = messages + earlier_edit(shape, path, lines)
         shown = conversation_documents(turns, tok.encode, tok.fingerprint)
         prefix = forced(shape, path, lines, args.forced_lines)

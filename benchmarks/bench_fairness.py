@@ -66,6 +66,7 @@ from benchmarks.harness import (
     parse,
     pct,
     stdlib_slices,
+    steps,
     workload,
     write_json,
 )
@@ -389,7 +390,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
         url, pid = served.url, served.pid
         await _warm(url)
         await _phase(url, pid, args, None)  # untimed: every timed phase finds prompts cached
-        for _ in range(args.runs):
+        for _ in steps(range(args.runs), "runs (alone, then beside each abuser)"):
             alone = await _phase(url, pid, args, None)
             alone_runs.append(alone.summary())
             for name in args.abusers:

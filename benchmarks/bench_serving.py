@@ -28,6 +28,7 @@ import openai
 from benchmarks.harness import (
     MODEL,
     WORKLOAD,
+    counted,
     gateway,
     local_endpoint,
     parse,
@@ -36,6 +37,7 @@ from benchmarks.harness import (
     write_json,
 )
 from gateway.audit.workload import WorkloadItem
+from gateway.progress import Task
 
 SMOKE = ("--limit", "2", "--concurrency", "1,2", "--max-tokens", "4", "--samplings", "greedy")
 SAMPLINGS: dict[str, dict[str, Any]] = {
@@ -77,7 +79,11 @@ async def _one(
 
 
 async def _level(
-    client: openai.AsyncOpenAI, items: list[WorkloadItem], concurrency: int, extra: dict[str, Any]
+    client: openai.AsyncOpenAI,
+    items: list[WorkloadItem],
+    concurrency: int,
+    extra: dict[str, Any],
+    task: Task,
 ) -> tuple[list[dict[str, Any]], float]:
     todo = list(items)
     done: list[dict[str, Any]] = []
@@ -85,6 +91,7 @@ async def _level(
     async def worker() -> None:
         while todo:
             done.append(await _one(client, todo.pop(0), extra))
+            task.advance()
 
     began = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -123,25 +130,27 @@ async def _bench(
             except openai.APIConnectionError:
                 await asyncio.sleep(1)
         await _one(client, items[0], {"max_tokens": 4})  # load the engine
-        for name in samplings:
-            sampling = SAMPLINGS[name]
-            reference: dict[str, str] = {}
-            for concurrency in levels:
-                for drafts in (False, True):
-                    extra = {
-                        **sampling,
-                        "max_tokens": max_tokens,
-                        "extra_body": {"draftgate": {"draft": drafts}},
-                    }
-                    results, wall = await _level(client, items, concurrency, extra)
-                    if not reference:
-                        reference = {r["id"]: r["text"] for r in results}
-                    same = sum(r["text"] == reference[r["id"]] for r in results)
-                    row = {"sampling": name, "concurrency": concurrency, "drafts": drafts}
-                    row |= _summary(results, wall)
-                    row["identical"] = round(same / len(results), 3)
-                    print(json.dumps(row), flush=True)
-                    out.append(row)
+        total = len(samplings) * len(levels) * 2 * len(items)
+        with counted("requests", total) as task:
+            for name in samplings:
+                sampling = SAMPLINGS[name]
+                reference: dict[str, str] = {}
+                for concurrency in levels:
+                    for drafts in (False, True):
+                        extra = {
+                            **sampling,
+                            "max_tokens": max_tokens,
+                            "extra_body": {"draftgate": {"draft": drafts}},
+                        }
+                        results, wall = await _level(client, items, concurrency, extra, task)
+                        if not reference:
+                            reference = {r["id"]: r["text"] for r in results}
+                        same = sum(r["text"] == reference[r["id"]] for r in results)
+                        row = {"sampling": name, "concurrency": concurrency, "drafts": drafts}
+                        row |= _summary(results, wall)
+                        row["identical"] = round(same / len(results), 3)
+                        print(json.dumps(row), flush=True)
+                        out.append(row)
     return out
 
 

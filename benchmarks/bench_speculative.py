@@ -41,7 +41,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.harness import TransformersPeer, parse, stdlib_slices, workload, write_json
+from benchmarks.harness import (
+    TransformersPeer,
+    parse,
+    stdlib_slices,
+    steps,
+    workload,
+    write_json,
+)
 from gateway.audit.workload import WorkloadItem
 from local_verifier.engine import Engine, GenerationRequest, GenerationStats, TextDelta
 from local_verifier.grammar import json_grammar
@@ -169,7 +176,7 @@ def run_recall(
     rows = []
     jobs = [("recall_doc", r, r.prediction) for r in edits]
     jobs += [("recall_repeat", r, earlier[r.id]) for r in singles]
-    for n, (kind, r, named_text) in enumerate(jobs):
+    for n, (kind, r, named_text) in enumerate(steps(jobs, "recall")):
         ids = lm.tokenizer.encode(lm.tokenizer.apply_chat_template(r.messages))
         limit = min(max_tokens, r.max_tokens)
         docs = loop.run_until_complete(
@@ -260,7 +267,7 @@ def run_structured(
     grammar = json_grammar(PACKAGES_SCHEMA)
     series_docs: dict[str, list[str]] = defaultdict(list)
     rows = []
-    for n, r in enumerate(x for x in records if x.category == "json"):
+    for n, r in enumerate(steps([x for x in records if x.category == "json"], "structured")):
         ids = lm.tokenizer.encode(lm.tokenizer.apply_chat_template(r.messages))
         limit = min(max_tokens, r.max_tokens)
         earlier = series_docs[r.series] if r.series else []
@@ -419,7 +426,7 @@ def compare(
 
     series_docs: dict[str, list[str]] = defaultdict(list)
     prompts = []
-    for n, record in enumerate(records):
+    for n, record in enumerate(steps(records, "records")):
         ids = lm.tokenizer.encode(lm.tokenizer.apply_chat_template(record.messages))
         limit = min(max_tokens, record.max_tokens)
         docs = [d["text"] for d in record.documents or []]

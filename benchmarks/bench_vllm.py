@@ -35,7 +35,7 @@ from typing import Any
 import httpx
 
 from benchmarks import vllm_server
-from benchmarks.harness import free_port, gateway, machine, parse, workload, write_json
+from benchmarks.harness import free_port, gateway, machine, parse, steps, workload, write_json
 
 SPECULATIVE = {
     "ngram": {
@@ -138,14 +138,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with vllm_server.running(args.env, args.model, free_port(), log=log) as url:
         with httpx.Client(base_url=url, timeout=600) as vllm:
             result["vllm_version"] = vllm.get("/version").json().get("version")
-            runs = [[_ask(vllm, _vllm_body(b)) for b in bodies] for _ in range(args.repeats)]
+            runs = [
+                [_ask(vllm, _vllm_body(b)) for b in steps(bodies, "plain vLLM")]
+                for _ in range(args.repeats)
+            ]
         reference = [a["text"] for a in runs[0]]
         result["methods"]["plain"] = [_summary(r, reference) for r in runs]
         if "draftgate" in methods:
             with gateway(_gateway_config(url)) as served:
                 client = httpx.Client(base_url=served.url, timeout=600)
                 result["self_test"] = _wait_self_test(client)
-                runs = [[_ask(client, b) for b in bodies] for _ in range(args.repeats)]
+                runs = [
+                    [_ask(client, b) for b in steps(bodies, "draftgate")]
+                    for _ in range(args.repeats)
+                ]
                 client.close()
             result["methods"]["draftgate"] = [_summary(r, reference) for r in runs]
     for method in ("ngram", "suffix"):
@@ -158,7 +164,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             ) as url,
             httpx.Client(base_url=url, timeout=600) as vllm,
         ):
-            runs = [[_ask(vllm, _vllm_body(b)) for b in bodies] for _ in range(args.repeats)]
+            runs = [
+                [_ask(vllm, _vllm_body(b)) for b in steps(bodies, f"vLLM {method}")]
+                for _ in range(args.repeats)
+            ]
         result["methods"][method] = [_summary(r, reference) for r in runs]
     return result
 

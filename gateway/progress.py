@@ -4,6 +4,7 @@ mixes with a result written to stdout."""
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Iterable, Iterator, Sized
 from contextlib import contextmanager
@@ -110,8 +111,10 @@ def progress(
         TimeElapsedColumn(),
         TimeRemainingColumn(),
     )
-    # stdout stays as it is: a result written there must not be redrawn onto stderr
-    with Progress(*columns, console=console, redirect_stdout=False) as bar:
+    # stdout's lines are drawn above the bar only when stdout is the screen too: a result
+    # stream sent to a pipe or file stays there
+    screen = sys.stdout.isatty()
+    with Progress(*columns, console=console, redirect_stdout=screen, refresh_per_second=4) as bar:
         yield _LiveTask(bar, bar.add_task(description, total=total))
 
 
