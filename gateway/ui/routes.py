@@ -9,6 +9,7 @@ unless ``metrics_public``. Pages answer errors as a page, the JSON route as JSON
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Awaitable, Callable
 from importlib import resources
@@ -29,10 +30,13 @@ from gateway.errors import (
     InvalidRequest,
     NotFound,
     PermissionDenied,
+    RateLimited,
 )
+from gateway.http import guard
 from gateway.http.asgi import read_body
 from gateway.http.responses import error_response, json_response
 from gateway.http.validation import parse_json, validate
+from gateway.limit_windows import ClientWindows
 from gateway.runtime import Runtime
 from gateway.ui import svg
 from gateway.ui.audits import Audits
@@ -117,6 +121,7 @@ class Dashboard:
         self.runtime = runtime
         self.sessions = Sessions(runtime.auth)
         self.audits = Audits(runtime.records)
+        self._wrong_keys = ClientWindows(time.monotonic)
         self.categories = sorted({item.category for item in load_workload()})
 
     # -- rendering and access -------------------------------------------------------
@@ -359,7 +364,10 @@ class Dashboard:
                 raise InvalidRequest('send {"key": "<gateway key>"}', param="key")
             if not self.sessions.needed:
                 return json_response({"tenant": DEFAULT_TENANT, "next": "/ui/"})
-            token, viewer = self.sessions.sign_in(key)
+            try:
+                token, viewer = self.sessions.sign_in(key)
+            except AuthenticationFailed as failed:  # counted per address, as the API's door
+                raise self._failed_sign_in(request) or failed from None
         except GatewayError as error:
             return error_response(error)
         nxt = "/ui/" if self._sees_traffic(viewer) else _own_page(viewer)
@@ -374,6 +382,18 @@ class Dashboard:
             secure=request.url.scheme == "https",
         )
         return response
+
+    def _failed_sign_in(self, request: Request) -> RateLimited | None:
+        """A 429 once an address sent ``unauthenticated_per_minute`` wrong keys in a minute."""
+        per_minute = self.runtime.settings.limits.unauthenticated_per_minute
+        wait = self._wrong_keys.count(guard.client_address(request.scope), per_minute)
+        if wait is None:
+            return None
+        retry = str(max(1, math.ceil(wait)))
+        return RateLimited(
+            f"too many wrong keys from this address; retry after {retry} s",
+            headers={"retry-after": retry},
+        )
 
     async def logout(self, request: Request) -> Response:
         if not same_origin(request):

@@ -200,3 +200,18 @@ def test_unknown_audits_are_404s(gateway_url: str) -> None:
     assert ops.get("/ui/audit.json?id=nothing").status_code == 404
     assert ops.get("/ui/audit/plot?id=nothing&name=ttft.png").status_code == 404
     assert ops.get("/ui/audit").status_code == 404
+
+
+def test_wrong_keys_at_sign_in_are_limited_per_address(
+    standin_server: tuple[StandIn, str],
+) -> None:
+    settings = standin_settings(standin_server[1], limits={"unauthenticated_per_minute": 2})
+    with serve(create_app(settings, environ=ENVIRON)) as url:
+        statuses = [
+            httpx.post(f"{url}/ui/login", json={"key": "nope"}, headers={"origin": url})
+            for _ in range(3)
+        ]
+        assert [r.status_code for r in statuses] == [401, 401, 429]
+        assert int(statuses[2].headers["retry-after"]) >= 1
+        ok = httpx.post(f"{url}/ui/login", json={"key": "ops-key"}, headers={"origin": url})
+        assert ok.status_code == 200  # a right key still signs in
