@@ -87,9 +87,17 @@ class StepRunner:
         self._steps += 1
         for req in decoding:
             req.turn = self._steps
-        budget = max(self.token_budget - len(decoding), 1)
         rows: list[_Row] = []
         seqs: list[SeqStep] = []
+        self._add_chunks(prefilling, max(self.token_budget - len(decoding), 1), rows, seqs)
+        self._add_drafts(decoding, rows, seqs)
+        if seqs:
+            self._deliver(rows, seqs, self._forward(seqs))
+
+    def _add_chunks(
+        self, prefilling: list[Request], budget: int, rows: list[_Row], seqs: list[SeqStep]
+    ) -> None:
+        """Prompt chunks of the requests in prefill, ``budget`` rows shared by the tenants."""
         wants: dict[str, int] = {}
         weights: dict[str, float] = {}
         for req in prefilling:
@@ -107,6 +115,9 @@ class StepRunner:
             if chunk is not None:
                 seqs.append(chunk)
                 rows.append(_Row(req, None))
+
+    def _add_drafts(self, decoding: list[Request], rows: list[_Row], seqs: list[SeqStep]) -> None:
+        """Each decoding request's pending token and its draft, planned over the batch."""
         began = time.perf_counter()
         base_rows = len(decoding) + sum(len(s.tokens) for s in seqs)
         proposals = [(r, self._isolated(r, self._propose, r)) for r in decoding]
@@ -131,8 +142,9 @@ class StepRunner:
             if verify is not None:
                 seqs.append(verify)
                 rows.append(_Row(req, draft))
-        if not seqs:
-            return
+
+    def _forward(self, seqs: list[SeqStep]) -> list[torch.Tensor]:
+        """The model's step over ``seqs``, timed for the step costs and the thread choice."""
         clock = self.clock
         if self.threads is not None:
             self.threads.apply()
@@ -140,6 +152,10 @@ class StepRunner:
         logits = self.model.step(seqs, self.pool.storage)
         if clock is not None:
             self._timed(sum(len(s.tokens) for s in seqs), clock() - forward)
+        return logits
+
+    def _deliver(self, rows: list[_Row], seqs: list[SeqStep], logits: list[torch.Tensor]) -> None:
+        """Verify each row's logits and emit what it commits."""
         verdicts = _greedy_verdicts(rows, logits)
         for row, seq, out, verdict in zip(rows, seqs, logits, verdicts, strict=True):
             try:
