@@ -23,6 +23,7 @@ from local_verifier.gguf_loader import GGUFSource, read_gguf
 from local_verifier.hf_loader import read_hf_dir
 from local_verifier.kernels.cpp import load_library, release_threads
 from local_verifier.kernels.options import KernelOptions
+from local_verifier.kernels.packing import QUANT_TYPES
 from local_verifier.kv_storage import KVStorage
 from local_verifier.linear import Linear
 from local_verifier.model import ModelConfig, SeqStep, Transformer
@@ -221,6 +222,14 @@ def keep_quantized(model: Transformer, source: GGUFSource) -> None:
             for part in parts
         ]
         rows = sum(shape[0] for shape in shapes)
+        dense = (rows, shapes[0][1] * QUANT_TYPES[qtype][1])
+        if any(shape[1:] != shapes[0][1:] for shape in shapes) or dense != tuple(
+            owner.weight.shape
+        ):
+            raise ModelLoadError(  # the kernels read a row's blocks for the model's width
+                f"{', '.join(parts)}: {qtype.name} blocks of shape {dense}, the model's "
+                f"{name} is {tuple(owner.weight.shape)}"
+            )
         owner.weight = nn.Parameter(
             torch.empty(rows, *shapes[0][1:], dtype=torch.uint8, device="meta"),
             requires_grad=False,

@@ -193,7 +193,9 @@ class CppOps:
     ) -> torch.Tensor:
         """``linear`` on GGUF blocks (``cpu/quant.h``: x quantized per block of 32)."""
         x, w = _float32(x), _dense(weight)
-        (n, k), m = x.shape, dense_shape(w)[0]
+        (n, k), (m, width) = x.shape, dense_shape(w)
+        if k != width:  # the kernel reads k values of blocks per weight row
+            raise ValueError(f"a linear of {width} inputs got rows of {k}")
         y, b = torch.empty(n, m), None if bias is None else _float32(bias)
         b_ptr = None if b is None else b.data_ptr()
         qtype = int(quant_type(w))

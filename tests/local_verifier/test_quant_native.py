@@ -253,13 +253,15 @@ def test_shipped_smollm2_runs_its_q4_1_blocks_and_drafts_equal_plain_decoding() 
 
 
 def _patched(path: Path, tensor: str, dst: Path, dims: int = 2, **fields: int) -> Path:
-    """``path`` with tensor ``tensor``'s index entry changed: ``ne0`` (its row length) or
-    ``type`` (its GGML type code)."""
+    """``path`` with tensor ``tensor``'s index entry changed: ``ne0`` (its row length),
+    ``ne1`` (its row count) or ``type`` (its GGML type code)."""
     data = bytearray(path.read_bytes())
     name = tensor.encode()
     at = data.index(len(name).to_bytes(8, "little") + name) + 8 + len(name) + 4
     if "ne0" in fields:
         data[at : at + 8] = fields["ne0"].to_bytes(8, "little")
+    if "ne1" in fields:
+        data[at + 8 : at + 16] = fields["ne1"].to_bytes(8, "little")
     if "type" in fields:
         at += 8 * dims
         data[at : at + 4] = fields["type"].to_bytes(4, "little")
@@ -272,9 +274,13 @@ def _patched(path: Path, tensor: str, dst: Path, dims: int = 2, **fields: int) -
     [
         ({"type": 99}, "tensor blk.1.ffn_down.weight has unknown GGML type 99"),
         ({"ne0": 500}, r"tensor blk.1.ffn_down.weight of type Q8_0 has shape \[500, 256\]"),
+        (
+            {"ne0": 256, "ne1": 512},
+            r"down_proj.weight: .*\(512, 256\)|checkpoint shape \(512, 256\)",
+        ),
     ],
 )
-def test_a_tensor_of_unknown_type_or_partial_blocks_is_a_load_error_naming_it(
+def test_a_tensor_of_unknown_type_partial_blocks_or_another_shape_is_a_load_error(
     quant_checkpoint: Path, tmp_path: Path, fields: dict[str, int], message: str
 ) -> None:
     good = write_quant_gguf(quant_checkpoint, tmp_path / "good.gguf", Q.Q8_0)
