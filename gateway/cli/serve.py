@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import ipaddress
 import socket
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -95,13 +96,28 @@ def run_server(
     )
 
 
+class _Stderr:
+    """``sys.stderr`` as it is at each write: while the model-loading line is live on a
+    terminal, rich's stand-in for it, which prints each log line above that line."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+    def isatty(self) -> bool:
+        return sys.stderr.isatty()
+
+
 def log_config(level: str) -> dict[str, Any]:
     """uvicorn's logging configuration with draftgate's own packages logged beside it, at
     ``level``, on uvicorn's console handler (otherwise only their warnings reach the
-    console, and "model loaded" never does)."""
+    console, and "model loaded" never does), writing to stderr as it is at each line."""
     from uvicorn.config import LOGGING_CONFIG
 
     config = copy.deepcopy(LOGGING_CONFIG)
+    config["handlers"]["default"]["stream"] = _Stderr()
     ours = {"handlers": ["default"], "level": level.upper(), "propagate": False}
     config["loggers"].update({package: dict(ours) for package in OWN_PACKAGES})
     return config
@@ -109,6 +125,7 @@ def log_config(level: str) -> dict[str, Any]:
 
 def _run(settings: Settings, host: str, port: int, allow_public: bool, access_log: bool) -> None:
     from gateway.app import create_app
+    from gateway.cli.load_progress import watch_loads
 
     try:
         check_bind(settings, host, allow_public)
@@ -118,6 +135,7 @@ def _run(settings: Settings, host: str, port: int, allow_public: bool, access_lo
     except ConfigError as err:
         typer.echo(str(err), err=True)
         raise typer.Exit(2) from None
+    watch_loads(app.state.runtime.local)
     run_server(app, host, port, server=settings.server, access_log=access_log)
 
 
@@ -135,7 +153,10 @@ def serve_command(
     ),
     access_log: bool = ACCESS_LOG,
 ) -> None:
-    """Run the gateway (no config: a local SmolLM2-135M endpoint and an in-memory store)."""
+    """Run the gateway (no config: a local SmolLM2-135M endpoint and an in-memory store).
+
+    Local models load in the background: the log says when each starts and finishes, and
+    on a terminal a live line shows the loads under way with the time taken so far."""
     try:
         settings = load_settings(config)
     except ConfigError as err:
