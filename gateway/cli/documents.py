@@ -89,7 +89,11 @@ def index_command(
     max_file_bytes: int = typer.Option(
         1 << 20, "--max-file-bytes", min=1, help="Skip files larger than this."
     ),
-    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+    progress: bool = typer.Option(
+        True,
+        "--progress/--no-progress",
+        help="Show progress on stderr: a live bar on a terminal, plain lines otherwise.",
+    ),
     include_secrets: bool = typer.Option(
         False, "--include-secrets", help="Also upload .env, *.pem, id_rsa* and the like."
     ),
@@ -110,8 +114,7 @@ async def _index(
     progress: bool,
     include_secrets: bool,
 ) -> None:
-    from tqdm import tqdm
-
+    from gateway.progress import track
     from lookup.corpus import CorpusError, DocumentTooLarge, StoreUnavailable
     from sdk.files import FoundFile, iter_files, read_text_file
     from sdk.languages import language_for
@@ -126,7 +129,7 @@ async def _index(
     uploads = [(f.rel, f.text) for f in found if f.text is not None]
     uploaded = uploaded_bytes = 0
     try:
-        for rel, text in tqdm(uploads, unit="file", disable=not progress, desc=f"indexing {ns}"):
+        for rel, text in track(uploads, f"indexing {ns}", enabled=progress):
             try:
                 meta = await corpus.put(ns, rel, text, path=rel, language=language_for(rel))
             except DocumentTooLarge:
