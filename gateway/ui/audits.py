@@ -58,6 +58,10 @@ class AuditRun:
     plots: dict[str, bytes] = field(default_factory=dict)
 
     @property
+    def started(self) -> str:
+        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(self.started_at))
+
+    @property
     def answered(self) -> int:
         return self.transport.answered
 

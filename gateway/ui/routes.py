@@ -1,10 +1,11 @@
 """``/ui``: the dashboard's pages and the JSON its script polls.
 
 Pages: the overview (live traffic per endpoint), the endpoints (records, routing, local
-engines), the tenants (admin) and one tenant's page (its admin or itself). Every page
+engines), the tenants (admin), one tenant's page (its admin or itself) and the audits
+(admin: start one, watch it, its figures and plots). Every page
 needs a viewer (:mod:`gateway.ui.session`); one without is sent to the sign-in page.
 Traffic figures follow the API's rule (:meth:`Runtime.traffic_viewer`): admin keys,
-unless ``metrics_public``. Pages answer errors as a page, the JSON route as JSON.
+unless ``metrics_public``. Pages answer errors as a page, the JSON routes as JSON.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from gateway.errors import (
     NotFound,
     PermissionDenied,
     RateLimited,
+    ServiceUnavailable,
 )
 from gateway.http import guard
 from gateway.http.asgi import read_body
@@ -108,10 +110,6 @@ def _own_page(viewer: Viewer) -> str:
 
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000, 2)
-
-
-class _Unavailable(GatewayError):
-    status = 503
 
 
 class Dashboard:
@@ -236,7 +234,7 @@ class Dashboard:
             await runtime.telemetry.flush()
             records = await runtime.records.records()
         except StoreUnavailable as exc:
-            raise _Unavailable(f"record store unavailable: {exc}") from None
+            raise ServiceUnavailable(f"record store unavailable: {exc}") from None
         for record in records:
             record.routing = runtime.balancer.state(record.name)
         engines = {name: _engine(local) for name, local in runtime.local.items()}
