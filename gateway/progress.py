@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from typing import TypeVar
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -115,7 +116,7 @@ def progress(
     # stream sent to a pipe or file stays there
     screen = sys.stdout.isatty()
     with Progress(*columns, console=console, redirect_stdout=screen, refresh_per_second=4) as bar:
-        yield _LiveTask(bar, bar.add_task(description, total=total))
+        yield _LiveTask(bar, bar.add_task(escape(description), total=total))  # text, not markup
 
 
 def track(
