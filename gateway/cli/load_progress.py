@@ -25,9 +25,8 @@ def _watch(endpoints: Mapping[str, LocalEndpoint], console: Console) -> None:
     waiting = dict(endpoints)
     while waiting and all(e.state == "idle" for e in waiting.values()):
         time.sleep(POLL_S)  # the server's start-up queues the loads
-    for name, endpoint in waiting.items():
-        if endpoint.state == "loading":
-            log.info("local endpoint %s: loading %s", name, endpoint.config.model)
+    for name, endpoint in waiting.items():  # the server started them all at once
+        log.info("local endpoint %s: loading %s", name, endpoint.config.model)
     models = ", ".join(sorted({e.config.model or name for name, e in waiting.items()}))
     with progress(
         f"loading {models}", len(waiting), console=console, enabled=console.is_terminal
