@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import mmap
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -168,6 +169,7 @@ class GGUFSource:
         self._path = path
         self._tensors: dict[str, tuple[TensorInfo, int | None]] = {}  # name: (tensor, heads)
         self._blocks: set[str] = set()
+        self._map: tuple[mmap.mmap, int] | None = None  # copy-on-write map, its address
         for t in reader.tensors:
             if t.name == "rope_freqs.weight":  # read into the config by ``read_gguf``
                 continue
@@ -222,8 +224,37 @@ class GGUFSource:
             self._tensors[alias] = self._tensors[name]
         self._blocks.add(alias or name)
 
+    def mapped(self, names: list[str]) -> torch.Tensor | None:
+        """The blocks of tensors ``names`` (kept as blocks, rows in the file's order, one
+        after the other in the file) as one uint8 tensor in their ``quant`` shape over a
+        copy-on-write map of the file: used in place, each page read when a step first reads
+        it; None where they do not lie so."""
+        entries = [self._tensors[n] for n in names]
+        if any(
+            n not in self._blocks or heads is not None
+            for n, (_, heads) in zip(names, entries, strict=True)
+        ):
+            return None
+        if any(
+            a.data_offset + a.n_bytes != b.data_offset
+            for (a, _), (b, _) in zip(entries, entries[1:], strict=False)
+        ):
+            return None
+        if self._map is None:
+            with self._path.open("rb") as f:
+                mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+            self._map = mapping, torch.frombuffer(mapping, dtype=torch.uint8, count=1).data_ptr()
+        shapes = [cast(tuple[int, ...], self.shape(n)) for n in names]
+        count = sum(t.n_bytes for t, _ in entries)
+        flat = torch.frombuffer(
+            self._map[0], dtype=torch.uint8, count=count, offset=entries[0][0].data_offset
+        )
+        return flat.view(sum(shape[0] for shape in shapes), *shapes[0][1:])
+
     def read_into(self, name: str, out: torch.Tensor) -> None:
         t, heads = self._tensors[name]
+        if self._map is not None and out.data_ptr() == self._map[1] + t.data_offset:
+            return  # ``mapped``: the file's own bytes
         stored = t.data  # the reader's memory map: its shape and dtype, no page read
         if name in self._blocks:
             stored = stored.reshape(out.shape[0] if heads is None else -1, *out.shape[1:])

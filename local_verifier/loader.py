@@ -153,13 +153,19 @@ def load_model(
     _check_sizes(cfg, source)  # before the rope tables and modules it sizes are built
     with torch.device("meta"):
         model = Transformer(cfg)
+    kept: dict[str, list[str]] = {}
     if native:
         _check_native(source, dev)
-        keep_quantized(model, cast(GGUFSource, source))
+        kept = keep_quantized(model, cast(GGUFSource, source))
     tables = rope_table_bytes(cfg)
     check_fits(weight_bytes(model, torch_dtype) + tables, int(kv_cache_mb * 2**20), dev)
     materialize(model, dev, torch_dtype)
     model = model.to(device=dev).eval()  # the rope tables follow (before the weights are packed)
+    for param, parts in kept.items():  # blocks that lie in the file as the layer holds them
+        view = cast(GGUFSource, source).mapped(parts)
+        if view is not None:
+            owner = model.get_submodule(param.rpartition(".")[0])
+            owner.weight = nn.Parameter(view, requires_grad=False)
     try:
         model.load_hf_weights(source)
     except (KeyError, ValueError) as exc:
@@ -185,10 +191,11 @@ def _check_native(source: TensorSource, device: torch.device) -> None:
         raise ModelLoadError(f"dtype 'native' needs the C++ kernels ({why or 'not chosen'})")
 
 
-def keep_quantized(model: Transformer, source: GGUFSource) -> None:
+def keep_quantized(model: Transformer, source: GGUFSource) -> dict[str, list[str]]:
     """Give each linear layer of ``model`` (on the ``meta`` device) whose checkpoint tensors
     are all of one type the C++ kernels run (``GGUFSource.block_type``) a uint8 weight in
-    that type's ``quant`` shape, and have ``source`` read those tensors as blocks. A tied
+    that type's ``quant`` shape, and have ``source`` read those tensors as blocks; returns
+    those weights' names and the names ``source`` reads them under. A tied
     head gets blocks of its own from the embedding's tensor (the embedding stays in the
     model's dtype: a step gathers a few of its rows). Linear layers of mixed or other types
     stay in the model's dtype (dequantized as they are read), one log line per type."""
@@ -203,6 +210,7 @@ def keep_quantized(model: Transformer, source: GGUFSource) -> None:
         groups[ours + "ffn.w13.weight"] = [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]
         groups[ours + "ffn.w2.weight"] = [p + "mlp.down_proj.weight"]
     dequantized: dict[str, int] = {}
+    kept: dict[str, list[str]] = {}
     for name, parts in groups.items():
         types = {source.block_type(part) for part in parts}
         qtype = types.pop() if len(types) == 1 else None
@@ -234,12 +242,14 @@ def keep_quantized(model: Transformer, source: GGUFSource) -> None:
             torch.empty(rows, *shapes[0][1:], dtype=torch.uint8, device="meta"),
             requires_grad=False,
         )
+        kept[name] = ["lm_head.weight"] if tied else parts
     for kind_name, count in sorted(dequantized.items()):
         log.info(
             "dtype native: %d tensors of %s dequantized (mixed in a layer or not run)",
             count,
             kind_name,
         )
+    return kept
 
 
 def rope_table_bytes(cfg: ModelConfig) -> int:

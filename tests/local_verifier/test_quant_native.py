@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import cast
 
 import gguf
 import numpy as np
@@ -22,7 +23,7 @@ from local_verifier.kernels.packing import QUANT_TYPES, layout_of, quant_type
 from local_verifier.kv_storage import KVStorage
 from local_verifier.linear import Linear
 from local_verifier.loader import LoadedModel, load_model
-from local_verifier.model import SeqStep, Transformer
+from local_verifier.model import Block, SeqStep, Transformer
 from tests.local_verifier.conftest import write_tiny_checkpoint
 from tests.local_verifier.stepping import plain_decode, verify_batched
 from tests.local_verifier.test_gguf_tiny import _permute
@@ -154,6 +155,15 @@ def test_linear_layers_hold_the_files_blocks(
         assert layout_of(module.weight) == "quant"
         assert quant_type(module.weight) == quant_file[0]
     assert native.model.fused_stack() is not None
+    mapped = [  # the address ranges of the file's own mappings
+        tuple(int(end, 16) for end in line.split()[0].split("-"))
+        for line in Path("/proc/self/maps").read_text().splitlines()
+        if line.endswith(str(quant_file[1]))
+    ]
+    layer = cast(Block, native.model.layers[0])
+    for weight in (layer.ffn.w13.weight, layer.ffn.w2.weight, layer.attn.wo.weight):
+        assert any(low <= weight.data_ptr() < high for low, high in mapped)  # used in place
+    assert not any(low <= layer.attn.wqkv.weight.data_ptr() < high for low, high in mapped)
 
 
 def test_rows_are_the_same_alone_chunked_batched_fused_and_on_two_threads(
