@@ -127,10 +127,10 @@ def load_model(
 
     The weights are read from the file straight into their parameters, allocated once in
     ``dtype`` on ``device`` (``weights``), after checking that they and ``kv_cache_mb`` of
-    K/V cache fit in the device's free memory. ``dtype="native"`` (a GGUF file on the C++
-    kernels) keeps each linear layer whose tensors are all of one quantized type the
-    kernels run as that type's blocks (``keep_quantized``), the rest in the device's default
-    dtype. On CPU the thread count (all CPUs or 1) is measured and chosen now, unless
+    K/V cache fit in the device's free memory. ``dtype="native"`` keeps each linear layer of
+    a GGUF file whose tensors are all of one quantized type the C++ kernels run as that
+    type's blocks (``keep_quantized``; on the CPU's C++ kernels only), the rest in the
+    device's default dtype (all of a checkpoint without GGUF blocks). On CPU the thread count (all CPUs or 1) is measured and chosen now, unless
     ``tune_threads`` is False.
     """
     path, name = resolve_spec(spec)
@@ -154,15 +154,18 @@ def load_model(
     with torch.device("meta"):
         model = Transformer(cfg)
     kept: dict[str, list[str]] = {}
-    if native:
-        _check_native(source, dev)
-        kept = keep_quantized(model, cast(GGUFSource, source))
+    blocks = source if native and isinstance(source, GGUFSource) else None
+    if native and blocks is None:
+        log.info("dtype native: %s holds no GGUF blocks; loaded in %s", path, torch_dtype)
+    elif blocks is not None:
+        _check_native(dev)
+        kept = keep_quantized(model, blocks)
     tables = rope_table_bytes(cfg)
     check_fits(weight_bytes(model, torch_dtype) + tables, int(kv_cache_mb * 2**20), dev)
     materialize(model, dev, torch_dtype)
     model = model.to(device=dev).eval()  # the rope tables follow (before the weights are packed)
     for param, parts in kept.items():  # blocks that lie in the file as the layer holds them
-        view = cast(GGUFSource, source).mapped(parts)
+        view = cast(GGUFSource, blocks).mapped(parts)
         if view is not None:
             owner = model.get_submodule(param.rpartition(".")[0])
             owner.weight = nn.Parameter(view, requires_grad=False)
@@ -179,11 +182,9 @@ def load_model(
     return lm
 
 
-def _check_native(source: TensorSource, device: torch.device) -> None:
-    """``ModelLoadError`` unless ``dtype="native"`` can run here: a GGUF file, on the CPU,
-    on the C++ kernels."""
-    if not isinstance(source, GGUFSource):
-        raise ModelLoadError("dtype 'native' runs a GGUF file's quantized blocks; give a .gguf")
+def _check_native(device: torch.device) -> None:
+    """``ModelLoadError`` unless ``dtype="native"`` can run a GGUF file's blocks here: on the
+    CPU, on the C++ kernels."""
     if device.type != "cpu":
         raise ModelLoadError(f"dtype 'native' runs on the CPU's C++ kernels, not on {device}")
     library, why = load_library()

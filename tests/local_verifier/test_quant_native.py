@@ -18,6 +18,7 @@ from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import quantize
 from safetensors.torch import load_file
 
+from local_verifier.devices import resolve_dtype
 from local_verifier.errors import ModelLoadError
 from local_verifier.kernels.packing import QUANT_TYPES, layout_of, quant_type
 from local_verifier.kv_storage import KVStorage
@@ -245,9 +246,20 @@ def test_native_is_close_to_the_same_weights_dequantized(
     assert (ours.argmax(-1) == theirs.argmax(-1)).float().mean() >= 0.9
 
 
-def test_native_needs_a_gguf_file(quant_checkpoint: Path) -> None:
-    with pytest.raises(ModelLoadError, match="native"):
-        load_model(str(quant_checkpoint), device="cpu", dtype="native", tune_threads=False)
+def test_native_loads_a_checkpoint_without_blocks_in_the_default_dtype(
+    quant_checkpoint: Path,
+) -> None:
+    lm = load_model(str(quant_checkpoint), device="cpu", dtype="native", tune_threads=False)
+    assert lm.dtype == resolve_dtype(None, torch.device("cpu"))
+    assert all(layout_of(p) != "quant" for p in lm.model.parameters())
+
+
+def test_native_needs_the_cpp_kernels(
+    quant_file: tuple[GGMLQuantizationType, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DRAFTGATE_KERNELS", "torch")
+    with pytest.raises(ModelLoadError, match="dtype 'native' needs the C\\+\\+ kernels"):
+        load_model(str(quant_file[1]), device="cpu", dtype="native", tune_threads=False)
 
 
 def test_shipped_smollm2_runs_its_q4_1_blocks_and_drafts_equal_plain_decoding() -> None:
