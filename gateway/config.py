@@ -121,7 +121,10 @@ class EndpointConfig(_Strict):
         description="local kind: reuse computed prompt prefixes (K/V and the drafter's index)",
     )
     share_prefix_cache: bool = Field(
-        default=False, description="local kind: reuse computed prefixes across tenants"
+        default=False,
+        description="local kind: reuse computed prefixes across tenants; a tenant can then "
+        "tell from its answers' timing and cached_tokens whether another tenant sent a "
+        "guessed prompt prefix",
     )
     kv_cache_mb: float | None = Field(
         default=None,

@@ -117,7 +117,6 @@ def group_stats(
     remote_ok = [(r, m) for r, m in zip(ok, remote, strict=True) if isinstance(m, dict)]
     trips = sum(int(m.get("round_trips", 0)) for _, m in remote_ok)
     preempted = [int((r.draft_stats or {}).get("preemptions", 0)) for r in ok]
-    cached = [int(c) for _, m in remote_ok for c in m.get("cached_tokens_per_round") or []]
     return GroupStats(
         config=config,
         setting=setting,
@@ -150,7 +149,6 @@ def group_stats(
         remote_round_trips_per_token=_ratio(trips, sum(r.output_tokens or 0 for r, _ in remote_ok))
         if remote_ok
         else None,
-        remote_cached_tokens_per_round=_ratio(sum(cached), len(cached)) if cached else None,
         preempted_requests=sum(1 for n in preempted if n),
         preemptions=sum(preempted),
     )

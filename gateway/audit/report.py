@@ -358,6 +358,7 @@ def _languages(s: AuditSummary) -> list[str]:
 def _prefix_cache(s: AuditSummary) -> list[str]:
     lines = ["## Prefix reuse (usage.prompt_tokens_details.cached_tokens)", ""]
     if not s.prefix_cache:
+        # a gateway keeps a vLLM or SGLang engine's counts to itself
         return [*lines, "not reported by this endpoint", ""]
     rows = [
         [

@@ -1,7 +1,8 @@
 """An ``sglang`` or ``vllm`` endpoint with ``verify = "remote"``: remote verification
 (:mod:`gateway.endpoints.remote`) answers what it can; every other request goes to the
 endpoint's HTTP relay (:mod:`gateway.endpoints.hosted`), its answer saying why in
-``X-Draftgate-Remote-Verify: passthrough:<reason>``."""
+``X-Draftgate-Remote-Verify: passthrough:<reason>``. Both salt the engine's prefix cache
+with the same per-tenant salt."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ class VerifyingEndpoint:
         """``on_self_test(endpoint_name, SelfTest)`` is awaited after each self-test."""
         self.remote = remote
         self.relay = relay
+        # one salt per tenant: its relayed and its verified requests share its cache
+        relay.salts = remote.salts
         self.config = relay.config
         self._on_self_test = on_self_test
 

@@ -69,9 +69,6 @@ class GroupStats(BaseModel):
         default=None,
         description="remotely verified answers: engine requests per output token",
     )
-    remote_cached_tokens_per_round: float | None = Field(
-        default=None, description="remotely verified answers: engine-cached tokens per round"
-    )
     preempted_requests: int = Field(
         default=0, description="answers a local engine preempted at least once (endpoint-reported)"
     )

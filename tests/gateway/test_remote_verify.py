@@ -17,12 +17,12 @@ from gateway.app import create_app
 from gateway.audit.client import RequestRecord
 from gateway.audit.figures import group_stats
 from gateway.config import build_settings
+from gateway.endpoints.cache_salt import CacheSalts
 from gateway.endpoints.remote import context as context_module
 from gateway.endpoints.remote import endpoint as endpoint_module
 from gateway.endpoints.remote.context import TokenIds
 from gateway.endpoints.remote.endpoint import RemoteEndpoint
 from gateway.endpoints.remote.failures import RemoteFailure
-from gateway.endpoints.remote.salt import CacheSalts
 from gateway.endpoints.remote.verify import Pacing, judge
 from gateway.endpoints.remote.wire import Ask, engine_client
 from lookup.corpus import Corpus, open_store
@@ -291,7 +291,7 @@ def test_an_inexact_engine_is_approximate_and_stays_off(
     assert not strict and accepted
 
 
-def test_audits_report_round_trips_per_token_and_cached_tokens_per_round() -> None:
+def test_audits_report_round_trips_per_token() -> None:
     def record(tokens: int, remote: dict[str, Any] | None) -> RequestRecord:
         stats = {"verify_steps": 1, "remote": remote} if remote else {"verify_steps": 1}
         return RequestRecord(
@@ -310,13 +310,12 @@ def test_audits_report_round_trips_per_token_and_cached_tokens_per_round() -> No
         )
 
     records = [
-        record(20, {"round_trips": 4, "cached_tokens_per_round": [90, 100]}),
-        record(10, {"round_trips": 6, "cached_tokens_per_round": [50]}),
+        record(20, {"round_trips": 4}),
+        record(10, {"round_trips": 6}),
         record(30, None),  # a local endpoint's answer: not counted
     ]
     stats = group_stats(records, config="c", setting="s", concurrency=1, category="all")
     assert stats.remote_round_trips_per_token == 10 / 30
-    assert stats.remote_cached_tokens_per_round == 80
     local = group_stats(records[2:], config="c", setting="s", concurrency=1, category="all")
     assert local.remote_round_trips_per_token is None
 

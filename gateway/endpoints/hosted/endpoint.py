@@ -10,6 +10,12 @@ request goes as the internal OpenAI request. Failures before the first byte are
 retried by :class:`~gateway.endpoints.hosted.upstream.Upstream`, then raised as
 :class:`~gateway.endpoints.endpoint.Unavailable` (the next endpoint is tried) unless
 the client's request was at fault.
+
+A vLLM or SGLang engine serves every tenant from one prefix cache: each request carries
+its tenant's ``cache_salt`` (:class:`~gateway.endpoints.cache_salt.CacheSalts`; vLLM
+keys its prefix cache with it, SGLang joins it with ``extra_key`` into its radix cache's
+namespace), and the engine's cached-token counts are removed from the answer, so no
+tenant can time or count another's prompts through the cache.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from starlette.types import Send
 from gateway import prediction_policy
 from gateway.call import API_PATHS, Call
 from gateway.config import EndpointConfig
+from gateway.endpoints.cache_salt import CacheSalts
 from gateway.endpoints.capabilities import model_extras
 from gateway.endpoints.endpoint import Served, Unavailable
 from gateway.endpoints.hosted.relay import fail, relay_body, relay_stream
@@ -31,6 +38,9 @@ from gateway.endpoints.hosted.upstream import Upstream, UpstreamFailure
 from gateway.http.asgi import ENDPOINT_HEADER, PREDICTION_HEADER, Headers
 from gateway.provider_table import PROVIDERS
 from lookup.corpus import Corpus, CorpusError
+
+# kinds whose OpenAI API takes ``cache_salt`` and shares one prefix cache among requests
+SALTED_KINDS = frozenset({"vllm", "sglang"})
 
 
 class HostedEndpoint:
@@ -52,6 +62,8 @@ class HostedEndpoint:
         self.max_response_bytes = max_response_bytes
         self.capture = capture
         self.provider = PROVIDERS[config.kind]
+        # one salt per tenant; a verify endpoint hands its relay remote verification's
+        self.salts: CacheSalts | None = CacheSalts() if config.kind in SALTED_KINDS else None
 
     def start(self) -> None:
         """Nothing runs in the background (health checks are the runtime's)."""
@@ -95,7 +107,14 @@ class HostedEndpoint:
             *extra,
         ]
         if call.request.stream:
-            await relay_stream(call, response, send, headers, capture=self.capture)
+            await relay_stream(
+                call,
+                response,
+                send,
+                headers,
+                capture=self.capture,
+                private_cache=self.salts is not None,
+            )
         else:
             await relay_body(
                 call,
@@ -104,6 +123,7 @@ class HostedEndpoint:
                 headers,
                 limit=self.max_response_bytes,
                 capture=self.capture,
+                private_cache=self.salts is not None,
             )
         return Served(call.timing.error is None, time.perf_counter() - t0)
 
@@ -139,6 +159,7 @@ class HostedEndpoint:
             upstream_model=upstream_model,
             strip_prediction=decision.strip_prediction,
             prediction_text=prediction_text,
+            cache_salt=self.salts(call.tenant) if self.salts is not None else None,
         )
         return decision, body
 

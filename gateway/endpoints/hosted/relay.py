@@ -1,6 +1,7 @@
 """An upstream's answer relayed to the client as it arrives: a JSON body read whole
 (bounded), or an SSE stream forwarded event by event; what telemetry and capture need is
-noted on the way through."""
+noted on the way through. With ``private_cache`` the engine's cached-token counts are
+removed from what the client receives (:mod:`gateway.endpoints.hosted.cache_report`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import httpx
 from starlette.types import Send
 
 from gateway.call import Call, apply_usage
+from gateway.endpoints.hosted.cache_report import scrub_body, scrub_events
 from gateway.errors import GatewayError, UpstreamError
 from gateway.http.asgi import PREDICTION_HEADER, Headers, send_body, send_error
 from gateway.http.sse import SSE_HEADERS, EventTooLarge, StreamRelay, error_event
@@ -41,6 +43,7 @@ async def relay_body(
     *,
     limit: int,
     capture: bool,
+    private_cache: bool,
 ) -> None:
     """The whole answer read (up to ``limit`` bytes), then sent with ``headers``."""
     t0 = time.perf_counter()
@@ -62,7 +65,8 @@ async def relay_body(
         call.wait.seconds += time.perf_counter() - t0
     content_type = response.headers.get("content-type", "application/json").encode()
     call.timing.status = response.status_code
-    await send_body(send, response.status_code, body, [(b"content-type", content_type), *headers])
+    sent = scrub_body(body) if private_cache else body
+    await send_body(send, response.status_code, sent, [(b"content-type", content_type), *headers])
     now = time.perf_counter()
     call.timing.t_first_content = call.timing.t_end = now
     try:
@@ -76,7 +80,13 @@ async def relay_body(
 
 
 async def relay_stream(
-    call: Call, response: httpx.Response, send: Send, headers: Headers, *, capture: bool
+    call: Call,
+    response: httpx.Response,
+    send: Send,
+    headers: Headers,
+    *,
+    capture: bool,
+    private_cache: bool,
 ) -> None:
     """The stream forwarded in whole events; an interruption ends it with an error event."""
     await send({"type": "http.response.start", "status": 200, "headers": [*SSE_HEADERS, *headers]})
@@ -89,7 +99,8 @@ async def relay_stream(
         async for chunk in stream:
             ready = relay.feed(chunk)
             if ready:
-                await send({"type": "http.response.body", "body": ready, "more_body": True})
+                sent = scrub_events(ready) if private_cache else ready
+                await send({"type": "http.response.body", "body": sent, "more_body": True})
                 relay.observe(ready)
         # a native stream (Messages, Responses) has no [DONE]: its end is the close
         if not relay.done and not call.native:

@@ -34,12 +34,12 @@ from starlette.types import Send
 
 from gateway.call import Call
 from gateway.config import EndpointConfig
+from gateway.endpoints.cache_salt import CacheSalts
 from gateway.endpoints.local.request import requested_max_tokens, unsupported
 from gateway.endpoints.openai_objects import ChoiceResult, ResponseBuilder, draft_stats
 from gateway.endpoints.providers import adapter_for
 from gateway.endpoints.remote.failures import RemoteFailure
 from gateway.endpoints.remote.prompt import cannot_fit, encode, max_token_chars, prepare
-from gateway.endpoints.remote.salt import CacheSalts
 from gateway.endpoints.remote.selftest import SelfTest, run_self_test
 from gateway.endpoints.remote.verify import (
     MAX_DRAFT,

@@ -1,5 +1,6 @@
 """Per-tenant salts for an engine's prefix cache: a tenant's requests hit only its own
-cached prefixes, so no tenant can time or count another's prompts through the cache."""
+cached prefixes, so no tenant can time or count another's prompts through the cache.
+Remote verification and the HTTP relay of vLLM and SGLang endpoints send them."""
 
 from __future__ import annotations
 
