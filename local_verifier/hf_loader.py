@@ -3,25 +3,20 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
 from tokenizers import Tokenizer as BackendTokenizer
 
-from local_verifier import gemma
+from local_verifier import families
+from local_verifier.config import ModelConfig
 from local_verifier.errors import ModelLoadError
-from local_verifier.model import SUPPORTED_ROPE_SCALING, ModelConfig
+from local_verifier.rope import SUPPORTED_ROPE_SCALING
 from local_verifier.safetensors_source import SafetensorsSource
 from local_verifier.tokenizer import Tokenizer
-
-SUPPORTED_ARCHITECTURES = (
-    "LlamaForCausalLM",
-    "MistralForCausalLM",
-    "Qwen2ForCausalLM",
-    "Qwen3ForCausalLM",
-    "Gemma3ForCausalLM",
-)
-GEMMA3 = "Gemma3ForCausalLM"
+from local_verifier.weights import TensorSource
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -34,11 +29,10 @@ def read_config(directory: Path, max_seq_len: int | None) -> ModelConfig:
     if not raw:
         raise ModelLoadError(f"{directory} has no config.json")
     archs = raw.get("architectures") or []
-    arch = next((a for a in archs if a in SUPPORTED_ARCHITECTURES), None)
-    if arch is None:
-        raise ModelLoadError(
-            f"unsupported architecture {archs}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
-        )
+    family = families.for_hf(archs)
+    if family is None:
+        supported = ", ".join(families.hf_architectures())
+        raise ModelLoadError(f"unsupported architecture {archs}; supported: {supported}")
     params = raw.get("rope_parameters") or {}
     global_params = params.get("full_attention", params)  # per layer type (Gemma 3) or one
     scaling = raw.get("rope_scaling") or global_params or None
@@ -52,58 +46,29 @@ def read_config(directory: Path, max_seq_len: int | None) -> ModelConfig:
         if kind == "default":
             scaling = None
     n_heads = raw["num_attention_heads"]
-    head_dim = raw.get("head_dim") or raw["hidden_size"] // n_heads
     context = int(raw.get("max_position_embeddings", 2048))
-    family: dict[str, Any] = {}
-    window = raw.get("sliding_window")
-    if arch in ("Qwen2ForCausalLM", "Qwen3ForCausalLM") and not raw.get("use_sliding_window"):
-        window = None
-    if window is not None:
+    fields: dict[str, Any] = {}
+    if (window := raw.get("sliding_window")) is not None:
         types = raw.get("layer_types")
-        if types is None and arch == GEMMA3:
-            types = gemma.layer_types(raw["num_hidden_layers"])
-        elif types is None and arch.startswith("Qwen"):
-            first = int(raw.get("max_window_layers", 0))
-            types = [
-                "sliding_attention" if i >= first else "full_attention"
-                for i in range(raw["num_hidden_layers"])
-            ]
-        family.update(
+        fields.update(
             sliding_window=int(window), layer_types=None if types is None else tuple(types)
         )
-    if arch == "Qwen3ForCausalLM":
-        family.update(qk_norm=True)
-    if arch == GEMMA3:
-        for key in ("final_logit_softcapping", "attn_logit_softcapping"):
-            if raw.get(key) is not None:
-                raise ModelLoadError(f"unsupported Gemma setting {key}={raw[key]}")
-        if raw.get("query_pre_attn_scalar", head_dim) != head_dim:
-            raise ModelLoadError("unsupported Gemma query_pre_attn_scalar other than head_dim")
-        local = params.get("sliding_attention", {}).get("rope_theta")
-        family.update(
-            qk_norm=True,
-            post_norms=True,
-            activation="gelu_tanh",
-            embed_scale=raw["hidden_size"] ** 0.5,
-            rope_local_theta=float(
-                local or raw.get("rope_local_base_freq") or gemma.LOCAL_ROPE_THETA
-            ),
-        )
+    fields.update(family.hf_config(raw))
     return ModelConfig(
         vocab_size=raw["vocab_size"],
         dim=raw["hidden_size"],
         n_layers=raw["num_hidden_layers"],
         n_heads=n_heads,
         n_kv_heads=raw.get("num_key_value_heads") or n_heads,
-        head_dim=head_dim,
+        head_dim=raw.get("head_dim") or raw["hidden_size"] // n_heads,
         hidden_dim=raw["intermediate_size"],
         rope_theta=float(theta),
         rope_scaling=scaling,
         norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-        tie_embeddings=bool(raw.get("tie_word_embeddings", arch == GEMMA3)),
-        qkv_bias=bool(raw.get("attention_bias", arch == "Qwen2ForCausalLM")),
+        tie_embeddings=bool(raw.get("tie_word_embeddings", family.tie_embeddings)),
+        qkv_bias=bool(raw.get("attention_bias", family.qkv_bias)),
         max_seq_len=min(context, max_seq_len) if max_seq_len else context,
-        **family,
+        **fields,
     )
 
 
@@ -160,12 +125,30 @@ def read_tokenizer(directory: Path) -> Tokenizer:
     )
 
 
+class RenamedSource:
+    """A ``TensorSource`` presenting a checkpoint's tensors under the decoder's names."""
+
+    def __init__(self, source: TensorSource, name: Callable[[str], str]) -> None:
+        self._source = source
+        self._name = name  # the decoder's name -> the checkpoint's
+
+    def shape(self, name: str) -> tuple[int, ...] | None:
+        return self._source.shape(self._name(name))
+
+    def read_into(self, name: str, out: torch.Tensor) -> None:
+        self._source.read_into(self._name(name), out)
+
+
 def read_hf_dir(
     directory: Path, max_seq_len: int | None = None
-) -> tuple[ModelConfig, SafetensorsSource, Tokenizer]:
-    """Config, weights (HF names; Gemma's norms as the (1 + w) they apply) and tokenizer of a
-    checkpoint directory."""
+) -> tuple[ModelConfig, TensorSource, Tokenizer]:
+    """Config, weights (under the decoder's names; norms as the (1 + w) they apply where the
+    family stores w) and tokenizer of a checkpoint directory."""
     cfg = read_config(directory, max_seq_len)
     tokenizer = read_tokenizer(directory)
-    gemma3 = GEMMA3 in _read_json(directory / "config.json").get("architectures", [])
-    return cfg, read_tensors(directory, offset_norms=gemma3), tokenizer
+    family = families.for_hf(_read_json(directory / "config.json").get("architectures") or [])
+    assert family is not None  # read_config refused the others
+    source: TensorSource = read_tensors(directory, offset_norms=family.offset_norms)
+    if family.hf_name is not None:
+        source = RenamedSource(source, family.hf_name)
+    return cfg, source, tokenizer

@@ -1,4 +1,5 @@
-"""A Llama-family decoder (Llama 2/3, Qwen2, Mistral, SmolLM) stepping many sequences at once.
+"""The generic decoder (the Llama layer and the switches of ``ModelConfig``) stepping many
+sequences at once; the families (``local_verifier.families``) map checkpoints onto it.
 
 ``Transformer.step`` runs one forward over the new rows of several sequences (prompt chunks,
 decode rows, draft chains and trees) against a shared ``KVStorage``; it is the only forward.
@@ -6,7 +7,6 @@ decode rows, draft chains and trees) against a shared ``KVStorage``; it is the o
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, cast
@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from local_verifier.config import ModelConfig
+from local_verifier.families import tensor_names
 from local_verifier.kernels import AttentionPlan, StepOps, step_ops
 from local_verifier.kernels.cpp import CppOps
 from local_verifier.kernels.fused import FusedStack, LayerWeights
@@ -22,6 +23,7 @@ from local_verifier.kernels.options import KernelOptions
 from local_verifier.kernels.packing import Layout, gather_rows
 from local_verifier.kv_storage import KVStorage
 from local_verifier.linear import Linear, row_major_state
+from local_verifier.rope import rope_tables
 from local_verifier.weights import TensorSource
 
 if TYPE_CHECKING:
@@ -44,68 +46,6 @@ class SeqStep:
     context_slots: torch.Tensor  # long [C]: committed slots the rows attend to, in order
     mask: torch.Tensor | None = None  # bool [T, T]: new row i may attend new row j
     logits: str = "all"  # which rows need logits
-
-
-SUPPORTED_ROPE_SCALING = ("default", "linear", "llama3", "yarn", "freq_factors")
-
-
-def rope_inv_freq(cfg: ModelConfig) -> tuple[torch.Tensor, float]:
-    """Inverse frequencies (float64) and the attention scaling factor for ``cfg.rope_scaling``."""
-    dim = cfg.head_dim
-    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
-    scaling = dict(cfg.rope_scaling or {})
-    kind = scaling.get("rope_type", scaling.get("type", "default"))
-    if kind == "default":
-        return inv_freq, 1.0
-    if kind == "freq_factors":  # llama.cpp's rope_freqs tensor (Llama 3 GGUF files)
-        return inv_freq / torch.tensor(scaling["factors"], dtype=torch.float64), 1.0
-    factor = float(scaling["factor"])
-    if kind == "linear":
-        return inv_freq / factor, 1.0
-    if kind == "llama3":
-        low = float(scaling.get("low_freq_factor", 1.0))
-        high = float(scaling.get("high_freq_factor", 4.0))
-        old_len = float(scaling["original_max_position_embeddings"])
-        wavelen = 2 * math.pi / inv_freq
-        smooth = (old_len / wavelen - low) / (high - low)
-        smoothed = (1 - smooth) * inv_freq / factor + smooth * inv_freq
-        out = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
-        mid = (wavelen <= old_len / low) & (wavelen >= old_len / high)
-        return torch.where(mid, smoothed, out), 1.0
-    if kind == "yarn":
-        old_len = float(scaling.get("original_max_position_embeddings", cfg.max_seq_len))
-        beta_fast = float(scaling.get("beta_fast", 32.0))
-        beta_slow = float(scaling.get("beta_slow", 1.0))
-        mscale = float(scaling.get("attention_factor") or (0.1 * math.log(factor) + 1.0))
-
-        def correction_dim(rotations: float) -> float:
-            return (dim * math.log(old_len / (rotations * 2 * math.pi))) / (
-                2 * math.log(cfg.rope_theta)
-            )
-
-        low = max(math.floor(correction_dim(beta_fast)), 0)
-        high = min(math.ceil(correction_dim(beta_slow)), dim - 1)
-        if low == high:
-            high += 0.001
-        ramp = ((torch.arange(dim // 2, dtype=torch.float64) - low) / (high - low)).clamp(0, 1)
-        extrapolation = 1 - ramp
-        inv = (inv_freq / factor) * (1 - extrapolation) + inv_freq * extrapolation
-        return inv, mscale
-    raise ValueError(
-        f"unsupported rope scaling type {kind!r}; supported: {', '.join(SUPPORTED_ROPE_SCALING)}"
-    )
-
-
-def rope_tables(cfg: ModelConfig, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin tables [max_seq_len, head_dim] in float32 (HF "rotate_half" layout, with
-    rotate_half's sign folded into the first half of sin: the rotation of x is
-    ``x * cos + roll(x, head_dim / 2) * sin``)."""
-    inv_freq, mscale = rope_inv_freq(cfg)
-    t = torch.arange(cfg.max_seq_len, dtype=torch.float64)
-    freqs = torch.outer(t, inv_freq)
-    cos = (torch.cat([freqs, freqs], dim=-1).cos() * mscale).float().to(device)
-    sin = (torch.cat([-freqs, freqs], dim=-1).sin() * mscale).float().to(device)
-    return cos, sin
 
 
 class RMSNorm(nn.Module):
@@ -469,43 +409,19 @@ class Transformer(nn.Module):
         return list(ops.linear(x, self.head.weight, None).float().split(counts))
 
     def load_hf_weights(self, source: TensorSource) -> None:
-        """Write the weights of a checkpoint named as Hugging Face's Llama family names them
-        (``model.layers...``) into the parameters in place: a fused matrix's parts into its
-        row slices, each tensor converted once into the parameter's dtype and device. A tied
-        head is the embedding (the checkpoint's ``lm_head.weight``, if any, unread)."""
-        cfg = self.config
-
-        params: dict[str, list[str]] = {
-            "embed.weight": ["model.embed_tokens.weight"],
-            "norm.weight": ["model.norm.weight"],
-        }
-        if self.head.weight is not self.embed.weight:
-            params["head.weight"] = ["lm_head.weight"]
-        for i in range(cfg.n_layers):
-            p = f"model.layers.{i}."
-            ours = f"layers.{i}."
-            params[ours + "attn_norm.weight"] = [p + "input_layernorm.weight"]
-            if cfg.post_norms:  # Gemma's names: the post-attention norm is not the pre-MLP one
-                params[ours + "ffn_norm.weight"] = [p + "pre_feedforward_layernorm.weight"]
-                params[ours + "post_attn_norm.weight"] = [p + "post_attention_layernorm.weight"]
-                params[ours + "post_ffn_norm.weight"] = [p + "post_feedforward_layernorm.weight"]
-            else:
-                params[ours + "ffn_norm.weight"] = [p + "post_attention_layernorm.weight"]
-            if cfg.qk_norm:
-                params[ours + "attn.q_norm.weight"] = [p + "self_attn.q_norm.weight"]
-                params[ours + "attn.k_norm.weight"] = [p + "self_attn.k_norm.weight"]
-            params[ours + "attn.wqkv.weight"] = [p + f"self_attn.{n}_proj.weight" for n in "qkv"]
-            if cfg.qkv_bias:
-                params[ours + "attn.wqkv.bias"] = [p + f"self_attn.{n}_proj.bias" for n in "qkv"]
-            params[ours + "attn.wo.weight"] = [p + "self_attn.o_proj.weight"]
-            params[ours + "ffn.w13.weight"] = [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"]
-            params[ours + "ffn.w2.weight"] = [p + "mlp.down_proj.weight"]
+        """Write the checkpoint's weights (under ``families.tensor_names``) into the
+        parameters in place: a fused matrix's parts into its row slices, each tensor converted
+        once into the parameter's dtype and device. A tied head is the embedding (the
+        checkpoint's ``lm_head.weight``, if any, unread)."""
+        own = dict(self.named_parameters())  # a tied head is listed once, as the embedding
+        params: dict[str, list[str]] = {}
+        for name in own:
+            parts = tensor_names(self.config, name)
+            if parts is None:
+                raise KeyError(f"no weights for {name!r}")
+            params[name] = parts
         layout = self._layout_for(step_ops(self.device, self.dtype, self.kernel_options.backend))
         self._set_layout("row")  # the checkpoint's layout
-        own = dict(self.named_parameters())
-        missing = set(own) - set(params)
-        if missing:
-            raise KeyError(f"no weights for {sorted(missing)[:5]}")
         with torch.no_grad():
             for name, parts in params.items():
                 _write_rows(own[name], parts, source, name)

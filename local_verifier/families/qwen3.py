@@ -1,0 +1,16 @@
+"""Qwen3 (``Qwen3ForCausalLM``): Qwen2's windows, no q/k/v biases, per-head q/k RMSNorms."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from local_verifier.families.base import Family
+from local_verifier.families.qwen2 import windows
+
+
+def config(raw: dict[str, Any]) -> dict[str, Any]:
+    """Qwen3's layer differences."""
+    return {**windows(raw), "qk_norm": True}
+
+
+FAMILY = Family(name="qwen3", hf_architectures=("Qwen3ForCausalLM",), hf_config=config)
