@@ -13,6 +13,7 @@ from tokenizers import Tokenizer as BackendTokenizer
 from local_verifier import families
 from local_verifier.config import ModelConfig
 from local_verifier.errors import ModelLoadError
+from local_verifier.families import Family
 from local_verifier.rope import SUPPORTED_ROPE_SCALING
 from local_verifier.safetensors_source import SafetensorsSource
 from local_verifier.tokenizer import Tokenizer
@@ -23,16 +24,22 @@ def _read_json(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
 
 
-def read_config(directory: Path, max_seq_len: int | None) -> ModelConfig:
-    """ModelConfig from ``config.json``."""
-    raw = _read_json(directory / "config.json")
-    if not raw:
-        raise ModelLoadError(f"{directory} has no config.json")
+def _family(raw: dict[str, Any]) -> Family:
+    """The family a ``config.json`` names; ``ModelLoadError`` where none reads it."""
     archs = raw.get("architectures") or []
     family = families.for_hf(archs)
     if family is None:
         supported = ", ".join(families.hf_architectures())
         raise ModelLoadError(f"unsupported architecture {archs}; supported: {supported}")
+    return family
+
+
+def read_config(directory: Path, max_seq_len: int | None) -> ModelConfig:
+    """ModelConfig from ``config.json``."""
+    raw = _read_json(directory / "config.json")
+    if not raw:
+        raise ModelLoadError(f"{directory} has no config.json")
+    family = _family(raw)
     params = raw.get("rope_parameters") or {}
     global_params = params.get("full_attention", params)  # per layer type (Gemma 3) or one
     scaling = raw.get("rope_scaling") or global_params or None
@@ -146,8 +153,7 @@ def read_hf_dir(
     family stores w) and tokenizer of a checkpoint directory."""
     cfg = read_config(directory, max_seq_len)
     tokenizer = read_tokenizer(directory)
-    family = families.for_hf(_read_json(directory / "config.json").get("architectures") or [])
-    assert family is not None  # read_config refused the others
+    family = _family(_read_json(directory / "config.json"))
     source: TensorSource = read_tensors(directory, offset_norms=family.offset_norms)
     if family.hf_name is not None:
         source = RenamedSource(source, family.hf_name)
