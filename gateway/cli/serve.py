@@ -174,7 +174,7 @@ def verifier_command(
     device: str | None = typer.Option(None, help="torch device (default: best available)."),
     dtype: str | None = typer.Option(
         None,
-        help="float32 or bf16 (a different target); default: bf16 on CUDA and CPUs with bf16 arithmetic, else float32.",
+        help="float32, bf16 or native (a .gguf file's quantized blocks as they are; each is a different target); default: bf16 on CUDA and CPUs with bf16 arithmetic, else float32.",
     ),
     max_batch: int | None = typer.Option(
         None, "--max-batch", min=1, help="Requests running at once (default 16); more wait."
