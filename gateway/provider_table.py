@@ -61,9 +61,13 @@ def base_path_url(base_url: str, path: str, upstream_model: str, config: UrlTarg
 
 
 def azure_url(base_url: str, path: str, upstream_model: str, config: UrlTarget) -> str:
-    """Azure OpenAI: the deployment in the path, the ``api-version`` query."""
-    deployment = quote(config.deployment or upstream_model, safe="")
+    """Azure OpenAI: the deployment in the path, the ``api-version`` query. The Responses API
+    is not under a deployment: ``/openai/responses``, the deployment named by the body's
+    ``model`` (the endpoint's upstream model name)."""
     version = quote(config.api_version or "", safe="")
+    if path == "responses" or path.startswith("responses/"):
+        return f"{base_url}/openai/{path}?api-version={version}"
+    deployment = quote(config.deployment or upstream_model, safe="")
     return f"{base_url}/openai/deployments/{deployment}/{path}?api-version={version}"
 
 

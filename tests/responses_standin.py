@@ -1,6 +1,6 @@
 """A stand-in for a provider that speaks the Responses API itself (OpenAI, Azure OpenAI).
 
-``POST /v1/responses`` (and Azure's ``/openai/deployments/{deployment}/responses``)
+``POST /v1/responses`` (and Azure's ``/openai/responses``, the deployment named by ``model``)
 answers :data:`ANSWER` as a response object, or streamed as OpenAI streams it
 (``response.created``, ``response.in_progress``, the message item's added / part added /
 text deltas / text done / part done / item done, ``response.completed``; each event as
@@ -41,7 +41,7 @@ class ResponsesStandIn:
         self._app = Starlette(
             routes=[
                 Route("/v1/responses", self._create, methods=["POST"]),
-                Route("/openai/deployments/{deployment}/responses", self._create, methods=["POST"]),
+                Route("/openai/responses", self._create, methods=["POST"]),
             ]
         )
 

@@ -90,3 +90,18 @@ def test_a_new_rows_stream_and_capability(acme: tuple[openai.OpenAI, StandIn]) -
 def test_every_kind_has_its_documented_record() -> None:
     documented = {kind for row in load_table() for kind in row.kinds}
     assert set(PROVIDERS) <= documented
+
+
+def test_azure_puts_chat_under_the_deployment_and_responses_beside_it() -> None:
+    class Target:
+        deployment = "prod-4o"
+        api_version = "2025-04-01-preview"
+
+    url = PROVIDERS["azure"].url
+    base = "https://acme.openai.azure.com"
+    assert url(base, "chat/completions", "gpt-4o", Target()) == (
+        f"{base}/openai/deployments/prod-4o/chat/completions?api-version=2025-04-01-preview"
+    )
+    assert url(base, "responses", "gpt-4o", Target()) == (
+        f"{base}/openai/responses?api-version=2025-04-01-preview"
+    )
