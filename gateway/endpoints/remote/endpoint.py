@@ -26,7 +26,6 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -39,7 +38,13 @@ from gateway.endpoints.local.request import requested_max_tokens, unsupported
 from gateway.endpoints.openai_objects import ChoiceResult, ResponseBuilder, draft_stats
 from gateway.endpoints.providers import adapter_for
 from gateway.endpoints.remote.failures import RemoteFailure
-from gateway.endpoints.remote.prompt import cannot_fit, encode, max_token_chars, prepare
+from gateway.endpoints.remote.prompt import (
+    cannot_fit,
+    encode,
+    load_tokenizer,
+    max_token_chars,
+    prepare,
+)
 from gateway.endpoints.remote.selftest import SelfTest, run_self_test
 from gateway.endpoints.remote.verify import (
     MAX_DRAFT,
@@ -81,20 +86,6 @@ _LOCAL_ONLY = (
     "tools",
 )
 _OFF: tuple[Any, ...] = (None, False, 0, "", [], {})
-
-
-def load_tokenizer(spec: str) -> Tokenizer:
-    """The tokenizer of a .gguf file, a Hugging Face directory (or its tokenizer.json), or
-    the smollm2-135m alias."""
-    from local_verifier.gguf_file import GGUFFile
-    from local_verifier.gguf_loader import read_tokenizer as gguf_tokenizer
-    from local_verifier.hf_loader import read_tokenizer as hf_tokenizer
-    from local_verifier.loader import resolve_spec
-
-    path, _ = resolve_spec(spec)
-    if path.suffix == ".gguf":
-        return gguf_tokenizer(GGUFFile(path))
-    return hf_tokenizer(path if path.is_dir() else Path(path).parent)
 
 
 def passthrough_reason(request: ChatCompletionRequest | CompletionRequest) -> str | None:

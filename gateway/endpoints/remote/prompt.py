@@ -1,11 +1,12 @@
 """One request's prompt, prediction and drafter, built on a worker thread (a prompt of
-megabytes takes seconds to template and tokenize), and the cheap bound that refuses a
-prompt no engine context can hold before any of that work."""
+megabytes takes seconds to template and tokenize), the cheap bound that refuses a
+prompt no engine context can hold before any of that work, and the endpoint's tokenizer."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -105,3 +106,17 @@ def prepare(
     indexes = [index_cache.get_or_build(key, tokens) for key, tokens in documents]
     drafter = Drafter(ids, prediction, indexes, document_sources=sources)
     return Prepared(TokenIds(ids), prediction is not None, drafter)
+
+
+def load_tokenizer(spec: str) -> Tokenizer:
+    """The tokenizer of a .gguf file, a Hugging Face directory (or its tokenizer.json), or
+    the smollm2-135m alias."""
+    from local_verifier.gguf_file import GGUFFile
+    from local_verifier.gguf_loader import read_tokenizer as gguf_tokenizer
+    from local_verifier.hf_loader import read_tokenizer as hf_tokenizer
+    from local_verifier.loader import resolve_spec
+
+    path, _ = resolve_spec(spec)
+    if path.suffix == ".gguf":
+        return gguf_tokenizer(GGUFFile(path))
+    return hf_tokenizer(path if path.is_dir() else Path(path).parent)
