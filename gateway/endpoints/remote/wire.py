@@ -378,8 +378,10 @@ class VLLMClient(_Client):
                 answer = await self._ask_scores(ids, total, ask, read_cache=True)
                 scored = _vllm_scored(answer, total, len(draft), ask.vocab_size, read_cache=True)
             except UnusableAnswer as exc:
+                # vLLM 0.32 answers rows of cached positions from uninitialised memory (a 400
+                # when one is not finite): the round is asked again with every row computed
+                scored = None
                 self._stop_reading_cache(f"the engine answered unusable rows ({exc})")
-                raise
             if isinstance(scored, tuple):
                 return Scored(scored[0], scored[1], time.perf_counter() - t0)
             if isinstance(scored, str):
