@@ -91,10 +91,7 @@ class EndpointConfig(_Strict):
     models: tuple[ModelEntry, ...] = ()
     model: str | None = Field(default=None, description="local kind: path or alias of the target")
     device: str | None = None
-    dtype: str | None = Field(
-        default=None,
-        description="local kind: float32, bf16 or native (a .gguf file's quantized blocks); default bf16 where the CPU has bf16 arithmetic, else float32",
-    )
+    dtype: str | None = None
     api_version: str | None = Field(default=None, description="azure: the api-version query")
     deployment: str | None = Field(default=None, description="azure: one deployment for all models")
     accepts_prediction: bool | None = Field(

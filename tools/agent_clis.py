@@ -302,12 +302,16 @@ def main(argv: list[str] | None = None) -> None:
                     prompt = EDIT_PROMPT if case == "read-edit" else ONE_LINE
                     run = runner(bins[agent], url, model, prompt, workspace, home)
                     run["upstream_requests"] = len(upstream.bodies())
+                run["output"] = run["output"].replace(str(base), "<scratch>")
                 edited = (workspace / "util.py").read_text()
                 expected = EDITED_ANSWER if case == "read-edit" else ONE_LINE_ANSWER
                 run["answered"] = expected in run["output"]
                 run["file_edited"] = edited == SOURCE.replace("def add(", "def plus(")
                 if case == "local":  # the model's answer, or the API's error naming the context
-                    run["context_error"] = "the model's context is" in run["output"]
+                    out = run["output"]  # the API's message, or Codex's for context_length_exceeded
+                    run["context_error"] = (
+                        "the model's context is" in out or "context window" in out
+                    )
                     run["ok"] = run["exit_code"] == 0 or run["context_error"]
                 elif case == "read-edit":
                     run["ok"] = run["exit_code"] == 0 and run["answered"] and run["file_edited"]

@@ -38,8 +38,9 @@ NOTES = {
     "endpoints.api_key_env": "the variable the upstream's key is read from (never the file)",
     "endpoints.models": "names clients send: strings or `{name, aliases, upstream}` tables",
     "endpoints.device": "local kind: torch device (unset: the best available)",
-    "endpoints.dtype": "local kind: `float32` or `bf16` (a different target; unset: bf16 on "
-    "CUDA and on CPUs with bf16 arithmetic, float32 elsewhere)",
+    "endpoints.dtype": "local kind: `float32`, `bf16` or `native` (a .gguf file's quantized "
+    "blocks as they are); each a different target; unset: bf16 on CUDA and on CPUs with bf16 "
+    "arithmetic, float32 elsewhere",
     "endpoints.connect_timeout_s": "connect timeout",
     "endpoints.retries": "retries before the first byte only",
     "endpoints.backoff_s": "first retry back-off, doubled per retry",
