@@ -21,6 +21,7 @@ Adding a door: a class with the three methods below (in its package under
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any, Protocol, runtime_checkable
 
 from starlette.types import Message, Send
@@ -79,6 +80,34 @@ class Continuing(Relaying, Protocol):
         the stored conversation the request continues; run once the tenant is known,
         before routing (raise GatewayError subclasses: an unknown id is a 404)."""
         ...
+
+
+class Transcoder(ABC):
+    """A door's ``transcode`` send: the internal answer's start, then its body, read as one
+    JSON document or, once ``_start`` has set ``stream`` (the door's stream transcoder), as
+    a stream; other messages pass unchanged."""
+
+    send: Send
+    stream: object | None = None
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            await self._start(message)
+        elif message["type"] != "http.response.body":
+            await self.send(message)
+        elif self.stream is not None:
+            await self._stream_body(message)
+        else:
+            await self._json_body(message)
+
+    @abstractmethod
+    async def _start(self, message: Message) -> None: ...
+
+    @abstractmethod
+    async def _stream_body(self, message: Message) -> None: ...
+
+    @abstractmethod
+    async def _json_body(self, message: Message) -> None: ...
 
 
 class OpenAIDoor:

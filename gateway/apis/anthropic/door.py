@@ -25,6 +25,7 @@ from gateway.apis.anthropic.stream import StreamTranscoder, error_event
 from gateway.call import Api, Call
 from gateway.config import EndpointConfig
 from gateway.errors import GatewayError, InvalidRequest
+from gateway.front_door import Transcoder
 from gateway.http.validation import validate
 from gateway.provider_table import PROVIDERS
 from sdk.wire import ChatCompletionRequest, MessagesRequest
@@ -149,7 +150,7 @@ class _Relayed:
             await self.send(message)
 
 
-class _Answer:
+class _Answer(Transcoder):
     """The send a non-native endpoint answers through: a stream is transcoded event by
     event as it arrives; a JSON answer (or error) is held whole, then sent transcoded."""
 
@@ -159,16 +160,6 @@ class _Answer:
         self.stops = call.request.stop_list()
         self.stream: StreamTranscoder | None = None
         self.held: _Held | None = None
-
-    async def __call__(self, message: Message) -> None:
-        if message["type"] == "http.response.start":
-            await self._start(message)
-        elif message["type"] != "http.response.body":
-            await self.send(message)
-        elif self.stream is not None:
-            await self._stream_body(message)
-        else:
-            await self._json_body(message)
 
     async def _start(self, message: Message) -> None:
         if not _is_stream(message):

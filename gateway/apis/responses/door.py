@@ -31,6 +31,7 @@ from gateway.apis.responses.translate import TranslatedRequest
 from gateway.call import Api, Call
 from gateway.config import Settings
 from gateway.errors import GatewayError, NotFound, ServiceUnavailable, UpstreamError
+from gateway.front_door import Transcoder
 from lookup.corpus.errors import StoreUnavailable
 from sdk.wire import ChatCompletionRequest, CompletionRequest
 from sdk.wire.responses import InputItem, MessageItem, ReasoningItem, ResponsesRequest
@@ -129,7 +130,7 @@ def open_door(settings: Settings) -> ResponsesDoor:
     return ResponsesDoor(store)
 
 
-class _Answer:
+class _Answer(Transcoder):
     """The send a non-native endpoint answers through: a stream is transcoded event by
     event as it arrives; a JSON answer (or error) is held whole, then sent transcoded."""
 
@@ -146,16 +147,6 @@ class _Answer:
         self.chunks: list[bytes] = []
         self.pending = b""  # an unfinished event of the internal stream
         self.ended = False  # the final event went out
-
-    async def __call__(self, message: Message) -> None:
-        if message["type"] == "http.response.start":
-            await self._start(message)
-        elif message["type"] != "http.response.body":
-            await self.send(message)
-        elif self.stream is not None:
-            await self._stream_body(message)
-        else:
-            await self._json_body(message)
 
     async def _start(self, message: Message) -> None:
         headers = message.get("headers", [])
