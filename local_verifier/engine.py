@@ -16,6 +16,7 @@ import queue
 import threading
 import time
 import weakref
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -33,6 +34,8 @@ from local_verifier.events import (
     Event,
     Failed,
     GenerationStats,
+    TenantLoad,
+    ThreadChoice,
     answer_stats,
 )
 from local_verifier.grammar import GrammarCompiler
@@ -81,6 +84,12 @@ class Handle:
     def __init__(self, engine: Engine, requests: list[Request]) -> None:
         self._engine = engine
         self._requests = requests
+
+    def prompt_tokens(self) -> tuple[int, int]:
+        """The prompt's tokens and how many of them the prefix cache held (answer 0's, as
+        admitted: known once its first item is out)."""
+        first = self._requests[0]
+        return len(first.prompt_ids), first.cached_tokens
 
     def cancel(self) -> None:
         for request in self._requests:
@@ -316,14 +325,31 @@ class Engine:
         return _drain(items, handle)
 
     def stats(self) -> EngineStats:
-        """The engine's counters so far (read off the engine thread: each one is current
-        or a step behind) and its memory now."""
+        """The engine's counters so far and its state now (read off the engine thread:
+        each figure is current or a step behind)."""
         places = self._scheduler.places
+        running = Counter(r.owner for r in list(places.running))
+        with self._cond:
+            owned = dict(self._owned)
+        costs = self._scheduler.costs
+        now, start = costs.table, costs.startup
+        tuner = self._scheduler.runner.threads
         return EngineStats(
             preemptions=places.preemptions,
             prefix_hit_tokens=places.hit_tokens,
             prefix_miss_tokens=places.miss_tokens,
             memory=self.memory(),
+            kv_blocks_used=self.pool.used(),
+            kv_blocks_total=self.pool.n_blocks,
+            tenants={
+                owner: TenantLoad(min(running[owner], n), max(n - running[owner], 0))
+                for owner, n in sorted(owned.items())
+            },
+            step_s_by_rows={int(r): now[r] for r in costs.grid},
+            step_s_at_start={int(r): float(start[r]) for r in costs.grid},
+            threads=None
+            if tuner is None
+            else ThreadChoice(tuner.chosen, tuple(tuner.candidates), dict(tuner.score)),
         )
 
     def memory(self) -> dict[str, int]:

@@ -57,13 +57,38 @@ Event = TextDelta | GenerationStats | Failed | Ended
 
 
 @dataclass(frozen=True)
+class TenantLoad:
+    """One tenant's requests in the engine: in the running batch and waiting."""
+
+    running: int
+    waiting: int
+
+
+@dataclass(frozen=True)
+class ThreadChoice:
+    """The CPU thread count the engine runs its steps on, chosen online among
+    ``candidates`` by each count's ``score``: the running mean of log(step seconds /
+    expected seconds), None before any step ran on it (lower is faster)."""
+
+    chosen: int
+    candidates: tuple[int, ...]
+    score: dict[int, float | None]
+
+
+@dataclass(frozen=True)
 class EngineStats:
-    """The engine's counters so far and its memory now (``Engine.stats``)."""
+    """The engine's counters so far and its state now (``Engine.stats``)."""
 
     preemptions: int  # requests whose KV blocks were taken back, recomputed later
     prefix_hit_tokens: int  # prompt tokens found in the prefix cache
     prefix_miss_tokens: int  # prompt tokens computed
     memory: dict[str, int]  # bytes by part (``Engine.memory``)
+    kv_blocks_used: int  # KV pool blocks referenced by requests
+    kv_blocks_total: int  # KV pool blocks in all
+    tenants: dict[str, TenantLoad]  # each tenant with requests running or waiting
+    step_s_by_rows: dict[int, float]  # a step's seconds by its rows, as the steps run now
+    step_s_at_start: dict[int, float]  # the same, measured at start-up
+    threads: ThreadChoice | None  # None: not chosen online (one core, or a GPU)
 
 
 def answer_stats(request: Request, predicted: bool) -> GenerationStats:

@@ -93,15 +93,19 @@ Handler = Callable[[Request, Viewer], Awaitable[Response]]
 
 
 def _engine(local: LocalEndpoint) -> dict[str, Any]:
-    """A local endpoint's engine as the endpoints page shows it."""
+    """A local endpoint's engine as the endpoints page shows it (its typed snapshot)."""
     try:
-        return {
-            "state": local.state,
-            "memory": local.memory() or {},
-            "preemptions": local.preemptions(),
-        }
+        stats = local.stats()
     except Exception as exc:  # an engine bug must not take the page down
-        return {"state": f"unavailable ({type(exc).__name__})", "memory": {}, "preemptions": "?"}
+        return {"state": f"unavailable ({type(exc).__name__})", "stats": None}
+    if stats is None:
+        return {"state": local.state, "stats": None}
+    share = stats.kv_blocks_used / stats.kv_blocks_total if stats.kv_blocks_total else None
+    return {
+        "state": local.state,
+        "stats": stats,
+        "kv_bar": svg.share_bar(share, title=f"{share or 0:.0%} of the KV pool's blocks in use"),
+    }
 
 
 def _own_page(viewer: Viewer) -> str:

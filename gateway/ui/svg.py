@@ -53,10 +53,13 @@ def line_chart(
     return "".join(parts)
 
 
-def share_bar(share: float | None, *, width: int = 120, height: int = 14) -> str:
-    """A horizontal bar filled to ``share`` (0..1); an empty outline for None."""
+def share_bar(
+    share: float | None, *, title: str | None = None, width: int = 120, height: int = 14
+) -> str:
+    """A horizontal bar filled to ``share`` (0..1); an empty outline for None. ``title``
+    (default: the share of output tokens from drafts) is its tooltip."""
     filled = 0.0 if share is None else max(0.0, min(1.0, share)) * width
-    label = "no output" if share is None else f"{share:.0%} of output tokens from drafts"
+    label = title or ("no output" if share is None else f"{share:.0%} of output tokens from drafts")
     return (
         f'<svg xmlns="http://www.w3.org/2000/svg" role="img" width="{width}" height="{height}" '
         f'viewBox="0 0 {width} {height}"><title>{escape(label)}</title>'

@@ -4,6 +4,7 @@ stand-in; keys alice-key, bob-key, ops-key the admin), and its rolling window.""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -215,3 +216,23 @@ def test_wrong_keys_at_sign_in_are_limited_per_address(
         assert int(statuses[2].headers["retry-after"]) >= 1
         ok = httpx.post(f"{url}/ui/login", json={"key": "ops-key"}, headers={"origin": url})
         assert ok.status_code == 200  # a right key still signs in
+
+
+def test_a_local_endpoints_engine_is_shown_from_its_snapshot(local_url: str, engine: Any) -> None:
+    """The loopback default (no keys) on the real local model: the endpoints page shows
+    the engine's snapshot (``Engine.stats``)."""
+    page = httpx.get(f"{local_url}/ui/endpoints")
+    assert page.status_code == 200
+    stats = engine.stats()
+    card = page.text.split('data-endpoint="local"')[1].split("</section>")[0]
+    assert f"of {stats.kv_blocks_total} blocks in use" in card
+    assert "no request running or waiting" in card  # idle between tests
+    header = "".join(f"<th>{rows}</th>" for rows in stats.step_s_at_start)
+    assert f"<th>Rows</th>{header}</tr>" in card
+    start = "".join(f"<td>{s * 1000:.2f}</td>" for s in stats.step_s_at_start.values())
+    assert f"<td>at start-up (ms)</td>{start}</tr>" in card
+    if stats.threads is None:
+        assert "not chosen online" in card
+    else:
+        assert f"{stats.threads.chosen} chosen of 1, " in card
+    assert f"<td>weights_bytes</td><td>{stats.memory['weights_bytes']:,}</td>" in card

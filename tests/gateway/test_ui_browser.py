@@ -220,5 +220,9 @@ def test_local_endpoint_engine_and_drafted_share(browser: webdriver.Chrome, loca
     browser.get(f"{local_url}/ui/endpoints")
     card = browser.find_element(By.CSS_SELECTOR, "section.card[data-endpoint='local']")
     assert "loaded" in card.text and "preemptions" in card.text
+    assert "blocks in use" in card.find_element(By.CSS_SELECTOR, ".kv-pool").text
+    assert card.find_elements(By.CSS_SELECTOR, ".kv-pool svg rect")
+    assert card.find_element(By.CSS_SELECTOR, ".step-costs th").text == "Rows"
+    assert card.find_element(By.CSS_SELECTOR, ".threads").text
     _shot(browser, "endpoints-local")
     assert _errors(browser) == []
