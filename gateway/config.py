@@ -366,6 +366,11 @@ class Settings(BaseSettings):
     server: ServerConfig = ServerConfig()
     routing: RoutingConfig = RoutingConfig()
     capture: bool = False
+    audit_dir: Path | None = Field(
+        default=None,
+        description="audit reports: draftgate audit (without --out) and the dashboard's audits "
+        "write a folder per run here; the dashboard lists them all",
+    )
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     max_response_bytes: int = Field(
         default=64 * 1024 * 1024, ge=1024, description="an upstream's non-streamed answer"

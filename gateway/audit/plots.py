@@ -68,9 +68,9 @@ def _speedup(result: AuditResult, path: Path) -> None:
     plt.close(fig)
 
 
-def write_plots(result: AuditResult, out: Path) -> list[str]:
-    """Write the plots into ``out``; returns their file names."""
-    names = ["ttft.png", "tpot.png", "speedup.png"]
+def write_plots(result: AuditResult, out: Path, fmt: str = "png") -> list[str]:
+    """Write the plots into ``out`` as ``fmt`` (``png`` or ``svg``); returns their file names."""
+    names = [f"{name}.{fmt}" for name in ("ttft", "tpot", "speedup")]
     _distributions(result, "ttft_s", "TTFT per configuration", out / names[0])
     _distributions(result, "tpot_s", "TPOT per configuration", out / names[1])
     _speedup(result, out / names[2])

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import unicodedata
 from collections import Counter
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,3 +107,15 @@ def load_workload(path: str | Path | None = None) -> list[WorkloadItem]:
     if not items:
         raise ValueError(f"{source}: no workload items")
     return items
+
+
+def in_categories(items: Sequence[WorkloadItem], categories: Collection[str]) -> list[WorkloadItem]:
+    """The items of ``categories`` (every item when there are none); a category no item
+    has is a ValueError."""
+    if not categories:
+        return list(items)
+    have = sorted({item.category for item in items})
+    unknown = sorted(set(categories) - set(have))
+    if unknown:
+        raise ValueError(f"no workload item in {', '.join(unknown)} (have: {', '.join(have)})")
+    return [item for item in items if item.category in categories]

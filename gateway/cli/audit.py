@@ -36,6 +36,10 @@ def _parse_concurrency(text: str) -> list[int]:
     return levels
 
 
+def _parse_list(text: str | None) -> list[str]:
+    return [x.strip() for x in (text or "").split(",") if x.strip()]
+
+
 def _parse_sweep(text: str | None) -> dict[str, list[float]]:
     if not text:
         return {}
@@ -195,7 +199,15 @@ def audit_command(
         "--requests",
         help="Requests per configuration per level (default: the workload's size).",
     ),
-    out: Path = typer.Option(Path("audit-out"), "--out", help="Output directory."),
+    categories: str | None = typer.Option(
+        None, "--categories", help="Only the workload's items of these, e.g. repeat,json."
+    ),
+    out: Path | None = typer.Option(
+        None,
+        "--out",
+        help="Output directory (default: a new folder in the configured audit_dir, "
+        "else audit-out).",
+    ),
     sweep: str | None = typer.Option(
         None, "--sweep", help="One setting: temperature=0,0.7 or max_draft_tokens=4,8,16."
     ),
@@ -215,14 +227,18 @@ def audit_command(
 ) -> None:
     """Audit one endpoint's latency with and without drafts; writes audit.json, report.md, PNGs.
 
+    Without ``--out`` the files go into a new folder of the configuration's ``audit_dir``
+    (the dashboard lists every run there), else into ``audit-out``.
+
     The options have the bounds of ``POST /v1/audits`` and run the same audit. Progress
     goes to stderr: a live bar on a terminal, plain lines (one per tenth of the requests)
     otherwise; the summary goes to stdout."""
     from pydantic import ValidationError
 
+    from gateway.audit.folders import new_name
     from gateway.audit.report import write_outputs
     from gateway.audit.runner import PlanError, plan_for
-    from gateway.audit.workload import load_workload
+    from gateway.audit.workload import in_categories, load_workload
 
     try:
         request = AuditRequest(
@@ -238,10 +254,13 @@ def audit_command(
         first = exc.errors()[0]
         raise fail(f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}") from None
     try:
-        items = load_workload(workload)
+        items = in_categories(load_workload(workload), _parse_list(categories))
     except (OSError, ValueError) as exc:
         raise fail(f"workload: {exc}") from None
     settings = None if base_url else settings_of(config)
+    if out is None:
+        audit_dir = (settings or settings_of(config)).audit_dir
+        out = Path("audit-out") if audit_dir is None else audit_dir / new_name(endpoint)
     headers = auth_headers(settings, api_key)
     with gateway_url(settings, base_url) as url:
         record = _endpoint_of(get_records(url, headers, probe=False), endpoint)

@@ -22,6 +22,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Mount, Route
 
+from gateway.audit.runner import MemoryReader
 from gateway.audit.workload import load_workload
 from gateway.auth import DEFAULT_TENANT
 from gateway.endpoints.local.endpoint import LocalEndpoint
@@ -41,6 +42,7 @@ from gateway.http.validation import parse_json, validate
 from gateway.limit_windows import ClientWindows
 from gateway.runtime import Runtime
 from gateway.ui import svg
+from gateway.ui.audit_view import report_html
 from gateway.ui.audits import Audits
 from gateway.ui.session import COOKIE, SESSION_S, Sessions, Viewer, same_origin
 from lookup.corpus.errors import StoreUnavailable
@@ -79,6 +81,10 @@ _HEADERS = {
     "x-content-type-options": "nosniff",
     "referrer-policy": "same-origin",
     "cache-control": "no-store",
+}
+_SVG_HEADERS = {  # matplotlib's SVG styles its shapes; it is shown as an image, never run
+    **_HEADERS,
+    "content-security-policy": "default-src 'none'; style-src 'unsafe-inline'; sandbox",
 }
 _STATIC = {"ui.js": "text/javascript", "ui.css": "text/css"}
 
@@ -122,7 +128,7 @@ class Dashboard:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
         self.sessions = Sessions(runtime.auth)
-        self.audits = Audits(runtime.records)
+        self.audits = Audits(runtime.records, runtime.settings.audit_dir)
         self._wrong_keys = ClientWindows(time.monotonic)
         self.categories = sorted({item.category for item in load_workload()})
 
@@ -297,12 +303,12 @@ class Dashboard:
 
     async def audits_page(self, request: Request, viewer: Viewer) -> Response:
         self._admin(viewer)
-        runs = sorted(self.audits.runs.values(), key=lambda r: r.started_at, reverse=True)
         return self.render(
             request,
             "audits.html",
             viewer,
-            runs=runs,
+            runs=self.audits.runs(),
+            audit_dir=self.runtime.settings.audit_dir,
             endpoints=list(self.runtime.records.endpoints),
             categories=self.categories,
         )
@@ -325,18 +331,38 @@ class Dashboard:
                 raise PermissionDenied("audits need an admin key")
             headers = {"authorization": f"Bearer {key}"}
         categories = data.pop("categories", [])
-        if not isinstance(categories, list) or not set(categories) <= set(self.categories):
+        if not isinstance(categories, list) or not all(c in self.categories for c in categories):
             raise InvalidRequest(
                 f"categories: a list of {', '.join(self.categories)}", param="categories"
             )
         body = validate(AuditRequest, data)
-        run = self.audits.start(request.app, body, categories, headers)
+        run = self.audits.start(request.app, body, categories, headers, self._memory(body.endpoint))
         return json_response({"id": run.id, "next": f"/ui/audit?id={run.id}"}, status=202)
+
+    def _memory(self, endpoint: str) -> MemoryReader:
+        """Reads a local endpoint's engine memory at an audit's end (as ``draftgate
+        audit`` reads ``/v1/endpoints/{name}/memory``); None for other endpoints."""
+        local = self.runtime.local.get(endpoint)
+
+        async def read() -> dict[str, Any] | None:
+            stats = None if local is None else local.stats()
+            return None if stats is None else dict(stats.memory)
+
+        return read
 
     async def audit_page(self, request: Request, viewer: Viewer) -> Response:
         self._admin(viewer)
         run = self.audits.get(request.query_params.get("id", ""))
-        return self.render(request, "audit.html", viewer, run=run, headline=run.headline())
+        plots = await self.audits.plots(run)
+        return self.render(
+            request,
+            "audit.html",
+            viewer,
+            run=run,
+            headline=run.headline(),
+            report=None if run.result is None else report_html(run.result),
+            plots=list(plots),
+        )
 
     async def audit_json(self, request: Request, viewer: Viewer) -> Response:
         self._admin(viewer)
@@ -345,10 +371,10 @@ class Dashboard:
     async def audit_plot(self, request: Request, viewer: Viewer) -> Response:
         self._admin(viewer)
         run = self.audits.get(request.query_params.get("id", ""))
-        plot = run.plots.get(request.query_params.get("name", ""))
+        plot = (await self.audits.plots(run)).get(request.query_params.get("name", ""))
         if plot is None:
             raise NotFound("no such plot", param="name")
-        return Response(plot, media_type="image/png", headers=_HEADERS)
+        return Response(plot, media_type="image/svg+xml", headers=_SVG_HEADERS)
 
     # -- sign-in --------------------------------------------------------------------
 
