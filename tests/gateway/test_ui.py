@@ -8,11 +8,14 @@ from typing import Any
 
 import httpx
 import pytest
+from starlette.requests import Request
 
 from gateway.app import create_app
+from gateway.auth import Authenticator
+from gateway.errors import AuthenticationFailed
 from gateway.rolling import KEEP_S, RollingWindow, Row
 from gateway.ui import PATHS
-from gateway.ui.session import COOKIE
+from gateway.ui.session import COOKIE, SESSION_S, Sessions, Viewer
 from tests.gateway.conftest import ENVIRON, standin_settings
 from tests.gateway.servers import serve
 from tests.openai_standin import StandIn
@@ -236,3 +239,58 @@ def test_a_local_endpoints_engine_is_shown_from_its_snapshot(local_url: str, eng
     else:
         assert f"{stats.threads.chosen} chosen of 1, " in card
     assert f"<td>weights_bytes</td><td>{stats.memory['weights_bytes']:,}</td>" in card
+
+
+def test_malformed_audit_forms_are_400s_and_forms_415s(gateway_url: str) -> None:
+    ops = _signed_in(gateway_url, "ops-key")
+    origin = {"origin": gateway_url}
+    good = {"endpoint": "openai", "categories": ["repeat"], "requests": 1, "key": "ops-key"}
+    json_headers = {**origin, "content-type": "application/json"}
+    for raw in (b'{"endpoint": ', b"[]", b'"openai"', b"\xff\xfe"):
+        broken = ops.post("/ui/audits", content=raw, headers=json_headers)
+        assert broken.status_code == 400, raw
+        assert broken.json()["error"]["type"] == "invalid_request_error"
+    for body in (
+        {**good, "categories": [["repeat"]]},
+        {**good, "categories": "repeat"},
+        {**good, "concurrency": "1"},
+        {**good, "requests": "two"},
+        {**good, "endpoint": 7},
+    ):
+        refused = ops.post("/ui/audits", json=body, headers=origin)
+        assert refused.status_code == 400, body
+        assert refused.json()["error"]["message"]
+    form = ops.post("/ui/audits", data={"endpoint": "openai", "key": "ops-key"}, headers=origin)
+    assert form.status_code == 415  # a cross-site form cannot send JSON
+    assert "Traceback" not in form.text
+
+
+def test_a_wrong_key_on_the_json_routes_is_a_json_401(gateway_url: str) -> None:
+    for path in ("/ui/overview.json", "/ui/audit.json?id=x", "/ui/audit/plot?id=x&name=y"):
+        wrong = httpx.get(f"{gateway_url}{path}", headers={"authorization": "Bearer nope"})
+        assert wrong.status_code == 401, path
+        assert wrong.json()["error"]["type"] == "authentication_error"
+        assert "nope" not in wrong.text
+
+
+def test_an_expired_session_is_signed_out() -> None:
+    now = [0.0]
+    sessions = Sessions(Authenticator({"ops-key": "ops"}, admins=["ops-key"]), lambda: now[0])
+    token, viewer = sessions.sign_in("ops-key")
+    cookie = f"{COOKIE}={token}".encode()
+    request = Request({"type": "http", "headers": [(b"cookie", cookie)]})
+    assert sessions.viewer(request) == viewer == Viewer("ops", admin=True)
+    now[0] += SESSION_S
+    assert sessions.viewer(request) is None  # ended: the pages send it to sign-in
+    now[0] -= SESSION_S
+    assert sessions.viewer(request) is None  # and it was forgotten
+    with pytest.raises(AuthenticationFailed):
+        sessions.sign_in("ops-key-wrong")
+
+
+def test_an_unknown_session_cookie_goes_to_sign_in(gateway_url: str) -> None:
+    stale = {COOKIE: "not-a-session"}
+    page = httpx.get(f"{gateway_url}/ui/audits", cookies=stale)
+    assert page.status_code == 303 and page.headers["location"] == "/ui/login"
+    data = httpx.get(f"{gateway_url}/ui/audit.json?id=x", cookies=stale)
+    assert data.status_code == 401
