@@ -11,44 +11,15 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize
 
-from local_verifier import gemma
+from local_verifier import families
 from local_verifier.errors import ModelLoadError
+from local_verifier.families import Family
 from local_verifier.gguf_file import GGUFFile, TensorInfo
 from local_verifier.gguf_tokenizer import tokenizer_from_metadata
 from local_verifier.kernels.packing import QUANT_TYPES, quant_blocks
 from local_verifier.model import ModelConfig
 from local_verifier.tokenizer import Tokenizer
 from local_verifier.weights import row_chunks
-
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
-
-_LAYER_NAMES = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight",
-    "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_v.weight": "self_attn.v_proj.weight",
-    "attn_q.bias": "self_attn.q_proj.bias",
-    "attn_k.bias": "self_attn.k_proj.bias",
-    "attn_v.bias": "self_attn.v_proj.bias",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "attn_q_norm.weight": "self_attn.q_norm.weight",
-    "attn_k_norm.weight": "self_attn.k_norm.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
-}
-_GEMMA_LAYER_NAMES = {  # Gemma's norms around attention and MLP
-    **_LAYER_NAMES,
-    "ffn_norm.weight": "pre_feedforward_layernorm.weight",
-    "post_attention_norm.weight": "post_attention_layernorm.weight",
-    "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
-}
-_TOP_NAMES = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
 
 
 def _field(reader: GGUFFile | GGUFReader, key: str, default: Any = None) -> Any:
@@ -58,13 +29,21 @@ def _field(reader: GGUFFile | GGUFReader, key: str, default: Any = None) -> Any:
     return default if field is None else field.contents()
 
 
-def read_config(reader: GGUFFile, max_seq_len: int | None) -> ModelConfig:
-    """ModelConfig from ``{arch}.*`` metadata."""
+def _family(reader: GGUFFile) -> tuple[str, Family]:
+    """The file's architecture and the family that reads it; ``ModelLoadError`` where none
+    does."""
     arch = _field(reader, "general.architecture")
-    if arch not in SUPPORTED_ARCHS:
-        raise ModelLoadError(
-            f"unsupported GGUF architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHS)}"
-        )
+    family = families.for_gguf(arch)
+    if family is None:
+        supported = ", ".join(families.gguf_architectures())
+        raise ModelLoadError(f"unsupported GGUF architecture {arch!r}; supported: {supported}")
+    return arch, family
+
+
+def read_config(reader: GGUFFile, max_seq_len: int | None) -> ModelConfig:
+    """ModelConfig from ``{arch}.*`` metadata (the family's layer differences by the
+    family's ``gguf_config``)."""
+    arch, family = _family(reader)
 
     def get(key: str, default: Any = None) -> Any:
         value = _field(reader, f"{arch}.{key}", default)
@@ -113,28 +92,12 @@ def read_config(reader: GGUFFile, max_seq_len: int | None) -> ModelConfig:
             f"GGUF metadata {arch}.block_count is {n_layers} but the file holds tensors of "
             f"{len(blocks)} blocks"
         )
-    family: dict[str, Any] = {}
+    fields: dict[str, Any] = {}
     window = _field(reader, f"{arch}.attention.sliding_window")
     if window:
-        family.update(sliding_window=int(window))
-    if arch == "qwen3":
-        family.update(qk_norm=True)
-    if arch == "gemma3":  # llama.cpp's converter stores the norms' (1 + w)
-        pattern = _field(reader, f"{arch}.attention.sliding_window_pattern", gemma.SLIDING_PATTERN)
-        types = (
-            tuple("sliding_attention" if s else "full_attention" for s in pattern)
-            if isinstance(pattern, list)
-            else gemma.layer_types(n_layers, int(pattern))
-        )
-        local_theta = _field(reader, f"{arch}.rope.freq_base_swa", gemma.LOCAL_ROPE_THETA)
-        family.update(
-            qk_norm=True,
-            post_norms=True,
-            activation="gelu_tanh",
-            embed_scale=dim**0.5,
-            layer_types=types if window else None,
-            rope_local_theta=float(local_theta),
-        )
+        fields.update(sliding_window=int(window))
+    common = {"dim": dim, "n_layers": n_layers, **fields}
+    fields.update(family.gguf_config(lambda key: _field(reader, f"{arch}.{key}"), common))
     return ModelConfig(
         vocab_size=int(vocab),
         dim=dim,
@@ -149,7 +112,7 @@ def read_config(reader: GGUFFile, max_seq_len: int | None) -> ModelConfig:
         tie_embeddings="output.weight" not in names,
         qkv_bias="blk.0.attn_q.bias" in names,
         max_seq_len=min(context, max_seq_len) if max_seq_len else context,
-        **family,
+        **fields,
     )
 
 
@@ -164,8 +127,7 @@ class GGUFSource:
     are copied as they are."""
 
     def __init__(self, path: Path, reader: GGUFFile, cfg: ModelConfig) -> None:
-        arch = _field(reader, "general.architecture")
-        layer_names = _GEMMA_LAYER_NAMES if arch == "gemma3" else _LAYER_NAMES
+        _, family = _family(reader)
         self._path = path
         self._tensors: dict[str, tuple[TensorInfo, int | None]] = {}  # name: (tensor, heads)
         self._blocks: set[str] = set()
@@ -180,18 +142,14 @@ class GGUFSource:
                     f"tensor {t.name} has type {t.tensor_type.name}, which the gguf package "
                     "cannot dequantize"
                 ) from exc
+            name = families.gguf_tensor_name(family, t.name)
+            if name is None:
+                raise ModelLoadError(f"unexpected GGUF tensor {t.name}")
             heads = None
-            if t.name in _TOP_NAMES:
-                name = _TOP_NAMES[t.name]
-            else:
-                _, layer, rest = t.name.split(".", 2)
-                if rest not in layer_names:
-                    raise ModelLoadError(f"unexpected GGUF tensor {t.name}")
-                name = f"model.layers.{layer}.{layer_names[rest]}"
-                if arch == "llama" and rest.startswith("attn_q."):
-                    heads = cfg.n_heads
-                elif arch == "llama" and rest.startswith("attn_k."):
-                    heads = cfg.n_kv_heads
+            if family.gguf_interleaved_qk and ".attn_q." in t.name:
+                heads = cfg.n_heads
+            elif family.gguf_interleaved_qk and ".attn_k." in t.name:
+                heads = cfg.n_kv_heads
             self._tensors[name] = (t, heads)
 
     def shape(self, name: str) -> tuple[int, ...] | None:

@@ -9,7 +9,7 @@ from typing import Any
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as BackendTokenizer
 
-from local_verifier import gemma
+from local_verifier import families
 from local_verifier.errors import ModelLoadError
 from local_verifier.tokenizer import Tokenizer
 
@@ -42,16 +42,19 @@ SUPPORTED_MODELS = ("gpt2 (byte-level BPE)", "llama (SentencePiece BPE with scor
 
 
 def tokenizer_from_metadata(field: Field, arch: str) -> Tokenizer:
-    """The tokenizer of a GGUF file whose metadata ``field`` reads, for architecture ``arch``."""
+    """The tokenizer of a GGUF file whose metadata ``field`` reads, for architecture ``arch``
+    (what its family leaves implicit filled in, where a family reads it)."""
+    family = families.for_gguf(arch)
+    by_place = family is not None and family.vocab_by_place
     kind = field("tokenizer.ggml.model")
     tokens: list[str] = field("tokenizer.ggml.tokens")
     types: list[int] = field("tokenizer.ggml.token_type") or [_NORMAL] * len(tokens)
     if kind == "gpt2":
         backend = _byte_level(field, tokens)
     elif kind == "llama":
-        if arch == "gemma3":  # its tokens of spaces spelt as its tokenizer.json has them
+        if by_place:  # its tokens of spaces spelt as its tokenizer.json has them
             tokens = [SPACE * len(t) if " " in t and not t.strip() else t for t in tokens]
-        backend = _sentencepiece(field, tokens, gemma_vocab=arch == "gemma3")
+        backend = _sentencepiece(field, tokens, by_place)
     else:
         raise ModelLoadError(
             f"unsupported GGUF tokenizer {kind!r}; supported: {', '.join(SUPPORTED_MODELS)}"
@@ -80,9 +83,10 @@ def tokenizer_from_metadata(field: Field, arch: str) -> Tokenizer:
         i for i in (eos, token_of("eot_token_id"), token_of("eom_token_id")) if i is not None
     }
     template = field("tokenizer.chat_template")
-    if arch == "gemma3" and gemma.END_OF_TURN in tokens:  # base-model files carry no template
-        eos_ids.add(tokens.index(gemma.END_OF_TURN))
-        template = template or gemma.CHAT_TEMPLATE
+    end = family.end_of_turn if family is not None else None
+    if family is not None and end is not None and end in tokens:  # base models: no template
+        eos_ids.add(tokens.index(end))
+        template = template or family.chat_template
     named = {
         "bos_token": bos,
         "eos_token": eos,
@@ -124,18 +128,18 @@ def _byte_level(field: Field, tokens: list[str]) -> BackendTokenizer:
     return backend
 
 
-def _sentencepiece(field: Field, tokens: list[str], gemma_vocab: bool) -> BackendTokenizer:
+def _sentencepiece(field: Field, tokens: list[str], by_place: bool) -> BackendTokenizer:
     """SentencePiece BPE with byte fallback. The merges are the file's, or those its
-    vocabulary implies: every split of a token into two tokens, best first (by score; for
-    Gemma, whose scores do not follow its merge order, by place in the vocabulary, and with
-    its tokens of spaces spelt in visible spaces)."""
+    vocabulary implies: every split of a token into two tokens, best first (by score; or,
+    ``by_place``, for a vocabulary whose scores do not follow its merge order (Gemma's), by
+    place in the vocabulary)."""
     vocab = {tok: i for i, tok in enumerate(tokens)}
     listed = field("tokenizer.ggml.merges")
     if listed:
         merges = [tuple(m.split(" ", 1)) for m in listed]
     else:
         scores = field("tokenizer.ggml.scores") or [0.0] * len(tokens)
-        rank = [-i for i in range(len(tokens))] if gemma_vocab else scores
+        rank = [-i for i in range(len(tokens))] if by_place else scores
         merges = _implied_merges(tokens, vocab, rank)
     unk = field("tokenizer.ggml.unknown_token_id")
     backend = BackendTokenizer(

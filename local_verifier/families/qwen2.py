@@ -1,4 +1,4 @@
-"""Qwen2 (``Qwen2ForCausalLM``): the Llama layer with q/k/v biases; sliding windows only where
+"""Qwen2 (``Qwen2ForCausalLM``, GGUF ``qwen2``): the Llama layer with q/k/v biases; sliding windows only where
 ``use_sliding_window`` is set, on the layers from ``max_window_layers`` on."""
 
 from __future__ import annotations
@@ -24,5 +24,9 @@ def windows(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 FAMILY = Family(
-    name="qwen2", hf_architectures=("Qwen2ForCausalLM",), hf_config=windows, qkv_bias=True
+    name="qwen2",
+    hf_architectures=("Qwen2ForCausalLM",),
+    hf_config=windows,
+    qkv_bias=True,
+    gguf_architectures=("qwen2",),
 )

@@ -16,8 +16,8 @@ from gateway.endpoints.local import tools
 from gateway.endpoints.local.stream import failed
 from gateway.endpoints.local.tool_calls import CallParser, Parsed
 from gateway.errors import InvalidRequest
-from local_verifier import gemma
 from local_verifier.chat_template import render_chat
+from local_verifier.families import gemma3
 from local_verifier.gguf_file import GGUFFile
 from local_verifier.gguf_tokenizer import tokenizer_from_metadata
 from local_verifier.grammar import GrammarCompiler, GrammarLimitExceeded, JsonSchema
@@ -196,7 +196,7 @@ ROUND: list[dict[str, Any]] = [
 
 def test_plain_rendering_alternates_turns_through_gemmas_template() -> None:
     request = _request(messages=ROUND, tools=[WEATHER, ADD])
-    plan = tools.plan(request, gemma.CHAT_TEMPLATE, None)
+    plan = tools.plan(request, gemma3.CHAT_TEMPLATE, None)
     assert plan is not None and not plan.template and plan.parse
     assert [m["role"] for m in plan.messages] == ["system", "user", "assistant", "user"]
     system = plan.messages[0]["content"]
@@ -211,7 +211,7 @@ def test_plain_rendering_alternates_turns_through_gemmas_template() -> None:
         "<tool_response>\n18C\n</tool_response>\n<tool_response>\n3\n</tool_response>\n"
         "Thanks. And London?"
     )
-    prompt = render_chat(gemma.CHAT_TEMPLATE, plan.messages, {"bos_token": "<bos>"})
+    prompt = render_chat(gemma3.CHAT_TEMPLATE, plan.messages, {"bos_token": "<bos>"})
     assert prompt.count("<start_of_turn>") == 4  # the system text joins the first user turn
 
 
@@ -256,7 +256,7 @@ Calls go in <tool_call></tool_call> tags.<|im_end|>
 
 def test_a_template_that_renders_tools_gets_them() -> None:
     assert tools.renders_tools(HERMES)
-    assert not tools.renders_tools(gemma.CHAT_TEMPLATE)
+    assert not tools.renders_tools(gemma3.CHAT_TEMPLATE)
     request = _request(messages=ROUND, tools=[WEATHER])
     plan = tools.plan(request, HERMES, None)
     assert plan is not None and plan.template

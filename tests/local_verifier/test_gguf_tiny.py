@@ -29,11 +29,19 @@ def _permute(w: np.ndarray, n_heads: int) -> np.ndarray:
     )
 
 
-def write_gguf(src: Path, dst: Path, qtype: GGMLQuantizationType, merges: bool = True) -> Path:
+def write_gguf(
+    src: Path,
+    dst: Path,
+    qtype: GGMLQuantizationType,
+    merges: bool = True,
+    arch: str = "llama",
+) -> Path:
+    """``src``'s Llama checkpoint as llama.cpp's converter writes it, its metadata under
+    ``arch``."""
     cfg = json.loads((src / "config.json").read_text())
     tok = json.loads((src / "tokenizer.json").read_text())
     tok_cfg = json.loads((src / "tokenizer_config.json").read_text())
-    writer = GGUFWriter(str(dst), "llama")
+    writer = GGUFWriter(str(dst), arch)
     writer.add_block_count(cfg["num_hidden_layers"])
     writer.add_context_length(cfg["max_position_embeddings"])
     writer.add_embedding_length(cfg["hidden_size"])
