@@ -35,7 +35,9 @@ class Call:
     ``api`` is the front door's API and ``raw``/``data`` the body as the client sent it;
     ``request`` is the internal OpenAI request every endpoint can answer. An endpoint that
     relays ``raw`` to an upstream speaking ``api`` itself sets ``native`` before its first
-    byte: the front door's transcoder is then skipped."""
+    byte: the front door's transcoder is then skipped. An endpoint that counts the prompt
+    before its first byte sets ``prompt_tokens`` (and ``cached_tokens``, those of them its
+    prefix cache held) by then, for a door that reports them at a stream's start."""
 
     api: Api
     tenant: str
@@ -49,6 +51,8 @@ class Call:
     response_text: list[str] = field(default_factory=list)
     native: bool = False
     tries_left: int = 0  # endpoints the route tries after the current one
+    prompt_tokens: int | None = None
+    cached_tokens: int = 0
 
     @property
     def openai_api(self) -> Api:

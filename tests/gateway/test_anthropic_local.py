@@ -201,6 +201,14 @@ def test_tool_round(gateway: str, stream: bool) -> None:
     assert [b.type for b in second.content] == ["text"]
 
 
+def _events(url: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The data objects of a streamed Messages answer (asked as Claude Code asks)."""
+    with httpx.stream("POST", f"{url}/v1/messages?beta=true", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        text = r.read().decode()
+    return [json.loads(b.split("data: ", 1)[1]) for b in text.strip().split("\n\n")]
+
+
 def test_stream_events_on_the_local_engine(gateway: str) -> None:
     body = {
         "model": MODEL,
@@ -209,10 +217,26 @@ def test_stream_events_on_the_local_engine(gateway: str) -> None:
         "stream": True,
         "messages": [{"role": "user", "content": QUESTION}],
     }
-    with httpx.stream("POST", f"{gateway}/v1/messages?beta=true", json=body, timeout=60) as r:
-        assert r.status_code == 200
-        text = r.read().decode()
-    names = [json.loads(b.split("data: ", 1)[1])["type"] for b in text.strip().split("\n\n")]
+    names = [event["type"] for event in _events(gateway, body)]
     assert names[:3] == ["message_start", "ping", "content_block_start"]
     assert names[-3:] == ["content_block_stop", "message_delta", "message_stop"]
     assert set(names[3:-3]) == {"content_block_delta"}
+
+
+def test_message_start_counts_the_prompt_as_the_final_usage_does(gateway: str) -> None:
+    body = {
+        "model": MODEL,
+        "max_tokens": 3,
+        "temperature": 0,
+        "stream": True,
+        "system": "You are brief.",
+        "messages": [{"role": "user", "content": "Which colour is the sky at noon?"}],
+    }
+    for _ in range(2):  # the second finds the prompt's prefix in the cache
+        events = _events(gateway, body)
+        start = events[0]["message"]["usage"]
+        final = next(e for e in events if e["type"] == "message_delta")["usage"]
+        assert start["input_tokens"] > 0
+        assert start["input_tokens"] == final["input_tokens"]
+        assert start["cache_read_input_tokens"] == final["cache_read_input_tokens"]
+    assert final["cache_read_input_tokens"] > 0

@@ -235,6 +235,26 @@ def _stream(url: str, model: str) -> tuple[str, list[dict[str, Any]]]:
     return text, events
 
 
+def test_a_verified_messages_stream_counts_the_prompt_at_its_start(
+    gateway: tuple[Any, str], fresh: RemoteStandIn
+) -> None:
+    body = {
+        "model": "smollm2-vl",
+        "messages": MESSAGES,
+        "temperature": 0,
+        "max_tokens": 8,
+        "stream": True,
+    }
+    with httpx.stream("POST", f"{gateway[1]}/v1/messages", json=body, timeout=120) as r:
+        assert r.headers["x-draftgate-prediction"] == "verified-remotely"
+        text = r.read().decode()
+    events = [json.loads(b.split("data: ", 1)[1]) for b in text.strip().split("\n\n")]
+    start = events[0]["message"]["usage"]
+    final = next(e for e in events if e["type"] == "message_delta")["usage"]
+    assert start["input_tokens"] == final["input_tokens"] > 0
+    assert start["cache_read_input_tokens"] == final["cache_read_input_tokens"] == 0
+
+
 def test_a_failed_round_trip_continues_as_plain_decoding(
     gateway: tuple[Any, str], fresh: RemoteStandIn
 ) -> None:

@@ -156,6 +156,7 @@ class _Answer(Transcoder):
 
     def __init__(self, call: Call, send: Send) -> None:
         self.send = send
+        self.call = call
         self.model = call.request.model
         self.stops = call.request.stop_list()
         self.stream: StreamTranscoder | None = None
@@ -165,7 +166,10 @@ class _Answer(Transcoder):
         if not _is_stream(message):
             self.held = _Held(message)  # sent with the transcoded body and its new length
             return
-        self.stream = StreamTranscoder(self.model, self.stops)
+        call = self.call
+        self.stream = StreamTranscoder(
+            self.model, self.stops, call.prompt_tokens, call.cached_tokens
+        )
         await self.send(message)
         await self.send(
             {"type": "http.response.body", "body": self.stream.start(), "more_body": True}

@@ -5,8 +5,11 @@ calls in ``delta.tool_calls``, the finish reason, a usage chunk), ``data: [DONE]
 an error event (``{"error": {...}}``). Out, in Anthropic's order: ``message_start`` and a
 ``ping``; per block ``content_block_start``, ``content_block_delta`` (``text_delta`` or
 ``input_json_delta``) and ``content_block_stop``; at ``[DONE]`` a ``message_delta`` with
-the stop reason and the whole usage, then ``message_stop``. An error event in, or a stream
-that ends before ``[DONE]``, is an ``error`` event out and the end of the stream.
+the stop reason and the whole usage, then ``message_stop``. ``message_start``'s usage
+holds the prompt's tokens where the endpoint counted them before answering (local and
+remotely verified endpoints; 0 where only the final usage has them). An error event in,
+or a stream that ends before ``[DONE]``, is an ``error`` event out and the end of the
+stream.
 
 A block is open until another begins: text after a call opens a new text block. Calls
 are streamed one after the other (as OpenAI and every chat-completions server send
@@ -69,9 +72,13 @@ class StreamTranscoder:
     """Turns the internal stream's bytes into Messages events (:meth:`feed`, then
     :meth:`close` once the internal stream ended)."""
 
-    def __init__(self, model: str, stops: list[str]) -> None:
+    def __init__(
+        self, model: str, stops: list[str], prompt: int | None = None, cached: int = 0
+    ) -> None:
         self.model = model
         self.stops = stops
+        self.prompt = prompt  # the prompt's tokens when known at the start, ``cached`` of them
+        self.cached = cached  # from a prefix cache
         self.id = "msg_" + uuid.uuid4().hex
         self.finished = False  # message_stop or an error event went out
         self._started = False
@@ -85,11 +92,16 @@ class StreamTranscoder:
         self._draftgate: Any = None
 
     def start(self) -> bytes:
-        """``message_start`` and a ``ping`` (once)."""
+        """``message_start`` (with the prompt's usage when known, as the final usage counts
+        it) and a ``ping`` (once)."""
         if self._started:
             return b""
         self._started = True
-        head = MessagesResponse(id=self.id, model=self.model, content=[], usage=MessagesUsage())
+        start = MessagesUsage()
+        if self.prompt is not None:
+            start.input_tokens = max(self.prompt - self.cached, 0)
+            start.cache_read_input_tokens = self.cached
+        head = MessagesResponse(id=self.id, model=self.model, content=[], usage=start)
         return event(MessageStart(message=head)) + event(Ping())
 
     def feed(self, chunk: bytes) -> bytes:

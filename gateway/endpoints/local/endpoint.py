@@ -195,6 +195,7 @@ class LocalEndpoint:
 
             if isinstance(first[1], Failed):
                 raise local_stream.failed(first[1].error, self.config.name, parse)
+            call.prompt_tokens, call.cached_tokens = job.handle.prompt_tokens()
             logprobs = None
             if gen.logprobs is not None:
                 logprobs = Logprobs(call.api, engine.tokenizer.token_bytes)

@@ -307,6 +307,7 @@ class RemoteEndpoint:
             if not await answer.first():
                 return "failed-before-output"
             call.timing.prediction_status = VERIFIED.decode()
+            call.prompt_tokens = loop.prompt_tokens  # no cached count reaches a caller
             headers: Headers = [
                 (PREDICTION_HEADER, VERIFIED),
                 (ENDPOINT_HEADER, self.config.name.encode()),
