@@ -37,6 +37,7 @@ class GenerationStats:
     cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache
     grammar_s: float = 0.0  # time spent in the grammar: draft pruning, masks, commits
     preemptions: int = 0  # times the answer was preempted and its K/V recomputed
+    stop_string: str | None = None  # the stop string that ended the answer
 
 
 @dataclass(frozen=True)
@@ -117,4 +118,5 @@ def answer_stats(request: Request, predicted: bool) -> GenerationStats:
         cached_tokens=request.cached_tokens,
         grammar_s=0.0 if request.grammar is None else request.grammar.seconds,
         preemptions=stats.preemptions,
+        stop_string=request.output.stop_string,
     )

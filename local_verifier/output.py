@@ -58,6 +58,11 @@ class OutputAssembler:
             self.seconds_per_token = (time.perf_counter() - began) / len(taken)
         return TextDelta("".join(text), taken)
 
+    @property
+    def stop_string(self) -> str | None:
+        """The stop string that ended the output (None when another end did)."""
+        return self.stopper.matched if self.finish_reason == "stop" else None
+
     def finish(self) -> TextDelta:
         """Text held back until the end (an incomplete character, a possible stop prefix)."""
         if self.finish_reason is None:

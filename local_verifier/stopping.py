@@ -24,7 +24,8 @@ class StopChecker:
     """Fed detokenized text piece by piece; holds back a tail that may begin a stop string.
 
     ``push(text) -> (emit, stopped)``: ``emit`` is text safe to send now; when ``stopped``
-    it ends just before the first stop string, whose text is never emitted. Each stop
+    it ends just before the first stop string, whose text is never emitted (``matched``
+    names it: of those found in one push, the one that begins first). Each stop
     string is followed by a KMP automaton over the text, so a push costs time linear in its
     text's length (amortised) whatever the stop strings are. ``ValueError`` for more than
     ``MAX_STOP_STRINGS`` stop strings or one longer than ``MAX_STOP_CHARS``.
@@ -40,6 +41,7 @@ class StopChecker:
         self._matched = [0] * len(self.stop)  # per stop string: its prefix the text ends in
         self._held = ""
         self.stopped = False
+        self.matched: str | None = None
 
     def push(self, text: str) -> tuple[str, bool]:
         if self.stopped:
@@ -52,7 +54,8 @@ class StopChecker:
             end = self._advance(k, text)
             if end is not None:
                 start = len(self._held) + end + 1 - len(stop)
-                first = start if first is None else min(first, start)
+                if first is None or start < first:
+                    first, self.matched = start, stop
         if first is not None:
             self.stopped = True
             self._held = ""

@@ -1,5 +1,6 @@
 """OpenAI response objects built from the local engine's output (chat.completion,
-chat.completion.chunk, text_completion) with Predicted Outputs usage fields."""
+chat.completion.chunk, text_completion) with Predicted Outputs usage fields. A choice a
+stop string ended names it in ``stop_reason``, as vLLM's choices do."""
 
 from __future__ import annotations
 
@@ -48,13 +49,15 @@ def draft_stats(stats: Any) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class ChoiceResult:
-    """One finished answer: its text, why it ended, its formatted logprobs (or None), its
-    tool calls (OpenAI ``tool_calls`` entries; with calls and no text, ``content`` is null)."""
+    """One finished answer: its text, why it ended (and the stop string that ended it),
+    its formatted logprobs (or None), its tool calls (OpenAI ``tool_calls`` entries; with
+    calls and no text, ``content`` is null)."""
 
     text: str
     finish_reason: str
     logprobs: dict[str, Any] | None = None
     tool_calls: tuple[dict[str, Any], ...] = ()
+    stop_reason: str | None = None
 
     def message(self) -> dict[str, Any]:
         """The chat answer's assistant message."""
@@ -141,6 +144,9 @@ class ResponseBuilder:
                 }
                 for i, c in enumerate(choices)
             ]
+        for choice, c in zip(body, choices, strict=True):
+            if c.stop_reason is not None:
+                choice["stop_reason"] = c.stop_reason
         return {**head, "choices": body, "usage": usage(stats), "draftgate": draft_stats(stats)}
 
     def chunk(
@@ -152,9 +158,11 @@ class ResponseBuilder:
         index: int = 0,
         logprobs: dict[str, Any] | None = None,
         tool_calls: list[dict[str, Any]] | None = None,
+        stop_reason: str | None = None,
     ) -> dict[str, Any]:
         """One streamed chunk of choice ``index``: the role opener, a content delta (with
-        its tokens' logprobs), tool-call deltas (chat), or the finishing chunk."""
+        its tokens' logprobs), tool-call deltas (chat), or the finishing chunk (with the
+        stop string that ended the answer)."""
         if self.api == "chat":
             delta: dict[str, Any] = {}
             if role:
@@ -169,9 +177,18 @@ class ResponseBuilder:
                 "finish_reason": finish,
                 "logprobs": logprobs,
             }
-            return {**self._head("chat.completion.chunk"), "choices": [choice]}
-        choice = {"index": index, "text": text or "", "finish_reason": finish, "logprobs": logprobs}
-        return {**self._head("text_completion"), "choices": [choice]}
+            obj = "chat.completion.chunk"
+        else:
+            choice = {
+                "index": index,
+                "text": text or "",
+                "finish_reason": finish,
+                "logprobs": logprobs,
+            }
+            obj = "text_completion"
+        if stop_reason is not None:
+            choice["stop_reason"] = stop_reason
+        return {**self._head(obj), "choices": [choice]}
 
     def usage_chunk(self, stats: Any) -> dict[str, Any]:
         """The final chunk of ``stream_options.include_usage``: no choices, the usage."""

@@ -240,3 +240,28 @@ def test_message_start_counts_the_prompt_as_the_final_usage_does(gateway: str) -
         assert start["input_tokens"] == final["input_tokens"]
         assert start["cache_read_input_tokens"] == final["cache_read_input_tokens"]
     assert final["cache_read_input_tokens"] > 0
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_matched_stop_sequence_is_named(gateway: str, stream: bool) -> None:
+    sdk = client(gateway)
+    common: dict[str, Any] = {
+        "model": MODEL,
+        "extra_body": GREEDY,
+        "messages": [{"role": "user", "content": QUESTION}],
+    }
+    whole = sdk.messages.create(max_tokens=12, **common)
+    text = whole.content[0].text if whole.content and whole.content[0].type == "text" else ""
+    words = text.split()
+    assert len(words) >= 3, text
+    stop = " " + words[2]  # the model's own third word ends the answer early
+    stops = ["never in this answer", stop]
+    if stream:
+        with sdk.messages.stream(max_tokens=12, stop_sequences=stops, **common) as events:
+            answer = events.get_final_message()
+    else:
+        answer = sdk.messages.create(max_tokens=12, stop_sequences=stops, **common)
+    assert answer.stop_reason == "stop_sequence"
+    assert answer.stop_sequence == stop
+    assert answer.content[0].type == "text"
+    assert answer.content[0].text == text[: text.index(stop)]

@@ -162,7 +162,9 @@ def test_completions_respect_stop_and_max_tokens(
     stop = plain["choices"][0]["text"].strip().split()[1]
     stopped = httpx.post(f"{url}/v1/completions", json={**body, "stop": [stop]}, timeout=120)
     text = stopped.json()["choices"][0]["text"]
+    assert stopped.headers["x-draftgate-prediction"] == "verified-remotely"
     assert stopped.json()["choices"][0]["finish_reason"] == "stop"
+    assert stopped.json()["choices"][0]["stop_reason"] == stop  # which stop string, as vLLM
     assert stop not in text and plain["choices"][0]["text"].startswith(text)
 
 

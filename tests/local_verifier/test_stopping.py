@@ -64,6 +64,44 @@ def test_stops_match_their_definition(stop: list[str], pieces: list[str]) -> Non
     assert _feed(stop, pieces) == _reference(stop, pieces)
 
 
+def _matched(stop: list[str], pieces: list[str]) -> str | None:
+    checker = StopChecker(stop)
+    for piece in pieces:
+        if checker.push(piece)[1]:
+            break
+    return checker.matched
+
+
+def _reference_matched(stop: list[str], pieces: list[str]) -> str | None:
+    """The stop string that ends the text: the earliest-starting one in what is not yet
+    sent (the first listed of those starting there)."""
+    held = ""
+    stops = [s for s in stop if s]
+    for piece in pieces:
+        buf = held + piece
+        hits = [(buf.find(s), k) for k, s in enumerate(stops) if s in buf]
+        if hits:
+            return stops[min(hits)[1]]
+        keep = max((n for s in stops for n in range(1, len(s)) if buf.endswith(s[:n])), default=0)
+        held = buf[len(buf) - keep :]
+    return None
+
+
+def test_the_stop_string_that_ended_the_text_is_named() -> None:
+    assert _matched(["cd", "b"], ["ab", "cd"]) == "b"
+    assert _matched(["END", "\n\n"], ["x E", "N", "Dy"]) == "END"
+    assert _matched(["END"], ["abEN", "x"]) is None
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    stop=st.lists(st.text(alphabet="ab\n", min_size=0, max_size=6), max_size=MAX_STOP_STRINGS),
+    pieces=st.lists(st.text(alphabet="ab\nc", max_size=5), max_size=12),
+)
+def test_the_named_stop_string_matches_its_definition(stop: list[str], pieces: list[str]) -> None:
+    assert _matched(stop, pieces) == _reference_matched(stop, pieces)
+
+
 class _Counted(str):
     """A stop string that counts how often its characters are read."""
 

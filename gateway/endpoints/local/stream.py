@@ -180,7 +180,7 @@ async def complete(
     choices = [
         _choice(
             "".join(texts[i]),
-            stats[i].finish_reason,
+            stats[i],
             None if logprobs is None else logprobs.format(tokens[i], i),
             tools,
         )
@@ -255,7 +255,7 @@ async def stream(
             if parsers is not None:
                 await relay(parsers[index].close(), index, None)
                 finish = _finish(finish, parsers[index].calls)
-            final = builder.chunk(finish=finish, index=index)
+            final = builder.chunk(finish=finish, index=index, stop_reason=item.stop_string)
             final["draftgate"] = draft_stats(item)
             await emit(data_event(final))
         elif not isinstance(item, Ended):
@@ -285,15 +285,20 @@ async def stream(
     await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-def _choice(text: str, finish: str, logprobs: dict[str, Any] | None, tools: bool) -> ChoiceResult:
-    """One whole answer; with ``tools``, its text split into content and calls."""
+def _choice(
+    text: str, stats: GenerationStats, logprobs: dict[str, Any] | None, tools: bool
+) -> ChoiceResult:
+    """One whole answer (``stats``: its own); with ``tools``, its text split into content
+    and calls."""
+    finish, stop = stats.finish_reason, stats.stop_string
     if not tools:
-        return ChoiceResult(text, finish, logprobs)
+        return ChoiceResult(text, finish, logprobs, stop_reason=stop)
     parser = CallParser()
     parser.feed(text)
     parser.close()
     calls = tuple(c.openai() for c in parser.calls)
-    return ChoiceResult(parser.text or "", _finish(finish, parser.calls), logprobs, calls)
+    finish = _finish(finish, parser.calls)
+    return ChoiceResult(parser.text or "", finish, logprobs, calls, stop_reason=stop)
 
 
 def _finish(finish: str, calls: list[ToolCall]) -> str:

@@ -447,7 +447,8 @@ class _Answer:
         stats = self.stats()
         builder = ResponseBuilder(call.api, call.request.model)
         finish = self.output.finish_reason or "length"
-        body = builder.complete([ChoiceResult(text, finish)], stats)
+        choice = ChoiceResult(text, finish, stop_reason=self.output.stop_string)
+        body = builder.complete([choice], stats)
         body["draftgate"] = self.extension(stats)
         call.response_text = [text]
         await send_body(
@@ -484,7 +485,9 @@ class _Answer:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             return
         stats = self.stats()
-        final = builder.chunk(finish=self.output.finish_reason or "length")
+        final = builder.chunk(
+            finish=self.output.finish_reason or "length", stop_reason=self.output.stop_string
+        )
         final["draftgate"] = self.extension(stats)
         await emit(data_event(final))
         if include_usage:
