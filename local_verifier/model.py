@@ -18,9 +18,10 @@ from local_verifier.config import ModelConfig
 from local_verifier.families import tensor_names
 from local_verifier.kernels import AttentionPlan, StepOps, step_ops
 from local_verifier.kernels.cpp import CppOps
-from local_verifier.kernels.fused import FusedStack, LayerWeights
+from local_verifier.kernels.fused import FusedStack
 from local_verifier.kernels.options import KernelOptions
 from local_verifier.kernels.packing import Layout, gather_rows
+from local_verifier.kernels.stack_weights import LayerWeights, StackWeights
 from local_verifier.kv_storage import KVStorage
 from local_verifier.linear import Linear, row_major_state
 from local_verifier.rope import rope_tables
@@ -150,8 +151,8 @@ class Block(nn.Module):
             self.post_attn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
             self.post_ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
 
-    def stack_weights(self) -> LayerWeights:
-        """The parameters as the fused C++ stack reads them."""
+    def layer_weights(self) -> LayerWeights:
+        """The parameters as the fused steps read them (``Transformer.stack_weights``)."""
         return LayerWeights(
             attn_norm=self.attn_norm.weight,
             attn_eps=self.attn_norm.eps,
@@ -270,6 +271,22 @@ class Transformer(nn.Module):
         super()._apply(fn, *args, **kwargs)
         return self
 
+    def stack_weights(self) -> StackWeights:
+        """The parameters of this (Llama-family) model as they are now, as both fused steps
+        (the C++ stack and the Triton one) read them."""
+        cfg = self.config
+        return StackWeights(
+            embed=self.embed.weight,
+            layers=[cast(Block, block).layer_weights() for block in self.layers],
+            norm=self.norm.weight,
+            norm_eps=self.norm.eps,
+            head=self.head.weight,
+            rope_cos=self.rope_cos,
+            rope_sin=self.rope_sin,
+            n_heads=cfg.n_heads,
+            n_kv_heads=cfg.n_kv_heads,
+        )
+
     def fused_stack(self) -> FusedStack | None:
         """The C++ layer stack this model's steps run on now: None on the torch backend,
         with ``kernel_options.fused`` off or where it does not apply. Built once per parameter set."""
@@ -304,14 +321,7 @@ class Transformer(nn.Module):
         ):
             return None  # the other families' layers run op by op
         if self._stack is None:
-            layers = [cast(Block, b).stack_weights() for b in self.layers]
-            cfg = self.config
-            self._stack = (
-                FusedStack.build(
-                    ops.library, layers, self.norm.weight, self.norm.eps, self.head.weight,
-                    cfg.n_heads, cfg.n_kv_heads,
-                ),
-            )  # fmt: skip
+            self._stack = (FusedStack.build(ops.library, self.stack_weights()),)
         return self._stack[0]
 
     def _triton_graphs(self, ops: StepOps, kv: KVStorage) -> StepGraphs | None:
@@ -322,14 +332,9 @@ class Transformer(nn.Module):
             return None
         capture = self.kernel_options.graphs
         if self._graphs is None or self._graphs.k is not kv.k or self._graphs.capture != capture:
-            from local_verifier.kernels.triton_stack import (
-                GRAPH_ROWS,
-                StackWeights,
-                StepGraphs,
-                TritonStack,
-            )
+            from local_verifier.kernels.triton_stack import GRAPH_ROWS, StepGraphs, TritonStack
 
-            stack = TritonStack(StackWeights.of(self), cast(Any, ops))
+            stack = TritonStack(self.stack_weights(), cast(Any, ops))
             self._graphs = StepGraphs(stack, kv.k, kv.v, GRAPH_ROWS, cfg.max_seq_len, capture)
         return self._graphs
 

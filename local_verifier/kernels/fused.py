@@ -8,38 +8,18 @@ from __future__ import annotations
 
 import ctypes
 import weakref
-from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
 from local_verifier.kernels.cpp import MAX_HEAD_DIM
 from local_verifier.kernels.packing import dense_shape, layout_of, quant_type
 from local_verifier.kernels.plan import AttentionPlan
+from local_verifier.kernels.stack_weights import LayerWeights, StackWeights
 from local_verifier.kernels.step_args import StepArgs
 
 LAYOUT_CODES = {"row": 0, "packed": 1, "amx": 2}  # a weight's layout, as dg_stack_new takes it
 QUANT_CODE = 100  # + the GGML type: a weight of GGUF blocks (``quant``)
 PROFILE_KINDS = ("linear", "head", "attention", "row_ops")  # the entries of ``profile``
-
-
-@dataclass(frozen=True)
-class LayerWeights:
-    """One block's parameters, as the stack reads them."""
-
-    attn_norm: torch.Tensor
-    attn_eps: float
-    wqkv: torch.Tensor
-    bqkv: torch.Tensor | None
-    wo: torch.Tensor
-    ffn_norm: torch.Tensor
-    ffn_eps: float
-    w13: torch.Tensor
-    w2: torch.Tensor
-
-    def tensors(self) -> list[torch.Tensor | None]:
-        """In the table's order."""
-        return [self.attn_norm, self.wqkv, self.bqkv, self.wo, self.ffn_norm, self.w13, self.w2]
 
 
 class FusedStack:
@@ -49,16 +29,9 @@ class FusedStack:
     moved). ``profile``, unless None, is a float64 [4] tensor each step adds its seconds
     per ``PROFILE_KINDS`` to."""
 
-    def __init__(
-        self,
-        library: ctypes.CDLL,
-        layers: Sequence[LayerWeights],
-        norm: torch.Tensor,
-        norm_eps: float,
-        head: torch.Tensor,
-        n_heads: int,
-        n_kv_heads: int,
-    ) -> None:
+    def __init__(self, library: ctypes.CDLL, weights: StackWeights) -> None:
+        layers, norm, head = weights.layers, weights.norm, weights.head
+        n_heads = weights.n_heads
         self._lib = library
         self.dtype = norm.dtype
         """The weights' dtype (the norms', and the linears' that are not GGUF blocks), and the
@@ -67,9 +40,9 @@ class FusedStack:
         self.vocab, dim = dense_shape(head)
         pointers = [None if t is None else t.data_ptr() for t in self._params]
         layouts = [_layout_code(t) for t in self._params]
-        eps = [e for w in layers for e in (w.attn_eps, w.ffn_eps)] + [norm_eps]
+        eps = [e for w in layers for e in (w.attn_eps, w.ffn_eps)] + [weights.norm_eps]
         self._handle = library.dg_stack_new(
-            len(layers), dim, n_heads, n_kv_heads, _head_dim(layers[0], n_heads),
+            len(layers), dim, n_heads, weights.n_kv_heads, _head_dim(layers[0], n_heads),
             dense_shape(layers[0].w2)[1], self.vocab, self.dtype == torch.bfloat16,
             (ctypes.c_void_p * len(pointers))(*pointers), (ctypes.c_int * len(layouts))(*layouts),
             (ctypes.c_float * len(eps))(*eps),
@@ -80,20 +53,12 @@ class FusedStack:
         self.profile: torch.Tensor | None = None
 
     @classmethod
-    def build(
-        cls,
-        library: ctypes.CDLL,
-        layers: Sequence[LayerWeights],
-        norm: torch.Tensor,
-        norm_eps: float,
-        head: torch.Tensor,
-        n_heads: int,
-        n_kv_heads: int,
-    ) -> FusedStack | None:
+    def build(cls, library: ctypes.CDLL, weights: StackWeights) -> FusedStack | None:
         """The stack, or None where it does not apply (parameters not all contiguous float32
         or all bfloat16, GGUF blocks aside, or a head geometry the C++ attention does not take:
         the per-op path then runs, or says why it cannot)."""
-        tensors = [norm, head, *(t for w in layers for t in w.tensors() if t is not None)]
+        layers, norm, n_heads = weights.layers, weights.norm, weights.n_heads
+        tensors = [norm, weights.head, *(t for w in layers for t in w.tensors() if t is not None)]
         dtype = norm.dtype
         if dtype not in (torch.float32, torch.bfloat16) or not layers:
             return None
@@ -105,9 +70,9 @@ class FusedStack:
         ):
             return None
         head_dim = _head_dim(layers[0], n_heads)
-        if head_dim > MAX_HEAD_DIM or n_heads % n_kv_heads:
+        if head_dim > MAX_HEAD_DIM or n_heads % weights.n_kv_heads:
             return None
-        return cls(library, layers, norm, norm_eps, head, n_heads, n_kv_heads)
+        return cls(library, weights)
 
     def run(
         self,

@@ -12,55 +12,17 @@ cannot change a real row's bits, and replay equals the eager run.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 import torch
 
-from local_verifier.kernels.fused import LayerWeights
 from local_verifier.kernels.plan import AttentionPlan
+from local_verifier.kernels.stack_weights import StackWeights
 from local_verifier.kernels.triton_ops import KeyLists, TritonOps
-
-if TYPE_CHECKING:
-    from local_verifier.model import Transformer
 
 GRAPH_ROWS = 256
 """Rows of the largest bucket captured; a larger step (a long prompt chunk) runs eagerly on
 the same kernels, with the same bits."""
 PAD_SLOT = -1
 """The slot a padding row's K/V would go to: the rope/store kernel writes nothing there."""
-
-
-@dataclass(frozen=True)
-class StackWeights:
-    """The model's parameters as the stack reads them."""
-
-    embed: torch.Tensor
-    layers: Sequence[LayerWeights]
-    norm: torch.Tensor
-    norm_eps: float
-    head: torch.Tensor
-    rope_cos: torch.Tensor  # float32 [max_seq_len, head_dim]
-    rope_sin: torch.Tensor
-    n_heads: int
-    n_kv_heads: int
-
-    @classmethod
-    def of(cls, model: Transformer) -> StackWeights:
-        """The parameters of ``model`` (a Llama-family one) as they are now."""
-        cfg = model.config
-        return cls(
-            embed=model.embed.weight,
-            layers=[block.stack_weights() for block in model.layers],  # type: ignore[operator]
-            norm=model.norm.weight,
-            norm_eps=model.norm.eps,
-            head=model.head.weight,
-            rope_cos=model.rope_cos,
-            rope_sin=model.rope_sin,
-            n_heads=cfg.n_heads,
-            n_kv_heads=cfg.n_kv_heads,
-        )
 
 
 class StepBuffers:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from local_verifier.kernels.plan import AttentionPlan
-from local_verifier.kernels.triton_stack import StackWeights, StepGraphs, TritonStack, buckets
+from local_verifier.kernels.triton_stack import StepGraphs, TritonStack, buckets
 from local_verifier.kv_storage import KVStorage
 from local_verifier.model import ModelConfig, SeqStep, Transformer
 
@@ -28,7 +28,7 @@ def model() -> Transformer:
 def _graphs(model: Transformer, device: torch.device, max_rows: int = 16) -> StepGraphs:
     m = model.to(device)
     kv = KVStorage(CFG, 128, device=device)
-    return StepGraphs(TritonStack(StackWeights.of(m)), kv.k, kv.v, max_rows, CFG.max_seq_len)
+    return StepGraphs(TritonStack(m.stack_weights()), kv.k, kv.v, max_rows, CFG.max_seq_len)
 
 
 def _run(
