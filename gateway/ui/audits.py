@@ -56,6 +56,7 @@ class AuditRun:
     endpoint: str
     started_at: float
     workload: str  # categories, concurrency, requests, in words
+    origin: str = "audit_dir"  # dashboard: started here; audit_dir: read from its folder
     total: int = 0
     transport: _Counting | None = None
     state: str = "done"  # running | done | failed
@@ -189,6 +190,7 @@ class Audits:
             workload=_workload(sorted(categories), list(body.concurrency), body.requests),
             total=total,
             transport=_Counting(app),
+            origin="dashboard",
             state="running",
             folder=None if self.audit_dir is None else self.audit_dir / name,
         )

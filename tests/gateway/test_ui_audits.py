@@ -63,8 +63,9 @@ def _page_audit(ops: httpx.Client, url: str) -> str:
     return run_id
 
 
-def _cli_audit(url: str, tmp_path: Path, audit_dir: Path) -> str:
-    """The same audit from the command line, its folder left to the configuration."""
+def cli_audit(url: str, tmp_path: Path, audit_dir: Path) -> str:
+    """The same audit from the command line against the gateway at ``url``, its folder
+    left to a configuration naming ``audit_dir``; the folder's name."""
     config = tmp_path / "draftgate.toml"
     config.write_text(f'audit_dir = "{audit_dir}"\n')
     before = set(folders.names(audit_dir))
@@ -134,7 +135,7 @@ def test_an_audit_from_the_page_matches_the_command_line(
     url: str, ops: httpx.Client, audit_dir: Path, tmp_path: Path
 ) -> None:
     page_id = _page_audit(ops, url)
-    cli_id = _cli_audit(url, tmp_path, audit_dir)
+    cli_id = cli_audit(url, tmp_path, audit_dir)
     page_result = folders.load(audit_dir / page_id / folders.RESULT)  # the page's run's files
     cli_result = folders.load(audit_dir / cli_id / folders.RESULT)
     assert _deterministic(page_result) == _deterministic(cli_result)
@@ -173,6 +174,7 @@ def test_an_audit_from_the_page_matches_the_command_line(
         run_id: listing.split(f'<tr data-run="{run_id}">')[1].split("</tr>")[0]
         for run_id in (page_id, cli_id)
     }
+    assert "<td>this page</td>" in rows[page_id] and "<td>audit_dir</td>" in rows[cli_id]
     for row in rows.values():
         assert "<td>openai</td>" in row and "<td>done</td>" in row
         assert f"<td>{identical}/{pairs}</td>" in row

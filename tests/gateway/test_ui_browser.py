@@ -20,6 +20,12 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
+from gateway.app import create_app
+from tests.gateway.conftest import ENVIRON, standin_settings
+from tests.gateway.servers import serve
+from tests.gateway.test_ui_audits import CATEGORIES, REQUESTS, cli_audit
+from tests.openai_standin import StandIn
+
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 WAIT_S = 20.0
@@ -146,15 +152,33 @@ def test_admin_pages_live_numbers_and_no_console_errors(
     assert _errors(browser) == []
 
 
+@pytest.fixture(scope="module")
+def audits_gateway(
+    standin_server: tuple[StandIn, str], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, Path]]:
+    """A gateway in front of the stand-in with an ``audit_dir``: its URL and the folder."""
+    audit_dir = tmp_path_factory.mktemp("audits")
+    settings = standin_settings(standin_server[1], audit_dir=str(audit_dir))
+    with serve(create_app(settings, environ=ENVIRON)) as url:
+        yield url, audit_dir
+
+
 def test_an_audit_started_from_the_page_finishes_with_its_plots(
-    browser: webdriver.Chrome, gateway_url: str
+    browser: webdriver.Chrome, audits_gateway: tuple[str, Path], tmp_path: Path
 ) -> None:
-    _sign_in(browser, gateway_url, "ops-key", "/ui/")
-    browser.get(f"{gateway_url}/ui/audits")
+    """The command line's run is listed beside the page's; the page's run shows its
+    report and its SVG plots."""
+    audits_url, audit_dir = audits_gateway
+    from_cli = cli_audit(audits_url, tmp_path, audit_dir)
+    _sign_in(browser, audits_url, "ops-key", "/ui/")
+    browser.get(f"{audits_url}/ui/audits")
+    listed = browser.find_element(By.CSS_SELECTOR, f'#runs tr[data-run="{from_cli}"]')
+    assert "openai" in listed.text and "done" in listed.text
     form = browser.find_element(By.ID, "audit-form")
     Select(form.find_element(By.ID, "endpoint")).select_by_visible_text("openai")
-    form.find_element(By.CSS_SELECTOR, "input[value='repeat']").click()
-    form.find_element(By.ID, "requests").send_keys("2")
+    for category in CATEGORIES:
+        form.find_element(By.CSS_SELECTOR, f"input[value='{category}']").click()
+    form.find_element(By.ID, "requests").send_keys(str(REQUESTS))
     form.find_element(By.ID, "audit-key").send_keys("ops-key")
     _shot(browser, "audits")
     form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
@@ -162,17 +186,26 @@ def test_an_audit_started_from_the_page_finishes_with_its_plots(
     WebDriverWait(browser, 120).until(
         ec.presence_of_element_located((By.CSS_SELECTOR, "#speedup tbody tr"))
     )
-    assert browser.find_element(By.ID, "identical").text == "2 of 2 pairs identical"
+    identical = browser.find_element(By.ID, "identical").text
+    assert identical.endswith(" pairs identical")
     plots = browser.find_elements(By.CSS_SELECTOR, "figure img")
     assert len(plots) == 3
     WebDriverWait(browser, WAIT_S).until(
         lambda d: all(d.execute_script("return arguments[0].naturalWidth", p) > 0 for p in plots)
     )
+    report = browser.find_element(By.ID, "report")
+    assert report.find_element(By.TAG_NAME, "h1").text.startswith("Audit of endpoint openai")
+    assert len(report.find_elements(By.TAG_NAME, "table")) > 5
     _shot(browser, "audit")
     assert _errors(browser) == []
-    browser.get(f"{gateway_url}/ui/audits")
-    row = browser.find_element(By.CSS_SELECTOR, "#runs tbody tr")
-    assert "openai" in row.text and "done" in row.text and "2/2" in row.text
+    browser.get(f"{audits_url}/ui/audits")
+    rows = browser.find_elements(By.CSS_SELECTOR, "#runs tbody tr")
+    assert len(rows) == 2 and rows[1].get_attribute("data-run") == from_cli  # newest first
+    for row in rows:
+        assert "openai" in row.text and "done" in row.text
+        assert identical.replace(" of ", "/").removesuffix(" pairs identical") in row.text
+    _shot(browser, "audits-listed")
+    assert _errors(browser) == []
 
 
 def test_a_tenant_cannot_open_another_tenants_page(
@@ -216,13 +249,13 @@ def test_local_endpoint_engine_and_drafted_share(browser: webdriver.Chrome, loca
                 and _cell(d, "local", "drafted_share") != "0%"
             )
         )
-    _shot(browser, "overview-local")
-    browser.get(f"{local_url}/ui/endpoints")
+        _shot(browser, "overview-local")
+        browser.get(f"{local_url}/ui/endpoints")  # the engine while requests run
+        _shot(browser, "endpoints-local")
     card = browser.find_element(By.CSS_SELECTOR, "section.card[data-endpoint='local']")
     assert "loaded" in card.text and "preemptions" in card.text
     assert "blocks in use" in card.find_element(By.CSS_SELECTOR, ".kv-pool").text
     assert card.find_elements(By.CSS_SELECTOR, ".kv-pool svg rect")
     assert card.find_element(By.CSS_SELECTOR, ".step-costs th").text == "Rows"
     assert card.find_element(By.CSS_SELECTOR, ".threads").text
-    _shot(browser, "endpoints-local")
     assert _errors(browser) == []
