@@ -89,6 +89,7 @@ class Provider:
     # front-door APIs (``gateway.call.Api``) spoken besides chat/completions: a request
     # arriving through one is relayed as the client sent it
     native_apis: frozenset[str] = frozenset()
+    counts_tokens: bool = False  # its API counts a Messages request's tokens (count_tokens)
     url: UrlBuilder = base_path_url
     key_header: bytes = b"authorization"  # the header carrying ``api_key_env``'s key
     key_prefix: bytes = b"Bearer "
@@ -121,6 +122,7 @@ PROVIDERS: dict[str, Provider] = {
         hosted=True,
         base_url="https://api.anthropic.com/v1",
         native_apis=frozenset({"messages"}),
+        counts_tokens=True,
         key_header=b"x-api-key",
         key_prefix=b"",
         headers=((b"anthropic-version", b"2023-06-01"),),

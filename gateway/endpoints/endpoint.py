@@ -5,20 +5,26 @@ self-hosted HTTP upstream (:mod:`gateway.endpoints.hosted`), one verified remote
 its relay behind it (:class:`gateway.endpoints.hosted.verified.VerifyingEndpoint`), or
 the in-process engine (:mod:`gateway.endpoints.local`). The route tries a model's
 endpoints in the balancer's order; one that cannot answer and sent nothing raises
-:class:`Unavailable` and the next is tried. What each kind is (hosted, its capability,
-its URL and headers) is its row of :mod:`gateway.provider_table`.
+:class:`Unavailable` and the next is tried. ``POST /v1/messages/count_tokens`` asks the
+model's first endpoint (:meth:`Endpoint.count_tokens`). What each kind is (hosted, its
+capability, its URL and headers) is its row of :mod:`gateway.provider_table`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Protocol
 
+import orjson
 from starlette.types import Send
 
 from gateway.call import Call
 from gateway.config import EndpointConfig
 from gateway.errors import GatewayError
+from gateway.limits import prompt_tokens
+from sdk.wire import ChatCompletionRequest
 
 
 @dataclass(frozen=True)
@@ -41,6 +47,39 @@ class Unavailable(Exception):
         self.endpoint_fault = endpoint_fault
 
 
+@dataclass(frozen=True)
+class CountCall:
+    """A request to count a Messages request's prompt tokens: the body as the client sent
+    it, its JSON, and the internal request it becomes (translated when first read)."""
+
+    raw: bytes
+    data: dict[str, Any]
+    translate: Callable[[], dict[str, Any]]  # the internal request's JSON
+
+    @cached_property
+    def internal(self) -> dict[str, Any]:
+        return self.translate()
+
+    @property
+    def request(self) -> ChatCompletionRequest:
+        return ChatCompletionRequest.model_validate(self.internal)
+
+    @property
+    def estimate(self) -> int:
+        """The gateway's estimate of the prompt's tokens: its messages' and tools' JSON
+        bytes over four (what the rate limits count)."""
+        shown = {"messages": self.internal["messages"], "tools": self.internal.get("tools")}
+        return prompt_tokens(len(orjson.dumps(shown)))
+
+
+@dataclass(frozen=True)
+class Relayed:
+    """A provider's own answer, passed on as it came."""
+
+    status: int
+    body: bytes
+
+
 class Endpoint(Protocol):
     """One configured endpoint."""
 
@@ -55,6 +94,11 @@ class Endpoint(Protocol):
         """Answer ``call`` through ``send`` (errors included), or raise
         :class:`Unavailable` before the first byte. ``None``: the answer says nothing of
         the endpoint's health."""
+        ...
+
+    async def count_tokens(self, call: CountCall) -> int | Relayed:
+        """The prompt tokens ``call`` would have: counted with the model's own tokenizer,
+        its provider's answer, or ``call.estimate`` where it has neither."""
         ...
 
     def capabilities(self) -> dict[str, Any]:

@@ -1,8 +1,8 @@
 """An ``sglang`` or ``vllm`` endpoint with ``verify = "remote"``: remote verification
 (:mod:`gateway.endpoints.remote`) answers what it can; every other request goes to the
 endpoint's HTTP relay (:mod:`gateway.endpoints.hosted`), its answer saying why in
-``X-Draftgate-Remote-Verify: passthrough:<reason>``. Both salt the engine's prefix cache
-with the same per-tenant salt."""
+``X-Draftgate-Remote-Verify: passthrough:<reason>``; so do token counts. Both salt the
+engine's prefix cache with the same per-tenant salt."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 from starlette.types import Send
 
 from gateway.call import Call
-from gateway.endpoints.endpoint import Served
+from gateway.endpoints.endpoint import CountCall, Relayed, Served
 from gateway.endpoints.hosted.endpoint import HostedEndpoint
 from gateway.endpoints.remote.endpoint import REMOTE_VERIFY_HEADER, RemoteEndpoint
 
@@ -40,6 +40,9 @@ class VerifyingEndpoint:
             return None
         header = (REMOTE_VERIFY_HEADER, b"passthrough:" + passthrough.encode())
         return await self.relay.serve(call, send, (header,))
+
+    async def count_tokens(self, call: CountCall) -> int | Relayed:
+        return await self.relay.count_tokens(call)
 
     async def aclose(self) -> None:
         await self.relay.aclose()

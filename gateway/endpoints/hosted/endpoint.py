@@ -9,7 +9,9 @@ API's path, and marked native so the door does not transcode the answer; every o
 request goes as the internal OpenAI request. Failures before the first byte are
 retried by :class:`~gateway.endpoints.hosted.upstream.Upstream`, then raised as
 :class:`~gateway.endpoints.endpoint.Unavailable` (the next endpoint is tried) unless
-the client's request was at fault.
+the client's request was at fault. A count of a Messages request's tokens is asked of a
+kind whose API counts them (``counts_tokens``), relayed as the client sent it; every other
+kind has no tokenizer here and answers the gateway's estimate.
 
 A vLLM or SGLang engine serves every tenant from one prefix cache: each request carries
 its tenant's ``cache_salt`` (:class:`~gateway.endpoints.cache_salt.CacheSalts`; vLLM
@@ -32,15 +34,18 @@ from gateway.call import API_PATHS, Call
 from gateway.config import EndpointConfig
 from gateway.endpoints.cache_salt import CacheSalts
 from gateway.endpoints.capabilities import model_extras
-from gateway.endpoints.endpoint import Served, Unavailable
+from gateway.endpoints.endpoint import CountCall, Relayed, Served, Unavailable
 from gateway.endpoints.hosted.relay import fail, relay_body, relay_stream
 from gateway.endpoints.hosted.upstream import Upstream, UpstreamFailure
+from gateway.errors import UpstreamError
 from gateway.http.asgi import ENDPOINT_HEADER, PREDICTION_HEADER, Headers
 from gateway.provider_table import PROVIDERS
 from lookup.corpus import Corpus, CorpusError
 
 # kinds whose OpenAI API takes ``cache_salt`` and shares one prefix cache among requests
 SALTED_KINDS = frozenset({"vllm", "sglang"})
+COUNT_TOKENS_PATH = "messages/count_tokens"
+MAX_COUNT_BYTES = 64 * 1024  # a count is a few bytes; a longer answer is no count
 
 
 class HostedEndpoint:
@@ -126,6 +131,33 @@ class HostedEndpoint:
                 private_cache=self.salts is not None,
             )
         return Served(call.timing.error is None, time.perf_counter() - t0)
+
+    async def count_tokens(self, call: CountCall) -> int | Relayed:
+        """The provider's own count where its API counts tokens, else ``call.estimate``."""
+        if not self.provider.counts_tokens:
+            return call.estimate
+        config = self.config
+        model = config.upstream_model(call.request.model)
+        body = prediction_policy.upstream_body(
+            call.raw, call.data, upstream_model=model, strip_prediction=False, prediction_text=None
+        )
+        try:
+            response = await self.upstream.open(COUNT_TOKENS_PATH, body, model)
+        except UpstreamFailure as exc:
+            raise exc.to_error(config.name) from None
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            async for chunk in response.aiter_bytes():
+                size += len(chunk)
+                if size > MAX_COUNT_BYTES:
+                    raise UpstreamError(f"endpoint {config.name!r} answered no token count")
+                chunks.append(chunk)
+        except httpx.HTTPError as exc:
+            raise UpstreamError(f"upstream body interrupted: {type(exc).__name__}") from None
+        finally:
+            await response.aclose()
+        return Relayed(response.status_code, b"".join(chunks))
 
     async def _prepare(self, call: Call, native: bool) -> tuple[prediction_policy.Decision, bytes]:
         config = self.config

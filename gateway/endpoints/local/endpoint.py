@@ -24,6 +24,7 @@ from gateway.call import Call
 from gateway.config import EndpointConfig
 from gateway.endpoints import response_format
 from gateway.endpoints.capabilities import CAPABILITIES, model_extras
+from gateway.endpoints.endpoint import CountCall
 from gateway.endpoints.local import stream as local_stream
 from gateway.endpoints.local import tools
 from gateway.endpoints.local.request import (
@@ -48,6 +49,7 @@ from sdk.wire import ChatCompletionRequest
 
 if TYPE_CHECKING:
     from local_verifier.engine import Engine, EngineStats, GenerationRequest, Handle
+    from local_verifier.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -161,6 +163,13 @@ class LocalEndpoint:
     def capabilities(self) -> dict[str, Any]:
         """What the model honours and its answer length bounds (its ``/v1/models`` extras)."""
         return model_extras(self.config)
+
+    async def count_tokens(self, call: CountCall) -> int:
+        """The prompt's tokens exactly: the model's tokenizer and chat template, as a
+        generation renders the prompt (tools included)."""
+        request = call.request
+        engine = await self.engine()
+        return len(await asyncio.to_thread(prompt_ids, request, engine.tokenizer))
 
     # -- request path (event loop) ---------------------------------------------------
 
@@ -280,3 +289,18 @@ class LocalEndpoint:
             f"{self.config.max_queue} requests); try again",
             headers={"Retry-After": str(RETRY_AFTER_S)},
         )
+
+
+def prompt_ids(request: ChatCompletionRequest, tokenizer: Tokenizer) -> list[int]:
+    """The prompt's token ids as a generation renders ``request``: the tools by the model's
+    template where it renders them, else the engine's messages through the template."""
+    plan = tools.plan(request, tokenizer.chat_template, None)
+    if plan is not None and plan.template:
+        return plan.render(tokenizer)
+    messages = (
+        plan.messages
+        if plan is not None
+        else [{"role": m.role, "content": m.text()} for m in request.messages]
+    )
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    return tokenizer.encode(text, add_special_tokens=False)
