@@ -131,14 +131,6 @@ class LocalEndpoint:
         """The loaded engine's counters and memory now (None before it loads)."""
         return None if self._engine is None else self._engine.stats()
 
-    def memory(self) -> dict[str, int] | None:
-        """The loaded engine's memory by part (KV pool reserved and in use...), else None."""
-        return None if self._engine is None else self._engine.memory()
-
-    def preemptions(self) -> int:
-        """Requests the loaded engine preempted so far (0 before it loads)."""
-        return 0 if self._engine is None else self._engine.stats().preemptions
-
     async def engine(self) -> Engine:
         """The loaded engine (loads it on the worker thread if needed)."""
         if self._engine is None:
