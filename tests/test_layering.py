@@ -177,3 +177,23 @@ def test_checker_catches_the_product_importing_test_code(
     tmp_path: Path, path: str, source: str, ok: bool
 ) -> None:
     assert (imports_of_test_code(_tree(tmp_path, path, source)) == []) is ok
+
+
+def test_the_vllm_plugin_and_the_packages_import_nothing_of_each_other() -> None:
+    """``integrations/vllm`` runs inside vLLM's own environment, where draftgate is not
+    installed; the gateway speaks to it over the wire only."""
+    plugin = ROOT / "integrations" / "vllm" / "draftgate_vllm"
+    found = [
+        (path.relative_to(ROOT), name)
+        for path in sorted(plugin.rglob("*.py"))
+        for name, _ in _imports(ast.parse(path.read_text(encoding="utf-8")))
+        if name in PACKAGES
+    ]
+    found += [
+        (path.relative_to(ROOT), name)
+        for pkg in PACKAGES
+        for path in sorted((ROOT / pkg).rglob("*.py"))
+        for name, _ in _imports(ast.parse(path.read_text(encoding="utf-8")))
+        if name == "draftgate_vllm"
+    ]
+    assert list(plugin.glob("*.py")) and found == []

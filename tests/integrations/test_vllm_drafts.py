@@ -1,0 +1,111 @@
+"""The vLLM plugin's drafting (``integrations/vllm``), without vLLM: the gateway's drafts
+followed as the answer grows, joined to vLLM's own proposals per request of a batch."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+from draftgate_vllm.drafts import (
+    DOCUMENTS_KEY,
+    MIN_MATCH,
+    PREDICTION_KEY,
+    SEPARATOR,
+    BatchDrafts,
+    RequestDrafts,
+    merged,
+)
+from draftgate_vllm.plugin import join_batch
+
+PREDICTION = list(range(100, 120))
+
+
+def test_the_prediction_is_aligned_with_the_answers_start() -> None:
+    drafts = RequestDrafts(PREDICTION)
+    proposal = drafts.propose([100], [1, 2, 100], 4)
+    assert proposal.tokens == [101, 102, 103, 104] and proposal.aligned
+    assert merged([7, 8], proposal) == [101, 102, 103, 104]
+    proposal = drafts.propose([101, 102, 103], [100, 101, 102, 103], 8)
+    assert proposal.tokens == list(range(104, 112)) and drafts.seen == 4
+
+
+def test_after_an_edit_the_prediction_is_found_again_and_vllms_own_fills_the_gap() -> None:
+    drafts = RequestDrafts(PREDICTION)
+    drafts.propose([100, 101, 102], [100, 101, 102], 4)
+    lost = drafts.propose([55], [101, 102, 55], 4)
+    assert lost.tokens == [] and merged([7, 8], lost) == [7, 8]
+    # the answer rejoins the prediction: found once MIN_MATCH tokens match
+    short = drafts.propose([105, 106], [55, 105, 106], 4)
+    assert short.tokens == [] and merged([7], short) == [7]
+    found = drafts.propose([107], [55, 105, 106, 107], 4)
+    assert found.tokens == [108, 109, 110, 111] and not found.aligned
+    assert found.matched == MIN_MATCH and merged([7], found) == found.tokens
+
+
+def test_documents_are_anchored_on_the_longest_match_and_drafts_stop_at_their_end() -> None:
+    docs = [1, 2, 3, 4, 5, SEPARATOR, 9, 2, 3, 4, 6, 7, SEPARATOR]
+    drafts = RequestDrafts(documents=docs)
+    # 2 3 4 occurs twice; 9 2 3 4 only in the second document
+    assert drafts.propose([9, 2, 3, 4], [8, 9, 2, 3, 4], 8).tokens == [6, 7]
+    first = RequestDrafts(documents=docs).propose([2, 3, 4], [2, 3, 4], 8)
+    assert first.tokens == [5] and first.matched == MIN_MATCH  # the first among equals
+
+
+def test_an_aligned_prediction_wins_over_a_longer_document_match() -> None:
+    drafts = RequestDrafts([1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 9, 9, SEPARATOR])
+    assert drafts.propose([1, 2, 3, 4], [1, 2, 3, 4], 2).tokens == [5, 6]
+
+
+def test_extra_args_that_are_not_token_ids_carry_no_drafts() -> None:
+    assert RequestDrafts.from_extra_args(None) is None
+    assert RequestDrafts.from_extra_args({"other": [1, 2]}) is None
+    assert RequestDrafts.from_extra_args({PREDICTION_KEY: [1, "2"]}) is None
+    assert RequestDrafts.from_extra_args({PREDICTION_KEY: [1, -1]}) is None  # no separators
+    assert RequestDrafts.from_extra_args({PREDICTION_KEY: [1, True]}) is None
+    assert RequestDrafts.from_extra_args({DOCUMENTS_KEY: "1 2"}) is None
+    drafts = RequestDrafts.from_extra_args({PREDICTION_KEY: [1, 2], DOCUMENTS_KEY: [3, -1]})
+    assert drafts is not None and [t.tokens for t in drafts.tracks] == [[1, 2], [3, -1]]
+
+
+def _runner(rows: list[tuple[str, list[int], int, Any]], max_model_len: int = 64) -> Any:
+    """A stand-in for vLLM's model runner: its input batch (``rows``: request id, tokens,
+    prompt length, extra_args) and requests."""
+    token_ids = np.zeros((len(rows), max_model_len), dtype=np.int32)
+    for i, (_, tokens, _, _) in enumerate(rows):
+        token_ids[i, : len(tokens)] = tokens
+    batch = SimpleNamespace(
+        req_ids=[r[0] for r in rows],
+        token_ids_cpu=token_ids,
+        num_tokens_no_spec=np.array([len(r[1]) for r in rows], dtype=np.int32),
+        num_prompt_tokens=np.array([r[2] for r in rows], dtype=np.int32),
+    )
+    requests = {
+        r[0]: SimpleNamespace(sampling_params=SimpleNamespace(extra_args=r[3])) for r in rows
+    }
+    return SimpleNamespace(input_batch=batch, requests=requests, max_model_len=max_model_len)
+
+
+def test_join_batch_replaces_only_the_proposals_of_requests_with_drafts() -> None:
+    xargs = {PREDICTION_KEY: [10, 11, 12, 13, 14]}
+    runner = _runner(
+        [
+            ("a", [1, 2, 10], 2, xargs),  # drafts: the prediction after its first token
+            ("b", [1, 2, 3], 2, None),  # no drafts: vLLM's own
+            ("c", [1, 2], 2, xargs),  # a partial prefill: nothing proposed
+        ]
+    )
+    batch_drafts = BatchDrafts()
+    own = [[5], [6], []]
+    joined = join_batch(runner, batch_drafts, own, [[10], [3], []], 3)
+    assert joined == [[11, 12, 13], [6], []]
+    assert set(batch_drafts.requests) == {"a", "b"}
+    # the next step: "a" accepted two tokens; "b" left the batch and is forgotten
+    runner = _runner([("a", [1, 2, 10, 11, 12, 13], 2, xargs)])
+    assert join_batch(runner, batch_drafts, [[9]], [[13]], 3) == [[14]]
+    assert set(batch_drafts.requests) == {"a"}
+
+
+def test_join_batch_keeps_drafts_within_the_model_length() -> None:
+    runner = _runner([("a", [1, 2, 10], 2, {PREDICTION_KEY: [10, 11, 12, 13]})], max_model_len=5)
+    assert join_batch(runner, BatchDrafts(), [[]], [[10]], 8) == [[11]]
