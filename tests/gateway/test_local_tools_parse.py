@@ -124,7 +124,8 @@ def _request(**fields: Any) -> ChatCompletionRequest:
 @pytest.mark.parametrize(
     ("fields", "param", "says"),
     [
-        ({"tools": [{"type": "custom", "custom": {"name": "x"}}]}, "tools", "'function'"),
+        ({"tools": [{"type": "custom", "custom": {"name": "x"}}]}, "tools", "custom tool 'x'"),
+        ({"tools": [{"type": "web_search"}]}, "tools", "'function'"),
         ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools", "name"),
         ({"tools": [WEATHER, WEATHER]}, "tools", "given twice"),
         (

@@ -235,14 +235,28 @@ def test_a_prompt_past_the_context_is_a_400_naming_both_numbers(alice: openai.Op
     assert "4096" in error["message"] and "tokens" in error["message"]
 
 
-def test_a_custom_tool_on_a_local_model_is_a_clear_400(alice: openai.OpenAI) -> None:
-    with pytest.raises(openai.BadRequestError) as caught:
-        alice.responses.create(
-            model=LOCAL,
-            input="Edit a.py",
-            tools=[{"type": "custom", "name": "apply_patch", "description": "Edit files"}],
-        )
-    assert isinstance(caught.value.body, dict) and caught.value.body["param"] == "tools"
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_custom_tool_on_a_local_model_is_a_400_naming_it(gateway: str, stream: bool) -> None:
+    """Codex's ``apply_patch`` (a custom tool with a Lark grammar) beside a function tool:
+    a 400 in OpenAI's error shape naming the tool, before any stream starts."""
+    body = {
+        "model": LOCAL,
+        "input": "Edit a.py",
+        "stream": stream,
+        "tools": [READ_TOOL, APPLY_PATCH],
+    }
+    headers = {"Authorization": "Bearer alice-key"}
+    answer = httpx.post(f"{gateway}/v1/responses", json=body, headers=headers, timeout=60)
+    assert answer.status_code == 400
+    assert answer.headers["content-type"].startswith("application/json")
+    error = answer.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert (error["type"], error["param"], error["code"]) == (
+        "invalid_request_error",
+        "tools",
+        "unsupported_parameter",
+    )
+    assert error["message"].startswith("tools: the custom tool 'apply_patch' is not supported")
 
 
 @pytest.mark.parametrize(

@@ -150,6 +150,8 @@ def tools_of(value: Sequence[Any] | None) -> tuple[Tool, ...]:
     tools: list[Tool] = []
     for i, tool in enumerate(value or ()):
         where = f"tools[{i}]"
+        if isinstance(tool, dict) and tool.get("type") == "custom":
+            raise _custom(tool)
         if not isinstance(tool, dict) or tool.get("type") != "function":
             raise _bad("tools", f"{where}: only tools of type 'function' are supported")
         function = tool.get("function")
@@ -170,6 +172,21 @@ def tools_of(value: Sequence[Any] | None) -> tuple[Tool, ...]:
             raise _bad("tools", f"{where}.function.parameters must be a JSON schema of an object")
         tools.append(Tool(name, description, parameters))
     return tuple(tools)
+
+
+def _custom(tool: Mapping[str, Any]) -> InvalidRequest:
+    """The 400 for a ``custom`` tool (free-form input, or input in a grammar: Codex's
+    ``apply_patch``), which local tool calling does not constrain. It names the tool by
+    its name, which a front door's client knows (its index may differ there)."""
+    spec = tool.get("custom")
+    name = spec.get("name") if isinstance(spec, Mapping) else None
+    return InvalidRequest(
+        f"tools: the custom tool {name!r} is not supported by local endpoints, which "
+        "call function tools only (a custom tool's free-form or grammar input is not "
+        "constrained here); give it as a function tool",
+        param="tools",
+        code="unsupported_parameter",
+    )
 
 
 @dataclass(frozen=True)
