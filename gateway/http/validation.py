@@ -11,7 +11,8 @@ valid JSON to some parsers, but not UTF-8, so a body rewritten for the upstream 
 be encoded) are :class:`InvalidJSON`. Integers beyond 64 bits are read as floats. Bodies
 are parsed on the event loop: orjson holds the GIL throughout, so a worker thread would
 not let the loop run meanwhile, only add a hand-over; :func:`parse_json_async` lets the
-loop serve other requests between the steps of a long body's parse instead. The
+loop serve other requests between the steps of a long body's parse instead, its long
+strings decoded a slice at a time. The
 strictness checks count bytes (with numpy past ``VECTOR_BYTES``: ``bytes.count`` reads
 about 1.5 GB/s, a vectorised compare several times that), so they cost a fraction of
 the parse itself.
@@ -31,6 +32,7 @@ import orjson
 from pydantic import BaseModel, ValidationError
 
 from gateway.errors import InvalidJSON, InvalidRequest
+from gateway.http.json_slices import cut_long_strings, real_quotes
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
@@ -56,23 +58,6 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return obj
 
 
-def _real_quotes(view: np.ndarray) -> np.ndarray:
-    """Positions of the quotes of a JSON text that open or close a string: those that no
-    odd run of backslashes precedes."""
-    quotes = np.flatnonzero(view == _QUOTE)
-    after = quotes[quotes > 0]
-    maybe = after[view[after - 1] == _BACKSLASH]
-    if maybe.size == 0:
-        return quotes
-    slashes = np.flatnonzero(view == _BACKSLASH)
-    first = np.ones(slashes.size, bool)
-    first[1:] = np.diff(slashes) != 1
-    run_start = np.maximum.accumulate(np.where(first, slashes, 0))
-    before = maybe - 1
-    odd = (before - run_start[np.searchsorted(slashes, before)]) % 2 == 0
-    return np.setdiff1d(quotes, maybe[odd], assume_unique=True)
-
-
 def _check_depth(raw: bytes) -> None:
     """:class:`InvalidJSON` when the containers of ``raw`` (valid JSON) nest deeper than
     ``MAX_DEPTH``: its brackets and braces outside strings, counted up and down, in a few
@@ -80,7 +65,7 @@ def _check_depth(raw: bytes) -> None:
     view = np.frombuffer(raw, np.uint8)
     folded = view | 0x20  # "[" as "{" and "]" as "}"
     marks = np.flatnonzero((folded == _OPEN) | (folded == _CLOSE))
-    quotes = _real_quotes(view)
+    quotes = real_quotes(view)
     if quotes.size:  # inside a string: after an odd number of quotes
         marks = marks[np.searchsorted(quotes, marks) % 2 == 0]
     steps = np.where(folded[marks] == _OPEN, 1, -1)
@@ -141,7 +126,7 @@ def _decode(raw: bytes) -> Any:
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise InvalidJSON(f"request body is not valid JSON: {exc}") from None
+        raise InvalidJSON(f"request body is not valid JSON: a string: {exc.msg}") from None
 
 
 def _check_nesting(raw: bytes) -> int:
@@ -167,20 +152,27 @@ def parse_json(raw: bytes) -> Any:
 
 
 async def parse_json_async(raw: bytes) -> Any:
-    """:func:`parse_json`, letting the event loop run before each of its steps (decoding,
-    counting, re-encoding: about a millisecond a megabyte each) when ``raw`` is longer
-    than ``YIELD_BYTES``: no step holds other requests up for the whole parse."""
-    cooperate = len(raw) > YIELD_BYTES
-    if cooperate:
-        await asyncio.sleep(0)
-    data = _decode(raw)
-    if cooperate:
-        await asyncio.sleep(0)
-    colons = _check_nesting(raw)
-    if cooperate:
-        await asyncio.sleep(0)
-    _check_keys(raw, data, colons)
-    return data
+    """:func:`parse_json`, letting the event loop run between its steps when ``raw`` is
+    longer than ``YIELD_BYTES``: its long string values are cut out and decoded a slice
+    at a time, and the rest (decoding, counting, re-encoding: about a millisecond a
+    megabyte each) is read a step at a time (:mod:`gateway.http.json_slices`)."""
+    if len(raw) <= YIELD_BYTES:
+        return parse_json(raw)
+    await asyncio.sleep(0)
+    long = cut_long_strings(raw)
+    text = raw if long is None else long.skeleton
+    await asyncio.sleep(0)
+    data = _decode(text)
+    await asyncio.sleep(0)
+    colons = _check_nesting(text)
+    await asyncio.sleep(0)
+    _check_keys(text, data, colons)
+    if long is None:
+        return data
+    try:
+        return await long.fill(data)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidJSON(f"request body is not valid JSON: a string: {exc.msg}") from None
 
 
 @functools.cache

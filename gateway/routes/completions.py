@@ -11,6 +11,7 @@ No upstream is talked to here: that is the endpoints' job.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +34,7 @@ from gateway.http.asgi import (
     run_until_disconnect,
     send_body,
 )
-from gateway.http.validation import parse_json_async
+from gateway.http.validation import YIELD_BYTES, parse_json_async
 from gateway.limits import Lease, prompt_tokens
 from gateway.routing.key import SESSION_HEADER, routing_key
 from gateway.telemetry import RequestTiming
@@ -64,7 +65,9 @@ async def parse_request(
     """The body as a dict and as the door's internal request (400 naming the field if not;
     too many document ids are refused before the body is parsed where the bytes show
     them, else before the rest is validated). A long body's parse lets the event loop
-    run between its steps."""
+    run between its steps (and between the body's read and that count)."""
+    if len(raw) > YIELD_BYTES:
+        await asyncio.sleep(0)
     prediction_policy.check_raw_document_count(raw, max_documents)
     data = await parse_json_async(raw)
     if not isinstance(data, dict):

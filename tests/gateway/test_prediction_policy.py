@@ -159,21 +159,23 @@ def test_header_document_ids_are_counted_without_decoding_them() -> None:
     assert caught.value.message.startswith("at least 65 documents named")
 
 
-def test_upstream_body_rewrites_only_when_needed() -> None:
+async def test_upstream_body_rewrites_only_when_needed() -> None:
     raw = json.dumps({**BASE, "model": "gpt-4o", **PRED}).encode()
     data = json.loads(raw)
-    same = upstream_body(
+    same = await upstream_body(
         raw, data, upstream_model="gpt-4o", strip_prediction=False, prediction_text=None
     )
     assert same is raw
     stripped = json.loads(
-        upstream_body(
+        await upstream_body(
             raw, data, upstream_model="gpt-4o", strip_prediction=True, prediction_text=None
         )
     )
     assert "prediction" not in stripped and stripped["messages"] == BASE["messages"]
     renamed = json.loads(
-        upstream_body(raw, data, upstream_model="real", strip_prediction=False, prediction_text="y")
+        await upstream_body(
+            raw, data, upstream_model="real", strip_prediction=False, prediction_text="y"
+        )
     )
     assert renamed["model"] == "real"
     assert renamed["prediction"] == {"type": "content", "content": "y"}

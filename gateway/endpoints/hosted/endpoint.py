@@ -138,7 +138,7 @@ class HostedEndpoint:
             return call.estimate
         config = self.config
         model = config.upstream_model(call.request.model)
-        body = prediction_policy.upstream_body(
+        body = await prediction_policy.upstream_body(
             call.raw, call.data, upstream_model=model, strip_prediction=False, prediction_text=None
         )
         try:
@@ -163,7 +163,7 @@ class HostedEndpoint:
         config = self.config
         upstream_model = config.upstream_model(call.request.model)
         if native:  # the client's own API: only the model is renamed
-            body = prediction_policy.upstream_body(
+            body = await prediction_policy.upstream_body(
                 call.raw,
                 call.data,
                 upstream_model=upstream_model,
@@ -185,7 +185,7 @@ class HostedEndpoint:
             prediction_text, missing = await document_text(self.corpus, call.tenant, call.doc_ids)
             if prediction_text is None:
                 decision = prediction_policy.Decision(prediction_policy.dropped(missing))
-        body = prediction_policy.upstream_body(
+        body = await prediction_policy.upstream_body(
             raw,
             data,
             upstream_model=upstream_model,
