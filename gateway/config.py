@@ -54,7 +54,7 @@ EndpointKind = Annotated[
     WithJsonSchema({"type": "string", "enum": list(PROVIDERS)}),
 ]
 RoutingStrategy = Literal["least-busy", "prefix", "ordered"]
-RemoteVerify = Literal["off", "remote", "remote-approximate"]
+RemoteVerify = Literal["off", "remote", "remote-approximate", "in-engine"]
 
 DEFAULT_LOCAL_MODEL = "smollm2-135m"
 DEFAULT_CONFIG_FILE = "draftgate.toml"
@@ -155,7 +155,9 @@ class EndpointConfig(_Strict):
     verify: RemoteVerify = Field(
         default="off",
         description="sglang/vllm kinds: verify drafts over the engine's own API once the "
-        "self-test finds it exact (`remote-approximate`: also when only approximate)",
+        "self-test finds it exact (`remote-approximate`: also when only approximate); "
+        "`in-engine` (vllm): send the drafts with each request for vLLM's own speculation "
+        "to verify (the draftgate-vllm plugin in the server)",
     )
     tokenizer: str | None = Field(
         default=None,
@@ -205,6 +207,8 @@ class EndpointConfig(_Strict):
                 raise ValueError(f"`verify` needs an endpoint of kind {kinds}")
             if not self.tokenizer:
                 raise ValueError("`verify` needs `tokenizer` (the served model's tokenizer)")
+            if self.verify == "in-engine" and self.kind != "vllm":
+                raise ValueError('`verify = "in-engine"` needs an endpoint of kind vllm')
         for name in provider.needs:
             if not getattr(self, name):
                 raise ValueError(f"an endpoint of kind {self.kind!r} needs `{name}`")
@@ -218,8 +222,8 @@ class EndpointConfig(_Strict):
     def answer_tokens(self, requested: int | None) -> int:
         """The most tokens one answer may generate here: ``requested`` (or the default when
         absent) within the cap, on local endpoints and remotely verified ones; another
-        remote endpoint bounds nothing (0 when absent)."""
-        if not PROVIDERS[self.kind].in_process and self.verify == "off":
+        remote endpoint (``in-engine`` included) bounds nothing (0 when absent)."""
+        if not PROVIDERS[self.kind].in_process and self.verify in ("off", "in-engine"):
             return requested or 0
         return min(requested or self.max_tokens_default or self.max_tokens_cap, self.max_tokens_cap)
 

@@ -21,6 +21,7 @@ from gateway.config import EndpointConfig, Settings
 from gateway.endpoints.endpoint import Endpoint
 from gateway.endpoints.hosted.endpoint import HostedEndpoint
 from gateway.endpoints.hosted.upstream import Upstream
+from gateway.endpoints.in_engine import InEngineEndpoint
 from gateway.endpoints.local.endpoint import LocalEndpoint
 from gateway.endpoints.remote.endpoint import RemoteEndpoint
 from gateway.endpoints.remote.selftest import SelfTest
@@ -106,6 +107,16 @@ class Runtime:
                 recent=settings.documents.recent,
                 engine=engines.get(config.name),
                 weights={key.tenant: key.weight for key in settings.keys},
+            )
+        if config.verify == "in-engine":
+            return InEngineEndpoint(
+                config,
+                env,
+                self.corpus,
+                recent=settings.documents.recent,
+                transport=transport,
+                max_response_bytes=settings.max_response_bytes,
+                capture=settings.capture,
             )
         relay = HostedEndpoint(
             config,

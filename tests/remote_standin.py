@@ -6,7 +6,7 @@ logprobs of the input from ``logprob_start_len``, streamed or not, ``extra_key``
 vLLM 0.32's token-in ``/inference/v1/generate`` (only with ``scale_out``, as
 ``--enable-scale-out``), both servers' ``/tokenize`` and ``/version``, and the OpenAI
 ``/v1/chat/completions``, ``/v1/completions`` and ``/v1/models`` that pass-through
-requests reach.
+requests reach (their ``vllm_xargs`` checked as vLLM types it, and kept in ``xargs``).
 
 Decoding (every generate request with no logprobs asked, and the OpenAI routes) is the
 engine's own greedy decoding, without drafts. Scoring is a batch-1 forward of the model
@@ -124,6 +124,7 @@ class RemoteStandIn:
         self.salts: list[tuple[str, str | None]] = []  # each generate request's API and salt
         self.cached: list[int] = []  # each scoring request's cached tokens
         self.cookies: list[str] = []  # Cookie headers received
+        self.xargs: list[Any] = []  # each OpenAI request's vllm_xargs (None: absent)
         self.busy = asyncio.Lock()  # one request on the model at a time, like one GPU
         # one thread for every forward (a thread's first forward pays a warm-up), with one
         # torch thread: a second OpenMP team beside the engine thread's would fight it
@@ -160,6 +161,7 @@ class RemoteStandIn:
         self.salts.clear()
         self.cached.clear()
         self.cookies.clear()
+        self.xargs.clear()
 
     async def _on_scorer_thread(self, fn: Any, *args: Any) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
@@ -523,6 +525,10 @@ class RemoteStandIn:
         if sum(len(t) for t in asked if isinstance(t, str)) > MAX_MODEL_LEN * 8:
             # vLLM counts tokens; eight characters a token bounds it without the work
             return _bad_request(f"This model's maximum context length is {MAX_MODEL_LEN} tokens.")
+        xargs = body.get("vllm_xargs")
+        if xargs is not None and not _valid_xargs(xargs):
+            return _bad_request("vllm_xargs: Input should be a valid dictionary of scalars")
+        self.xargs.append(xargs)
         chat = request.url.path.endswith("chat/completions")
         gen = GenerationRequest(
             params=SamplingParams(
@@ -593,6 +599,21 @@ class RemoteStandIn:
 
 class _Unavailable(Exception):
     pass
+
+
+def _valid_xargs(xargs: Any) -> bool:
+    """vLLM 0.32's type of ``vllm_xargs``: ``dict[str, str | int | float | list[str | int |
+    float]]`` (becomes ``SamplingParams.extra_args``, integers within 64 bits)."""
+
+    def scalar(v: Any) -> bool:
+        if isinstance(v, bool) or not isinstance(v, str | int | float):
+            return False
+        return not isinstance(v, int) or -(2**63) <= v < 2**64
+
+    return isinstance(xargs, dict) and all(
+        isinstance(k, str) and (scalar(v) or (isinstance(v, list) and all(map(scalar, v))))
+        for k, v in xargs.items()
+    )
 
 
 def _unavailable() -> Response:

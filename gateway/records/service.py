@@ -39,9 +39,10 @@ def model_names(endpoint: EndpointLike) -> list[str]:
 
 def remote_verify_state(verify: str, evidence: Sequence[Evidence]) -> tuple[Any, float | None]:
     """(state, agreement) of remote verification from the newest self-test evidence: its
-    ``detail`` starts with the state (``exact``/``approximate``; anything else failed)."""
-    if verify == "off":
-        return "off", None
+    ``detail`` starts with the state (``exact``/``approximate``; anything else failed);
+    ``in-engine``: the engine speculates by itself with the gateway's drafts."""
+    if verify in ("off", "in-engine"):
+        return verify, None
     tests = [ev for ev in evidence if ev.feature == "remote_verify"]
     if not tests:
         return "unknown", None

@@ -76,10 +76,11 @@ class EndpointRecord(BaseModel):
     prefix_cache_evidence: Evidence | None = Field(
         default=None, description="the evidence the prefix_cache verdict rests on"
     )
-    remote_verify: Literal["off", "unknown", "exact", "approximate", "failed"] = Field(
+    remote_verify: Literal["off", "unknown", "exact", "approximate", "failed", "in-engine"] = Field(
         default="off",
         description="sglang/vllm endpoints with `verify` set: what the latest self-test found "
-        "(greedy tokens of the verify path vs the engine's own decoding)",
+        "(greedy tokens of the verify path vs the engine's own decoding); `in-engine`: the "
+        "engine speculates by itself with the gateway's drafts",
     )
     remote_verify_agreement: float | None = Field(
         default=None, description="the latest self-test's agreeing tokens / compared"

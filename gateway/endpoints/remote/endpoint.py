@@ -37,10 +37,10 @@ from gateway.endpoints.cache_salt import CacheSalts
 from gateway.endpoints.local.request import requested_max_tokens, unsupported
 from gateway.endpoints.openai_objects import ChoiceResult, ResponseBuilder, draft_stats
 from gateway.endpoints.providers import adapter_for
+from gateway.endpoints.remote.documents import request_documents
 from gateway.endpoints.remote.failures import RemoteFailure
 from gateway.endpoints.remote.prompt import (
     cannot_fit,
-    encode,
     load_tokenizer,
     max_token_chars,
     prepare,
@@ -56,8 +56,7 @@ from gateway.endpoints.remote.wire import Ask, EngineClient, engine_client
 from gateway.http.asgi import ENDPOINT_HEADER, PREDICTION_HEADER, Headers, send_body
 from gateway.http.sse import DONE_EVENT, SSE_HEADERS, data_event, error_event
 from gateway.records.probes import server_root
-from lookup.corpus import Corpus, CorpusError
-from lookup.draft import Source
+from lookup.corpus import Corpus
 from lookup.index import IndexCache
 from sdk.wire import ChatCompletionRequest, CompletionRequest
 
@@ -70,7 +69,6 @@ REMOTE_VERIFY_HEADER = b"x-draftgate-remote-verify"
 VERIFIED = b"verified-remotely"
 REMEASURE_S = 60.0  # while drafts do not pay, the costs are measured again this often
 _FIELD = re.compile(r"^[a-z][a-z0-9_]{0,39}$")  # a field name fit for a header value
-_SOURCES = {"named": Source.DOCUMENT, "retrieved": Source.RETRIEVED, "answer": Source.ANSWER}
 # fields the local endpoints honour that the verify path does not (sampling, logprobs,
 # structured output, tools): a request setting one passes through to the engine's own API
 _LOCAL_ONLY = (
@@ -284,7 +282,9 @@ class RemoteEndpoint:
             if isinstance(request, ChatCompletionRequest) and request.prediction
             else ""
         )
-        documents, sources = await self._documents(call, tokenizer, prediction_text)
+        documents, sources = await request_documents(
+            self.corpus, call, tokenizer, prediction_text, self.recent, self.config.name
+        )
         try:
             prepared = await asyncio.to_thread(
                 prepare, request, tokenizer, prediction_text, documents, sources, self.index_cache
@@ -319,28 +319,6 @@ class RemoteEndpoint:
         finally:
             self._log_notes()
         return None
-
-    async def _documents(
-        self, call: Call, tokenizer: Tokenizer, prediction_text: str
-    ) -> tuple[list[tuple[str, Any]], list[Source]]:
-        """The selected documents' token arrays (keyed by content) and their sources."""
-        try:
-            docs = await self.corpus.select(
-                call.tenant,
-                ids=call.doc_ids,
-                prompt_text=call.prompt_text(),
-                prediction_text=prediction_text,
-                recent=self.recent,
-            )
-            if not docs:
-                return [], []
-            tokens = await self.corpus.tokens(
-                call.tenant, docs, tokenizer.fingerprint, lambda text: encode(tokenizer, text)
-            )
-        except CorpusError as exc:
-            log.warning("endpoint %s: documents unavailable: %s", self.config.name, exc)
-            return [], []
-        return tokens, [_SOURCES[d.kind] for d in docs]
 
 
 class _Answer:
