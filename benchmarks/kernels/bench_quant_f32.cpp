@@ -1,36 +1,44 @@
 // The alternative to cpu/quant.h's integer products that bench_quant.py measures it against:
 // the same blocks decoded in registers to float32 (w = scale * q + min) and multiplied with
 // the float32 activations by FMA, 8 lanes x 4 accumulators per output, sub-blocks in k order.
-// Built with the step's flags; the step's own quant.h supplies the decoders.
-#include "../../local_verifier/kernels/cpu/quant.h"
+// Built with the step's flags; the step's own cpu/quant_blocks.h supplies the decoders.
+#include "../../local_verifier/kernels/cpu/quant_blocks.h"
 
 namespace {
+
+inline float sum8(__m256 v) {  // one fixed tree
+  const __m128 four = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 two = _mm_add_ps(four, _mm_movehl_ps(four, four));
+  return _mm_cvtss_f32(_mm_add_ss(two, _mm_movehdup_ps(two)));
+}
 
 template <int T, int R>
 void f32_dot(const uint8_t* w, int64_t nb, const float* x, int64_t K, float* y, int64_t ldy) {
   using Q = QuantTraits<T>;
-  constexpr int kSubs = static_cast<int>(Q::kValues / kQBlock);
   __m256 acc[R][4];
   for (int r = 0; r < R; ++r)
     for (int i = 0; i < 4; ++i) acc[r][i] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b, w += Q::kBytes)
-    for (int s = 0; s < kSubs; ++s) {
-      const SubBlock sub = Q::decode(w, s);
-      const __m256 lo = _mm256_permutevar8x32_ps(sub.scale, _mm256_set1_epi32(0));
-      const __m256 hi = _mm256_permutevar8x32_ps(sub.scale, _mm256_set1_epi32(4));
-      const __m256 min = _mm256_set1_ps(sub.min);
+  for (int64_t b = 0; b < nb; ++b, w += Q::kBytes) {
+    float scale[Q::kSubs * Q::kGroups], min[Q::kSubs] = {};
+    Q::scales(w, scale, min);
+    for (int s = 0; s < Q::kSubs; ++s) {
+      const __m256i q = Q::values(w, s);
+      const __m256 lo = _mm256_set1_ps(scale[s * Q::kGroups]);
+      const __m256 hi = _mm256_set1_ps(scale[s * Q::kGroups + Q::kGroups - 1]);
+      const __m256 m = _mm256_set1_ps(Q::kMin ? min[s] : 0.0f);
       __m256 wv[4];
       for (int i = 0; i < 4; ++i) {
-        const __m128i bytes = i < 2 ? _mm256_castsi256_si128(sub.q) : _mm256_extracti128_si256(sub.q, 1);
+        const __m128i bytes = i < 2 ? _mm256_castsi256_si128(q) : _mm256_extracti128_si256(q, 1);
         const __m128i eight = i % 2 ? _mm_srli_si128(bytes, 8) : bytes;
-        const __m256 q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(eight));
-        wv[i] = _mm256_fmadd_ps(q, i < 2 ? lo : hi, min);
+        const __m256 v = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(eight));
+        wv[i] = _mm256_fmadd_ps(v, i < 2 ? lo : hi, m);
       }
-      const int64_t k = (b * kSubs + s) * kQBlock;
+      const int64_t k = (b * Q::kSubs + s) * kQBlock;
       for (int r = 0; r < R; ++r)
         for (int i = 0; i < 4; ++i)
           acc[r][i] = _mm256_fmadd_ps(wv[i], _mm256_loadu_ps(x + r * K + k + 8 * i), acc[r][i]);
     }
+  }
   for (int r = 0; r < R; ++r)
     y[r * ldy] = sum8(_mm256_add_ps(_mm256_add_ps(acc[r][0], acc[r][1]),
                                     _mm256_add_ps(acc[r][2], acc[r][3])));

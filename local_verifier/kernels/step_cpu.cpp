@@ -21,7 +21,12 @@
 //   cpu/linear.h     linear layers on float32/bf16 weights, row-major or packed
 //   cpu/amx.h        linear layers on AMX tiles (bf16 weights in the AMX layout)
 //   cpu/dot.h        linear layers on AVX512-BF16 dot products (the same layout)
-//   cpu/quant.h      linear layers on GGUF quantized blocks (integer dot products)
+//   cpu/quant.h      linear layers on GGUF quantized blocks (integer dot products): the
+//                    fixed order of an output's arithmetic and the choice of kernel
+//   cpu/quant_blocks.h  the block formats, decoded to bytes and float scales
+//   cpu/quant_rows.h    activations quantized per block of 32, by row or by row vector
+//   cpu/quant_gemv.h    one row (lanes over k, integer sums per column)
+//   cpu/quant_gemm.h    many rows (one row per lane, the weight byte broadcast)
 //   cpu/attention.h  attention over each row's own key list
 //   cpu/stack.h      the layer stack of a step in one call (dg_stack_step)
 //

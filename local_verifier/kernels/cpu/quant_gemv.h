@@ -1,0 +1,125 @@
+// The quantized linear layer for a single row (a decode step): a weight sub-block's 32 values
+// decoded in registers and multiplied with the row's 32 int8 as 8 int32 lanes of 4
+// products, the lanes of 8 columns summed into one vector of the columns' integer sums,
+// then the float arithmetic of cpu/quant.h on 8 columns at once.
+#pragma once
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "quant_blocks.h"
+#include "quant_rows.h"
+#include "simd.h"
+
+namespace {
+
+// Lane i: the exact sum of products 4i..4i+3 of w (uint8 values 0-63) and x (int8).
+inline __m256i dot_unsigned(__m256i w, __m256i x) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x);
+#else  // |pair sum| <= 2 * 63 * 128: no saturation
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1));
+#endif
+}
+
+// Lane i: the exact sum of products 4i..4i+3 of two int8 vectors (x never -128).
+inline __m256i dot_signed(__m256i w, __m256i x) {
+  const __m256i magnitude = _mm256_sign_epi8(w, w);  // |w| as uint8 (-128 -> 128)
+  const __m256i signed_x = _mm256_sign_epi8(x, w);
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), magnitude, signed_x);
+#else  // |pair sum| <= 2 * 128 * 127: no saturation
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, signed_x), _mm256_set1_epi16(1));
+#endif
+}
+
+// The integer sums of 8 columns' lane vectors v[c]: lane c of `first` the sum of v[c]'s
+// lanes 0-3 (values 0-15), of `second` lanes 4-7 (values 16-31).
+inline void column_sums(const __m256i (&v)[8], __m256i* first, __m256i* second) {
+  const __m256i a = _mm256_hadd_epi32(v[0], v[1]), b = _mm256_hadd_epi32(v[2], v[3]);
+  const __m256i c = _mm256_hadd_epi32(v[4], v[5]), d = _mm256_hadd_epi32(v[6], v[7]);
+  const __m256i low = _mm256_hadd_epi32(a, b), high = _mm256_hadd_epi32(c, d);
+  *first = _mm256_permute2x128_si256(low, high, 0x20);
+  *second = _mm256_permute2x128_si256(low, high, 0x31);
+}
+
+constexpr int64_t kGemvCols = 8;  // columns whose integer sums share one vector
+
+// out[c] for the 8 columns whose rows of nb blocks start at w[c], against one quantized row
+// (xq, its blocks' d and sums); bias (8 values) unless null.
+template <int T>
+inline void gemv_cols(const uint8_t* const (&w)[kGemvCols], int64_t nb, const int8_t* xq,
+                      const float* xd, const float* xs, const float* bias, float* out) {
+  using Q = QuantTraits<T>;
+  constexpr int kScales = Q::kSubs * Q::kGroups;
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    alignas(32) float scale[kScales][kGemvCols], min[Q::kSubs][kGemvCols];
+    for (int c = 0; c < kGemvCols; ++c) {
+      float s[kScales], m[Q::kSubs];
+      Q::scales(w[c] + b * Q::kBytes, s, m);
+      for (int i = 0; i < kScales; ++i) scale[i][c] = s[i];
+      if constexpr (Q::kMin)
+        for (int i = 0; i < Q::kSubs; ++i) min[i][c] = m[i];
+    }
+    for (int s = 0; s < Q::kSubs; ++s) {
+      const int64_t at = b * Q::kSubs + s;  // the activation block
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + at * kQBlock));
+      __m256i lanes[kGemvCols];
+      for (int c = 0; c < kGemvCols; ++c) {
+        const __m256i v = Q::values(w[c] + b * Q::kBytes, s);
+        lanes[c] = Q::kSigned ? dot_signed(v, x) : dot_unsigned(v, x);
+      }
+      __m256i first, second;
+      column_sums(lanes, &first, &second);
+      if constexpr (Q::kMin)
+        acc = _mm256_fmadd_ps(_mm256_load_ps(min[s]), _mm256_set1_ps(xs[at]), acc);
+      const __m256 xdv = _mm256_set1_ps(xd[at]);
+      if constexpr (Q::kGroups == 1) {
+        const __m256 sums = _mm256_cvtepi32_ps(_mm256_add_epi32(first, second));
+        acc = _mm256_fmadd_ps(sums, _mm256_mul_ps(_mm256_load_ps(scale[s]), xdv), acc);
+      } else {
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(first),
+                              _mm256_mul_ps(_mm256_load_ps(scale[2 * s]), xdv), acc);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(second),
+                              _mm256_mul_ps(_mm256_load_ps(scale[2 * s + 1]), xdv), acc);
+      }
+    }
+  }
+  __m256 total = acc;
+  if (bias != nullptr) total = _mm256_add_ps(total, _mm256_loadu_ps(bias));
+  _mm256_storeu_ps(out, total);
+}
+
+// y [N, M] = x [N, K] @ w.T (+ bias) for w [M, K / values per block] blocks of type T, row by
+// row: the calling team quantizes x by row into `rows` (grown beforehand: fit), then shares
+// groups of kGemvCols columns, an even run per thread. Ends with a barrier.
+template <int T>
+void quant_gemv_team(const float* x, const uint8_t* w, const float* bias, float* y, int64_t N,
+                     int64_t K, int64_t M, QuantRows& rows) {
+  using Q = QuantTraits<T>;
+  const int64_t ldb = K / kQBlock, nb = K / Q::kValues, row_bytes = nb * Q::kBytes;
+  quantize_by_row(x, N, K, rows);
+  const int64_t groups = (M + kGemvCols - 1) / kGemvCols;
+  const int64_t team = omp_get_num_threads(), me = omp_get_thread_num();
+  for (int64_t g = groups * me / team; g < groups * (me + 1) / team; ++g) {
+    const int64_t m0 = g * kGemvCols, cols = std::min(kGemvCols, M - m0);
+    const uint8_t* columns[kGemvCols];  // a last partial group repeats its last column
+    alignas(32) float b[kGemvCols] = {}, out[kGemvCols];
+    for (int c = 0; c < kGemvCols; ++c) {
+      const int64_t m = m0 + std::min<int64_t>(c, cols - 1);
+      columns[c] = w + m * row_bytes;
+      if (bias != nullptr) b[c] = bias[m];
+    }
+    for (int64_t n = 0; n < N; ++n) {
+      gemv_cols<T>(columns, nb, rows.q.data() + n * K, rows.d.data() + n * ldb,
+                   rows.sums.data() + n * ldb, bias != nullptr ? b : nullptr, out);
+      std::copy(out, out + cols, y + n * M + m0);
+    }
+  }
+#pragma omp barrier
+}
+
+}  // namespace
