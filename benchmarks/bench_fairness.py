@@ -32,13 +32,18 @@ banned, unless said otherwise):
   soon as it is refused (nothing admitted: the gateway's and the load generator's CPU
   beside the engine).
 
+A run takes ``1 + len(abusers)`` phases; one beside an abuser within the goals lasts
+about two alone phases (plus ``--abuser-lead-s``), so after the first alone phase the
+benchmark prints (on stderr) when it should end.
+
 Reported per abuser and run: the honest TTFT and end-to-end percentiles beside it, the
 ratios to the run's alone phase (e2e p50, TTFT p99, and the median over honest requests of
 each one's e2e beside over alone), honest errors, whether every honest answer equals its
 answer alone (greedy, batch-invariant: it must), what the abuser got back (answers, 429s,
-hang-ups), the CPU seconds this process (the load generator: honest clients and abusers)
-and the gateway process used in the phase; per abuser over the runs, each ratio's median
-and its spread (min, max). Then the engine's preemptions and its KV peak against its
+hang-ups), the CPU seconds this process (the load generator: honest clients and abusers),
+the gateway process and the whole machine used in the phase, and its wall seconds; per
+abuser over the runs, each ratio's median and its spread (min, max), and the median CPU
+and wall seconds. Then the engine's preemptions and its KV peak against its
 pool. Goals: honest TTFT p99 and e2e p50 within 2x of alone, no honest error, the same
 honest text, the abuser throttled rather than served at the honest tenant's expense.
 """
@@ -50,6 +55,7 @@ import asyncio
 import json
 import re
 import statistics
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -63,6 +69,7 @@ from benchmarks.harness import (
     cpu_s,
     gateway,
     local_endpoint,
+    machine_busy_s,
     parse,
     pct,
     stdlib_slices,
@@ -192,7 +199,8 @@ class Phase:
         self.e2e_by_id: dict[str, float] = {}
         self.errors: Counter[str] = Counter()
         self.abuser: Counter[str] = Counter()
-        self.cpu_s = {"load_generator": 0.0, "gateway_and_engine": 0.0}
+        self.cpu_s = {"load_generator": 0.0, "gateway_and_engine": 0.0, "machine": 0.0}
+        self.wall_s = 0.0
 
     def summary(self) -> dict[str, Any]:
         def stats(values: list[float]) -> dict[str, float]:
@@ -208,6 +216,7 @@ class Phase:
             "errors": dict(self.errors),
             "abuser": dict(self.abuser),
             "cpu_s": {k: round(v, 3) for k, v in self.cpu_s.items()},
+            "wall_s": round(self.wall_s, 1),
         }
 
 
@@ -286,6 +295,7 @@ async def _phase(url: str, pid: int, args: argparse.Namespace, abuser: Abuser | 
     phase = Phase()
     items = workload(limit=HONEST_CLIENTS * args.requests)
     timeout = aiohttp.ClientTimeout(total=None, sock_read=3600)
+    t0, machine0 = time.perf_counter(), machine_busy_s()
     cpu0, gateway0 = time.process_time(), cpu_s(pid)
     async with aiohttp.ClientSession(timeout=timeout) as session:
         abusing = []
@@ -306,7 +316,9 @@ async def _phase(url: str, pid: int, args: argparse.Namespace, abuser: Abuser | 
     phase.cpu_s = {
         "load_generator": time.process_time() - cpu0,
         "gateway_and_engine": cpu_s(pid) - gateway0,
+        "machine": machine_busy_s() - machine0,
     }
+    phase.wall_s = time.perf_counter() - t0
     return phase
 
 
@@ -367,15 +379,21 @@ def _compare(alone: Phase, beside: Phase) -> dict[str, Any]:
 
 
 def _spread(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Each ratio's median and range over the runs, and every run's honest errors."""
+    """Each ratio's median and range over the runs, the phases' median CPU and wall
+    seconds, and every run's honest errors."""
     out: dict[str, Any] = {}
     for key in ("e2e_p50_ratio", "ttft_p99_ratio", "e2e_paired_ratio_p50"):
         values = [r[key] for r in runs if r[key] is not None]
         out[key] = (
-            {"median": statistics.median(values), "min": min(values), "max": max(values)}
+            {"median": round(statistics.median(values), 2), "min": min(values), "max": max(values)}
             if values
             else None
         )
+    phases = [r["beside_abuser"] for r in runs]
+    out["cpu_s_median"] = {  # the load generator's own, the server's, the whole machine's
+        k: round(statistics.median(p["cpu_s"][k] for p in phases), 3) for k in phases[0]["cpu_s"]
+    }
+    out["wall_s_median"] = round(statistics.median(p["wall_s"] for p in phases), 1)
     out["honest_errors"] = sum(sum(r["beside_abuser"]["errors"].values()) for r in runs)
     out["honest_text_identical"] = all(r["honest_text_identical"] for r in runs)
     return out
@@ -386,22 +404,38 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     abusers = _abusers(args)
     alone_runs: list[dict[str, Any]] = []
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in args.abusers}
+    t0 = time.perf_counter()
     with gateway(_config(), environ) as served:
         url, pid = served.url, served.pid
         await _warm(url)
         await _phase(url, pid, args, None)  # untimed: every timed phase finds prompts cached
-        for _ in steps(range(args.runs), "runs (alone, then beside each abuser)"):
+        for run in steps(range(args.runs), "runs (alone, then beside each abuser)"):
             alone = await _phase(url, pid, args, None)
             alone_runs.append(alone.summary())
+            if run == 0:
+                _estimate(alone.wall_s, args, time.perf_counter() - t0)
             for name in args.abusers:
                 runs[name].append(_compare(alone, await _phase(url, pid, args, abusers[name])))
         engine = await _engine_figures(url)
     return {
         "settings": {k: v for k, v in vars(args).items() if k != "json"},
+        "wall_s": round(time.perf_counter() - t0, 1),
         "alone": alone_runs,
         "abusers": {name: {**_spread(r), "runs": r} for name, r in runs.items()},
         "engine": engine,
     }
+
+
+def _estimate(alone_s: float, args: argparse.Namespace, spent_s: float) -> None:
+    """On stderr: when the whole run ends if every abuser keeps the honest phase within
+    its 2x goal (one that does not lengthens its phases by its own ratio)."""
+    beside = args.runs * len(args.abusers)
+    left_s = (args.runs - 1) * alone_s + beside * (2 * alone_s + args.abuser_lead_s)
+    print(
+        f"the alone phase took {alone_s:.0f} s: the whole run ends in about "
+        f"{(spent_s + left_s) / 60:.0f} min if every abuser stays within 2x",
+        file=sys.stderr,
+    )
 
 
 def _names(value: str) -> tuple[str, ...]:
