@@ -142,6 +142,7 @@ def test_client_windows_fail_closed_when_full_and_sweep_ended_ones() -> None:
     assert windows.count("a", 2) is None and windows.count("b", 2) is None
     assert windows.count("a", 2) is None
     assert windows.count("a", 2) == WINDOW_S  # its third in the minute
+    assert windows.count("b", 2) is None  # another client's window is its own
     assert windows.count("c", 2) == WINDOW_S  # no room: counted as over
     now[0] = WINDOW_S  # a's and b's windows ended: swept, room again
     assert windows.count("c", 2) is None
