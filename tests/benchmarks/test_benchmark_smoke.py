@@ -122,6 +122,9 @@ def _vllm(result: dict[str, Any]) -> None:
     assert plain["server_errors"] == draftgate["server_errors"] == 0
     assert draftgate["identical"] == draftgate["answers"] == 1  # the real vLLM's own answer
     assert draftgate["verified_remotely"] == 1
+    engine = result["methods"]["in-engine_k8"][0]  # vLLM's ngram with the gateway's drafts
+    assert engine["server_errors"] == 0 and engine["identical"] == engine["answers"] == 1
+    assert engine["with_drafts"] == 1 and result["plugin_logged"]["in-engine_k8"]
 
 
 def _models(result: dict[str, Any]) -> None:
