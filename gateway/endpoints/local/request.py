@@ -81,6 +81,8 @@ _TOOL_FIELDS = frozenset({"tools", "tool_choice", "parallel_tool_calls"})
 # what a chat message may carry besides its role, content and name: its calls, the call
 # a tool result answers
 _MESSAGE_FIELDS = frozenset({"tool_calls", "tool_call_id"})
+# Roles a chat template renders (OpenAI's, less the legacy ``function``)
+_ROLES = ("system", "developer", "user", "assistant", "tool")
 # OpenAI fields the local engine still refuses (a 400 naming them), as /v1/models lists them
 UNSUPPORTED_PARAMETERS = (
     "functions",
@@ -155,11 +157,25 @@ def check_fields(request: OpenAIRequest) -> int:
             param=field,
             code="unsupported_parameter",
         )
+    _check_roles(request)
     n = request.n or 1
     if n > MAX_N:
         raise InvalidRequest(f"n must be at most {MAX_N} on local endpoints", param="n")
     _check_stop(request.stop_list())
     return n
+
+
+def _check_roles(request: OpenAIRequest) -> None:
+    """A 400 naming the first chat message whose role is not one of :data:`_ROLES`."""
+    if not isinstance(request, ChatCompletionRequest):
+        return
+    for i, message in enumerate(request.messages):
+        if message.role not in _ROLES:
+            raise InvalidRequest(
+                f"messages.{i}.role: {message.role!r} is not one of {', '.join(_ROLES)}",
+                param=f"messages.{i}.role",
+                code="invalid_value",
+            )
 
 
 def _check_stop(stop: list[str]) -> None:
