@@ -46,11 +46,23 @@ inline void scale_min_k4(int j, const uint8_t* q, int* scale, int* min) {
   }
 }
 
+// The two fp16 fields at p + at[c] and 2 bytes on (c = 0 .. 7) as 8 float32 each.
+inline void halves8(const uint8_t* p, __m256i at, __m256* first, __m256* second) {
+  const __m256i dwords = _mm256_i32gather_epi32(reinterpret_cast<const int*>(p), at, 1);
+  const __m256i low = _mm256_and_si256(dwords, _mm256_set1_epi32(0xFFFF));
+  const __m256i high = _mm256_srli_epi32(dwords, 16);
+  *first = _mm256_cvtph_ps(_mm_packus_epi32(_mm256_castsi256_si128(low),
+                                            _mm256_extracti128_si256(low, 1)));
+  *second = _mm256_cvtph_ps(_mm_packus_epi32(_mm256_castsi256_si128(high),
+                                             _mm256_extracti128_si256(high, 1)));
+}
+
 // Per type: kValues and kBytes of a block, kSubs sub-blocks of 32 values, kGroups scale
 // groups per sub-block (Q6_K's scales cover 16 values), kMin (a minimum per sub-block:
 // w = scale q + min) and kSigned (values int8, else uint8 0-63).
 // values(b, s): sub-block s's 32 values; scales(b, scale, min): the block's kSubs kGroups
-// scales in k order and (kMin) its kSubs minimums, as float32.
+// scales in k order and (kMin) its kSubs minimums, as float32; for the 32-value types,
+// scales8(b, at, scale, min): the same for the 8 blocks at b + at[c], one lane each.
 template <int T>
 struct QuantTraits;
 
@@ -63,6 +75,10 @@ struct QuantTraits<kQ8_0> {
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
   }
   static void scales(const uint8_t* b, float* scale, float*) { scale[0] = half_to_float(b); }
+  static void scales8(const uint8_t* b, __m256i at, __m256* scale, __m256*) {
+    __m256 unused;
+    halves8(b, at, scale, &unused);
+  }
 };
 
 template <>
@@ -77,6 +93,11 @@ struct QuantTraits<kQ4_0> {  // d (q - 8): the offset as a minimum of -8 d
     scale[0] = half_to_float(b);
     min[0] = -8.0f * scale[0];
   }
+  static void scales8(const uint8_t* b, __m256i at, __m256* scale, __m256* min) {
+    __m256 unused;
+    halves8(b, at, scale, &unused);
+    *min = _mm256_mul_ps(_mm256_set1_ps(-8.0f), *scale);
+  }
 };
 
 template <>
@@ -90,6 +111,9 @@ struct QuantTraits<kQ4_1> {
   static void scales(const uint8_t* b, float* scale, float* min) {
     scale[0] = half_to_float(b);
     min[0] = half_to_float(b + 2);
+  }
+  static void scales8(const uint8_t* b, __m256i at, __m256* scale, __m256* min) {
+    halves8(b, at, scale, min);
   }
 };
 
@@ -106,6 +130,11 @@ struct QuantTraits<kQ5_0> {  // d ((nibble | high bit << 4) - 16): the offset a 
   static void scales(const uint8_t* b, float* scale, float* min) {
     scale[0] = half_to_float(b);
     min[0] = -16.0f * scale[0];
+  }
+  static void scales8(const uint8_t* b, __m256i at, __m256* scale, __m256* min) {
+    __m256 unused;
+    halves8(b, at, scale, &unused);
+    *min = _mm256_mul_ps(_mm256_set1_ps(-16.0f), *scale);
   }
 };
 
