@@ -81,6 +81,7 @@ class Drafter:
                 TokenIndex(np.asarray(list(prediction), np.int64)), Source.PREDICTION
             )
             self._prediction.positions = [0]  # aligned with the start of the answer
+            self._prediction.complete = True
             self._pred_used = bytearray(len(prediction))
         self._tracks: list[Track] = [Track(self._context, Source.PROMPT)]
         sources = list(document_sources) + [Source.DOCUMENT] * len(documents)

@@ -24,7 +24,7 @@ class Track:
         self.source = source
         self.positions: list[int] = []  # continuation starts, best first
         self.match = 0  # length of the suffix match at those positions
-        self.complete = True  # positions holds every occurrence (else re-look-up each step)
+        self.complete = False  # positions holds every occurrence (not before a first anchor)
 
     def follow(self, token: int, max_match: int) -> bool:
         """Keep the occurrences that continue with ``token``; False when none is left."""

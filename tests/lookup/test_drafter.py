@@ -53,6 +53,20 @@ def test_chain_copies_the_longest_match_from_a_document() -> None:
     assert set(draft.source.tolist()) == {Source.DOCUMENT}
 
 
+def test_a_new_drafter_finds_the_longest_matches_of_the_prompts_end() -> None:
+    """The first proposal copies from the longest match of the prompt's end, however long,
+    not from the commoner short matches (an agent's tool call that repeats a file it read
+    is found at its first token)."""
+    doc = [8, 9, 40, 41, 42] * 3 + [5, 6, 7, 8, 9, 30, 31, 32]
+    drafter = Drafter([3, 5, 6, 7, 8, 9], documents=[build_index(np.array(doc))])
+    assert drafter._tracks[1].match == 5
+    assert drafter.propose(3).tokens.tolist() == [30, 31, 32]
+    prompt = [1, 2, 3, 4, 5, 6, 7, 9, 8, 7, 9, 1, 2, 3, 4, 5, 6, 7]
+    drafter = Drafter(prompt)
+    assert drafter._tracks[0].match == 7
+    assert drafter.propose(3).tokens.tolist() == [9, 8, 7]
+
+
 def test_prediction_comes_first_and_starts_aligned() -> None:
     prediction = [5, 6, 7, 8, 9]
     drafter = Drafter([1, 2, 3], prediction=prediction, documents=[build_index(np.array([3, 40]))])
