@@ -310,3 +310,18 @@ def test_a_tensor_of_unknown_type_partial_blocks_or_another_shape_is_a_load_erro
     for dtype in ("native", "float32"):
         with pytest.raises(ModelLoadError, match=message):
             load_model(str(bad), device="cpu", dtype=dtype, tune_threads=False)
+
+
+@pytest.mark.parametrize("keep", [0.97, 0.6])
+def test_a_truncated_quantized_file_is_a_load_error_naming_its_tensor(
+    quant_checkpoint: Path, tmp_path: Path, keep: float
+) -> None:
+    good = write_quant_gguf(quant_checkpoint, tmp_path / "good.gguf", Q.Q4_1)
+    data = good.read_bytes()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(data[: int(len(data) * keep)])
+    for dtype in ("native", "float32"):
+        with pytest.raises(
+            ModelLoadError, match=r"cut\.gguf: the GGUF file is truncated \(tensor [\w.]+\)"
+        ):
+            load_model(str(cut), device="cpu", dtype=dtype, tune_threads=False)
