@@ -57,6 +57,7 @@ RoutingStrategy = Literal["least-busy", "prefix", "ordered"]
 RemoteVerify = Literal["off", "remote", "remote-approximate", "in-engine"]
 
 DEFAULT_LOCAL_MODEL = "smollm2-135m"
+DEFAULT_MAX_TOKENS_CAP = 4096  # an answer's bound where the gateway makes its tokens
 DEFAULT_CONFIG_FILE = "draftgate.toml"
 
 
@@ -131,10 +132,12 @@ class EndpointConfig(_Strict):
         gt=0,
         description="local kind: KV pool size in MiB (None: the engine's default)",
     )
-    max_tokens_cap: int = Field(
-        default=4096,
+    max_tokens_cap: int | None = Field(
+        default=None,
         ge=1,
-        description="local kind and verify: the most tokens one answer may generate",
+        description="the most tokens one answer may generate: a request asking more is "
+        "clamped to it (None: 4096 on the local kind and remote verification, no cap on "
+        "other endpoints)",
     )
     max_tokens_default: int | None = Field(
         default=None,
@@ -199,7 +202,10 @@ class EndpointConfig(_Strict):
             if provider.base_url is None:
                 raise ValueError(f"endpoint kind {self.kind!r} needs `base_url`")
             object.__setattr__(self, "base_url", provider.base_url)
-        if (self.max_tokens_default or 0) > self.max_tokens_cap:
+        if self.max_tokens_cap is None and self.makes_tokens:
+            object.__setattr__(self, "max_tokens_cap", DEFAULT_MAX_TOKENS_CAP)
+        cap = self.max_tokens_cap
+        if cap is not None and (self.max_tokens_default or 0) > cap:
             raise ValueError("`max_tokens_default` must not exceed `max_tokens_cap`")
         if self.verify != "off":
             if not provider.verify:
@@ -219,13 +225,22 @@ class EndpointConfig(_Strict):
             raise ValueError("`models`: a model name or alias appears twice")
         return self
 
+    @property
+    def makes_tokens(self) -> bool:
+        """Whether the gateway makes the answers' tokens (local kinds, remote verification):
+        an answer then always has a bound, the cap by default."""
+        return PROVIDERS[self.kind].in_process or self.verify in ("remote", "remote-approximate")
+
     def answer_tokens(self, requested: int | None) -> int:
         """The most tokens one answer may generate here: ``requested`` (or the default when
         absent) within the cap, on local endpoints and remotely verified ones; another
-        remote endpoint (``in-engine`` included) bounds nothing (0 when absent)."""
-        if not PROVIDERS[self.kind].in_process and self.verify in ("off", "in-engine"):
-            return requested or 0
-        return min(requested or self.max_tokens_default or self.max_tokens_cap, self.max_tokens_cap)
+        remote endpoint (``in-engine`` included) clamps ``requested`` to its cap when it
+        has one, and bounds nothing when nothing is requested (0)."""
+        cap = self.max_tokens_cap
+        if not self.makes_tokens:
+            return min(requested, cap) if requested and cap is not None else requested or 0
+        assert cap is not None  # set by validation
+        return min(requested or self.max_tokens_default or cap, cap)
 
     def client_names(self) -> list[str]:
         """Every name clients may send for this endpoint (names and aliases)."""

@@ -215,6 +215,10 @@ def decide(
     return Decision(SYNTHESIZED, synthesize=True)
 
 
+# an answer's bound in the APIs relayed: chat (both), completions and Messages, Responses
+ANSWER_BOUNDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+
+
 async def upstream_body(
     raw: bytes,
     data: dict[str, Any],
@@ -223,12 +227,14 @@ async def upstream_body(
     strip_prediction: bool,
     prediction_text: str | None,
     cache_salt: str | None = None,
+    max_tokens_cap: int | None = None,
 ) -> bytes:
     """The body to send upstream: ``raw`` untouched unless something must change (the
     ``draftgate`` object removed, the model renamed, the prediction dropped or set, the
-    engine's ``cache_salt`` set), then re-encoded with orjson (compact, UTF-8 as sent:
-    twice as fast as ``json.dumps``), long strings a slice at a time so that the event
-    loop runs meanwhile (:func:`gateway.http.json_slices.dumps`)."""
+    engine's ``cache_salt`` set, an answer bound past ``max_tokens_cap`` clamped to it:
+    whichever of :data:`ANSWER_BOUNDS` the body's API uses), then re-encoded with orjson
+    (compact, UTF-8 as sent: twice as fast as ``json.dumps``), long strings a slice at a
+    time so that the event loop runs meanwhile (:func:`gateway.http.json_slices.dumps`)."""
     changed = (
         "draftgate" in data
         or data.get("model") != upstream_model
@@ -236,7 +242,8 @@ async def upstream_body(
         or prediction_text is not None
         or cache_salt is not None
     )
-    if not changed:
+    over = [name for name in ANSWER_BOUNDS if _past(data.get(name), max_tokens_cap)]
+    if not (changed or over):
         return raw
     body = dict(data)
     body.pop("draftgate", None)
@@ -247,4 +254,11 @@ async def upstream_body(
         body["prediction"] = {"type": "content", "content": prediction_text}
     if cache_salt is not None:
         body["cache_salt"] = cache_salt
+    for name in over:
+        body[name] = max_tokens_cap
     return await json_slices.dumps(body)
+
+
+def _past(value: Any, cap: int | None) -> bool:
+    """Whether ``value`` is an answer bound greater than ``cap``."""
+    return cap is not None and type(value) is int and value > cap

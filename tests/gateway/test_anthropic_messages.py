@@ -40,6 +40,7 @@ READ_TOOL = {
 }
 LISTING = "1\tdef add(a, b):\n2\t    return a + b\n"
 MAX_BODY = 1 << 20
+CAP = 2  # the capped endpoints' max_tokens_cap: fewer tokens than ANSWER's
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +73,24 @@ def gateway(
                     "api_key_env": "ANTHROPIC_STANDIN_KEY",
                     **fast,
                     "models": [{"name": NATIVE_MODEL, "upstream": NATIVE_UPSTREAM}],
+                },
+                {  # the same upstreams behind endpoints whose max_tokens_cap is CAP
+                    "name": "openai-capped",
+                    "kind": "openai",
+                    "base_url": f"{standin_server[1]}/v1",
+                    "api_key_env": "STANDIN_KEY",
+                    "max_tokens_cap": CAP,
+                    **fast,
+                    "models": [{"name": "capped-chat", "upstream": CHAT_MODEL}],
+                },
+                {
+                    "name": "anthropic-capped",
+                    "kind": "anthropic",
+                    "base_url": f"{anthropic_standin[1]}/v1",
+                    "api_key_env": "ANTHROPIC_STANDIN_KEY",
+                    "max_tokens_cap": CAP,
+                    **fast,
+                    "models": [{"name": "capped-claude", "upstream": NATIVE_UPSTREAM}],
                 },
             ],
             "keys": [{"key_env": "DRAFTGATE_KEY_ALICE", "tenant": "alice"}],
@@ -223,6 +242,31 @@ def test_max_tokens_ends_the_answer(gateway: str, chat: StandIn) -> None:
     )
     assert message.stop_reason == "max_tokens"
     assert message.content[0].text == "".join(tokens(ANSWER)[:2])
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("model", ["capped-chat", "capped-claude"])
+def test_max_tokens_past_a_hosted_cap_is_clamped(
+    gateway: str, chat: StandIn, native: AnthropicStandIn, model: str, stream: bool
+) -> None:
+    """Claude Code's 32,000 max_tokens on an endpoint capped at CAP: the upstream is asked
+    for CAP (translated to chat or relayed as Messages), and the answer it cut ends with
+    ``max_tokens``."""
+    request: dict[str, Any] = {
+        "model": model,
+        "max_tokens": 32000,
+        "messages": [{"role": "user", "content": "Hi"}],
+    }
+    if stream:
+        with client(gateway).messages.stream(**request) as events:
+            message = events.get_final_message()
+    else:  # a timeout of its own: the client refuses 32,000 max_tokens unstreamed without one
+        message = client(gateway).messages.create(**request, timeout=30)
+    upstream = chat.bodies()[-1] if model == "capped-chat" else native.requests[-1].body
+    assert upstream["max_tokens"] == CAP
+    assert message.stop_reason == "max_tokens"
+    assert message.content[0].type == "text"
+    assert message.content[0].text == "".join(tokens(ANSWER)[:CAP])
 
 
 @pytest.mark.parametrize("stream", [False, True])

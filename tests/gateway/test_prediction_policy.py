@@ -180,3 +180,20 @@ async def test_upstream_body_rewrites_only_when_needed() -> None:
     assert renamed["model"] == "real"
     assert renamed["prediction"] == {"type": "content", "content": "y"}
     assert data["model"] == "gpt-4o"  # the parsed request is not mutated
+
+
+async def test_an_answer_bound_past_the_cap_is_clamped_whatever_the_api() -> None:
+    common = {"upstream_model": "m", "strip_prediction": False, "prediction_text": None}
+    bodies = [
+        {"model": "m", "max_tokens": 32000},  # chat, completions, Messages
+        {"model": "m", "max_completion_tokens": 32000, "max_tokens": 5},  # chat
+        {"model": "m", "max_output_tokens": 32000},  # Responses
+    ]
+    for data in bodies:
+        raw = json.dumps(data).encode()
+        sent = json.loads(await upstream_body(raw, data, **common, max_tokens_cap=100))
+        assert sent == {k: min(v, 100) if k != "model" else v for k, v in data.items()}
+        assert await upstream_body(raw, data, **common, max_tokens_cap=None) is raw
+        assert await upstream_body(raw, data, **common, max_tokens_cap=32000) is raw
+    raw = b'{"model": "m", "max_tokens": null}'  # not a bound: left for the upstream to judge
+    assert await upstream_body(raw, json.loads(raw), **common, max_tokens_cap=100) is raw

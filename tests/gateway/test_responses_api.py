@@ -16,7 +16,7 @@ import pytest
 from gateway.app import create_app
 from gateway.config import build_settings
 from tests.gateway.servers import serve
-from tests.openai_standin import ANSWER, Script, StandIn
+from tests.openai_standin import ANSWER, Script, StandIn, tokens
 from tests.responses_standin import ANSWER as NATIVE_ANSWER
 from tests.responses_standin import ResponsesStandIn
 
@@ -41,6 +41,8 @@ READ_TOOL = {
     "strict": False,
 }
 LISTING = "     1\tdef add(a, b):\n     2\t    return a + b\n"
+CAP = 2  # the capped hosted endpoints' max_tokens_cap: fewer tokens than the stand-in's answer
+LOCAL_CAP = 64  # the local endpoint's
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +66,7 @@ def gateway(
                     "kind": "local",
                     "model": "smollm2-135m",
                     "models": [LOCAL],
-                    "max_tokens_cap": 64,
+                    "max_tokens_cap": LOCAL_CAP,
                 },
                 {
                     "name": "chat",
@@ -82,6 +84,25 @@ def gateway(
                     "api_key_env": "STANDIN_KEY",
                     "retries": 0,
                     "models": [{"name": NATIVE, "upstream": "gpt-5-2025"}],
+                },
+                {  # the same upstreams behind endpoints whose max_tokens_cap is CAP
+                    "name": "chat-capped",
+                    "kind": "openai_compatible",
+                    "base_url": f"{standin_server[1]}/v1",
+                    "api_key_env": "STANDIN_KEY",
+                    "health_check": False,
+                    "retries": 0,
+                    "max_tokens_cap": CAP,
+                    "models": [{"name": "capped-chat", "upstream": "gpt-4o-mini"}],
+                },
+                {
+                    "name": "native-capped",
+                    "kind": "openai",
+                    "base_url": f"{native_standin[1]}/v1",
+                    "api_key_env": "STANDIN_KEY",
+                    "retries": 0,
+                    "max_tokens_cap": CAP,
+                    "models": [{"name": "capped-gpt", "upstream": "gpt-5-2025"}],
                 },
             ],
             "keys": [
@@ -452,6 +473,46 @@ def test_an_upstream_failure_mid_stream_is_an_error_then_response_failed(
 
 
 # -- an openai endpoint: the Responses API itself ---------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_max_output_tokens_past_a_cap_is_clamped(
+    alice: openai.OpenAI,
+    standin: StandIn,
+    native_standin: tuple[ResponsesStandIn, str],
+    stream: bool,
+) -> None:
+    """Past an endpoint's cap ``max_output_tokens`` is clamped, never refused: a chat
+    upstream is asked for the cap and the answer it cut is ``incomplete``
+    (``max_output_tokens``); an ``openai`` endpoint gets the body with the cap in it."""
+    common: dict[str, Any] = {"input": "Hi", "store": False, "max_output_tokens": 32000}
+    if stream:  # the SDK's stream helper waits for response.completed: the events as sent
+        last = list(alice.responses.create(model="capped-chat", stream=True, **common))[-1]
+        assert last.type == "response.incomplete"
+        cut = last.response
+    else:
+        cut = alice.responses.create(model="capped-chat", **common)
+    assert standin.bodies()[-1]["max_tokens"] == CAP
+    assert cut.status == "incomplete"
+    assert cut.incomplete_details is not None
+    assert cut.incomplete_details.reason == "max_output_tokens"
+    assert cut.output_text == "".join(tokens(ANSWER)[:CAP])
+    alice.responses.create(model="capped-gpt", stream=stream, **common)
+    assert native_standin[0].requests[-1].body["max_output_tokens"] == CAP
+
+
+def test_max_output_tokens_past_the_local_cap_is_clamped(alice: openai.OpenAI) -> None:
+    response = alice.responses.create(
+        model=LOCAL,
+        input="Tell me a long story about a dragon and a knight.",
+        max_output_tokens=100_000,
+        temperature=0,
+        store=False,
+    )
+    assert response.status == "incomplete"
+    assert response.incomplete_details is not None
+    assert response.incomplete_details.reason == "max_output_tokens"
+    assert response.usage is not None and response.usage.output_tokens == LOCAL_CAP
 
 
 def test_an_openai_endpoint_gets_the_body_as_sent_with_its_own_key(

@@ -162,13 +162,14 @@ class HostedEndpoint:
     async def _prepare(self, call: Call, native: bool) -> tuple[prediction_policy.Decision, bytes]:
         config = self.config
         upstream_model = config.upstream_model(call.request.model)
-        if native:  # the client's own API: only the model is renamed
+        if native:  # the client's own API: only the model is renamed, the answer capped
             body = await prediction_policy.upstream_body(
                 call.raw,
                 call.data,
                 upstream_model=upstream_model,
                 strip_prediction=False,
                 prediction_text=None,
+                max_tokens_cap=config.max_tokens_cap,
             )
             return prediction_policy.Decision(prediction_policy.NONE), body
         raw, data = call.openai_body()
@@ -192,6 +193,7 @@ class HostedEndpoint:
             strip_prediction=decision.strip_prediction,
             prediction_text=prediction_text,
             cache_salt=self.salts(call.tenant) if self.salts is not None else None,
+            max_tokens_cap=config.max_tokens_cap,
         )
         return decision, body
 
