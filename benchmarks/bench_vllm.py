@@ -9,7 +9,7 @@
 build in its own environment; SmolLM2-135M as float32); ``DRAFTGATE_VLLM_ENV`` and
 ``DRAFTGATE_VLLM_MODEL`` give them when the options do not. Every item is asked greedily, not
 streamed, ``--repeats`` times in a row (the first time and again, so caches of the server
-and of the proposers show), of:
+and of the proposers show), after one short warm-up request per server, of:
 
 - ``plain``: vLLM without speculation, its OpenAI chat endpoint (the reference answer);
 - ``draftgate``: the gateway in front of the same server with ``verify = "remote"`` (the
@@ -57,6 +57,12 @@ SPECULATIVE: dict[str, dict[str, Any]] = {
 IN_ENGINE = ("in-engine", "in-engine-corpus")
 PLUGIN_LINE = "draftgate_vllm: gateway drafts join"  # the plugin's first proposal, logged
 MODEL = vllm_server.SERVED_NAME
+WARM_UP = {
+    "model": MODEL,
+    "messages": [{"role": "user", "content": "Say hello."}],
+    "temperature": 0,
+    "max_tokens": 8,
+}
 SMOKE = (
     *("--limit", "1", "--max-tokens", "16", "--repeats", "1"),
     *("--methods", "plain,draftgate,in-engine"),
@@ -111,6 +117,15 @@ def _ask(client: httpx.Client, body: dict[str, Any]) -> dict[str, Any]:
         "how": response.headers.get("x-draftgate-prediction", ""),
         "remote": (payload.get("draftgate") or {}).get("remote") or {},
     }
+
+
+def _runs(
+    client: httpx.Client, bodies: list[dict[str, Any]], label: str, repeats: int
+) -> list[list[dict[str, Any]]]:
+    """One short request first (a fresh server's and gateway's first-request costs, which
+    no item should carry), then ``repeats`` runs of ``bodies``."""
+    _ask(client, WARM_UP)
+    return [[_ask(client, b) for b in steps(bodies, label)] for _ in range(repeats)]
 
 
 def _bodies_and_documents(
@@ -175,20 +190,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with vllm_server.running(args.env, args.model, free_port(), log=log) as url:
         with httpx.Client(base_url=url, timeout=600) as vllm:
             result["vllm_version"] = vllm.get("/version").json().get("version")
-            runs = [
-                [_ask(vllm, _vllm_body(b)) for b in steps(bodies, "plain vLLM")]
-                for _ in range(args.repeats)
-            ]
+            runs = _runs(vllm, [_vllm_body(b) for b in bodies], "plain vLLM", args.repeats)
         reference = [a["text"] for a in runs[0]]
         result["methods"]["plain"] = [_summary(r, reference) for r in runs]
         if "draftgate" in methods:
             with gateway(_gateway_config(url, "remote")) as served:
                 client = httpx.Client(base_url=served.url, timeout=600)
                 result["self_test"] = _wait_self_test(client)
-                runs = [
-                    [_ask(client, b) for b in steps(bodies, "draftgate")]
-                    for _ in range(args.repeats)
-                ]
+                runs = _runs(client, bodies, "draftgate", args.repeats)
                 client.close()
             result["methods"]["draftgate"] = [_summary(r, reference) for r in runs]
     for method in ("ngram", "suffix"):
@@ -201,10 +210,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 ) as url,
                 httpx.Client(base_url=url, timeout=600) as vllm,
             ):
-                runs = [
-                    [_ask(vllm, _vllm_body(b)) for b in steps(bodies, f"vLLM {method} k={k}")]
-                    for _ in range(args.repeats)
-                ]
+                plain = [_vllm_body(b) for b in bodies]
+                runs = _runs(vllm, plain, f"vLLM {method} k={k}", args.repeats)
             result["methods"][f"{method}_k{k}"] = [_summary(r, reference) for r in runs]
     for method in IN_ENGINE:
         if method in methods:
@@ -238,9 +245,7 @@ def _in_engine(
     ):
         for document in documents:
             client.post("/v1/documents", json=document).raise_for_status()
-        runs = [
-            [_ask(client, b) for b in steps(bodies, f"{method} k={k}")] for _ in range(args.repeats)
-        ]
+        runs = _runs(client, bodies, f"{method} k={k}", args.repeats)
     return [_summary(r, reference) for r in runs], PLUGIN_LINE in log.read_text(errors="replace")
 
 
