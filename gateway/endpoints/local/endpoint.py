@@ -292,7 +292,7 @@ def prompt_ids(request: ChatCompletionRequest, tokenizer: Tokenizer) -> list[int
     messages = (
         plan.messages
         if plan is not None
-        else [{"role": m.role, "content": m.text()} for m in request.messages]
+        else [{"role": tools.template_role(m.role), "content": m.text()} for m in request.messages]
     )
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     return tokenizer.encode(text, add_special_tokens=False)

@@ -297,6 +297,12 @@ def rejected(tools: Sequence[Tool], error: InvalidGrammar) -> InvalidRequest:
 # -- the conversation ------------------------------------------------------------------
 
 
+def template_role(role: str) -> str:
+    """The role a chat template is given: OpenAI's ``developer`` message is the system
+    message of the models that predate it, whose templates know only ``system``."""
+    return "system" if role == "developer" else role
+
+
 def template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
     """Messages as transformers passes them to a chat template that renders tools: an
     assistant's ``tool_calls`` with their arguments as objects, ``tool`` results with the
@@ -304,7 +310,7 @@ def template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     names: dict[str, str] = {}
     for i, message in enumerate(messages):
-        entry: dict[str, Any] = {"role": message.role, "content": message.text()}
+        entry: dict[str, Any] = {"role": template_role(message.role), "content": message.text()}
         calls = _calls(message, i)
         if calls:
             entry["tool_calls"] = [
@@ -344,7 +350,7 @@ def plain_messages(messages: Sequence[ChatMessage], tools: Sequence[Tool]) -> li
         if message.role == "user" and out and out[-1].get("tool"):
             out.append(_joined(out, text, tool=False))
             continue
-        out.append({"role": message.role, "content": text})
+        out.append({"role": template_role(message.role), "content": text})
     if tools:
         listed = "\n".join(json.dumps(t.spec(), ensure_ascii=False) for t in tools)
         preamble = PREAMBLE.format(tools=listed)
