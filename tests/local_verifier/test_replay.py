@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 from local_verifier.hf_loader import read_tokenizer
@@ -111,9 +113,12 @@ def test_a_scheduler_started_on_wrong_costs_learns_the_steps_it_runs(
     answers = _answers(tokenizer)
     steep = StepCostTable({1: 0.035, 4: 0.1, 16: 0.4, 64: 1.6})  # rows look 10x dearer
     wrong = replay(answers, tokenizer, COSTS, concurrency=1, drafts=True, startup=steep)
-    for rows in (1, 4, 8):
+    ran = Counter(step.rows for step in wrong.steps)
+    learned = [rows for rows, times in ran.items() if times >= 3]
+    assert len(learned) >= 2  # plain steps and drafted ones
+    for rows in learned:  # the row counts it ran again and again: their own costs
         assert wrong.final_costs[rows] == pytest.approx(COSTS(rows), rel=0.15)
-    assert wrong.final_costs[8] < steep(8) / 2
+    assert wrong.final_costs[8] < steep(8) / 2  # and the table between them follows
     # the same replay starting from the right costs never moves them
     right = replay(answers, tokenizer, COSTS, concurrency=1, drafts=True)
     assert right.final_costs == pytest.approx(COSTS.table(len(right.final_costs) - 1))
