@@ -3,7 +3,7 @@
     python -m benchmarks.bench_vllm --env DIR --model DIR --json OUT [--smoke]
         [--categories code_edit] [--limit K] [--max-tokens 256] [--repeats 2]
         [--methods plain,draftgate,ngram,suffix,in-engine,in-engine-corpus]
-        [--ks 8] [--in-engine-base ngram]
+        [--ks 8] [--in-engine-base suffix]
 
 ``DIR``s come from ``python -m benchmarks.vllm_server install``/``convert`` (vLLM's CPU
 build in its own environment; SmolLM2-135M as float32); ``DRAFTGATE_VLLM_ENV`` and
@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--in-engine-base",
         choices=sorted(SPECULATIVE),
-        default="ngram",
+        default="suffix",
         help="vLLM's own method the in-engine drafts join",
     )
     parser.add_argument("--log", default=None, help="append vLLM's output to this file")
