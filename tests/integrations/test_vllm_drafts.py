@@ -109,3 +109,19 @@ def test_join_batch_replaces_only_the_proposals_of_requests_with_drafts() -> Non
 def test_join_batch_keeps_drafts_within_the_model_length() -> None:
     runner = _runner([("a", [1, 2, 10], 2, {PREDICTION_KEY: [10, 11, 12, 13]})], max_model_len=5)
     assert join_batch(runner, BatchDrafts(), [[]], [[10]], 8) == [[11]]
+
+
+def test_a_place_found_on_a_short_match_proposes_in_proportion_to_it() -> None:
+    drafts = RequestDrafts(documents=[*PREDICTION, SEPARATOR])
+    found = drafts.propose([100, 101, 102], [100, 101, 102], 32)
+    assert found.matched == MIN_MATCH and found.tokens == list(range(103, 109))  # 2 a match
+    grown = drafts.propose(found.tokens[:4], [103, 104, 105, 106], 32)
+    assert grown.tokens == list(range(107, 120))  # 7 matched: up to 14, the document's end
+
+
+def test_vllms_own_proposal_is_kept_where_it_extends_the_gateways() -> None:
+    drafts = RequestDrafts(documents=[*PREDICTION, SEPARATOR])
+    found = drafts.propose([100, 101, 102], [100, 101, 102], 32)
+    longer = [*found.tokens, 1, 2]
+    assert merged(longer, found) == longer
+    assert merged([103, 9, 9, 9, 9, 9, 9, 9], found) == found.tokens  # disagrees: ours

@@ -26,6 +26,8 @@ MIN_MATCH = 3
 """Context tokens a track must match where it is anchored (the index's n-gram)."""
 MAX_MATCH = 64
 """Context tokens compared when anchoring (the longest match counted)."""
+LENGTH_PER_MATCH = 2
+"""Tokens a place away from the answer's start proposes per answer token matched there."""
 MAX_CANDIDATES = 64
 """Occurrences of the last :data:`MIN_MATCH` tokens compared when anchoring."""
 
@@ -141,10 +143,17 @@ class RequestDrafts:
         for track in self.tracks:
             if track.position is None:
                 track.anchor(tail)
-            proposal = Proposal(track.draft(k), track.matched, track.aligned)
+            proposal = Proposal(track.draft(_length(track, k)), track.matched, track.aligned)
             if proposal.backed and _better(proposal, best):
                 best = proposal
         return best
+
+
+def _length(track: Track, k: int) -> int:
+    """How many tokens a track proposes: all ``k`` while the prediction is aligned; else
+    :data:`LENGTH_PER_MATCH` per token the answer has matched in a row there, so a place
+    found on a short match costs a short verify and a long run earns the whole ``k``."""
+    return k if track.aligned else min(k, LENGTH_PER_MATCH * track.matched)
 
 
 def _better(a: Proposal, b: Proposal) -> bool:
@@ -154,8 +163,12 @@ def _better(a: Proposal, b: Proposal) -> bool:
 
 
 def merged(own: list[int], gateway: Proposal) -> list[int]:
-    """The draft vLLM verifies: the gateway's when it is backed, else vLLM's own."""
-    return gateway.tokens if gateway.backed else own
+    """The draft vLLM verifies: the gateway's when it is backed (vLLM's own where that
+    starts with the gateway's and goes further), else vLLM's own."""
+    if not gateway.backed:
+        return own
+    ours = gateway.tokens
+    return own if len(own) > len(ours) and own[: len(ours)] == ours else ours
 
 
 def _token_ids(value: Any, *, separators: bool) -> list[int] | None:
