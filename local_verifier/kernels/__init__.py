@@ -88,7 +88,8 @@ def step_ops(device: torch.device, dtype: torch.dtype, backend: Backend = "") ->
 @functools.cache
 def _ops_for(device_type: str, dtype: torch.dtype, wanted: Backend) -> StepOps:
     ops = _choose(device_type, dtype, wanted)
-    log.info("forward step kernels on %s/%s: %s", device_type, dtype, ops.name)
+    activations = str(dtype).removeprefix("torch.")
+    log.info("forward step kernels on %s, %s activations: %s", device_type, activations, ops.name)
     return ops
 
 
