@@ -289,10 +289,6 @@ def prompt_ids(request: ChatCompletionRequest, tokenizer: Tokenizer) -> list[int
     plan = tools.plan(request, tokenizer.chat_template, None)
     if plan is not None and plan.template:
         return plan.render(tokenizer)
-    messages = (
-        plan.messages
-        if plan is not None
-        else [{"role": tools.template_role(m.role), "content": m.text()} for m in request.messages]
-    )
+    messages = plan.messages if plan is not None else tools.chat_messages(request.messages)
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     return tokenizer.encode(text, add_special_tokens=False)

@@ -9,7 +9,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from gateway.call import Call
-from gateway.endpoints.local.tools import ToolPlan, template_role
+from gateway.endpoints.local.tools import ToolPlan, chat_messages
 from gateway.endpoints.response_format import grammar_for
 from gateway.errors import InvalidRequest
 from lookup.agent_sources import conversation_documents
@@ -299,9 +299,7 @@ def generation_request(
         if tools is not None:
             gen.messages = tools.messages
         else:
-            gen.messages = [
-                {"role": template_role(m.role), "content": m.text()} for m in request.messages
-            ]
+            gen.messages = chat_messages(request.messages)
         gen.prediction = request.prediction.text() if request.prediction else None
     elif isinstance(request.prompt, str):
         gen.prompt = request.prompt

@@ -303,6 +303,11 @@ def template_role(role: str) -> str:
     return "system" if role == "developer" else role
 
 
+def chat_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+    """Messages as a chat template takes them without tools: each one's role and text."""
+    return [{"role": template_role(m.role), "content": m.text()} for m in messages]
+
+
 def template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
     """Messages as transformers passes them to a chat template that renders tools: an
     assistant's ``tool_calls`` with their arguments as objects, ``tool`` results with the
