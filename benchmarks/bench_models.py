@@ -2,7 +2,8 @@
 
     python -m benchmarks.bench_models [--shapes 1b,3b] [--dtype bf16] [--prefill 512] \
         [--max-tokens 32] [--repeats 5] [--load-only] [--gguf gguf-bf16,gguf-q8_0] \
-        [--llamacpp BUILD_DIR] [--threads N] [--spec-models smollm2-135m,gemma3-270m] \
+        [--llamacpp BUILD_DIR] [--gguf-dtype native] [--shipped smollm2-135m,gemma3-270m] \
+        [--shipped-dtypes native,bf16] [--threads N] [--spec-models smollm2-135m,gemma3-270m] \
         [--spec-limit 4] [--dir /tmp/bench-models] [--json FILE] [--smoke]
 
 Each of ``--shapes`` (``1b``: Llama-3.2-1B's shapes, ``3b``: Llama-3.2-3B's, ``smoke``: a
@@ -37,6 +38,14 @@ process of its own, on ``--threads`` threads): its decode rate ``-p 0 -n
 the bf16 values of the Q8_0 weights, llama.cpp's with Q8_0 itself. Without ``--llamacpp``
 the files are written with gguf-py's writer and quantizer (as the converter uses them) and
 only their load is measured; the JSON's ``llama_cpp`` says llama.cpp was not run.
+
+``--gguf gguf-q4_k_m`` adds a Q4_K_M file (``llama-quantize`` only: needs ``--llamacpp``);
+``--gguf-dtype`` loads the GGUF files otherwise than ``--dtype`` (``native``: the quantized
+blocks as the file holds them, no dequantized copy).
+
+``--shipped smollm2-135m,gemma3-270m`` (with ``--llamacpp``): the same figures beside
+``llama-bench`` on the shipped models' own GGUF files (SmolLM2 in Q4_1, Gemma 3 270M in
+Q4_K_M), ours in each of ``--shipped-dtypes`` (``native,bf16``).
 
 Then, for each of ``--spec-models`` that is installed, speculative vs plain decoding on the
 workload's first ``--spec-limit`` code edits, in a process of its own: tokens/s of each, the
@@ -75,7 +84,7 @@ from benchmarks.harness import SPAWN, parse, workload, write_json
 from local_verifier.devices import available_cpus
 from local_verifier.gguf_file import GGUFFile
 from local_verifier.gguf_loader import read_tokenizer
-from local_verifier.loader import LoadedModel, smollm2_path
+from local_verifier.loader import LoadedModel, resolve_spec, smollm2_path
 
 SMOKE = ("--shapes", "smoke", "--prefill", "64", "--max-tokens", "4", "--repeats", "2")
 SMOKE += ("--bandwidth-gib", "0.125")
@@ -108,6 +117,9 @@ LLAMA32 = {
     "tie_word_embeddings": True,
 }
 GGUF_FORMATS = {"gguf-bf16": GGMLQuantizationType.BF16, "gguf-q8_0": GGMLQuantizationType.Q8_0}
+# files only llama-quantize writes (gguf-py quantizes no K-quant): format -> its type name
+LLAMA_ONLY_FORMATS = {"gguf-q4_k_m": "Q4_K_M"}
+SHIPPED = ("smollm2-135m", "gemma3-270m")
 SHAPES: dict[str, dict[str, Any]] = {
     "smoke": {
         "hidden_size": 64,
@@ -395,6 +407,11 @@ def write_ggufs(
     out.mkdir(parents=True, exist_ok=True)
     files = {fmt: out / f"{shape}-{fmt}.gguf" for fmt in formats}
     if llamacpp is None:
+        unwritable = [fmt for fmt in formats if fmt in LLAMA_ONLY_FORMATS]
+        if unwritable:
+            raise SystemExit(
+                f"{', '.join(unwritable)}: written by llama-quantize: needs --llamacpp"
+            )
         for fmt, path in files.items():
             write_gguf(path, shape, GGUF_FORMATS[fmt])
         return {fmt: (path, "gguf-py's GGUFWriter and gguf.quants") for fmt, path in files.items()}
@@ -404,7 +421,7 @@ def write_ggufs(
     written = {"gguf-bf16": (bf16, "llama.cpp's convert_hf_to_gguf.py --outtype bf16")}
     for fmt in formats:
         if fmt != "gguf-bf16":
-            quant = GGUF_FORMATS[fmt].name
+            quant = LLAMA_ONLY_FORMATS.get(fmt) or GGUF_FORMATS[fmt].name
             llama_quantize(bin_dir, bf16, files[fmt], quant)
             written[fmt] = (files[fmt], f"llama-quantize {quant} of the BF16 file")
     return {fmt: written[fmt] for fmt in formats}
@@ -437,6 +454,21 @@ def beside_llama(
         "decode_ours_over_llama": ratio("decode_tok_s", "decode"),
         "prefill_ours_over_llama": ratio("prefill_tok_s", "prefill"),
     }
+
+
+def shipped_beside_llama(
+    models: list[str], dtypes: list[str], opts: dict[str, Any], bin_dir: Path
+) -> dict[str, Any]:
+    """``beside_llama`` on each shipped model's own GGUF file, ours in each of ``dtypes``
+    (``native``: its quantized blocks as they are), which side first alternating."""
+    out: dict[str, Any] = {}
+    for model in models:
+        path, _ = resolve_spec(model)
+        entry = out[model] = {"file": path.name, "file_mib": round(path.stat().st_size / MIB)}
+        for n, dtype in enumerate(dtypes):
+            entry[dtype] = beside_llama(path, dtype, opts, bin_dir, n % 2 == 0)
+            print(model, dtype, json.dumps(entry[dtype]), flush=True)
+    return out
 
 
 def _child(conn: Any, target: Callable[..., dict[str, Any]], args: tuple[Any, ...]) -> None:
@@ -482,6 +514,15 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, default=available_cpus(), help="ours (after loading) and llama.cpp's"
     )
+    parser.add_argument(
+        "--gguf-dtype", default=None, help="ours on the GGUF files (default: --dtype), e.g. native"
+    )
+    parser.add_argument(
+        "--shipped",
+        default="",
+        help=f"of {','.join(SHIPPED)}: their own GGUF files beside llama-bench (needs --llamacpp)",
+    )
+    parser.add_argument("--shipped-dtypes", default="native,bf16", help="ours on --shipped")
     parser.add_argument("--spec-models", default="smollm2-135m,gemma3-270m")
     parser.add_argument("--spec-limit", type=int, default=4, help="code edits per model")
     parser.add_argument("--spec-max-tokens", type=int, default=256)
@@ -507,7 +548,16 @@ def main() -> None:
             "repeats": args.repeats,
         }
     formats = [f for f in args.gguf.split(",") if f]
-    for shape in args.shapes.split(","):
+    unknown = set(formats) - set(GGUF_FORMATS) - set(LLAMA_ONLY_FORMATS)
+    if unknown:
+        parser.error(f"--gguf: unknown {', '.join(sorted(unknown))}")
+    shipped = [m for m in args.shipped.split(",") if m]
+    if shipped and bin_dir is None:
+        parser.error("--shipped needs --llamacpp BUILD_DIR")
+    if set(shipped) - set(SHIPPED):
+        parser.error(f"--shipped: of {', '.join(SHIPPED)}")
+    gguf_dtype = args.gguf_dtype or args.dtype
+    for shape in filter(None, args.shapes.split(",")):
         directory, gguf_dir = args.dir / shape, args.dir / f"{shape}-gguf"
         for d in (directory, gguf_dir):
             shutil.rmtree(d, ignore_errors=True)
@@ -527,13 +577,17 @@ def main() -> None:
                 head = {"file_mib": round(path.stat().st_size / MIB), "writer": writer}
                 if bin_dir is None or args.load_only:
                     load_only = {**opts, "load_only": True}
-                    figures = in_child(measure_shape, str(path), args.dtype, load_only)
+                    figures = in_child(measure_shape, str(path), gguf_dtype, load_only)
                 else:
-                    figures = beside_llama(path, args.dtype, opts, bin_dir, n % 2 == 0)
+                    figures = beside_llama(path, gguf_dtype, opts, bin_dir, n % 2 == 0)
                 entry[fmt] = head | figures
                 print(shape, fmt, json.dumps(entry[fmt]), flush=True)
         finally:
             shutil.rmtree(gguf_dir, ignore_errors=True)
+    if bin_dir is not None:
+        result["shipped"] = shipped_beside_llama(
+            shipped, args.shipped_dtypes.split(","), opts, bin_dir
+        )
     for model in filter(None, args.spec_models.split(",")):
         figures = in_child(measure_speculative, model, args.spec_limit, args.spec_max_tokens)
         result["speculative"][model] = figures
