@@ -35,6 +35,7 @@ from gateway.front_door import CHAT, COMPLETIONS, FrontDoor
 from gateway.http import guard
 from gateway.http.asgi import ClientDisconnected, overhead_middleware, send_error
 from gateway.http.responses import error_response
+from gateway.http.tarpit import Tarpit
 from gateway.limits import tenant_limits
 from gateway.routes.completions import CompletionsRoute, send_door_error
 from gateway.routes.documents import document_routes
@@ -75,6 +76,7 @@ class _Gateway(Starlette):
         fast: dict[str, ASGIApp],
         *,
         door: guard.Door,
+        tarpit: Tarpit,
         doors: Mapping[str, FrontDoor],
         loopback_only: bool,
         **kwargs: Any,
@@ -82,6 +84,7 @@ class _Gateway(Starlette):
         super().__init__(**kwargs)
         self._fast = {path: overhead_middleware(app, catch=True) for path, app in fast.items()}
         self._door = door
+        self.tarpit = tarpit
         self._doors = doors
         self._loopback_only = loopback_only
         self._refuse = overhead_middleware(self._send_refusal)
@@ -92,8 +95,10 @@ class _Gateway(Starlette):
                 scope, loopback_only=self._loopback_only
             )
             if refusal is not None:
-                scope["draftgate.refusal"] = refusal
-                await self._refuse(scope, receive, send)
+                answer = await self.tarpit.hold(refusal, receive, send)
+                if answer is not None:  # None: the client hung up while its refusal was held
+                    scope["draftgate.refusal"] = refusal
+                    await self._refuse(scope, receive, answer)
                 return
         if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
             app = self._fast.get(scope["path"])
@@ -225,9 +230,11 @@ def create_app(
         per_minute=runtime.settings.limits.unauthenticated_per_minute,
         count=runtime.telemetry.count_refusal,
     )
+    limits = runtime.settings.limits
     app = _Gateway(
         completions,
         door=door,
+        tarpit=Tarpit(limits.over_limit_hold_s, limits.over_limit_max_held),
         doors=doors,
         loopback_only=not runtime.auth.enabled and not runtime.settings.allow_public_bind,
         routes=routes,

@@ -315,6 +315,19 @@ class LimitsConfig(_Strict):
         description="requests without a valid key from one client address (an IPv6 /64) "
         "answered 401; past it 429",
     )
+    over_limit_hold_s: float = Field(
+        default=1.0,
+        ge=0,
+        le=60,
+        description="the door's 429s (a client address past unauthenticated_per_minute, a "
+        "tenant whose limit this gateway knows is spent) are answered after "
+        "min(Retry-After, this), costing no CPU meanwhile; 0: at once",
+    )
+    over_limit_max_held: int = Field(
+        default=1024,
+        ge=1,
+        description="429s held at once; past it one is answered at once with Connection: close",
+    )
 
 
 class ServerConfig(_Strict):

@@ -121,7 +121,8 @@ class Door:
     """Refusals the headers decide, answered before any route runs (no body read, no JSON
     parsed, no log line, no Redis call): a request without a valid key is a 401, or a 429
     with ``Retry-After`` once its client address sent ``per_minute`` of them in a minute;
-    a tenant whose limits this process already knows are spent gets its 429."""
+    a tenant whose limits this process already knows are spent gets its 429. These 429s
+    go to clients already past a limit: :class:`gateway.http.tarpit.Tarpit` holds them."""
 
     def __init__(
         self,
