@@ -49,7 +49,7 @@ class ModelConfig:
     @property
     def llama_layers(self) -> bool:
         """Whether every layer is the plain Llama layer over one key list and one rope (what
-        the fused C++ stack runs)."""
+        the Triton step runs as one graph; the fused C++ stack runs every family)."""
         plain = not (self.qk_norm or self.post_norms) and self.activation == "silu"
         one_window = len({self.window(i) for i in range(self.n_layers)}) <= 1
         return plain and one_window and self.rope_local_theta is None

@@ -21,7 +21,7 @@ from local_verifier.kernels.cpp import CppOps
 from local_verifier.kernels.fused import FusedStack
 from local_verifier.kernels.options import KernelOptions
 from local_verifier.kernels.packing import Layout, gather_rows
-from local_verifier.kernels.stack_weights import LayerWeights, StackWeights
+from local_verifier.kernels.stack_weights import LayerWeights, Norm, StackWeights
 from local_verifier.kv_storage import KVStorage
 from local_verifier.linear import Linear, row_major_state
 from local_verifier.rope import rope_tables
@@ -163,6 +163,13 @@ class Block(nn.Module):
             ffn_eps=self.ffn_norm.eps,
             w13=self.ffn.w13.weight,
             w2=self.ffn.w2.weight,
+            q_norm=_norm(self.attn, "q_norm"),
+            k_norm=_norm(self.attn, "k_norm"),
+            post_attn_norm=_norm(self, "post_attn_norm"),
+            post_ffn_norm=_norm(self, "post_ffn_norm"),
+            activation="gelu_tanh" if self.ffn.gelu else "silu",
+            window=self.attn.window,
+            local_rope=self.attn.local_rope,
         )
 
     def forward(self, x: torch.Tensor, kv: KVStorage, step: _StepInputs) -> torch.Tensor:
@@ -176,6 +183,12 @@ class Block(nn.Module):
             h = ops.rms_norm(h, self.post_ffn_norm.weight, self.post_ffn_norm.eps)
         out: torch.Tensor = x + h
         return out
+
+
+def _norm(owner: nn.Module, name: str) -> Norm | None:
+    """``owner``'s RMSNorm ``name`` as the fused steps read it, None where it has none."""
+    norm = getattr(owner, name, None)
+    return Norm(norm.weight, norm.eps) if isinstance(norm, RMSNorm) else None
 
 
 def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
@@ -272,8 +285,8 @@ class Transformer(nn.Module):
         return self
 
     def stack_weights(self) -> StackWeights:
-        """The parameters of this (Llama-family) model as they are now, as both fused steps
-        (the C++ stack and the Triton one) read them."""
+        """The parameters and layer switches of this model as they are now, as both fused
+        steps (the C++ stack, any family, and the Triton one, the Llama layer) read them."""
         cfg = self.config
         return StackWeights(
             embed=self.embed.weight,
@@ -314,12 +327,8 @@ class Transformer(nn.Module):
         self._layout = layout
 
     def _fused(self, ops: StepOps) -> FusedStack | None:
-        if (
-            not isinstance(ops, CppOps)
-            or not self.kernel_options.fused
-            or not self.config.llama_layers
-        ):
-            return None  # the other families' layers run op by op
+        if not isinstance(ops, CppOps) or not self.kernel_options.fused:
+            return None
         if self._stack is None:
             self._stack = (FusedStack.build(ops.library, self.stack_weights()),)
         return self._stack[0]
@@ -404,8 +413,13 @@ class Transformer(nn.Module):
         stack = self._fused(ops) if kv.k.is_contiguous() and kv.v.is_contiguous() else None
         if stack is not None:  # the same kernels in the same order, in one C++ call
             rows_out = torch.tensor(logit_rows, dtype=torch.long)
-            plan = inputs.plan_for(self.config.window(0))  # one window on every layer
-            logits = stack.run(x, inputs.cos, inputs.sin, new_slots, plan, kv.k, kv.v, rows_out)
+            ropes = [(inputs.cos, inputs.sin)]
+            if stack.local_rope and inputs.local_rope is not None:
+                ropes.append(inputs.local_rope)
+            plans = [inputs.plan]
+            if stack.window is not None:
+                plans.append(inputs.plan_for(stack.window))
+            logits = stack.run(x, new_slots, ropes, plans, kv.k, kv.v, rows_out)
             return list(logits.split(counts))
         for layer in self.layers:
             x = layer(x, kv, inputs)

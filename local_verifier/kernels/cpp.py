@@ -16,7 +16,6 @@ from local_verifier.kernels import step_args
 from local_verifier.kernels.options import KernelOptions
 from local_verifier.kernels.packing import Layout, dense_shape, layout_of, quant_type
 from local_verifier.kernels.plan import AttentionPlan
-from local_verifier.kernels.torch_ops import gelu_tanh_mul
 from lookup.shared_library import build, load
 
 SOURCE = Path(__file__).with_name("step_cpu.cpp")
@@ -38,9 +37,10 @@ SIGNATURES = {
     "dg_rope_store": [_ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64],
     "dg_rope_store_bf16": [_ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _i64],
     "dg_silu_mul": [_ptr, _ptr, _i64, _i64],
+    "dg_gelu_tanh_mul": [_ptr, _ptr, _i64, _i64],
     "dg_attention": [_ptr] * 10 + [_i64] * 5 + [_int],
     "dg_attention_bf16": [_ptr] * 10 + [_i64] * 5 + [_int],
-    "dg_stack_new": [_i64] * 7 + [_int, _ptr, _ptr, _ptr],
+    "dg_stack_new": [_i64] * 7 + [_int, _ptr, _ptr, _ptr, _ptr],
     "dg_stack_free": [_ptr],
     "dg_stack_step": [_ptr, ctypes.POINTER(step_args.StepArgs)],
     "dg_step_args_layout": [ctypes.POINTER(_i64)],
@@ -237,8 +237,10 @@ class CppOps:
         return y
 
     def gelu_tanh_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """GeGLU on the torch kernels' row tiles (no C++ kernel of its own yet)."""
-        return gelu_tanh_mul(gate_up)
+        n, hidden = gate_up.shape[0], gate_up.shape[1] // 2
+        y = torch.empty(n, hidden)
+        self.library.dg_gelu_tanh_mul(gate_up.data_ptr(), y.data_ptr(), n, hidden)
+        return y
 
     def attention(
         self,

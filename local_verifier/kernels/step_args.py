@@ -1,11 +1,34 @@
-"""The argument struct of ``dg_stack_step``: the ctypes mirror of ``DgStepArgs``
-(``cpu/stack.h``), field for field in the same order and of the same C types."""
+"""The argument structs of ``dg_stack_step``: the ctypes mirrors of ``DgStepArgs``, ``DgPlan``
+and ``DgRope`` (``cpu/stack_args.h``), field for field in the same order and of the same C
+types."""
 
 from __future__ import annotations
 
 import ctypes
 
 _ptr, _i64 = ctypes.c_void_p, ctypes.c_int64
+PLAN_SLOTS = 2  # kPlanSlots: every key of a row, or its last ``window`` keys
+ROPE_SLOTS = 2  # kRopeSlots: the model's rope base, or the sliding layers' own
+
+
+class Plan(ctypes.Structure):
+    """An attention plan's arrays (``AttentionPlan.pointers``) and its sequence count."""
+
+    _fields_ = [
+        ("keys", _ptr),
+        ("key_start", _ptr),
+        ("row_start", _ptr),
+        ("ctx_len", _ptr),
+        ("masks", _ptr),
+        ("mask_start", _ptr),
+        ("n_seqs", _i64),
+    ]
+
+
+class Rope(ctypes.Structure):
+    """The step's rows' cos and sin of one rope table."""
+
+    _fields_ = [("cos", _ptr), ("sin", _ptr)]
 
 
 class StepArgs(ctypes.Structure):
@@ -14,20 +37,13 @@ class StepArgs(ctypes.Structure):
 
     _fields_ = [
         ("x", _ptr),
-        ("cos", _ptr),
-        ("sin", _ptr),
+        ("rope", Rope * ROPE_SLOTS),
         ("new_slots", _ptr),
         ("n_rows", _i64),
         ("k_cache", _ptr),
         ("v_cache", _ptr),
         ("n_slots", _i64),
-        ("keys", _ptr),
-        ("key_start", _ptr),
-        ("row_start", _ptr),
-        ("ctx_len", _ptr),
-        ("masks", _ptr),
-        ("mask_start", _ptr),
-        ("n_seqs", _i64),
+        ("plan", Plan * PLAN_SLOTS),
         ("picked", _ptr),
         ("n_picked", _i64),
         ("logits", _ptr),
@@ -37,9 +53,11 @@ class StepArgs(ctypes.Structure):
 
 
 def layout() -> list[int]:
-    """This mirror's layout as ``dg_step_args_layout`` reports the C struct's: its size, then
-    per field its offset and size."""
-    values = [ctypes.sizeof(StepArgs)]
-    for field in StepArgs._fields_:
-        values += [getattr(StepArgs, field[0]).offset, ctypes.sizeof(field[1])]
+    """These mirrors' layouts as ``dg_step_args_layout`` reports the C structs': per struct
+    (StepArgs, Plan, Rope) its size, then per field its offset and size."""
+    values: list[int] = []
+    for struct in (StepArgs, Plan, Rope):
+        values.append(ctypes.sizeof(struct))
+        for field in struct._fields_:
+            values += [getattr(struct, field[0]).offset, ctypes.sizeof(field[1])]
     return values

@@ -28,11 +28,16 @@
 //   cpu/quant_gemv.h    one row (lanes over k, integer sums per column)
 //   cpu/quant_gemm.h    many rows (one row per lane, the weight byte broadcast)
 //   cpu/attention.h  attention over each row's own key list
+//   cpu/activation.h the MLP's gated activations (SwiGLU, GeGLU)
+//   cpu/stack_args.h dg_stack_step's argument structs
+//   cpu/stack_table.h   a model's table: weights, layouts, each layer's norms and switches
+//   cpu/stack_rows.h    the row-wise parts of a layer beyond the Llama layer's
 //   cpu/stack.h      the layer stack of a step in one call (dg_stack_step)
 //
 // A plain C ABI over raw float32/int64 pointers (loaded with ctypes): no torch headers, so
 // the build takes seconds. Callers pass contiguous tensors and allocate the outputs.
 
+#include "cpu/activation.h"
 #include "cpu/attention.h"
 #include "cpu/common.h"
 #include "cpu/dot.h"
@@ -134,6 +139,11 @@ void dg_silu_mul(const float* gp, float* yp, int64_t N, int64_t F) {
   for (int64_t n = 0; n < N; ++n) silu_mul_row(gp + n * 2 * F, yp + n * F, F);
 }
 
+// yp [N, F] = gelu_tanh(gate) * up for gp = gate_up [N, 2 * F] (gate first).
+void dg_gelu_tanh_mul(const float* gp, float* yp, int64_t N, int64_t F) {
+  for (int64_t n = 0; n < N; ++n) gelu_tanh_mul_row(gp + n * 2 * F, yp + n * F, F);
+}
+
 // Grouped-query attention of each row over its own key list, in that list's order.
 //
 // q [N, H, Dh] -> out [N, H, Dh]; kc and vc as dg_rope_store's. Sequence s (of n_seqs) owns rows
@@ -168,38 +178,20 @@ void dg_attention_bf16(const float* qp, const uint16_t* kc, const uint16_t* vc,
 
 extern "C" {
 
-// A layer stack's table: n_layers layers of dim, n_heads / n_kv_heads heads of head_dim,
-// hidden_dim and vocab; weights (float32, or bf16 bits when bf16) = the final norm, the head,
-// then per layer attn_norm, wqkv, bqkv (or null), wo, ffn_norm, w13, w2; layouts[i]: the
-// Layout of weights[i] (a linear layer's; kAmxPacked only where dg_bf16_kernels; kQuantBlocks +
-// a GGML type for rows of its blocks, null returned for a type not run here); eps = per
-// layer attn_norm's, ffn_norm's, then the final norm's. The weights must outlive the table.
+// A layer stack's table (cpu/stack_table.h): n_layers layers of dim, n_heads / n_kv_heads
+// heads of head_dim, hidden_dim and vocab; weights (float32, or bf16 bits when bf16) = the
+// final norm, the head, then per layer its kLayerTensors in LayerTensor order (a norm or bias
+// absent: null); layouts[i]: the Layout of weights[i] (a linear layer's; kAmxPacked only where
+// dg_bf16_kernels; kQuantBlocks + a GGML type for rows of its blocks); eps = per layer its
+// kLayerNorms, then the final norm's; switches = per layer its kLayerSwitches (Activation,
+// plan and rope slot of DgStepArgs). Null for a quantized type not run here or a switch out
+// of range. The weights must outlive the table.
 void* dg_stack_new(int64_t n_layers, int64_t dim, int64_t n_heads, int64_t n_kv_heads,
                    int64_t head_dim, int64_t hidden_dim, int64_t vocab, int bf16,
-                   const void* const* weights, const int* layouts, const float* eps) {
-  for (int64_t i = 1; i < 2 + 7 * n_layers; ++i)  // a quantized matrix: a type it runs
-    if (layouts[i] >= kQuantBlocks && !quant_type_known(layouts[i] - kQuantBlocks)) return nullptr;
-  Stack* m = new Stack();
-  m->dim = dim;
-  m->H = n_heads;
-  m->KVH = n_kv_heads;
-  m->Dh = head_dim;
-  m->F = hidden_dim;
-  m->V = vocab;
-  m->bf16 = bf16 != 0;
-  m->norm = weights[0];
-  m->head = {weights[1], layouts[1]};
-  m->norm_eps = eps[2 * n_layers];
-  for (int64_t l = 0; l < n_layers; ++l) {
-    const void* const* w = weights + 2 + 7 * l;
-    const int* p = layouts + 2 + 7 * l;
-    m->layers.push_back({w[0], w[2], w[4], {w[1], p[1]}, {w[3], p[3]}, {w[5], p[5]}, {w[6], p[6]},
-                         eps[2 * l], eps[2 * l + 1]});
-  }
-  const int64_t qkv = (n_heads + 2 * n_kv_heads) * head_dim;
-  m->widened.resize(n_layers * (2 * dim + qkv) + dim);
-  m->vectors.resize(3 * n_layers + 1);
-  return m;
+                   const void* const* weights, const int* layouts, const float* eps,
+                   const int* switches) {
+  return new_stack(n_layers, dim, n_heads, n_kv_heads, head_dim, hidden_dim, vocab, bf16 != 0,
+                   weights, layouts, eps, switches);
 }
 
 void dg_stack_free(void* stack) { delete static_cast<Stack*>(stack); }
@@ -218,37 +210,8 @@ void dg_stack_step(void* stack, const DgStepArgs* args) {
     stack_step<float>(m, *args);
 }
 
-// DgStepArgs' layout, for a test to compare with its ctypes mirror: out[0] = its size, then
-// per field in order its offset and size (2 * 20 + 1 values; out holds at least that many).
-// Returns the number of values written.
-int64_t dg_step_args_layout(int64_t* out) {
-  int64_t n = 0;
-  out[n++] = sizeof(DgStepArgs);
-#define DG_FIELD(name)                   \
-  out[n++] = offsetof(DgStepArgs, name); \
-  out[n++] = sizeof(DgStepArgs::name)
-  DG_FIELD(x);
-  DG_FIELD(cos);
-  DG_FIELD(sin);
-  DG_FIELD(new_slots);
-  DG_FIELD(n_rows);
-  DG_FIELD(k_cache);
-  DG_FIELD(v_cache);
-  DG_FIELD(n_slots);
-  DG_FIELD(keys);
-  DG_FIELD(key_start);
-  DG_FIELD(row_start);
-  DG_FIELD(ctx_len);
-  DG_FIELD(masks);
-  DG_FIELD(mask_start);
-  DG_FIELD(n_seqs);
-  DG_FIELD(picked);
-  DG_FIELD(n_picked);
-  DG_FIELD(logits);
-  DG_FIELD(threads);
-  DG_FIELD(seconds);
-#undef DG_FIELD
-  return n;
-}
+// DgStepArgs' layout (and its parts'), for cpp.build_library to compare with its ctypes
+// mirror: see step_args_layout. Returns the number of values written.
+int64_t dg_step_args_layout(int64_t* out) { return step_args_layout(out); }
 
 }  // extern "C"

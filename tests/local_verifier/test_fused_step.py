@@ -6,21 +6,21 @@ CPUs with AMX, a bf16 model whose linear weights all take the AMX kernels too)."
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import replace
-from typing import Any
 
 import pytest
 import torch
 
 from local_verifier.config import ModelConfig
-from local_verifier.kernels.cpp import CppOps, load_library
+from local_verifier.kernels.cpp import load_library
 from local_verifier.kernels.options import AMX_ENV, KernelOptions
 from local_verifier.kernels.packing import is_packed, layout_of
 from local_verifier.kv_storage import KVStorage
 from local_verifier.linear import Linear
 from local_verifier.loader import LoadedModel, load_model
-from local_verifier.model import SeqStep, Transformer
+from local_verifier.model import Transformer
 from tests.local_verifier.conftest import AMX_TINY_CFG
+from tests.local_verifier.fused_scripts import Script, assert_fused_is_per_op, assert_same_runs, run
+from tests.local_verifier.fused_scripts import script as make_script
 
 LIBRARY, WHY = load_library()
 pytestmark = pytest.mark.skipif(LIBRARY is None, reason=f"no C++ kernels here: {WHY}")
@@ -42,107 +42,16 @@ AMX = LIBRARY is not None and LIBRARY.dg_bf16_kernels() != 0
 # (config, weight dtype) of the fused-vs-per-op comparisons
 MODELS = [(CFG, torch.float32), (CFG, torch.bfloat16), (AMX_CFG, torch.bfloat16)]
 MODEL_IDS = ["fp32", "bf16", "bf16-amx"]
-Script = list[list[SeqStep]]
-
-
-def _tokens(n: int, seed: int, vocab: int) -> torch.Tensor:
-    return torch.randint(0, vocab, (n,), generator=torch.Generator().manual_seed(seed))
-
-
-def _rows(tokens: torch.Tensor, first_slot: int, context: int, **kw: Any) -> SeqStep:
-    """Rows in slots [first_slot, ...) after the context slots [0, context)."""
-    n = len(tokens)
-    return SeqStep(
-        tokens=tokens,
-        positions=torch.arange(context, context + n),
-        new_slots=torch.arange(first_slot, first_slot + n),
-        context_slots=torch.arange(context),
-        **kw,
-    )
-
-
-def _tree(tokens: torch.Tensor, first_slot: int, context: int) -> SeqStep:
-    """A draft tree: row i's parent is (i - 1) // 2."""
-    n = len(tokens)
-    mask, depth = torch.zeros(n, n, dtype=torch.bool), [0] * n
-    for i in range(n):
-        mask[i, i] = True
-        if i:
-            mask[i] |= mask[(i - 1) // 2]
-            depth[i] = depth[(i - 1) // 2] + 1
-    step = _rows(tokens, first_slot, context, mask=mask)
-    step.positions = torch.tensor([context + d for d in depth])
-    return step
-
-
-def _chunk(tokens: torch.Tensor, start: int) -> SeqStep:
-    """Rows [start, start + len) of a prompt kept in slots 300...: the chunk after the
-    earlier ones."""
-    n = len(tokens)
-    return SeqStep(
-        tokens=tokens,
-        positions=torch.arange(start, start + n),
-        new_slots=torch.arange(300 + start, 300 + start + n),
-        context_slots=torch.arange(300, 300 + start),
-        logits="last",
-    )
-
-
-def _script(vocab: int, prompt: int) -> Script:
-    """The steps every comparison runs: a prompt, a decode row, a chain, a tree, several
-    sequences in one step (logits all, last and none), then a prompt in chunks of 7."""
-    chunked = _tokens(42, 10, vocab)
-    return [
-        [_rows(_tokens(prompt, 1, vocab), 0, 0)],
-        [_rows(_tokens(1, 2, vocab), prompt, prompt)],
-        [_rows(_tokens(5, 3, vocab), prompt + 1, prompt + 1)],
-        [_tree(_tokens(8, 4, vocab), 100, prompt + 1)],
-        [
-            _rows(_tokens(13, 5, vocab), 120, 0, logits="last"),
-            _rows(_tokens(1, 6, vocab), 140, 10),
-            _rows(_tokens(3, 7, vocab), 141, 10, logits="none"),
-            _tree(_tokens(8, 8, vocab), 150, prompt + 1),
-            _rows(_tokens(4, 9, vocab), 160, 0),
-        ],
-        *([_chunk(chunked[i : i + 7], i)] for i in range(0, 42, 7)),
-    ]
-
-
-def _not_called(*args: object) -> None:
-    raise AssertionError("the fused step called a per-op kernel")
 
 
 def _run(
     model: Transformer, script: Script, fused: bool, mp: pytest.MonkeyPatch, threads: int = 0
 ) -> tuple[list[list[torch.Tensor]], KVStorage]:
-    """Each step's logits and the K/V storage after the script, on one path."""
-    kv = KVStorage(model.config, 400, "cpu", model.kv_dtype)
-    before = torch.get_num_threads()
-    model.kernel_options = replace(model.kernel_options, backend="cpp", fused=fused)
-    with mp.context() as m:
-        if fused:
-            for kernel in ("linear", "rms_norm", "rope_store", "silu_mul", "attention"):
-                m.setattr(CppOps, kernel, _not_called)
-        torch.set_num_threads(threads or before)
-        try:
-            outs = [model.step(seqs, kv) for seqs in script]
-        finally:
-            torch.set_num_threads(before)
-        assert (model.fused_stack() is not None) == fused
-    return outs, kv
+    return run(model, script, fused, mp, threads)
 
 
 def _linear_weights(model: Transformer) -> list[torch.Tensor]:
     return [m.weight for m in model.modules() if isinstance(m, Linear)]
-
-
-def _assert_same(
-    model: Transformer, script: Script, mp: pytest.MonkeyPatch, threads: int = 0
-) -> None:
-    (ours, kv), (per_op, kv_ref) = (_run(model, script, f, mp, threads) for f in (True, False))
-    for i, (a, b) in enumerate(zip(ours, per_op, strict=True)):
-        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True)), f"step {i}"
-    assert torch.equal(kv.k, kv_ref.k) and torch.equal(kv.v, kv_ref.v)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -151,7 +60,8 @@ def test_fused_step_is_bitwise_the_per_op_step(
     cfg: ModelConfig, dtype: torch.dtype, threads: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model = Transformer.from_config(cfg, "cpu", dtype)
-    _assert_same(model, _script(cfg.vocab_size, 70), monkeypatch, threads)  # 70: two row blocks
+    script = make_script(cfg.vocab_size, 70)  # 70: two row blocks
+    assert_fused_is_per_op(model, script, monkeypatch, threads)
     if cfg is AMX_CFG:
         expected = "amx" if AMX and model.kernel_options.amx else "packed"
         assert all(layout_of(w) == expected for w in _linear_weights(model))
@@ -163,25 +73,22 @@ def test_the_fused_step_is_the_same_on_one_thread_and_two(
 ) -> None:
     # the engine switches its thread count while serving (devices.ThreadTuner)
     model = Transformer.from_config(cfg, "cpu", dtype)
-    script = _script(cfg.vocab_size, 70)
-    (one, kv_one), (two, kv_two) = (_run(model, script, True, monkeypatch, t) for t in (1, 2))
-    for i, (a, b) in enumerate(zip(one, two, strict=True)):
-        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True)), f"step {i}"
-    assert torch.equal(kv_one.k, kv_two.k) and torch.equal(kv_one.v, kv_two.v)
+    script = make_script(cfg.vocab_size, 70)
+    assert_same_runs(*(_run(model, script, True, monkeypatch, t) for t in (1, 2)))
 
 
 def test_the_stack_follows_casts_and_in_place_weight_changes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     model = Transformer.from_config(CFG, "cpu", torch.float32)
-    script = _script(CFG.vocab_size, 20)[:3]
-    _assert_same(model, script, monkeypatch)
+    script = make_script(CFG.vocab_size, 20)[:3]
+    assert_fused_is_per_op(model, script, monkeypatch)
     with torch.no_grad():  # copied into the same storage: the stack reads them next step
         for p in model.parameters():
             p.mul_(1.5)
-    _assert_same(model, script, monkeypatch)
+    assert_fused_is_per_op(model, script, monkeypatch)
     model.to(torch.bfloat16)  # new parameters: a new stack
-    _assert_same(model, script, monkeypatch)
+    assert_fused_is_per_op(model, script, monkeypatch)
 
 
 @pytest.fixture(scope="module")
@@ -195,7 +102,7 @@ def test_smollm2_fused_step_is_bitwise_the_per_op_step(
     dtype: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     lm: LoadedModel = request.getfixturevalue("smollm2" if dtype == "fp32" else "smollm2_bf16")
-    _assert_same(lm.model, _script(lm.config.vocab_size, 40), monkeypatch)
+    assert_fused_is_per_op(lm.model, make_script(lm.config.vocab_size, 40), monkeypatch)
 
 
 # every linear weight but the head (vocab 101) packable: both layouts in one stack
@@ -220,13 +127,13 @@ def test_packed_bf16_weights_give_bitwise_the_row_major_steps(
     the layout follows the backend: row-major again for the torch kernels and after a cast
     (fp32 stays row-major)."""
     model = Transformer.from_config(PACKED_CFG, "cpu", torch.bfloat16)
-    script = _script(PACKED_CFG.vocab_size, 40)
+    script = make_script(PACKED_CFG.vocab_size, 40)
     wqkv, head = model.layers[0].attn.wqkv, model.head  # type: ignore[union-attr]
     model.kernel_options = KernelOptions(packed=False)
     row_major, kv_ref = _run(model, script, True, monkeypatch)
     assert not is_packed(wqkv.weight)
     model.kernel_options = KernelOptions()
-    _assert_same(model, script, monkeypatch)  # packed, fused and per-op alike
+    assert_fused_is_per_op(model, script, monkeypatch)  # packed, fused and per-op alike
     packed, kv = _run(model, script, True, monkeypatch)
     assert is_packed(wqkv.weight) and not is_packed(head.weight)
     saved = model.state_dict()  # row-major, and loaded into the packed model packed
@@ -254,7 +161,7 @@ def test_amx_weights_follow_the_switch_and_save_row_major(monkeypatch: pytest.Mo
     AMX layout."""
     monkeypatch.setenv(AMX_ENV, "1")
     model = Transformer.from_config(AMX_CFG, "cpu", torch.bfloat16)
-    script = _script(AMX_CFG.vocab_size, 40)
+    script = make_script(AMX_CFG.vocab_size, 40)
     amx, kv = _run(model, script, True, monkeypatch)
     assert all(layout_of(w) == "amx" for w in _linear_weights(model))
     model.kernel_options = KernelOptions(amx=False)

@@ -92,17 +92,6 @@ inline void rope_store_row(const float* row, const float* c, const float* s, KV*
   for (int64_t i = 0; i < n_kv_heads * Dh; ++i) put(v_out + i, v[i]);
 }
 
-// out [F] = silu(gate) * up for one row of gate_up [2 F] (gate first).
-inline void silu_mul_row(const float* g, float* out, int64_t F) {
-  const float* u = g + F;
-  for (int64_t f = 0; f < F; f += kLanes) {  // lane by lane: the same ops on every lane
-    const Mask live = first_lanes(std::min<int64_t>(kLanes, F - f));
-    const Vec gv = load(g + f, live);
-    const Vec silu = div(gv, add(set1(1.0f), vexp(sub(zero(), gv))));
-    store(out + f, live, mul(silu, load(u + f, live)));
-  }
-}
-
 template <typename KV>
 void rope_store_rows(const float* src, const float* cp, const float* sp, KV* kc, KV* vc,
                      const int64_t* slots, float* qp, int64_t N, int64_t n_heads,
