@@ -96,6 +96,8 @@ def standin_settings(url: str, **extra: Any) -> Settings:
             {"key_env": "DRAFTGATE_KEY_OPS", "tenant": "ops", "admin": True},
         ],
         **extra,
+        # the door's 429s held briefly: the timer runs, tests do not wait out the default
+        "limits": {"over_limit_hold_s": 0.01, **extra.get("limits", {})},
     }
     return build_settings(data, "test")
 
