@@ -11,7 +11,8 @@ project's workload one after another (greedy, ``--max-tokens`` tokens). Once unt
 every timed phase finds the prompts in the prefix cache); then, in each of ``--runs``
 runs, the honest tenant alone, and beside each abuser of ``--abusers`` in turn:
 ``--abuser-clients`` clients of another tenant sending its requests in a loop (a refused
-one is asked again 0.2 s later, unless said otherwise). The abusers (``n = 16``, no ``max_tokens``, end of text
+one is asked again 0.2 s later, unless said otherwise), in a process of their own (the
+answers they read take no time from the honest clients' event loop). The abusers (``n = 16``, no ``max_tokens``, end of text
 banned, unless said otherwise):
 
 - ``sampled_resend``: temperature 0.8, not streamed, the client hangs up after
@@ -30,7 +31,8 @@ banned, unless said otherwise):
 - ``grammars``: sampled, with a JSON schema of many properties (a grammar mask each row);
 - ``wrong_key_flood``: a small request with a key the gateway does not know, sent again as
   soon as it is refused (nothing admitted: the gateway's and the load generator's CPU
-  beside the engine).
+  beside the engine; past ``limits.unauthenticated_per_minute`` the gateway holds each
+  429 ``limits.over_limit_hold_s`` before answering it).
 
 A run takes ``1 + len(abusers)`` phases; one beside an abuser within the goals lasts
 about two alone phases (plus ``--abuser-lead-s``), so after the first alone phase the
@@ -40,10 +42,10 @@ Reported per abuser and run: the honest TTFT and end-to-end percentiles beside i
 ratios to the run's alone phase (e2e p50, TTFT p99, and the median over honest requests of
 each one's e2e beside over alone), honest errors, whether every honest answer equals its
 answer alone (greedy, batch-invariant: it must), what the abuser got back (answers, 429s,
-hang-ups), the CPU seconds this process (the load generator: honest clients and abusers),
-the gateway process and the whole machine used in the phase, and its wall seconds; per
-abuser over the runs, each ratio's median and its spread (min, max), and the median CPU
-and wall seconds. Then the engine's preemptions and its KV peak against its
+hang-ups), the CPU seconds the load generator (both its processes, and the abusers' own
+apart), the gateway process and the whole machine used in the phase, and its wall
+seconds; per abuser over the runs, each ratio's median and its spread (min, max), and the
+median CPU and wall seconds. Then the engine's preemptions and its KV peak against its
 pool. Goals: honest TTFT p99 and e2e p50 within 2x of alone, no honest error, the same
 honest text, the abuser throttled rather than served at the honest tenant's expense.
 """
@@ -52,13 +54,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import re
 import statistics
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +71,7 @@ import aiohttp
 
 from benchmarks.harness import (
     MODEL,
+    SPAWN,
     cpu_s,
     gateway,
     local_endpoint,
@@ -199,7 +205,7 @@ class Phase:
         self.e2e_by_id: dict[str, float] = {}
         self.errors: Counter[str] = Counter()
         self.abuser: Counter[str] = Counter()
-        self.cpu_s = {"load_generator": 0.0, "gateway_and_engine": 0.0, "machine": 0.0}
+        self.cpu_s: dict[str, float] = {}
         self.wall_s = 0.0
 
     def summary(self) -> dict[str, Any]:
@@ -264,7 +270,7 @@ async def _honest(
 
 
 async def _abuse(
-    session: aiohttp.ClientSession, url: str, abuser: Abuser, hang_up_s: float, phase: Phase
+    session: aiohttp.ClientSession, url: str, abuser: Abuser, hang_up_s: float, got: Counter[str]
 ) -> None:
     """The abuser's requests in a loop; one that hangs up closes its connection after
     ``hang_up_s`` (the gateway cancels the answer) and sends the request again."""
@@ -278,43 +284,112 @@ async def _abuse(
                 ) as r:
                     if r.status != 200:
                         await r.read()
-                        phase.abuser[f"status {r.status}"] += 1
+                        got[f"status {r.status}"] += 1
                         await asyncio.sleep(abuser.pause_s)
                         continue
-                    phase.abuser["admitted"] += 1
+                    got["admitted"] += 1
                     async for _ in r.content.iter_any():
                         pass
-                    phase.abuser["finished"] += 1
+                    got["finished"] += 1
         except TimeoutError:
-            phase.abuser["hung up"] += 1
+            got["hung up"] += 1
         except aiohttp.ClientError as exc:
-            phase.abuser[type(exc).__name__] += 1
+            got[type(exc).__name__] += 1
+
+
+def _abusers_process(
+    url: str, abuser: Abuser, hang_up_s: float, clients: int, conn: Connection
+) -> None:
+    """The abusive clients, in a process of their own (so the answers they read take no
+    time from the honest clients' loop): ``"started"`` on ``conn`` once they send, then,
+    at any message on ``conn``, they stop and send back what they got and their CPU
+    seconds since they started."""
+    asyncio.run(_abuse_until_told(url, abuser, hang_up_s, clients, conn))
+
+
+async def _abuse_until_told(
+    url: str, abuser: Abuser, hang_up_s: float, clients: int, conn: Connection
+) -> None:
+    got: Counter[str] = Counter()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_reader(conn.fileno(), stop.set)
+    cpu0 = time.process_time()
+    timeout = aiohttp.ClientTimeout(total=None, sock_read=3600)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        tasks = [
+            asyncio.create_task(_abuse(session, url, abuser, hang_up_s, got))
+            for _ in range(clients)
+        ]
+        conn.send("started")
+        await stop.wait()
+        loop.remove_reader(conn.fileno())
+        conn.recv()
+        for task in tasks:  # its connections close: the engine cancels its answers
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    conn.send((dict(got), time.process_time() - cpu0))
+
+
+@dataclass
+class _Abused:
+    """What the abusers got back, and their process's CPU seconds."""
+
+    got: Counter[str] = field(default_factory=Counter)
+    cpu_s: float = 0.0
+
+
+@contextlib.asynccontextmanager
+async def _abusing(
+    url: str, abuser: Abuser | None, args: argparse.Namespace
+) -> AsyncIterator[_Abused]:
+    """The abusers running in their own process while the block runs (none: nothing);
+    what they got is in the yielded :class:`_Abused` once the block ended."""
+    abused = _Abused()
+    if abuser is None:
+        yield abused
+        return
+    ours, theirs = SPAWN.Pipe()
+    proc = SPAWN.Process(
+        target=_abusers_process,
+        args=(url, abuser, args.hang_up_s, args.abuser_clients, theirs),
+        daemon=True,
+    )
+    proc.start()
+    try:
+        if await asyncio.to_thread(ours.recv) != "started":
+            raise RuntimeError("the abusers' process did not start")
+        yield abused
+        ours.send("stop")
+        got, abused.cpu_s = await asyncio.to_thread(ours.recv)
+        abused.got.update(got)
+        await asyncio.to_thread(proc.join, 30)
+    finally:
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(10)
 
 
 async def _phase(url: str, pid: int, args: argparse.Namespace, abuser: Abuser | None) -> Phase:
     phase = Phase()
     items = workload(limit=HONEST_CLIENTS * args.requests)
     timeout = aiohttp.ClientTimeout(total=None, sock_read=3600)
-    t0, machine0 = time.perf_counter(), machine_busy_s()
-    cpu0, gateway0 = time.process_time(), cpu_s(pid)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
-        abusing = []
+    async with _abusing(url, abuser, args) as abused:
+        t0, machine0 = time.perf_counter(), machine_busy_s()
+        cpu0, gateway0 = time.process_time(), cpu_s(pid)
         if abuser is not None:
-            abusing = [
-                asyncio.create_task(_abuse(session, url, abuser, args.hang_up_s, phase))
-                for _ in range(args.abuser_clients)
-            ]
             await asyncio.sleep(args.abuser_lead_s)  # the abuser's requests come first
-        honest = [
-            _honest(session, url, items[c::HONEST_CLIENTS], args.max_tokens, phase)
-            for c in range(HONEST_CLIENTS)
-        ]
-        await asyncio.gather(*honest)
-        for task in abusing:  # its connections close: the engine cancels its answers
-            task.cancel()
-        await asyncio.gather(*abusing, return_exceptions=True)
-    phase.cpu_s = {
-        "load_generator": time.process_time() - cpu0,
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            honest = [
+                _honest(session, url, items[c::HONEST_CLIENTS], args.max_tokens, phase)
+                for c in range(HONEST_CLIENTS)
+            ]
+            await asyncio.gather(*honest)
+    honest_cpu = time.process_time() - cpu0
+    phase.abuser = abused.got
+    phase.cpu_s = {  # the load generator's: both its processes
+        "load_generator": honest_cpu + abused.cpu_s,
+        "load_generator_abusers": abused.cpu_s,
         "gateway_and_engine": cpu_s(pid) - gateway0,
         "machine": machine_busy_s() - machine0,
     }

@@ -5,7 +5,8 @@
 
 Each kind gets a gateway of its own, run as ``draftgate serve`` runs it (uvicorn,
 httptools, uvloop) in a child process, with one tenant key and one hosted endpoint that no
-rejected request reaches. A load generator in this process floods it over 127.0.0.1 with
+rejected request reaches, and its 429s answered at once (``limits.over_limit_hold_s = 0``:
+the answer's own cost, not held). A load generator in this process floods it over 127.0.0.1 with
 bounded loops: ``--clients`` threads, each sending ``--requests / --clients`` prebuilt
 requests (with the headers the openai Python SDK sends) one after another, reading each
 answer before the next, on one keep-alive connection (``keep_alive``) and then on a new
@@ -48,8 +49,9 @@ KEY_ENV, KEY = "BENCH_TENANT_KEY", "tenant-key-0123456789"
 CHAT = json.dumps(
     {"model": "bench", "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 16}
 ).encode()
-OPEN = {"requests_per_minute": 10**9, "tokens_per_minute": 10**12}
-LIMITED = {"requests_per_minute": 1}
+HOLD_OFF = {"over_limit_hold_s": 0}  # the refusal's own cost: 429s answered at once, not held
+OPEN = {"requests_per_minute": 10**9, "tokens_per_minute": 10**12, **HOLD_OFF}
+LIMITED = {"requests_per_minute": 1, **HOLD_OFF}
 
 
 # the headers the openai Python SDK sends besides its own (its clients are the usual ones)
