@@ -7,7 +7,9 @@ that waits for its answers is slowed to its connections / ``hold_s`` requests a 
 A held answer is a timer on the event loop and the request's task waiting on the
 connection: no CPU while held, and a client that hangs up meanwhile is forgotten without
 an answer. At most ``max_held`` are held at once; past that a refusal is answered at once
-with ``Connection: close``, so its client must open a new connection to ask again.
+with ``Connection: close``, so its client must open a new connection to ask again; so is
+one whose client sends more than ``HELD_BODY_BYTES`` of body while held (the body is read
+while held, as that is how a hang-up is seen, and dropped).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ class Cancellable(Protocol):
     def cancel(self) -> None: ...
 
 
+HELD_BODY_BYTES = 64 * 1024  # body read (and dropped) while held, past it answered at once
 CallLater = Callable[[float, Callable[[], None]], Cancellable]
 """``loop.call_later`` without extra arguments: a timer that runs a callback once."""
 
@@ -57,13 +60,17 @@ class Tarpit:
             return _closing(send)
         self.held += 1
         try:
-            return send if await self._wait(delay, receive) else None
+            waited = await self._wait(delay, receive)
         finally:
             self.held -= 1
+        if waited == "hung up":
+            return None
+        return send if waited == "expired" else _closing(send)
 
-    async def _wait(self, delay: float, receive: Receive) -> bool:
-        """Whether ``delay`` passed before the client hung up (its body is read and
-        dropped meanwhile: reading is how a hang-up is seen)."""
+    async def _wait(self, delay: float, receive: Receive) -> str:
+        """``"expired"`` once ``delay`` passed, or earlier ``"hung up"`` or ``"body"`` (the
+        client sent more than ``HELD_BODY_BYTES`` of body: the body is read and dropped
+        meanwhile, as reading is how a hang-up is seen)."""
         task = asyncio.current_task()
         assert task is not None
         expired = False
@@ -75,17 +82,20 @@ class Tarpit:
 
         call_later = self._call_later or asyncio.get_running_loop().call_later
         timer = call_later(delay, expire)
+        body = 0
         try:
-            while (await receive())["type"] != "http.disconnect":
-                pass
+            while (message := await receive())["type"] != "http.disconnect":
+                body += len(message.get("body", b""))
+                if body > HELD_BODY_BYTES:
+                    return "body"
         except asyncio.CancelledError:
             if not expired:
                 raise
             task.uncancel()
-            return True
+            return "expired"
         finally:
             timer.cancel()
-        return False
+        return "hung up"
 
 
 def _closing(send: Send) -> Send:

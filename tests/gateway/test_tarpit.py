@@ -1,6 +1,7 @@
 """The door's 429s are held before they are answered (a tarpit): on a timer, a bounded
-number at once (past it answered at once with ``Connection: close``), a client that hangs
-up while held gets nothing more; other refusals and keyed requests are never held."""
+number at once (past it, or past a bounded body read while held, answered at once with
+``Connection: close``), a client that hangs up while held gets nothing more; other
+refusals and keyed requests are never held."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from starlette.types import Message
 
 from gateway.app import create_app
 from gateway.errors import AuthenticationFailed, GatewayError, RateLimited
-from gateway.http.tarpit import Tarpit
+from gateway.http.tarpit import HELD_BODY_BYTES, Tarpit
 from tests.gateway.conftest import ENVIRON, standin_settings
 from tests.gateway.servers import serve
 from tests.openai_standin import StandIn
@@ -130,6 +131,27 @@ async def test_a_client_that_hangs_up_while_held_gets_nothing_and_frees_its_plac
     assert tarpit.held == 1
     timers.set[1][1]()
     await again
+
+
+async def test_a_client_sending_a_long_body_while_held_is_answered_at_once_and_closed() -> None:
+    timers, chunks = Timers(), 0
+
+    async def receive() -> Message:
+        nonlocal chunks
+        chunks += 1
+        return {"type": "http.request", "body": b"x" * 16384, "more_body": True}
+
+    sent: list[Message] = []
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    tarpit = Tarpit(1.0, 1, call_later=timers)
+    answer = await tarpit.hold(_over(), receive, send)
+    assert answer is not None and chunks == HELD_BODY_BYTES // 16384 + 1
+    assert tarpit.held == 0 and timers.cancelled == 1
+    await answer({"type": "http.response.start", "status": 429, "headers": []})
+    assert sent[0]["headers"] == [(b"connection", b"close")]
 
 
 async def test_a_held_request_cancelled_from_outside_stays_cancelled() -> None:
