@@ -22,9 +22,18 @@ from local_verifier.kernels.cpp import load_library
 from local_verifier.kernels.packing import QUANT_TYPES, layout_of
 from local_verifier.kv_storage import KVStorage
 from local_verifier.linear import Linear
+from local_verifier.loader import GEMMA3_ALIAS, load_model
 from local_verifier.model import RMSNorm, SeqStep, Transformer
 from tests.local_verifier.conftest import AMX_TINY_CFG
-from tests.local_verifier.fused_scripts import assert_fused_is_per_op, assert_same_runs, run, script
+from tests.local_verifier.fused_scripts import (
+    assert_fused_is_per_op,
+    assert_same_runs,
+    rows,
+    run,
+    script,
+    tokens,
+    tree,
+)
 
 LIBRARY, WHY = load_library()
 pytestmark = pytest.mark.skipif(LIBRARY is None, reason=f"no C++ kernels here: {WHY}")
@@ -145,3 +154,32 @@ def test_fused_family_rows_are_the_same_alone_in_7_and_in_64(
     whole = prompt_in(PROMPT)
     assert torch.equal(prompt_in(7), whole)
     assert torch.equal(prompt_in(1), whole)
+
+
+def _long_script(vocab: int, window: int) -> list[list[SeqStep]]:
+    """A prompt past ``window`` in two chunks, a decode row, a chain, a tree, and a step of
+    two sequences (one of them a fresh prompt of 7 rows)."""
+    n = window + 88
+    prompt, half = tokens(n, 11, vocab), window // 2 + 17
+    return [
+        [rows(prompt[:half], 0, 0, logits="last")],
+        [rows(prompt[half:], half, half)],
+        [rows(tokens(1, 12, vocab), n, n)],
+        [rows(tokens(5, 13, vocab), n + 1, n + 1)],
+        [tree(tokens(8, 14, vocab), n + 6, n + 6)],
+        [rows(tokens(1, 15, vocab), n + 14, n + 1), rows(tokens(7, 16, vocab), n + 15, 0)],
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["float32", "native"])
+def test_gemma3_270m_fused_step_is_bitwise_the_per_op_step(
+    dtype: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The real Gemma 3 270M (its Q4_K_M file as float32, or as its blocks) past its
+    512-token sliding window: the fused stack and the per-op path bitwise alike."""
+    lm = load_model(GEMMA3_ALIAS, device="cpu", dtype=dtype, max_seq_len=1024, tune_threads=False)
+    cfg = lm.config
+    assert cfg.sliding_window is not None and cfg.rope_local_theta is not None
+    steps = _long_script(cfg.vocab_size, cfg.sliding_window)
+    assert_fused_is_per_op(lm.model, steps, monkeypatch, slots=cfg.sliding_window + 112)

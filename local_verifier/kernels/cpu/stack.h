@@ -113,7 +113,8 @@ void stack_step(Stack& m, const DgStepArgs& s) {
         linear_team<W>(h, w.w13, nullptr, gate_up, N, D, 2 * F, m.quant_rows);
         clock.mark(kLinearTime);
 #pragma omp for schedule(static)
-        for (int64_t n = 0; n < N; ++n) activation_row(w.activation, gate_up + n * 2 * F, act + n * F, F);
+        for (int64_t n = 0; n < N; ++n)
+          activation_row(w.activation, gate_up + n * 2 * F, act + n * F, F);
         clock.mark(kRowOpsTime);
         linear_team<W>(act, w.w2, nullptr, tmp, N, F, D, m.quant_rows);
         clock.mark(kLinearTime);
@@ -148,9 +149,12 @@ void stack_step(Stack& m, const DgStepArgs& s) {
         for (int64_t p = 0; p < P; ++p) {
           const int64_t r = s.picked[p];
           std::memcpy(last + p * D, x + r * D, D * sizeof(float));
-          if (L > 0) {  // the last layer's residual (its post norm on a copy: a row may be
+          if (L > 0) {  // the last layer's residual (a post norm on a copy: a row may be
             float* t = tmp + r * D;  // picked twice)
-            if (post_ffn != nullptr) t = static_cast<float*>(std::memcpy(normed + p * D, t, D * sizeof(float)));
+            if (post_ffn != nullptr) {
+              std::memcpy(normed + p * D, t, D * sizeof(float));
+              t = normed + p * D;
+            }
             residual_row(last + p * D, t, post_ffn, post_eps, D);
           }
           rms_norm_row(last + p * D, m.final_norm, normed + p * D, D, m.norm_eps);

@@ -27,7 +27,8 @@ inline void residual_row(float* x, float* t, const float* post_norm, float eps, 
 inline void qk_norm_row(float* qkv, const LayerVectors& v, const LayerWeights& w, int64_t H,
                         int64_t KVH, int64_t Dh) {
   if (v.q_norm != nullptr)
-    for (int64_t h = 0; h < H; ++h) rms_norm_row(qkv + h * Dh, v.q_norm, qkv + h * Dh, Dh, w.eps[kQEps]);
+    for (int64_t h = 0; h < H; ++h)
+      rms_norm_row(qkv + h * Dh, v.q_norm, qkv + h * Dh, Dh, w.eps[kQEps]);
   if (v.k_norm != nullptr)
     for (int64_t h = H; h < H + KVH; ++h)
       rms_norm_row(qkv + h * Dh, v.k_norm, qkv + h * Dh, Dh, w.eps[kKEps]);
