@@ -29,7 +29,11 @@ and of the proposers show), after one short warm-up request per server, of:
 Each method with speculation runs once per ``--ks`` value (``ngram_k16``, ...).
 
 Per method and repeat: output tokens over wall seconds (``tok_s``), answers identical to
-``plain``'s text, and 5xx answers; for ``draftgate`` also its round trips per output token
+``plain``'s text, and 5xx answers; for vLLM's speculation (``ngram``, ``suffix`` and the
+``in-engine`` methods) also its model steps (output tokens less accepted draft tokens),
+the draft tokens it verified and accepted (vLLM's ``/metrics`` counters read around each
+answer: counts the machine's load does not change), and their means per step; for
+``draftgate`` also its round trips per output token
 and how many answers were verified remotely, for the ``in-engine`` methods how many
 answers carried drafts (``X-Draftgate-Prediction: verified-in-engine``) and whether the
 server's log showed the plugin at work. vLLM and the gateway each run in a process of
@@ -56,6 +60,12 @@ SPECULATIVE: dict[str, dict[str, Any]] = {
 }
 IN_ENGINE = ("in-engine", "in-engine-corpus")
 PLUGIN_LINE = "draftgate_vllm: gateway drafts join"  # the plugin's first proposal, logged
+COUNTERS = {
+    "vllm:spec_decode_num_drafts_total": "drafts",
+    "vllm:spec_decode_num_draft_tokens_total": "draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens_total": "accepted_tokens",
+}
+"""vLLM's speculation counters (``/metrics``), under the names the rows give them."""
 MODEL = vllm_server.SERVED_NAME
 WARM_UP = {
     "model": MODEL,
@@ -101,7 +111,23 @@ def _wait_self_test(client: httpx.Client, deadline_s: float = 600) -> dict[str, 
     raise RuntimeError("the remote-verify self-test did not finish")
 
 
-def _ask(client: httpx.Client, body: dict[str, Any]) -> dict[str, Any]:
+def spec_counters(metrics: str) -> dict[str, int]:
+    """vLLM's speculation counters in its Prometheus ``metrics`` text (summed over labels;
+    0 where speculation is off)."""
+    counts = dict.fromkeys(COUNTERS.values(), 0)
+    for line in metrics.splitlines():
+        name = line.partition("{")[0].partition(" ")[0]
+        if name in COUNTERS:
+            counts[COUNTERS[name]] += int(float(line.rsplit(" ", 1)[-1]))
+    return counts
+
+
+def _ask(
+    client: httpx.Client, body: dict[str, Any], vllm: httpx.Client | None = None
+) -> dict[str, Any]:
+    """One answer; with ``vllm`` (the server's own client) also vLLM's speculation
+    counters over it (the client asks one request at a time)."""
+    before = spec_counters(vllm.get("/metrics").text) if vllm is not None else None
     t0 = time.perf_counter()
     response = client.post("/v1/chat/completions", json=body)
     seconds = time.perf_counter() - t0
@@ -109,7 +135,7 @@ def _ask(client: httpx.Client, body: dict[str, Any]) -> dict[str, Any]:
         return {"status": response.status_code, "seconds": seconds, "text": None, "tokens": 0}
     response.raise_for_status()
     payload = response.json()
-    return {
+    answer = {
         "status": response.status_code,
         "seconds": seconds,
         "text": payload["choices"][0]["message"]["content"],
@@ -117,15 +143,24 @@ def _ask(client: httpx.Client, body: dict[str, Any]) -> dict[str, Any]:
         "how": response.headers.get("x-draftgate-prediction", ""),
         "remote": (payload.get("draftgate") or {}).get("remote") or {},
     }
+    if vllm is not None and before is not None:
+        after = spec_counters(vllm.get("/metrics").text)
+        answer["spec"] = {name: after[name] - before[name] for name in after}
+    return answer
 
 
 def _runs(
-    client: httpx.Client, bodies: list[dict[str, Any]], label: str, repeats: int
+    client: httpx.Client,
+    bodies: list[dict[str, Any]],
+    label: str,
+    repeats: int,
+    vllm: httpx.Client | None = None,
 ) -> list[list[dict[str, Any]]]:
     """One short request first (a fresh server's and gateway's first-request costs, which
-    no item should carry), then ``repeats`` runs of ``bodies``."""
+    no item should carry), then ``repeats`` runs of ``bodies``; ``vllm``: the server's
+    speculation counters read around each answer."""
     _ask(client, WARM_UP)
-    return [[_ask(client, b) for b in steps(bodies, label)] for _ in range(repeats)]
+    return [[_ask(client, b, vllm) for b in steps(bodies, label)] for _ in range(repeats)]
 
 
 def _bodies_and_documents(
@@ -172,6 +207,8 @@ def _summary(answers: list[dict[str, Any]], reference: list[str | None]) -> dict
         "identical": sum(a["text"] == r for a, r in zip(answers, reference, strict=True)),
         "server_errors": sum(a["status"] >= 500 for a in answers),
     }
+    if all("spec" in a for a in answers):
+        row.update(_spec_summary(answers, tokens))
     if any(a.get("how") == "verified-in-engine" for a in answers):
         row["with_drafts"] = sum(a.get("how") == "verified-in-engine" for a in answers)
     elif any("how" in a and a["how"] for a in answers):
@@ -179,6 +216,21 @@ def _summary(answers: list[dict[str, Any]], reference: list[str | None]) -> dict
         row["verified_remotely"] = sum(a.get("how") == "verified-remotely" for a in answers)
         row["round_trips_per_token"] = round(trips / max(tokens, 1), 4)
     return row
+
+
+def _spec_summary(answers: list[dict[str, Any]], tokens: int) -> dict[str, Any]:
+    """vLLM's steps for the answers (one per output token it did not accept from a
+    draft), the draft tokens it verified and accepted, and their means per step."""
+    drafted = sum(a["spec"]["draft_tokens"] for a in answers)
+    accepted = sum(a["spec"]["accepted_tokens"] for a in answers)
+    model_steps = tokens - accepted
+    return {
+        "steps": model_steps,
+        "draft_tokens": drafted,
+        "accepted_tokens": accepted,
+        "drafted_per_step": round(drafted / max(model_steps, 1), 2),
+        "tokens_per_step": round(tokens / max(model_steps, 1), 2),
+    }
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -211,7 +263,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 httpx.Client(base_url=url, timeout=600) as vllm,
             ):
                 plain = [_vllm_body(b) for b in bodies]
-                runs = _runs(vllm, plain, f"vLLM {method} k={k}", args.repeats)
+                runs = _runs(vllm, plain, f"vLLM {method} k={k}", args.repeats, vllm)
             result["methods"][f"{method}_k{k}"] = [_summary(r, reference) for r in runs]
     for method in IN_ENGINE:
         if method in methods:
@@ -242,10 +294,11 @@ def _in_engine(
         ) as url,
         gateway(_gateway_config(url, "in-engine")) as served,
         httpx.Client(base_url=served.url, timeout=600) as client,
+        httpx.Client(base_url=url, timeout=60) as vllm,
     ):
         for document in documents:
             client.post("/v1/documents", json=document).raise_for_status()
-        runs = _runs(client, bodies, f"{method} k={k}", args.repeats)
+        runs = _runs(client, bodies, f"{method} k={k}", args.repeats, vllm)
     return [_summary(r, reference) for r in runs], PLUGIN_LINE in log.read_text(errors="replace")
 
 

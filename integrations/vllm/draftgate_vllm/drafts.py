@@ -1,15 +1,15 @@
-"""The drafts a gateway attaches to one request, followed as the answer grows.
+"""The drafts a gateway attaches to one request, and the proposal made from them each step.
 
 A request's ``SamplingParams.extra_args`` (the OpenAI body's ``vllm_xargs``) may carry
 :data:`PREDICTION_KEY`, the predicted answer's token ids, and :data:`DOCUMENTS_KEY`, the
 token ids of documents and earlier answers, each ended by :data:`SEPARATOR`. A
-:class:`Track` follows each: the prediction starts aligned with the first token of the
-answer (as the Predicted Outputs APIs align it); the documents, and the prediction once
-the answer leaves it, are anchored where the answer's last tokens occur longest (at
-least :data:`MIN_MATCH` of them). :meth:`RequestDrafts.propose` returns the chosen
-track's next tokens, and :func:`merged` puts them in place of vLLM's own proposal when
-they are backed better. Whatever is proposed, vLLM's rejection sampler keeps only what
-its own decoding would have produced: drafts change speed, never the answer.
+:class:`~draftgate_vllm.tracks.Track` follows each, and an
+:class:`~draftgate_vllm.tracks.AnswerTrack` the answer itself. :meth:`RequestDrafts.propose`
+returns the best backed track's next tokens: the prediction while it is aligned with the
+answer's start (all ``k``), else the longest match (:data:`LENGTH_PER_MATCH` tokens per
+token matched); :func:`merged` puts them in place of vLLM's own proposal. Whatever is
+proposed, vLLM's rejection sampler keeps only what its own decoding would have produced:
+drafts change speed, never the answer.
 """
 
 from __future__ import annotations
@@ -18,80 +18,26 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from draftgate_vllm.tracks import MIN_MATCH, SEPARATOR, AnswerTrack, Track
+
+__all__ = [
+    "DOCUMENTS_KEY",
+    "MAX_MATCH",
+    "MIN_MATCH",
+    "PREDICTION_KEY",
+    "SEPARATOR",
+    "BatchDrafts",
+    "Proposal",
+    "RequestDrafts",
+    "merged",
+]
+
 PREDICTION_KEY = "draftgate_prediction"
 DOCUMENTS_KEY = "draftgate_documents"
-SEPARATOR = -1
-"""Ends each document in :data:`DOCUMENTS_KEY`; never a token, so no match crosses it."""
-MIN_MATCH = 3
-"""Context tokens a track must match where it is anchored (the index's n-gram)."""
 MAX_MATCH = 64
 """Context tokens compared when anchoring (the longest match counted)."""
 LENGTH_PER_MATCH = 2
 """Tokens a place away from the answer's start proposes per answer token matched there."""
-MAX_CANDIDATES = 64
-"""Occurrences of the last :data:`MIN_MATCH` tokens compared when anchoring."""
-
-
-class Track:
-    """One token sequence drafts are copied from, and where the answer stands in it."""
-
-    def __init__(self, tokens: list[int], position: int | None = None) -> None:
-        self.tokens = tokens
-        self.position = position
-        """The index of the token expected next (None: the answer is not in this track)."""
-        self.matched = 0
-        """Answer tokens this track has matched in a row up to ``position``."""
-        self.aligned = position is not None
-        """Still aligned with the answer's start (a prediction never left)."""
-        self._index: dict[tuple[int, ...], list[int]] | None = None
-
-    def follow(self, token: int) -> None:
-        """Take the answer's next token: the track moves on, or loses its place."""
-        at = self.position
-        if at is not None and at < len(self.tokens) and self.tokens[at] == token:
-            self.position = at + 1
-            self.matched += 1
-        else:
-            self.position = None
-            self.matched = 0
-            self.aligned = False
-
-    def anchor(self, tail: Sequence[int]) -> None:
-        """Place the track after the longest occurrence of the context's last tokens
-        ``tail`` (the first occurrence among equals); unplaced below :data:`MIN_MATCH`."""
-        if len(tail) < MIN_MATCH:
-            return
-        tokens = self.tokens
-        best, best_len = None, 0
-        for end in self._occurrences().get(tuple(tail[-MIN_MATCH:]), ())[:MAX_CANDIDATES]:
-            n = MIN_MATCH
-            while n < len(tail) and n < end and tokens[end - n - 1] == tail[-n - 1]:
-                n += 1
-            if n > best_len and end < len(tokens) and tokens[end] != SEPARATOR:
-                best, best_len = end, n
-        if best is not None:
-            self.position, self.matched = best, best_len
-
-    def draft(self, k: int) -> list[int]:
-        """Up to ``k`` tokens from the track's place, stopping at a document's end."""
-        if self.position is None:
-            return []
-        out = self.tokens[self.position : self.position + k]
-        if SEPARATOR in out:
-            out = out[: out.index(SEPARATOR)]
-        return out
-
-    def _occurrences(self) -> dict[tuple[int, ...], list[int]]:
-        """Every :data:`MIN_MATCH`-gram of the track -> the positions right after it."""
-        if self._index is None:
-            index: dict[tuple[int, ...], list[int]] = {}
-            tokens = self.tokens
-            for end in range(MIN_MATCH, len(tokens) + 1):
-                key = tuple(tokens[end - MIN_MATCH : end])
-                if SEPARATOR not in key:
-                    index.setdefault(key, []).append(end)
-            self._index = index
-        return self._index
 
 
 @dataclass(frozen=True)
@@ -101,6 +47,8 @@ class Proposal:
     tokens: list[int]
     matched: int
     aligned: bool
+    ends: bool = False
+    """The draft stops where its track ends (the prediction's or a document's end)."""
 
     @property
     def backed(self) -> bool:
@@ -110,7 +58,7 @@ class Proposal:
 
 
 class RequestDrafts:
-    """The gateway's drafts for one request."""
+    """The gateway's drafts for one request, and the answer so far."""
 
     def __init__(self, prediction: Sequence[int] = (), documents: Sequence[int] = ()) -> None:
         self.tracks: list[Track] = []
@@ -118,8 +66,9 @@ class RequestDrafts:
             self.tracks.append(Track(list(prediction), 0))
         if documents:
             self.tracks.append(Track(list(documents)))
-        self.seen = 0
-        """Answer tokens already followed."""
+        self.answer: list[int] = []
+        """The answer's tokens followed so far."""
+        self.tracks.append(AnswerTrack(self.answer))
 
     @classmethod
     def from_extra_args(cls, extra_args: Mapping[str, Any] | None) -> RequestDrafts | None:
@@ -132,18 +81,25 @@ class RequestDrafts:
             return None
         return cls(prediction, documents)
 
+    @property
+    def seen(self) -> int:
+        """Answer tokens already followed."""
+        return len(self.answer)
+
     def propose(self, new_tokens: Sequence[int], tail: Sequence[int], k: int) -> Proposal:
         """Follow the answer's ``new_tokens`` (those since the last call), re-anchor lost
         tracks on the context's last tokens ``tail``, and propose up to ``k`` tokens."""
         for token in new_tokens:
             for track in self.tracks:
-                track.follow(token)
-        self.seen += len(new_tokens)
+                track.follow(token, len(self.answer))
+            self.answer.append(token)
         best = Proposal([], 0, False)
         for track in self.tracks:
             if track.position is None:
-                track.anchor(tail)
-            proposal = Proposal(track.draft(_length(track, k)), track.matched, track.aligned)
+                track.anchor(tail, self.answer)
+            length = _length(track, k)
+            tokens = track.draft(length)
+            proposal = Proposal(tokens, track.matched, track.aligned, len(tokens) < length)
             if proposal.backed and _better(proposal, best):
                 best = proposal
         return best
@@ -164,10 +120,13 @@ def _better(a: Proposal, b: Proposal) -> bool:
 
 def merged(own: list[int], gateway: Proposal) -> list[int]:
     """The draft vLLM verifies: the gateway's when it is backed (vLLM's own where that
-    starts with the gateway's and goes further), else vLLM's own."""
+    starts with the gateway's and goes further, unless the gateway's track ends there),
+    else vLLM's own."""
     if not gateway.backed:
         return own
     ours = gateway.tokens
+    if gateway.ends:
+        return ours
     return own if len(own) > len(ours) and own[: len(ours)] == ours else ours
 
 
