@@ -24,8 +24,9 @@ decoding each side: prompts identical throughout, mean common prefix).
 Decode (``--decode``): the model loaded once per ``--dtypes`` entry, then, interleaved (order
 alternating), plain greedy decoding of ``--tokens`` tokens on each of the first ``--prompts``
 workload prompts (decode tokens/s: the tokens after the first over the time after the
-prompt's step) and ``--repeats`` steps of each ``--rows`` count (a chain of R rows after a
-128-token context: a verify step's shape; ms per step, best and median).
+prompt's step; ``--prompts 0``: steps only) and ``--repeats`` steps of each ``--rows`` count (a chain of R rows after a
+128-token context: a verify step's shape; ms per step, best and median), with native's best
+step over bf16's per row count where both are run.
 """
 
 from __future__ import annotations
@@ -250,13 +251,21 @@ def decode(args: argparse.Namespace) -> dict[str, Any]:
     report: dict[str, Any] = {}
     for side in models:
         report[side] = {
-            "decode_tok_s": len(prompts) * (args.tokens - 1) / seconds[side],
+            "decode_tok_s": len(prompts) * (args.tokens - 1) / seconds[side] if prompts else None,
             "step_ms": {
                 rows: {"best": min(t) * 1e3, "median": statistics.median(t) * 1e3}
                 for rows, t in steps[side].items()
             },
         }
         print(side, json.dumps(report[side]), flush=True)
+    if "native" in models and "bf16" in models:  # below 1: native's step is the faster
+        ratio = {
+            rows: report["native"]["step_ms"][rows]["best"]
+            / report["bf16"]["step_ms"][rows]["best"]
+            for rows in steps["native"]
+        }
+        report["native_over_bf16"] = ratio
+        print("native / bf16 step (best):", json.dumps({r: round(v, 3) for r, v in ratio.items()}))
     return {"model": args.decode, "threads": torch.get_num_threads(), "decode": report}
 
 

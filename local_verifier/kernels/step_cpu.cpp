@@ -24,9 +24,11 @@
 //   cpu/quant.h      linear layers on GGUF quantized blocks (integer dot products): the
 //                    fixed order of an output's arithmetic and the choice of kernel
 //   cpu/quant_blocks.h  the block formats, decoded to bytes and float scales
-//   cpu/quant_rows.h    activations quantized per block of 32, by row or by row vector
+//   cpu/quant_rows.h    activations quantized per block of 32, by row or by pass of rows
 //   cpu/quant_gemv.h    one row (lanes over k, integer sums per column)
-//   cpu/quant_gemm.h    many rows (one row per lane, the weight byte broadcast)
+//   cpu/quant_gemm.h    two rows or more (one column per lane, the rows' bytes broadcast)
+//   cpu/quant_tiles.h   a tile of columns decoded, one column per lane
+//   cpu/quant_decode.h  each type's blocks decoded into a tile
 //   cpu/attention.h  attention over each row's own key list
 //   cpu/activation.h the MLP's gated activations (SwiGLU, GeGLU)
 //   cpu/stack_args.h dg_stack_step's argument structs

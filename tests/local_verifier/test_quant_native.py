@@ -1,11 +1,14 @@
 """GGUF quantized weights run as blocks (``dtype="native"``): every type the C++ kernels take,
 on tiny files written here (the gguf package's quantizers where it has them, else blocks of
 valid random fields), bitwise the same for a row alone, batched, in prompt chunks, in draft
-trees, fused or op by op, on one thread or two; close to the same weights dequantized."""
+trees, fused or op by op, on one thread or two; close to the same weights dequantized. The
+linear kernel itself: each row's bits at every row count, nothing read past a weight."""
 
 from __future__ import annotations
 
+import ctypes
 import json
+import mmap
 from dataclasses import replace
 from pathlib import Path
 from typing import cast
@@ -20,7 +23,8 @@ from safetensors.torch import load_file
 
 from local_verifier.devices import resolve_dtype
 from local_verifier.errors import ModelLoadError
-from local_verifier.kernels.packing import QUANT_TYPES, layout_of, quant_type
+from local_verifier.kernels.cpp import CppOps, load_library
+from local_verifier.kernels.packing import QUANT_TYPES, dequantized, layout_of, quant_type
 from local_verifier.kv_storage import KVStorage
 from local_verifier.linear import Linear
 from local_verifier.loader import LoadedModel, load_model
@@ -272,6 +276,55 @@ def test_shipped_smollm2_runs_its_q4_1_blocks_and_drafts_equal_plain_decoding() 
     tokens, plain = plain_decode(lm, ids, 12)
     other = lm.tokenizer.encode("import os\n")
     assert torch.equal(verify_batched(lm, ids, tokens, other, split=3), plain)
+
+
+def _before_unreadable_page(blocks: np.ndarray) -> tuple[mmap.mmap, torch.Tensor]:
+    """``blocks`` copied into memory that ends where an unreadable page begins (the region,
+    which must outlive the tensor, and the tensor)."""
+    page, size = mmap.PAGESIZE, blocks.nbytes
+    pages = -(-size // page)
+    region = mmap.mmap(-1, (pages + 1) * page)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(region))
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.mprotect(ctypes.c_void_p(base + pages * page), page, 0) == 0  # PROT_NONE
+    view = torch.frombuffer(region, dtype=torch.uint8, count=size, offset=pages * page - size)
+    view.copy_(torch.from_numpy(blocks.reshape(-1)))
+    return region, view.view(blocks.shape)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_the_linear_kernel_gives_each_row_its_bits_alone_at_every_row_count(
+    qtype: GGMLQuantizationType,
+) -> None:
+    """One row (the one-row kernel) against 2-70 rows (tiles of columns, passes of rows), one
+    thread or two, 53 outputs (a partial tile) with a bias, the weight's last block just
+    before an unreadable page (a read past the weight would crash the process)."""
+    library, why = load_library()
+    if library is None:
+        pytest.skip(f"no C++ kernels here: {why}")
+    ops, (m, k), (size, values) = CppOps(library), (53, 512), QUANT_TYPES[qtype]
+    rng = np.random.default_rng(int(qtype))
+    if qtype in GGUF_QUANTIZED:
+        blocks = quantize((rng.standard_normal((m, k)) * 0.1).astype(np.float32), qtype)
+    else:
+        blocks = random_blocks(m, k, qtype, int(qtype))
+    region, weight = _before_unreadable_page(blocks.reshape(m, k // values, size))
+    x = torch.from_numpy(rng.standard_normal((70, k)).astype(np.float32))
+    bias = torch.from_numpy(rng.standard_normal(m).astype(np.float32))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = torch.cat([ops.linear(x[i : i + 1], weight, bias) for i in range(70)])
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            for rows in (2, 3, 4, 7, 8, 9, 16, 17, 33, 70):
+                assert torch.equal(ops.linear(x[:rows], weight, bias), alone[:rows]), (count, rows)
+    finally:
+        torch.set_num_threads(threads)
+    exact = x.double() @ dequantized(weight).double().T + bias.double()
+    assert (alone.double() - exact).abs().max() < 0.02 * exact.abs().max()
+    del weight
+    region.close()
 
 
 def _patched(path: Path, tensor: str, dst: Path, dims: int = 2, **fields: int) -> Path:

@@ -1,6 +1,7 @@
 // Linear layers on GGUF quantized weights, applied as they lie in the file: row-major rows
 // of blocks (cpu/quant_blocks.h), activations quantized per block of 32 values
-// (cpu/quant_rows.h), one row on cpu/quant_gemv.h, more on cpu/quant_gemm.h.
+// (cpu/quant_rows.h), one row on cpu/quant_gemv.h, more on cpu/quant_gemm.h (tiles decoded by
+// cpu/quant_decode.h into cpu/quant_tiles.h's layout).
 #pragma once
 
 #include <cstdint>
@@ -21,21 +22,22 @@ namespace {
 // signed) with a float scale per group of 32 values (16 for Q6_K) and, for the types with
 // one, a float minimum per 32. The fixed order of one output's arithmetic, whatever the
 // kernel, row count, tile or thread:
-//   acc = 0, mn = 0; for each block of 32 values of k in order:
-//     mn = fma(min, xs, mn)                                    (types with a minimum)
+//   acc = 0; for each block of 32 values of k in order:
+//     acc = fma(min, xs, acc)                                  (types with a minimum)
 //     for each scale group in it, in order:
 //       acc = fma(float(sum of the group's products), scale * d, acc)
-//   y = acc + mn (types with a minimum), + bias (if any).
+//   y = acc, + bias (if any).
 // The sum of a group's products is an integer computed exactly (any grouping of the
 // additions gives the same value); every float operation above is on this row's and this
 // column's values alone, so an output has the same bits for any row count, tiling and
 // thread count. The one-row kernel (lanes over k, the integer lanes summed per column) and
-// the many-row kernel (one row per lane) reach the same integers and then run these
-// operations.
+// the many-row kernel (one column per lane, the rows in registers) reach the same integers
+// and then run these operations.
 
-// Rows from which a step takes the many-row kernel (its decode of the weight into bytes
-// costs about three one-row products; measured on Zen 4 with bench_quant).
-constexpr int64_t kGemmMinRows = 4;
+// Rows from which a step takes the many-row kernel: at 2 rows it takes 0.5-0.7x the time of
+// the one-row kernel run twice, at 1 row about 1.05x (its tile's transposition costs more
+// than the one-row kernel's sums across lanes; measured on Zen 4, hot and cold weights).
+constexpr int64_t kGemmMinRows = 2;
 
 // y [N, M] = x [N, K] @ w.T (+ bias) for w [M, K / values per block] blocks of type T; the
 // calling team quantizes x into `rows` (grown beforehand by the caller: fit). Ends with a

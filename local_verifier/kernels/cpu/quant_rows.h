@@ -14,30 +14,37 @@
 
 namespace {
 
-// Rows per row vector of the many-row kernel (cpu/quant_gemm.h): one row per float lane.
-constexpr int64_t kRowLanes = kLanes;
+// Rows per pass of the many-row kernel (cpu/quant_gemm.h) over a decoded tile: each row's
+// float sums and integer sums are registers (2 x 8 of 32 on AVX-512, 2 x 4 of 16 on AVX2).
+constexpr int64_t kPassRows = DG_AVX512 ? 8 : 4;
 
-// q int8, d (the block's scale) and sums (d times the sum of its q) float32, in one of two
-// layouts: by row (q [N][K], d and sums [N][K / 32]) or by row vector, kRowLanes rows
-// interleaved 4 values at a time (q [V][K / 4][kRowLanes][4], d and sums
-// [V][K / 32][kRowLanes], V = N / kRowLanes rounded up, the missing rows' values 0).
+// q int8, d (the block's scale) and sums (d times the sum of its q) float32, and corr
+// (-128 times the sum of q per 16 values, then per 32: the offset of int8 weights held as
+// uint8), in one of two layouts: by row (q [N][K], d and sums [N][K / 32]) or by pass,
+// kPassRows rows interleaved 4 values at a time (q [P][K / 4][kPassRows][4], d, sums and
+// corr32 [P][K / 32][kPassRows], corr16 [P][K / 16][kPassRows], P = N / kPassRows rounded up).
 struct QuantRows {
   std::vector<int8_t> q;
   std::vector<float> d, sums;
+  std::vector<int32_t> corr16, corr32;
   // Room for N rows of K values in either layout (outside a parallel region).
   void fit(int64_t N, int64_t K) {
-    const int64_t rows = (N + kRowLanes - 1) / kRowLanes * kRowLanes;
+    const int64_t rows = (N + kPassRows - 1) / kPassRows * kPassRows;
     if (static_cast<int64_t>(q.size()) < rows * K) {
       q.resize(rows * K);
       d.resize(rows * K / kQBlock);
       sums.resize(rows * K / kQBlock);
+      corr32.resize(rows * K / kQBlock);
+      corr16.resize(rows * K / 16);
     }
   }
 };
 
 // One block of 32 values: d = max|x| / 127, q = round-to-nearest-even(x / d) (the
-// conversion's rounding under the default MXCSR), sum = d sum q.
-inline void quantize_block(const float* v, int8_t* q, float* d, float* sum) {
+// conversion's rounding under the default MXCSR), sum = d sum q; halves (unless null) the
+// integer sums of q over values 0-15 and 16-31.
+inline void quantize_block(const float* v, int8_t* q, float* d, float* sum,
+                           int32_t* halves = nullptr) {
   const __m256 sign = _mm256_set1_ps(-0.0f);
   __m256 x[4], top = _mm256_setzero_ps();
   for (int i = 0; i < 4; ++i) {
@@ -48,21 +55,28 @@ inline void quantize_block(const float* v, int8_t* q, float* d, float* sum) {
   t = _mm_max_ps(t, _mm_movehl_ps(t, t));
   t = _mm_max_ss(t, _mm_movehdup_ps(t));
   const float scale = _mm_cvtss_f32(t) / 127.0f, inverse = scale != 0.0f ? 1.0f / scale : 0.0f;
-  __m256i total = _mm256_setzero_si256();
   __m256i ints[4];
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < 4; ++i)
     ints[i] = _mm256_cvtps_epi32(_mm256_mul_ps(x[i], _mm256_set1_ps(inverse)));
-    total = _mm256_add_epi32(total, ints[i]);
-  }
-  const __m256i words = _mm256_packs_epi32(ints[0], ints[1]), more = _mm256_packs_epi32(ints[2], ints[3]);
+  const __m256i words = _mm256_packs_epi32(ints[0], ints[1]);
+  const __m256i more = _mm256_packs_epi32(ints[2], ints[3]);
   const __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(words, more),
                                                     _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), bytes);
-  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+  const auto lanes_sum = [](__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+  };
+  const int32_t first = lanes_sum(_mm256_add_epi32(ints[0], ints[1]));
+  const int32_t second = lanes_sum(_mm256_add_epi32(ints[2], ints[3]));
   *d = scale;
-  *sum = scale * static_cast<float>(_mm_cvtsi128_si32(s));
+  *sum = scale * static_cast<float>(first + second);
+  if (halves != nullptr) {
+    halves[0] = first;
+    halves[1] = second;
+  }
 }
 
 // x [N, K] into rows by row; called by every thread of a team, ends with a barrier.
@@ -75,29 +89,25 @@ inline void quantize_by_row(const float* x, int64_t N, int64_t K, QuantRows& row
                      rows.d.data() + n * nb + b, rows.sums.data() + n * nb + b);
 }
 
-// x [N, K] into rows by row vector, each q byte xor `flip` (0x80: q + 128 as uint8);
-// called by every thread of a team, ends with a barrier.
-inline void quantize_by_vector(const float* x, int64_t N, int64_t K, uint8_t flip,
-                               QuantRows& rows) {
-  const int64_t nb = K / kQBlock, padded = (N + kRowLanes - 1) / kRowLanes * kRowLanes;
-  const uint32_t mask = 0x01010101u * flip;
+// x [N, K] into rows by pass; called by every thread of a team, ends with a barrier.
+inline void quantize_by_pass(const float* x, int64_t N, int64_t K, QuantRows& rows) {
+  const int64_t nb = K / kQBlock;
 #pragma omp for schedule(static)
-  for (int64_t n = 0; n < padded; ++n) {
-    const int64_t v = n / kRowLanes, lane = n % kRowLanes;
-    uint32_t* q = reinterpret_cast<uint32_t*>(rows.q.data()) + v * (K / 4) * kRowLanes + lane;
-    float* d = rows.d.data() + v * nb * kRowLanes + lane;
-    float* sums = rows.sums.data() + v * nb * kRowLanes + lane;
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t p = n / kPassRows, lane = n % kPassRows;
+    uint32_t* q = reinterpret_cast<uint32_t*>(rows.q.data()) + p * (K / 4) * kPassRows + lane;
+    const int64_t at = p * nb * kPassRows + lane;  // block 0's d, sums, corr32
+    int32_t* corr16 = rows.corr16.data() + 2 * p * nb * kPassRows + lane;
     for (int64_t b = 0; b < nb; ++b) {
-      alignas(32) int8_t block[kQBlock] = {};
-      float scale = 0.0f, sum = 0.0f;
-      if (n < N) quantize_block(x + n * K + b * kQBlock, block, &scale, &sum);
-      for (int j = 0; j < kQBlock / 4; ++j) {
-        uint32_t four;
-        std::memcpy(&four, block + 4 * j, 4);
-        q[(b * kQBlock / 4 + j) * kRowLanes] = four ^ mask;
-      }
-      d[b * kRowLanes] = scale;
-      sums[b * kRowLanes] = sum;
+      alignas(32) int8_t block[kQBlock];
+      int32_t halves[2];
+      quantize_block(x + n * K + b * kQBlock, block, rows.d.data() + at + b * kPassRows,
+                     rows.sums.data() + at + b * kPassRows, halves);
+      for (int j = 0; j < kQBlock / 4; ++j)
+        std::memcpy(q + (b * kQBlock / 4 + j) * kPassRows, block + 4 * j, 4);
+      corr16[2 * b * kPassRows] = -128 * halves[0];
+      corr16[(2 * b + 1) * kPassRows] = -128 * halves[1];
+      rows.corr32[at + b * kPassRows] = -128 * (halves[0] + halves[1]);
     }
   }
 }
