@@ -30,9 +30,9 @@ Each method with speculation runs once per ``--ks`` value (``ngram_k16``, ...).
 
 Per method and repeat: output tokens over wall seconds (``tok_s``), answers identical to
 ``plain``'s text, and 5xx answers; for vLLM's speculation (``ngram``, ``suffix`` and the
-``in-engine`` methods) also its model steps (output tokens less accepted draft tokens),
-the draft tokens it verified and accepted (vLLM's ``/metrics`` counters read around each
-answer: counts the machine's load does not change), and their means per step; for
+``in-engine`` methods) also its engine steps, the draft tokens it verified and accepted
+(vLLM's ``/metrics`` counters read around each answer: counts the machine's load does
+not change), and their means per step; for
 ``draftgate`` also its round trips per output token
 and how many answers were verified remotely, for the ``in-engine`` methods how many
 answers carried drafts (``X-Draftgate-Prediction: verified-in-engine``) and whether the
@@ -61,6 +61,7 @@ SPECULATIVE: dict[str, dict[str, Any]] = {
 IN_ENGINE = ("in-engine", "in-engine-corpus")
 PLUGIN_LINE = "draftgate_vllm: gateway drafts join"  # the plugin's first proposal, logged
 COUNTERS = {
+    "vllm:iteration_tokens_total_count": "steps",  # one observation per engine step
     "vllm:spec_decode_num_drafts_total": "drafts",
     "vllm:spec_decode_num_draft_tokens_total": "draft_tokens",
     "vllm:spec_decode_num_accepted_tokens_total": "accepted_tokens",
@@ -219,11 +220,12 @@ def _summary(answers: list[dict[str, Any]], reference: list[str | None]) -> dict
 
 
 def _spec_summary(answers: list[dict[str, Any]], tokens: int) -> dict[str, Any]:
-    """vLLM's steps for the answers (one per output token it did not accept from a
-    draft), the draft tokens it verified and accepted, and their means per step."""
+    """vLLM's engine steps for the answers (the prompt's included), the draft tokens it
+    verified and accepted (those accepted past ``max_tokens`` count, though the answer
+    drops them), and their means per step."""
     drafted = sum(a["spec"]["draft_tokens"] for a in answers)
     accepted = sum(a["spec"]["accepted_tokens"] for a in answers)
-    model_steps = tokens - accepted
+    model_steps = sum(a["spec"]["steps"] for a in answers)
     return {
         "steps": model_steps,
         "draft_tokens": drafted,

@@ -68,9 +68,11 @@ def test_extra_args_that_are_not_token_ids_carry_no_drafts() -> None:
     assert drafts is not None and [t.tokens for t in drafts.tracks[:2]] == [[1, 2], [3, -1]]
 
 
-def _runner(rows: list[tuple[str, list[int], int, Any]], max_model_len: int = 64) -> Any:
+def _runner(
+    rows: list[tuple[str, list[int], int, Any]], max_model_len: int = 64, max_tokens: Any = None
+) -> Any:
     """A stand-in for vLLM's model runner: its input batch (``rows``: request id, tokens,
-    prompt length, extra_args) and requests."""
+    prompt length, extra_args; each request's ``max_tokens``) and requests."""
     token_ids = np.zeros((len(rows), max_model_len), dtype=np.int32)
     for i, (_, tokens, _, _) in enumerate(rows):
         token_ids[i, : len(tokens)] = tokens
@@ -81,7 +83,10 @@ def _runner(rows: list[tuple[str, list[int], int, Any]], max_model_len: int = 64
         num_prompt_tokens=np.array([r[2] for r in rows], dtype=np.int32),
     )
     requests = {
-        r[0]: SimpleNamespace(sampling_params=SimpleNamespace(extra_args=r[3])) for r in rows
+        r[0]: SimpleNamespace(
+            sampling_params=SimpleNamespace(extra_args=r[3], max_tokens=max_tokens)
+        )
+        for r in rows
     }
     return SimpleNamespace(input_batch=batch, requests=requests, max_model_len=max_model_len)
 
@@ -109,6 +114,16 @@ def test_join_batch_replaces_only_the_proposals_of_requests_with_drafts() -> Non
 def test_join_batch_keeps_drafts_within_the_model_length() -> None:
     runner = _runner([("a", [1, 2, 10], 2, {PREDICTION_KEY: [10, 11, 12, 13]})], max_model_len=5)
     assert join_batch(runner, BatchDrafts(), [[]], [[10]], 8) == [[11]]
+
+
+def test_join_batch_keeps_drafts_within_the_requests_max_tokens() -> None:
+    xargs = {PREDICTION_KEY: [10, 11, 12, 13, 14, 15]}
+    runner = _runner([("a", [1, 2, 10], 2, xargs)], max_tokens=4)  # 1 of 4 out
+    assert join_batch(runner, BatchDrafts(), [[7]], [[10]], 8) == [[11, 12]]  # and 1 more
+    last = _runner([("a", [1, 2, 10, 11, 12, 13], 2, xargs)], max_tokens=4)
+    assert join_batch(last, BatchDrafts(), [[7, 8]], [[13]], 8) == [[]]  # vLLM's own too
+    other = _runner([("b", [1, 2, 3, 4, 5, 6], 2, None)], max_tokens=4)
+    assert join_batch(other, BatchDrafts(), [[7, 8]], [[6]], 8) == [[7, 8]]  # not ours
 
 
 def test_a_place_found_on_a_short_match_proposes_in_proportion_to_it() -> None:

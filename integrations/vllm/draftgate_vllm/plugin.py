@@ -86,7 +86,9 @@ def join_batch(
     runner: Any, batch_drafts: BatchDrafts, own: list[list[int]], sampled: list[list[int]], k: int
 ) -> list[list[int]]:
     """vLLM's proposals ``own`` (one list per request of the runner's input batch) with
-    each request's gateway drafts joined in."""
+    each request's gateway drafts joined in; a request with drafts proposes no further
+    than its ``max_tokens`` can take (tokens accepted past it would be verified for
+    nothing)."""
     batch = runner.input_batch
     req_ids = batch.req_ids
     max_model_len = runner.max_model_len
@@ -99,13 +101,21 @@ def join_batch(
         if drafts is None:
             continue
         num_tokens = int(batch.num_tokens_no_spec[i])
-        room = min(k, max_model_len - num_tokens - 1)
-        if room <= 0:
+        num_prompt = int(batch.num_prompt_tokens[i])
+        room = min(k, max_model_len - num_tokens - 1, _left(params, num_tokens - num_prompt))
+        if room <= 0:  # this step's token is the answer's last
+            own[i] = []
             continue
         row = batch.token_ids_cpu[i]
-        start = int(batch.num_prompt_tokens[i]) + drafts.seen
-        new_tokens = row[start:num_tokens].tolist()
+        new_tokens = row[num_prompt + drafts.seen : num_tokens].tolist()
         tail = row[max(0, num_tokens - MAX_MATCH) : num_tokens].tolist()
-        own[i] = merged(own[i], drafts.propose(new_tokens, tail, room))
+        own[i] = merged(own[i][:room], drafts.propose(new_tokens, tail, room))
     batch_drafts.keep_only(req_ids)
     return own
+
+
+def _left(params: Any, outputs: int) -> int:
+    """Draft tokens a request's ``max_tokens`` leaves room for after ``outputs`` tokens
+    (the step adds one token of its own past the accepted drafts)."""
+    max_tokens = getattr(params, "max_tokens", None)
+    return max_tokens - outputs - 1 if isinstance(max_tokens, int) else 1 << 30
