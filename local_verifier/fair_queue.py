@@ -8,16 +8,12 @@ the KV pool) is passed over, never blocking the others. A tenant's queue empties
 credit, so waiting cannot be banked.
 
 Per step: ``split`` shares a token budget between tenants by weight, with the same
-carried-over deficits, so one tenant's long prompts cannot take every step's prefill; and
-``decode_turns`` lets no tenant decode more rows in a step than its weight's share beside
-the busiest other tenant (a tenant waiting for its first token counts too), its answers
-taking turns, so a request with many answers cannot make every other tenant's steps
-heavier (on a CPU a step's cost grows with its rows).
+carried-over deficits, so one tenant's long prompts cannot take every step's prefill
+(decode rows and drafts are shared by their cost: ``step_shares``).
 """
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Generic, Protocol, TypeVar
@@ -155,45 +151,3 @@ def split(
         if grant[owner] == wants[owner]:  # no backlog: nothing to carry over
             credit[owner] = 0.0
     return grant
-
-
-class Decoding(Queued, Protocol):
-    """What ``decode_turns`` reads of a decoding request."""
-
-    turn: int  # the step it last decoded in (lower: waited longer)
-
-
-D = TypeVar("D", bound=Decoding)
-
-
-def decode_turns(decoding: list[D], prefilling: Iterable[Queued] = ()) -> list[D]:
-    """The requests that decode this step, in their given order. With one tenant, all;
-    with several, tenant t's ``ceil(w_t * max over others u of n_u / w_u)`` that waited
-    longest (at least one), n being a tenant's decoding requests and w its weight. A
-    tenant with no request decoding but some in ``prefilling`` counts with those: the
-    step that computes its prompt, and brings its first token, carries only the others'
-    share of decode rows. Skipping a step changes no request's output (a row's result is
-    its own)."""
-    counts: dict[str, int] = {}
-    weights: dict[str, float] = {}
-    for req in decoding:
-        counts[req.owner] = counts.get(req.owner, 0) + 1
-        weights[req.owner] = req.weight
-    waiting_first: dict[str, int] = {}  # tenants whose every running request is in prefill
-    for other in prefilling:
-        if other.owner not in counts:
-            waiting_first[other.owner] = waiting_first.get(other.owner, 0) + 1
-            weights[other.owner] = other.weight
-    counts.update(waiting_first)
-    if len(counts) < 2:
-        return decoding
-    keep: set[int] = set()
-    for owner, n in counts.items():
-        busiest = max(counts[u] / weights[u] for u in counts if u != owner)
-        cap = max(1, math.ceil(weights[owner] * busiest - 1e-9))
-        if cap >= n:
-            keep.update(id(r) for r in decoding if r.owner == owner)
-            continue
-        mine = sorted((r for r in decoding if r.owner == owner), key=lambda r: r.turn)
-        keep.update(id(r) for r in mine[:cap])
-    return [r for r in decoding if id(r) in keep]

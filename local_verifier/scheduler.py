@@ -15,6 +15,7 @@ from local_verifier.fair_queue import FairQueue
 from local_verifier.kv_pool import KVPool
 from local_verifier.model import Transformer
 from local_verifier.request import Request
+from local_verifier.row_prices import RowPrice
 from local_verifier.step import StepRunner
 from local_verifier.step_costs import LiveCosts
 
@@ -32,10 +33,13 @@ class Scheduler:
         prefix_cache: bool = True,
         clock: Callable[[], float] | None = time.perf_counter,
         threads: ThreadTuner | None = None,
+        price: RowPrice | None = None,
     ) -> None:
-        """``row_costs``, ``clock``, ``threads``: as ``StepRunner`` takes them."""
+        """``row_costs``, ``clock``, ``threads``, ``price``: as ``StepRunner`` takes them."""
         self.places = Admission(pool, max_batch, prefix_cache)
-        self.runner = StepRunner(model, pool, self.places, row_costs, token_budget, clock, threads)
+        self.runner = StepRunner(
+            model, pool, self.places, row_costs, token_budget, clock, threads, price
+        )
 
     @property
     def waiting(self) -> FairQueue[Request]:

@@ -1,10 +1,12 @@
 """One step of continuous batching: a single ``Transformer.step`` over every running request.
 
 The step carries, for every decoding request, its pending token plus the draft chosen for
-it (chain or tree, sized for the batch by ``lookup.controller.plan_batch``), and prompt
-chunks of requests still in prefill, up to a token budget per step that tenants share by
-weight. Each row's logits are then verified (greedy or sampled, losslessly) and the
-accepted tokens emitted; one request's failure ends only that request.
+it (chain or tree, sized for its tenant's requests by ``lookup.controller.plan_batch``), and
+prompt chunks of requests still in prefill, up to a token budget per step that tenants
+share by weight; which requests decode and how long their drafts are follow each tenant's
+share of the step's cost (``step_shares``). Each row's logits are then verified (greedy or
+sampled, losslessly) and the accepted tokens emitted; one request's failure ends only that
+request.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -20,15 +23,18 @@ import torch
 
 from local_verifier.admission import Admission
 from local_verifier.devices import ThreadTuner
-from local_verifier.fair_queue import decode_turns, split
+from local_verifier.draft_shares import HostTimes, fair_plan, pending_cost
+from local_verifier.fair_queue import split
 from local_verifier.grammar import DraftRowOverLimit, GrammarLimitExceeded
 from local_verifier.kv_pool import BlockTable, KVPool
 from local_verifier.logits_processors import PenaltyState
 from local_verifier.logprobs import TokenLogprob, token_logprobs
 from local_verifier.model import SeqStep, Transformer
 from local_verifier.request import Request
+from local_verifier.row_prices import RowPrice, row_seconds
 from local_verifier.sampling import SamplingParams, sample, target_probs
 from local_verifier.step_costs import LiveCosts
+from local_verifier.step_shares import StepShares
 from local_verifier.tree import tree_mask
 from local_verifier.verify import (
     RowProbs,
@@ -64,11 +70,14 @@ class StepRunner:
         token_budget: int = 256,
         clock: Callable[[], float] | None = time.perf_counter,
         threads: ThreadTuner | None = None,
+        price: RowPrice | None = None,
     ) -> None:
         """``row_costs[r]``: the start-up measured seconds of a step of r rows; the draft plan
         uses them as kept up to date by the forwards run, timed with ``clock`` (None: as
         given, never updated). ``threads``: chooses the CPU thread count from the timed
-        forwards (needs ``clock``)."""
+        forwards (needs ``clock``). ``price``: what a row costs by its context, for the
+        tenants' shares of a step (None: modelled from the model's shape); each request's
+        host time per step counts too, timed with ``clock``."""
         self.model = model
         self.pool = pool
         self.places = places
@@ -79,20 +88,30 @@ class StepRunner:
         self.vocab_size = model.config.vocab_size
         self._steps = 0  # steps run, for ``Request.turn``
         self._prefill_credit: dict[str, float] = {}  # tenants' carried prefill shares
+        self.price = RowPrice.for_config(model.config) if price is None else price
+        self.shares = StepShares()
+        self.host = HostTimes()
 
     def run(self) -> None:
         """One forward over every running request (each holds a block for its next row)."""
         prefilling = [r for r in self.places.running if r.prefilling]
-        decoding = decode_turns([r for r in self.places.running if not r.prefilling], prefilling)
+        table = self.costs.table
+        price = self.price.with_row_s(row_seconds(table))
+        decoding = [r for r in self.places.running if not r.prefilling]
+        fixed = max(table[1] - price.row_s, 0.0)  # a step's seconds besides its rows
+        decoding = self.shares.turns(
+            decoding, prefilling, lambda r: pending_cost(r, price, self.host), fixed
+        )
         self._steps += 1
         for req in decoding:
             req.turn = self._steps
         rows: list[_Row] = []
         seqs: list[SeqStep] = []
         self._add_chunks(prefilling, max(self.token_budget - len(decoding), 1), rows, seqs)
-        self._add_drafts(decoding, rows, seqs)
+        self._add_drafts(decoding, price, rows, seqs)
         if seqs:
             self._deliver(rows, seqs, self._forward(seqs))
+        self.host.end_step()
 
     def _add_chunks(
         self, prefilling: list[Request], budget: int, rows: list[_Row], seqs: list[SeqStep]
@@ -116,22 +135,33 @@ class StepRunner:
                 seqs.append(chunk)
                 rows.append(_Row(req, None))
 
-    def _add_drafts(self, decoding: list[Request], rows: list[_Row], seqs: list[SeqStep]) -> None:
+    def _add_drafts(
+        self,
+        decoding: list[Request],
+        price: RowPrice,
+        rows: list[_Row],
+        seqs: list[SeqStep],
+    ) -> None:
         """Each decoding request's pending token and its draft, planned over the batch."""
         began = time.perf_counter()
         base_rows = len(decoding) + sum(len(s.tokens) for s in seqs)
-        proposals = [(r, self._isolated(r, self._propose, r)) for r in decoding]
+        proposals = [(r, self._hosted(r, self._propose, r)) for r in decoding]
         proposed = [d for _, d in proposals if d is not None]
         decoding = [r for r, d in proposals if d is not None]
-        drafts = plan_batch(
-            proposed,
-            base_rows,
-            self.costs.table,
-            [r.calibration.probs(d) for r, d in zip(decoding, proposed, strict=True)],
-            sum(s.logits == "last" for s in seqs),
-            [_host_seconds_per_row(r) for r in decoding],
+        emitting = Counter(
+            r.request.owner for r, s in zip(rows, seqs, strict=True) if s.logits == "last"
         )
-        drafts = self._fair_drafts(decoding, drafts)
+
+        def plan(owner: str, drafts: list[Draft]) -> list[Draft]:
+            mine = [r for r in decoding if r.owner == owner]
+            probs = [r.calibration.probs(d) for r, d in zip(mine, drafts, strict=True)]
+            extra = [_host_seconds_per_row(r) for r in mine]
+            return plan_batch(drafts, base_rows, self.costs.table, probs, emitting[owner], extra)
+
+        weights = {r.owner: r.weight for r in decoding}
+        caps = self._shares(weights) if len(weights) > 1 else {}
+        room = len(self.costs.table) - 1 - base_rows  # the rows the step costs are known for
+        drafts = fair_plan(decoding, proposed, plan, self.shares, price, self.host, caps, room)
         drafted = time.perf_counter()
         for req, draft in zip(decoding, drafts, strict=True):
             req.stats.draft_s += drafted - began
@@ -158,13 +188,12 @@ class StepRunner:
         """Verify each row's logits and emit what it commits."""
         verdicts = _greedy_verdicts(rows, logits)
         for row, seq, out, verdict in zip(rows, seqs, logits, verdicts, strict=True):
-            try:
-                if row.draft is None:
-                    self._after_chunk(row.request, len(seq.tokens), out, verdict)
-                else:
-                    self._after_verify(row.request, row.draft, out, verdict)
-            except Exception as exc:  # one request's failure ends only that request
-                self.places.finish(row.request, exc)
+            if row.draft is None:
+                self._isolated(
+                    row.request, self._after_chunk, row.request, len(seq.tokens), out, verdict
+                )
+            else:
+                self._hosted(row.request, self._after_verify, row.request, row.draft, out, verdict)
 
     def _prefill_caps(self, weights: dict[str, float]) -> dict[str, int] | None:
         """With several tenants running, each one's prompt rows in a step at most its weighted
@@ -179,21 +208,6 @@ class StepRunner:
         total = sum(weights.values())
         return {o: max(int(self.token_budget * w / total), 1) for o, w in weights.items()}
 
-    def _fair_drafts(self, decoding: list[Request], drafts: list[Draft]) -> list[Draft]:
-        """With several tenants decoding, each one's draft rows within its weighted share
-        of the step's token budget: one tenant's long drafts cannot make everyone's step
-        slow (a cut draft costs speed, never the answer)."""
-        weights = {r.owner: r.weight for r in decoding}
-        if len(weights) < 2:
-            return drafts
-        left = self._shares(weights)
-        out = []
-        for req, draft in zip(decoding, drafts, strict=True):
-            k = min(len(draft), left[req.owner])
-            left[req.owner] -= k
-            out.append(draft if k == len(draft) else draft.subset(list(range(k))))
-        return out
-
     def _isolated(self, req: Request, stage: Callable[..., _T], *args: object) -> _T | None:
         """``stage(*args)`` for ``req``; if it raises, only ``req`` ends (None)."""
         try:
@@ -201,6 +215,18 @@ class StepRunner:
         except Exception as exc:  # one request's failure ends only that request
             self.places.finish(req, exc)
             return None
+
+    def _hosted(self, req: Request, stage: Callable[..., _T], *args: object) -> _T | None:
+        """``_isolated(req, stage, *args)``, its seconds by ``clock`` counted as ``req``'s
+        host time."""
+        clock = self.clock
+        if clock is None:
+            return self._isolated(req, stage, *args)
+        began = clock()
+        try:
+            return self._isolated(req, stage, *args)
+        finally:
+            self.host.add(req, clock() - began)
 
     def _timed(self, rows: int, seconds: float) -> None:
         """Feed a forward's time to the thread choice and (on the chosen count) the costs."""

@@ -1,7 +1,7 @@
 """Tenants share the engine fairly: deficit round robin over per-tenant queues (weights,
 a blocked tenant passed over, carried prefill shares), per-tenant places, and on the tiny
 model an ``n > 1`` request's answers and a tenant's backlog never queue ahead of another
-tenant's request."""
+tenant's request (the shares of each step's cost: ``test_step_shares``)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 from spec_drafts import OracleDrafter, PassThrough
+from step_records import record_steps
 
 from local_verifier.engine import END, Engine, GenerationRequest, TextDelta
 from local_verifier.errors import TenantBusy
-from local_verifier.fair_queue import FairQueue, decode_turns, split
+from local_verifier.fair_queue import FairQueue, split
 from local_verifier.loader import LoadedModel
 
 
@@ -23,65 +24,6 @@ class Item:
     owner: str
     weight: float = 1.0
     name: str = ""
-
-
-@dataclass(eq=False)
-class Answer:
-    owner: str
-    weight: float = 1.0
-    name: str = ""
-    turn: int = 0
-
-
-def turns(answers: list[Answer], steps: int) -> list[list[str]]:
-    """The names decoding in each of ``steps`` steps, each stamping its turn as the
-    scheduler does."""
-    out = []
-    for step in range(1, steps + 1):
-        chosen = decode_turns(answers)
-        for a in chosen:
-            a.turn = step
-        out.append([a.name for a in chosen])
-    return out
-
-
-def test_a_tenant_alone_decodes_every_answer() -> None:
-    answers = [Answer("a", name=f"a{i}") for i in range(5)]
-    assert turns(answers, 2) == [[f"a{i}" for i in range(5)]] * 2
-
-
-def test_many_answers_take_turns_beside_another_tenant() -> None:
-    answers = [Answer("abuser", name=f"x{i}") for i in range(5)]
-    answers += [Answer("honest", name="h0"), Answer("honest", name="h1")]
-    # the abuser decodes as many rows as the honest tenant, its answers in turn
-    assert turns(answers, 3) == [
-        ["x0", "x1", "h0", "h1"],
-        ["x2", "x3", "h0", "h1"],
-        ["x0", "x4", "h0", "h1"],  # in the running order
-    ]
-
-
-def test_decode_rows_follow_the_weights() -> None:
-    answers = [Answer("a", 2.0, f"a{i}") for i in range(6)] + [Answer("b", 1.0, "b0")]
-    assert turns(answers, 1) == [["a0", "a1", "b0"]]
-    answers = [Answer("a", 1.0, f"a{i}") for i in range(6)] + [Answer("b", 4.0, "b0")]
-    assert turns(answers, 1) == [["a0", "b0"]]  # at least one row each
-
-
-def test_a_tenant_waiting_for_its_first_token_shares_the_step() -> None:
-    """A tenant whose requests are all in prefill counts beside the decoding ones: the
-    step with its prompt carries the others' share of decode rows, not all of them; once
-    it decodes, only its decoding requests count."""
-    abuser = [Answer("abuser", name=f"x{i}") for i in range(16)]
-    assert len(decode_turns(abuser)) == 16
-    assert [a.name for a in decode_turns(abuser, [Answer("honest")])] == ["x0"]
-    two = [Answer("honest"), Answer("honest")]
-    assert [a.name for a in decode_turns(abuser, two)] == ["x0", "x1"]
-    mine = [Answer("honest", name="h0"), *abuser[:3]]
-    assert [a.name for a in decode_turns(mine, two)] == ["h0", "x0"]
-    # a tenant alone, or prefilling beside nobody decoding, changes nothing
-    assert decode_turns(abuser, [Answer("abuser")]) == abuser
-    assert decode_turns([], two) == []
 
 
 def drain(queue: FairQueue[Item], admissible: Any = lambda item: True) -> list[str]:
@@ -253,16 +195,7 @@ def test_each_tenants_drafts_stay_within_its_share_of_a_step(tiny_lm: LoadedMode
         lambda item: want.extend(getattr(item, "token_ids", [])),
     )
     assert engine.wait_idle(60)
-    runner = engine._scheduler.runner
-    rows: list[list[tuple[str, int]]] = []
-    plan = runner._fair_drafts
-
-    def recorded(decoding: list[Any], drafts: list[Any]) -> list[Any]:
-        out = plan(decoding, drafts)
-        rows.append([(r.owner, len(d)) for r, d in zip(decoding, out, strict=True)])
-        return out
-
-    runner._fair_drafts = recorded  # type: ignore[method-assign]
+    rows = record_steps(engine)
     answers: list[list[int]] = [[] for _ in range(3)]
     for i in range(3):  # tenant a: three answers drafting 8 right tokens every step
         drafter = OracleDrafter(want, tiny_lm.config.vocab_size, "right", eos=2)
@@ -274,9 +207,9 @@ def test_each_tenants_drafts_stay_within_its_share_of_a_step(tiny_lm: LoadedMode
         )
     engine.submit(GenerationRequest(prompt_ids=[9, 8, 7], max_tokens=3, owner="b"), lambda _: None)
     assert engine.wait_idle(60)
-    shared = [step for step in rows if {o for o, _ in step} == {"a", "b"}]
+    shared = [step for step in rows if {o for o, _, _ in step} == {"a", "b"}]
     assert shared  # the tenants decoded side by side
-    assert all(sum(k for o, k in step if o == "a") <= 16 for step in shared)
-    assert max(sum(k for o, k in step if o == "a") for step in rows) > 16  # alone: more
+    assert all(sum(k for o, k, _ in step if o == "a") <= 16 for step in shared)
+    assert max(sum(k for o, k, _ in step if o == "a") for step in rows) > 16  # alone: more
     assert answers == [want] * 3  # cut drafts change no answer
     engine.close()

@@ -1,0 +1,155 @@
+"""Weighted fair shares of each step's cost between tenants.
+
+On a CPU a step costs a fixed part (the weights read) plus more with every row, and a row
+more with every context token it attends; so the scheduler shares a step by what each
+tenant's rows cost (``row_prices``), not by their count. A tenant's allowance in a step is
+its weight's share beside the busiest other tenant, or of the step's fixed part, whichever
+is larger, plus a bank of what it left unspent in earlier steps (at most ``BURST`` fixed
+parts, or its dearest pending row): so no tenant makes the others' steps much longer than
+their own rows do, one beside a tenant whose rows cost little is never held to less than a
+share of the fixed part, and one whose drafts come in bursts can spend what it saved.
+
+``StepShares.turns`` picks the decode rows: each tenant's requests that waited longest
+whose pending rows fit its allowance; one whose next row costs more waits, banking its
+share, so a row at a long context decodes in fewer steps instead of making every step
+slow. ``StepShares.drafts`` then cuts the drafts of a tenant whose rows with their drafts
+would cost more than its allowance (the longest drafts first). A tenant with no request
+decoding but some computing their prompts counts one row per such request, so the step
+that brings its first token carries only that share of the others' rows.
+
+Which rows run in a step changes when a request's tokens come, never which tokens: a row's
+logits do not depend on what else is in the step, and a cut draft only costs speed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol, TypeVar
+
+from local_verifier.fair_queue import Queued
+
+BURST = 2.0  # the most a tenant banks, in fixed parts of a step
+SLACK = 1e-9  # relative: costs equal up to rounding fit
+
+
+class Decoding(Queued, Protocol):
+    """What ``StepShares.turns`` reads of a decoding request."""
+
+    turn: int  # the step it last decoded in (lower: waited longer)
+
+
+D = TypeVar("D", bound=Decoding)
+Q = TypeVar("Q", bound=Queued)
+
+
+def demands(
+    decoding: Iterable[Q], prefilling: Iterable[Q], cost: Callable[[Q], float]
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Each tenant's cost in the step, and its weight: its decoding requests' costs, or,
+    with none decoding, its requests in prefill at one row each."""
+    demand: dict[str, float] = {}
+    weights: dict[str, float] = {}
+    for req in decoding:
+        demand[req.owner] = demand.get(req.owner, 0.0) + cost(req)
+        weights[req.owner] = req.weight
+    first: dict[str, float] = {}  # tenants whose every running request is in prefill
+    for req in prefilling:
+        if req.owner not in demand:
+            first[req.owner] = first.get(req.owner, 0.0) + cost(req)
+            weights[req.owner] = req.weight
+    return demand | first, weights
+
+
+def allowances(
+    demand: dict[str, float], weights: dict[str, float], fixed: float
+) -> dict[str, float]:
+    """Each tenant's weighted share beside the busiest other tenant (costs per weight), or
+    of the step's ``fixed`` seconds, whichever is larger."""
+    total = sum(weights.values())
+    return {
+        owner: weights[owner]
+        * max(max(demand[u] / weights[u] for u in demand if u != owner), fixed / total)
+        for owner in demand
+    }
+
+
+class StepShares:
+    """Decode turns and draft sizes by cost, each tenant's unspent allowance banked."""
+
+    def __init__(self, burst: float = BURST) -> None:
+        self.burst = burst
+        self.bank: dict[str, float] = {}  # seconds of allowance each tenant saved
+        self._asked: dict[str, float] = {}  # this step's demands, weights and fixed part
+        self._weights: dict[str, float] = {}
+        self._fixed = 0.0
+        self._dearest: dict[str, float] = {}  # each tenant's dearest pending row this step
+
+    def turns(
+        self,
+        decoding: list[D],
+        prefilling: Iterable[D],
+        cost: Callable[[D], float],
+        fixed: float,
+    ) -> list[D]:
+        """The requests that decode this step, in their given order: with one tenant, all;
+        with several, each tenant's that waited longest whose ``cost`` (a pending row's
+        seconds) fits its allowance and bank. ``fixed``: a step's fixed seconds."""
+        demand, weights = demands(decoding, prefilling, cost)
+        self._asked, self._weights, self._fixed = demand, weights, fixed
+        self._dearest = {}
+        for req in decoding:
+            self._dearest[req.owner] = max(self._dearest.get(req.owner, 0.0), cost(req))
+        for owner in [o for o in self.bank if o not in demand]:
+            del self.bank[owner]
+        if len(demand) < 2:
+            self.bank.clear()
+            return decoding
+        allowed = allowances(demand, weights, fixed)
+        keep: set[int] = set()
+        for owner in {r.owner: None for r in decoding}:
+            budget = (allowed[owner] + self.bank.get(owner, 0.0)) * (1 + SLACK)
+            mine = [r for r in decoding if r.owner == owner]
+            if demand[owner] <= budget:
+                keep.update(id(r) for r in mine)
+                continue
+            spent = 0.0
+            for req in sorted(mine, key=lambda r: r.turn):
+                spent += cost(req)
+                if spent > budget:
+                    break
+                keep.add(id(req))
+        return [r for r in decoding if id(r) in keep]
+
+    def drafts(
+        self,
+        owners: Sequence[str],
+        sizes: Sequence[int],
+        base: Sequence[float],
+        per_row: Sequence[float],
+    ) -> list[int]:
+        """Draft sizes within each tenant's allowance and bank, for the requests ``turns``
+        picked last (the banks then updated to what the step spends): request i of tenant
+        ``owners[i]`` costs ``base[i] + sizes[i] * per_row[i]``. A tenant counts with the
+        larger of that and what it asked for; one with no row in the step spends nothing.
+        The longest drafts of a tenant are cut first (a cut draft keeps its first nodes)."""
+        spent = dict.fromkeys(self._asked, 0.0)
+        for owner, k, row_base, row in zip(owners, sizes, base, per_row, strict=True):
+            spent[owner] = spent.get(owner, 0.0) + row_base + k * row
+        out = list(sizes)
+        if len(spent) < 2:
+            return out
+        asked = {o: max(self._asked.get(o, 0.0), spent[o]) for o in spent}
+        allowed = allowances(asked, self._weights, self._fixed)
+        for owner in spent:
+            budget = allowed[owner] + self.bank.get(owner, 0.0)
+            mine = [i for i, o in enumerate(owners) if o == owner]
+            while mine and spent[owner] > budget * (1 + SLACK):
+                longest = max(mine, key=lambda i: out[i])
+                if out[longest] == 0:
+                    break
+                out[longest] -= 1
+                spent[owner] -= per_row[longest]
+            saved = self.bank.get(owner, 0.0) + allowed[owner] - spent[owner]
+            most = max(self.burst * self._fixed, self._dearest.get(owner, 0.0))
+            self.bank[owner] = min(max(saved, 0.0), most)
+        return out

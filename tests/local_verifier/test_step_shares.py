@@ -1,0 +1,228 @@
+"""Tenants share each step by what their rows cost: decode turns and drafts within each
+tenant's allowance (the busiest other tenant's demand, or a share of the step's fixed
+part) and what it banked; rows priced by their context; on the tiny model a row at a long
+context decodes in fewer steps beside short ones, with the same tokens."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from spec_drafts import OracleDrafter, PassThrough
+from step_records import cost, owners, record_steps
+
+from local_verifier.config import ModelConfig
+from local_verifier.engine import Engine, GenerationRequest
+from local_verifier.loader import LoadedModel
+from local_verifier.row_prices import RowPrice, row_seconds
+from local_verifier.step_shares import StepShares
+
+
+@dataclass(eq=False)
+class Answer:
+    owner: str
+    weight: float = 1.0
+    name: str = ""
+    turn: int = 0
+    cost: float = 1.0  # a pending row's seconds
+
+
+def turns(
+    answers: list[Answer],
+    steps: int,
+    fixed: float = 0.0,
+    shares: StepShares | None = None,
+    prefilling: list[Answer] | None = None,
+) -> list[list[str]]:
+    """The names decoding in each of ``steps`` steps (no drafts), each stamping its turn
+    and spending what it decodes, as the step runner does."""
+    shares = StepShares() if shares is None else shares
+    out = []
+    for step in range(1, steps + 1):
+        chosen = shares.turns(answers, prefilling or [], lambda a: a.cost, fixed)
+        for a in chosen:
+            a.turn = step
+        shares.drafts(
+            [a.owner for a in chosen],
+            [0] * len(chosen),
+            [a.cost for a in chosen],
+            [1.0] * len(chosen),
+        )
+        out.append([a.name for a in chosen])
+    return out
+
+
+def test_a_tenant_alone_decodes_every_answer() -> None:
+    answers = [Answer("a", name=f"a{i}", cost=5.0) for i in range(5)]
+    assert turns(answers, 2) == [[f"a{i}" for i in range(5)]] * 2
+
+
+def test_many_answers_take_turns_beside_another_tenant() -> None:
+    answers = [Answer("abuser", name=f"x{i}") for i in range(5)]
+    answers += [Answer("honest", name="h0"), Answer("honest", name="h1")]
+    # rows of equal cost: the abuser decodes as many as the honest tenant, in turn
+    assert turns(answers, 3) == [
+        ["x0", "x1", "h0", "h1"],
+        ["x2", "x3", "h0", "h1"],
+        ["x0", "x4", "h0", "h1"],  # in the running order
+    ]
+
+
+def test_a_dear_row_decodes_in_fewer_steps() -> None:
+    """A row costing four of the other tenant's two rows' worth waits, banking its share,
+    and decodes every other step: over the steps it costs no more than the other."""
+    answers = [Answer("long", name="l", cost=4.0)]
+    answers += [Answer("short", name="s0"), Answer("short", name="s1")]
+    assert turns(answers, 4) == [["s0", "s1"], ["l", "s0", "s1"]] * 2
+
+
+def test_decode_shares_follow_the_weights() -> None:
+    answers = [Answer("a", 2.0, f"a{i}") for i in range(6)] + [Answer("b", 1.0, "b0")]
+    assert turns(answers, 1) == [["a0", "a1", "b0"]]
+    # a quarter of a row a step: one of a's answers every fourth step
+    answers = [Answer("a", 1.0, f"a{i}") for i in range(6)] + [Answer("b", 4.0, "b0")]
+    assert turns(answers, 8) == [["b0"]] * 3 + [["a0", "b0"]] + [["b0"]] * 3 + [["a1", "b0"]]
+
+
+def test_no_tenant_is_held_below_its_share_of_the_fixed_part() -> None:
+    """Beside one cheap row, a tenant still decodes its weighted share of the step's fixed
+    seconds (the other's steps grow by at most half), and the cheap one decodes too."""
+    answers = [Answer("many", name=f"m{i}") for i in range(10)] + [Answer("one", name="o")]
+    assert turns(answers, 1, fixed=8.0) == [["m0", "m1", "m2", "m3", "o"]]
+    assert turns(answers, 1, fixed=0.0) == [["m4", "o"]]  # without one: the other's row
+
+
+def test_a_tenant_waiting_for_its_first_token_shares_the_step() -> None:
+    """A tenant whose requests are all in prefill counts one row each beside the decoding
+    ones, so the step with its prompt carries that share of the others' rows."""
+    abuser = [Answer("abuser", name=f"x{i}") for i in range(16)]
+    assert len(turns(abuser, 1)[0]) == 16
+    assert turns(abuser, 1, prefilling=[Answer("honest")]) == [["x0"]]
+    two = [Answer("honest"), Answer("honest")]
+    assert turns(abuser, 1, prefilling=two) == [["x0", "x1"]]
+    # a tenant alone, or prefilling beside nobody decoding, changes nothing
+    assert turns(abuser, 1, prefilling=[Answer("abuser")])[0] == [a.name for a in abuser]
+    assert turns([], 1, prefilling=two) == [[]]
+
+
+def test_a_row_dearer_than_any_bank_still_decodes() -> None:
+    answers = [Answer("long", name="l", cost=50.0), Answer("short", name="s")]
+    steps = turns(answers, 110, fixed=2.0)  # an allowance of 1 a step, banks of 4 ...
+    decoded = [i for i, names in enumerate(steps) if "l" in names]
+    assert decoded == [49, 99]  # ... but of one row where that costs more
+    assert all("s" in names for names in steps)
+
+
+def test_drafts_are_cut_longest_first_to_the_allowance() -> None:
+    shares = StepShares()
+    a = [Answer("a", name="a0"), Answer("a", name="a1")]
+    b = [Answer("b", name=f"b{i}", cost=2.0) for i in range(3)]
+    assert shares.turns([*a, *b], [], lambda r: r.cost, 0.0) == [*a, b[0]]
+    # a's 1 + 8 and 1 + 2 rows beside b's 2 + 5 (b asked 6): cut to 1 + 3 and 1 + 2
+    assert shares.drafts(["a", "a", "b"], [8, 2, 5], [1.0, 1.0, 2.0], [1.0] * 3) == [3, 2, 5]
+    # b spent 7 of a's 12 (before the cut): it banks up to its dearest row
+    assert shares.bank == {"a": 0.0, "b": 2.0}
+
+
+def test_a_bank_lets_a_tenant_burst_by_what_it_saved() -> None:
+    shares = StepShares(burst=2.0)
+    a = Answer("a", name="a")
+    b = [Answer("b", name=f"b{i}") for i in range(3)]
+    for _ in range(3):  # a spends 1 of the 3 b asks a step: it saves up to 2 fixed parts
+        chosen = shares.turns([a, *b], [], lambda r: r.cost, 2.0)
+        assert [r.name for r in chosen] == ["a", "b0"]  # b: a's 1 (and the fixed part's)
+        shares.drafts(["a", "b"], [0, 0], [1.0, 1.0], [1.0, 1.0])
+    assert shares.bank["a"] == 4.0 and shares.bank["b"] == 0.0
+    shares.turns([a, *b], [], lambda r: r.cost, 2.0)
+    # a's draft of 10 rows: within b's 3 and the 4 it saved, its pending row included
+    assert shares.drafts(["a", "b"], [10, 0], [1.0, 1.0], [1.0, 1.0]) == [6, 0]
+    assert shares.bank["a"] == 0.0
+
+
+def test_rows_are_priced_by_their_context() -> None:
+    price = RowPrice(row_s=2.0, seq_tokens=1000.0, row_tokens=500.0)
+    assert price.seq(1, 0) == 2.0
+    assert price.seq(1, 1000) == 2.0 * (1 + 2 + 1)  # a row and its reads of 1000 tokens
+    assert price.seq(4, 1000) == 2.0 * (4 * 3 + 1)  # the reads once for the sequence
+    assert price.row(500) == 4.0
+    assert row_seconds([1.0, 1.0, 1.5, 2.0]) == 0.5
+
+
+def test_context_costs_less_beside_a_bigger_models_rows() -> None:
+    """Modelled from the shape: SmolLM2-135M's row costs about 2,000 tokens read and 1,600
+    attended; an 8B model's rows cost far more context."""
+    small = RowPrice.for_config(ModelConfig(49152, 576, 30, 9, 3, 64, 1536))
+    assert 1900 < small.seq_tokens < 2100 and 1500 < small.row_tokens < 1600
+    big = RowPrice.for_config(ModelConfig(128256, 4096, 32, 32, 8, 128, 14336))
+    assert big.seq_tokens > 8 * small.seq_tokens and big.row_tokens > 5 * small.row_tokens
+
+
+# -- on the engine ---------------------------------------------------------------------------
+
+
+def make_engine(lm: LoadedModel, **kw: Any) -> Engine:
+    """Steps of a small fixed part (one row's seconds) and rows of 0.1 ms, as given."""
+    costs = [1e-4 * (1 + r) for r in range(32 + 8 + 1)]
+    return Engine(lm, max_draft=8, token_budget=32, row_costs=costs, kv_cache_mb=4, **kw)
+
+
+def test_a_long_context_decodes_in_fewer_steps_with_the_same_tokens(
+    tiny_lm: LoadedModel,
+) -> None:
+    engine = make_engine(tiny_lm)
+    price = engine._scheduler.runner.price
+    assert price.seq(1, 200) > 3 * price.seq(1, 10)  # the tiny model's context is dear
+    long_prompt = [5 + i % 200 for i in range(200)]
+    long = GenerationRequest(prompt_ids=long_prompt, max_tokens=24, draft=False, owner="long")
+    alone: list[int] = []
+    engine.submit(long, lambda item: alone.extend(getattr(item, "token_ids", [])))
+    assert engine.wait_idle(60)
+    steps = record_steps(engine)
+    beside: list[int] = []
+    short = GenerationRequest(prompt_ids=[9, 8, 7], max_tokens=24, draft=False, owner="short")
+    for _ in range(2):
+        engine.submit(short, lambda _: None)
+    engine.submit(long, lambda item: beside.extend(getattr(item, "token_ids", [])))
+    assert engine.wait_idle(60)
+    shared = [s for s in steps if owners(s) == {"long", "short"}]
+    apart = [s for s in steps if owners(s) == {"short"}]
+    assert len(shared) >= 3 and len(apart) >= len(shared) / 2  # it skipped steps ...
+    # ... costing over the steps no more than the short rows beside it, and its one row
+    dearest = price.seq(1, 224)
+    spent = sum(cost(s, "long", price) for s in shared)
+    assert spent <= sum(cost(s, "short", price) for s in [*shared, *apart]) + dearest
+    assert beside == alone  # to the same tokens
+    engine.close()
+
+
+def test_one_tenants_drafts_cost_no_more_than_the_others_rows(tiny_lm: LoadedModel) -> None:
+    engine = make_engine(tiny_lm)
+    price = engine._scheduler.runner.price
+    prompt = [5, 6, 7, 8]
+    want: list[int] = []
+    engine.submit(
+        GenerationRequest(prompt_ids=prompt, max_tokens=40, draft=False),
+        lambda item: want.extend(getattr(item, "token_ids", [])),
+    )
+    assert engine.wait_idle(60)
+    steps = record_steps(engine)
+    short = GenerationRequest(prompt_ids=[9, 8, 7], max_tokens=16, draft=False, owner="b")
+    engine.submit(short, lambda _: None)
+    answers: list[list[int]] = [[] for _ in range(3)]
+    for i in range(3):  # tenant a: three answers drafting 8 right tokens every step
+        engine.submit(
+            GenerationRequest(prompt_ids=prompt, max_tokens=40, owner="a"),
+            lambda item, i=i: answers[i].extend(getattr(item, "token_ids", [])),
+            drafter=OracleDrafter(want, tiny_lm.config.vocab_size, "right", eos=2),
+            controller=PassThrough(k=8),
+        )
+    assert engine.wait_idle(60)
+    shared = [s for s in steps if owners(s) == {"a", "b"}]
+    assert len(shared) >= 4
+    # a: b's row or half the fixed part (half a row) a step, and at most what it saved
+    fixed = price.row_s
+    allowed = sum(max(cost(s, "b", price), fixed / 2) for s in shared)
+    assert sum(cost(s, "a", price) for s in shared) <= allowed + 2 * fixed + price.seq(1, 44)
+    assert max(sum(1 + k for o, k, _ in s if o == "a") for s in steps) == 27  # alone: 3 x 9
+    assert answers == [want] * 3  # cut drafts change no answer
+    engine.close()
