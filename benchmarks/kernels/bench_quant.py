@@ -5,7 +5,8 @@
     python -m benchmarks.kernels.bench_quant --numerics smollm2-135m gemma3-270m [FILE.gguf] \
         [--prompts 6] [--tokens 32] [--json OUT.json]
     python -m benchmarks.kernels.bench_quant --decode smollm2-135m [--dtypes native,bf16,float32] \
-        [--prompts 6] [--tokens 32] [--rows 1,16,64] [--repeats 7] [--threads N] [--json OUT.json]
+        [--prompts 6] [--tokens 32] [--rows 1,16,64] [--repeats 7] [--threads N] [--clock cpu] \
+        [--json OUT.json]
 
 Kernels: per type, one product y = x @ w.T over a weight of ``--shape`` (M x K, random
 blocks, far beyond the caches) for each row count, three sides timed in turn (order
@@ -26,7 +27,9 @@ alternating), plain greedy decoding of ``--tokens`` tokens on each of the first 
 workload prompts (decode tokens/s: the tokens after the first over the time after the
 prompt's step; ``--prompts 0``: steps only) and ``--repeats`` steps of each ``--rows`` count (a chain of R rows after a
 128-token context: a verify step's shape; ms per step, best and median), with native's best
-step over bf16's per row count where both are run.
+step over bf16's per row count where both are run. ``--clock cpu`` times the process's CPU
+seconds instead of wall seconds: with ``--threads 1``, a figure that other work sharing the
+machine barely moves.
 """
 
 from __future__ import annotations
@@ -200,21 +203,23 @@ def numerics(args: argparse.Namespace) -> dict[str, Any]:
     return {"numerics": results}
 
 
-def _timed_greedy(lm: LoadedModel, ids: list[int], n: int) -> float:
+def _timed_greedy(lm: LoadedModel, ids: list[int], n: int, clock: Callable[[], float]) -> float:
     """Seconds of the ``n - 1`` one-row steps of greedy decoding after the prompt's step."""
     kv = KVStorage(lm.config, len(ids) + n, dtype=lm.model.kv_dtype)
     slots = torch.arange(len(ids))
     step = SeqStep(torch.tensor(ids), slots, slots, slots[:0], logits="last")
     token = int(lm.model.step([step], kv)[0][-1].argmax())
-    start = time.perf_counter()
+    start = clock()
     for i in range(n - 1):
         at = torch.tensor([len(ids) + i])
         step = SeqStep(torch.tensor([token]), at, at, torch.arange(len(ids) + i))
         token = int(lm.model.step([step], kv)[0][-1].argmax())
-    return time.perf_counter() - start
+    return clock() - start
 
 
-def _timed_rows(lm: LoadedModel, rows: int, context: int = 128) -> float:
+def _timed_rows(
+    lm: LoadedModel, rows: int, clock: Callable[[], float], context: int = 128
+) -> float:
     kv = KVStorage(lm.config, context + rows, dtype=lm.model.kv_dtype)
     tokens = torch.arange(context + rows) % lm.config.vocab_size
     slots = torch.arange(context + rows)
@@ -223,15 +228,16 @@ def _timed_rows(lm: LoadedModel, rows: int, context: int = 128) -> float:
     )
     new = slots[context:]
     step = SeqStep(tokens[context:], new, new, slots[:context])
-    start = time.perf_counter()
+    start = clock()
     lm.model.step([step], kv)
-    return time.perf_counter() - start
+    return clock() - start
 
 
 def decode(args: argparse.Namespace) -> dict[str, Any]:
     models = {
         d: load_model(args.decode, dtype=d, tune_threads=False) for d in args.dtypes.split(",")
     }
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     tokenizer = next(iter(models.values())).tokenizer
     prompts = [
         tokenizer.encode(tokenizer.apply_chat_template(item.messages))
@@ -240,12 +246,12 @@ def decode(args: argparse.Namespace) -> dict[str, Any]:
     seconds: dict[str, float] = dict.fromkeys(models, 0.0)
     for i, ids in enumerate(prompts):
         for side in list(models)[:: 1 if i % 2 == 0 else -1]:
-            seconds[side] += _timed_greedy(models[side], ids, args.tokens)
+            seconds[side] += _timed_greedy(models[side], ids, args.tokens, clock)
     steps: dict[str, dict[int, list[float]]] = {side: {} for side in models}
     for rows in (int(r) for r in args.rows.split(",")):
         for i in range(args.repeats + 1):  # the first round warms up
             for side in list(models)[:: 1 if i % 2 == 0 else -1]:
-                t = _timed_rows(models[side], rows)
+                t = _timed_rows(models[side], rows, clock)
                 if i:
                     steps[side].setdefault(rows, []).append(t)
     report: dict[str, Any] = {}
@@ -266,7 +272,12 @@ def decode(args: argparse.Namespace) -> dict[str, Any]:
         }
         report["native_over_bf16"] = ratio
         print("native / bf16 step (best):", json.dumps({r: round(v, 3) for r, v in ratio.items()}))
-    return {"model": args.decode, "threads": torch.get_num_threads(), "decode": report}
+    return {
+        "model": args.decode,
+        "threads": torch.get_num_threads(),
+        "clock": args.clock,
+        "decode": report,
+    }
 
 
 def main() -> None:
@@ -281,6 +292,13 @@ def main() -> None:
     parser.add_argument("--dtypes", default="native,bf16,float32")
     parser.add_argument("--prompts", type=int, default=6)
     parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="--decode's timer: wall seconds, or the process's CPU seconds (with --threads 1: "
+        "what a step costs while other work shares the machine)",
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     if args.threads:

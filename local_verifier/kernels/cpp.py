@@ -31,6 +31,7 @@ SIGNATURES = {
     "dg_linear_packed": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int],
     "dg_linear_packed_bf16": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int],
     "dg_linear_quant": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int, _int],
+    "dg_linear_quant_one_row": [_ptr, _ptr, _ptr, _ptr, _i64, _i64, _i64, _int, _int],
     "dg_bf16_kernels": [],
     "dg_release_threads": [],
     "dg_rms_norm": [_ptr, _ptr, _ptr, _i64, _i64, _f32],
@@ -51,6 +52,7 @@ RESTYPES = {
     "dg_bf16_kernels": _int,
     "dg_step_args_layout": _i64,
     "dg_linear_quant": _int,
+    "dg_linear_quant_one_row": _int,
 }
 BF16_KERNELS = {2: "amx", 1: "dot"}  # dg_bf16_kernels' codes: AMX tiles, AVX512-BF16 dots
 

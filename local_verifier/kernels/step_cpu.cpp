@@ -92,6 +92,19 @@ int dg_linear_quant(const float* xp, const uint8_t* wp, const float* bp, float* 
   return 0;
 }
 
+// dg_linear_quant through the one-row kernel (cpu/quant_gemv.h) row by row, whatever N: the
+// same bits (the tests hold the many-row kernel to it).
+int dg_linear_quant_one_row(const float* xp, const uint8_t* wp, const float* bp, float* yp,
+                            int64_t N, int64_t K, int64_t M, int type, int threads) {
+  const int64_t block = type == kQ4_K || type == kQ5_K || type == kQ6_K ? 256 : kQBlock;
+  if (!quant_type_known(type) || K % block != 0) return -1;
+  QuantRows rows;
+  rows.fit(N, K);
+#pragma omp parallel num_threads(threads)
+  quant_linear_team(type, xp, wp, bp, yp, N, K, M, rows, INT64_MAX);
+  return 0;
+}
+
 // Frees the calling thread's OpenMP team (torch's threads too: the process has one OpenMP
 // runtime); the thread's next parallel region builds one again.
 void dg_release_threads() { omp_pause_resource_all(omp_pause_soft); }

@@ -292,12 +292,24 @@ def _before_unreadable_page(blocks: np.ndarray) -> tuple[mmap.mmap, torch.Tensor
     return region, view.view(blocks.shape)
 
 
+def _one_row_kernel(
+    library: ctypes.CDLL, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
+) -> torch.Tensor:
+    """x's rows through the one-row kernel (cpu/quant_gemv.h), one thread."""
+    (n, k), m = x.shape, weight.shape[0]
+    y, qtype = torch.empty(n, m), int(quant_type(weight))
+    ptrs = (x.data_ptr(), weight.data_ptr(), bias.data_ptr(), y.data_ptr())
+    assert library.dg_linear_quant_one_row(*ptrs, n, k, m, qtype, 1) == 0
+    return y
+
+
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-def test_the_linear_kernel_gives_each_row_its_bits_alone_at_every_row_count(
+def test_the_linear_kernel_gives_each_row_the_one_row_kernels_bits_at_every_row_count(
     qtype: GGMLQuantizationType,
 ) -> None:
-    """One row (the one-row kernel) against 2-70 rows (tiles of columns, passes of rows), one
-    thread or two, 53 outputs (a partial tile) with a bias, the weight's last block just
+    """1-70 rows through the step's kernel (tiles of columns, passes of rows; the one-row
+    kernel itself for one row on AVX2) on one thread or two against each row through the
+    one-row kernel: 53 outputs (a partial tile) with a bias, the weight's last block just
     before an unreadable page (a read past the weight would crash the process)."""
     library, why = load_library()
     if library is None:
@@ -311,14 +323,14 @@ def test_the_linear_kernel_gives_each_row_its_bits_alone_at_every_row_count(
     region, weight = _before_unreadable_page(blocks.reshape(m, k // values, size))
     x = torch.from_numpy(rng.standard_normal((70, k)).astype(np.float32))
     bias = torch.from_numpy(rng.standard_normal(m).astype(np.float32))
+    alone = _one_row_kernel(library, x, weight, bias)
     threads = torch.get_num_threads()
     try:
-        torch.set_num_threads(1)
-        alone = torch.cat([ops.linear(x[i : i + 1], weight, bias) for i in range(70)])
         for count in (1, 2):
             torch.set_num_threads(count)
-            for rows in (2, 3, 4, 7, 8, 9, 16, 17, 33, 70):
+            for rows in (1, 2, 3, 4, 7, 8, 9, 16, 17, 33, 70):
                 assert torch.equal(ops.linear(x[:rows], weight, bias), alone[:rows]), (count, rows)
+            assert torch.equal(ops.linear(x[69:], weight, bias), alone[69:])
     finally:
         torch.set_num_threads(threads)
     exact = x.double() @ dequantized(weight).double().T + bias.double()

@@ -20,14 +20,14 @@ struct TileDecoder;
 
 // The columns' blocks b (col[c] + b * bytes).
 template <int T>
-inline void block_columns(const uint8_t* const (&col)[kTileCols], int64_t b,
+DG_TILE_INLINE void block_columns(const uint8_t* const (&col)[kTileCols], int64_t b,
                           const uint8_t* (&at)[kTileCols]) {
   for (int c = 0; c < kTileCols; ++c) at[c] = col[c] + b * QuantTraits<T>::kBytes;
 }
 
 template <>
 struct TileDecoder<kQ4_0> {  // d, 16 bytes of nibbles (AVX-512: 32 bytes read)
-  static void decode(const uint8_t* const (&col)[kTileCols], int64_t b,
+  static DG_TILE_INLINE void decode(const uint8_t* const (&col)[kTileCols], int64_t b,
                      TileBlock<QuantTraits<kQ4_0>>& out) {
     const uint8_t* at[kTileCols];
     block_columns<kQ4_0>(col, b, at);
@@ -48,7 +48,7 @@ struct TileDecoder<kQ4_0> {  // d, 16 bytes of nibbles (AVX-512: 32 bytes read)
 
 template <>
 struct TileDecoder<kQ4_1> {  // d, m, 16 bytes of nibbles (32 bytes read)
-  static void decode(const uint8_t* const (&col)[kTileCols], int64_t b,
+  static DG_TILE_INLINE void decode(const uint8_t* const (&col)[kTileCols], int64_t b,
                      TileBlock<QuantTraits<kQ4_1>>& out) {
     const uint8_t* at[kTileCols];
     block_columns<kQ4_1>(col, b, at);
@@ -63,7 +63,7 @@ struct TileDecoder<kQ4_1> {  // d, m, 16 bytes of nibbles (32 bytes read)
 
 template <>
 struct TileDecoder<kQ8_0> {  // d, 32 int8
-  static void decode(const uint8_t* const (&col)[kTileCols], int64_t b,
+  static DG_TILE_INLINE void decode(const uint8_t* const (&col)[kTileCols], int64_t b,
                      TileBlock<QuantTraits<kQ8_0>>& out) {
     const uint8_t* at[kTileCols];
     block_columns<kQ8_0>(col, b, at);
@@ -78,7 +78,7 @@ struct TileDecoder<kQ8_0> {  // d, 32 int8
 
 // Q5_0's fifth bits into w, word j of the columns' values (values 4j .. 4j + 3): bits 4j ..
 // 4j + 3 of each column's 32 high bits qh, as 16 in each byte.
-inline IVec with_fifth_bits(IVec w, IVec qh, int j) {
+DG_TILE_INLINE IVec with_fifth_bits(IVec w, IVec qh, int j) {
 #if DG_AVX512 && defined(__AVX512BITALG__)
   // byte t of each column's dword selects bit 4j + t of that dword within its qword
   uint64_t select = 0;
@@ -107,7 +107,7 @@ inline IVec with_fifth_bits(IVec w, IVec qh, int j) {
 
 template <>
 struct TileDecoder<kQ5_0> {  // d, 4 of fifth bits, 16 of nibbles (AVX-512: 32 bytes read)
-  static void decode(const uint8_t* const (&col)[kTileCols], int64_t b,
+  static DG_TILE_INLINE void decode(const uint8_t* const (&col)[kTileCols], int64_t b,
                      TileBlock<QuantTraits<kQ5_0>>& out) {
     const uint8_t* at[kTileCols];
     block_columns<kQ5_0>(col, b, at);
@@ -131,7 +131,7 @@ struct TileDecoder<kQ5_0> {  // d, 4 of fifth bits, 16 of nibbles (AVX-512: 32 b
 
 // Q4_K's and Q5_K's scales and minimums from their first 16 bytes (head: d and dmin, then 12
 // bytes of 6-bit fields, as scale_min_k4 reads them).
-inline void k4_scales(const IVec (&head)[4], Vec (&scale)[8], Vec (&min)[8]) {
+DG_TILE_INLINE void k4_scales(const IVec (&head)[4], Vec (&scale)[8], Vec (&min)[8]) {
   const Vec d = halves<false>(head[0]), dmin = halves<true>(head[0]);
   const IVec six = iset8(0x3F), four = iset8(0x0F), top = iset8(0x30), byte = iset32(0xFF);
   const IVec sc_low = iand(head[1], six), m_low = iand(head[2], six);
@@ -147,7 +147,7 @@ inline void k4_scales(const IVec (&head)[4], Vec (&scale)[8], Vec (&min)[8]) {
 
 template <>
 struct TileDecoder<kQ4_K> {  // d, dmin, 12 bytes of scales, 128 of nibbles
-  static void decode(const uint8_t* const (&col)[kTileCols], int64_t b,
+  static DG_TILE_INLINE void decode(const uint8_t* const (&col)[kTileCols], int64_t b,
                      TileBlock<QuantTraits<kQ4_K>>& out) {
     const uint8_t* at[kTileCols];
     block_columns<kQ4_K>(col, b, at);
@@ -163,14 +163,14 @@ struct TileDecoder<kQ4_K> {  // d, dmin, 12 bytes of scales, 128 of nibbles
 };
 
 // Bit `from` of each byte of v moved to bit `to` (other bits 0).
-inline IVec bit_to(IVec v, int from, int to) {
+DG_TILE_INLINE IVec bit_to(IVec v, int from, int to) {
   const IVec v2 = from <= to ? isll(v, to - from) : isrl(v, from - to);
   return iand(v2, iset8(static_cast<int8_t>(1 << to)));
 }
 
 template <>
 struct TileDecoder<kQ5_K> {  // d, dmin, 12 bytes of scales, 32 of fifth bits, 128 of nibbles
-  static void decode(const uint8_t* const (&col)[kTileCols], int64_t b,
+  static DG_TILE_INLINE void decode(const uint8_t* const (&col)[kTileCols], int64_t b,
                      TileBlock<QuantTraits<kQ5_K>>& out) {
     const uint8_t* at[kTileCols];
     block_columns<kQ5_K>(col, b, at);
@@ -193,7 +193,7 @@ struct TileDecoder<kQ5_K> {  // d, dmin, 12 bytes of scales, 32 of fifth bits, 1
 
 template <>
 struct TileDecoder<kQ6_K> {  // 128 bytes low nibbles, 64 of 2-bit highs, 16 int8 scales, d
-  static void decode(const uint8_t* const (&col)[kTileCols], int64_t b,
+  static DG_TILE_INLINE void decode(const uint8_t* const (&col)[kTileCols], int64_t b,
                      TileBlock<QuantTraits<kQ6_K>>& out) {
     const uint8_t* at[kTileCols];
     block_columns<kQ6_K>(col, b, at);

@@ -27,7 +27,7 @@ namespace {
 // The weight word as the products take it: int8 weights without kSignedOffset through their
 // magnitudes (the signs move onto the activations in dot4); else as held.
 template <bool Signed>
-inline IVec magnitudes(IVec w) {
+DG_TILE_INLINE IVec magnitudes(IVec w) {
   if constexpr (!Signed || kSignedOffset) return w;
 #if DG_AVX512
   return _mm512_abs_epi8(w);
@@ -40,7 +40,7 @@ inline IVec magnitudes(IVec w) {
 // magnitudes) with the row's 4 activation bytes x (the same in every lane, int8, never -128):
 // uint8 weights 0-63, or int8 weights (value + 128 as uint8 with kSignedOffset).
 template <bool Signed>
-inline IVec dot4(IVec acc, IVec w, IVec m, IVec x) {
+DG_TILE_INLINE IVec dot4(IVec acc, IVec w, IVec m, IVec x) {
 #if DG_VNNI
   (void)w;
   return _mm512_dpbusd_epi32(acc, m, x);
@@ -69,7 +69,7 @@ struct PassRows {
 // order, the minimum term, then per scale group its integer sum (from 0, or corr) folded in
 // by one FMA with the product of the two scales.
 template <int T, int R>
-inline void rows_block(const TileBlock<QuantTraits<T>>& tile, int64_t b, const PassRows& x,
+DG_TILE_INLINE void rows_block(const TileBlock<QuantTraits<T>>& tile, int64_t b, const PassRows& x,
                        Vec (&acc)[R]) {
   using Q = QuantTraits<T>;
   constexpr int kWords = kQBlock / 4 / Q::kGroups;  // 4-byte words per scale group
@@ -119,14 +119,16 @@ struct TileOut {
 template <int T, int R, bool Decode, bool Keep>
 inline void tile_pass(const uint8_t* const (&col)[kTileCols], int64_t nb,
                       TileBlock<QuantTraits<T>>* tile, const PassRows& x, const TileOut& out,
-                      Lookahead next) {
+                      Lookahead next, Lookahead far = {}) {
   Vec acc[R];
   for (int r = 0; r < R; ++r) acc[r] = zero();
-  int64_t owed = 0;  // next.lines per block, in blocks: one line whenever it reaches nb
+  int64_t owed = 0, owed_far = 0;  // lines per block, in blocks: one line whenever it reaches nb
   for (int64_t b = 0; b < nb; ++b) {
     if constexpr (Decode) {
       for (owed += next.lines; owed >= nb; owed -= nb, next.next += 64)
         _mm_prefetch(next.next, _MM_HINT_T0);
+      for (owed_far += far.lines; owed_far >= nb; owed_far -= nb, far.next += 64)
+        _mm_prefetch(far.next, _MM_HINT_T1);
       TileBlock<QuantTraits<T>> block;  // in registers where it fits (no store to load)
       TileDecoder<T>::decode(col, b, block);
       if constexpr (Keep) tile[b] = block;
@@ -150,10 +152,11 @@ inline void tile_pass(const uint8_t* const (&col)[kTileCols], int64_t nb,
 template <int T, bool Decode, bool Keep, int R = kPassRows>
 inline void tile_pass_upto(int64_t rows, const uint8_t* const (&col)[kTileCols], int64_t nb,
                            TileBlock<QuantTraits<T>>* tile, const PassRows& x,
-                           const TileOut& out, Lookahead next) {
+                           const TileOut& out, Lookahead next, Lookahead far = {}) {
   if constexpr (R > 1)
-    if (rows < R) return tile_pass_upto<T, Decode, Keep, R - 1>(rows, col, nb, tile, x, out, next);
-  tile_pass<T, R, Decode, Keep>(col, nb, tile, x, out, next);
+    if (rows < R)
+      return tile_pass_upto<T, Decode, Keep, R - 1>(rows, col, nb, tile, x, out, next, far);
+  tile_pass<T, R, Decode, Keep>(col, nb, tile, x, out, next, far);
 }
 
 template <int T>
@@ -195,14 +198,17 @@ void quant_gemm_team(const float* x, const uint8_t* w, const float* bias, float*
     const int64_t after = t + 1 < end ? std::min<int64_t>(kTileCols, M - m0 - kTileCols) : 0;
     const Lookahead next{reinterpret_cast<const char*>(w + (m0 + kTileCols) * row_bytes),
                          after * row_bytes / 64};
+    const int64_t beyond = t + 2 < end ? std::min<int64_t>(kTileCols, M - m0 - 2 * kTileCols) : 0;
+    const Lookahead far{reinterpret_cast<const char*>(w + (m0 + 2 * kTileCols) * row_bytes),
+                        beyond * row_bytes / 64};
     const float* b = bias != nullptr ? bias + m0 : nullptr;
     if (passes == 1) {
       tile_pass_upto<T, true, false>(N, col, nb, tile, pass_rows(0), TileOut{y + m0, M, cols, b},
-                                     next);
+                                     next, far);
       continue;
     }
     tile_pass<T, kPassRows, true, true>(col, nb, tile, pass_rows(0), TileOut{y + m0, M, cols, b},
-                                        next);
+                                        next, far);
     for (int64_t p = 1; p < passes; ++p)
       tile_pass_upto<T, false, true>(std::min(kPassRows, N - p * kPassRows), col, nb, tile,
                                      pass_rows(p), TileOut{y + p * kPassRows * M + m0, M, cols, b},

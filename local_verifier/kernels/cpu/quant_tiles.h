@@ -20,6 +20,10 @@ namespace {
 #define DG_VNNI 0
 #endif
 
+// The tile's decode and the rows' products inlined into one loop whatever the compiler's
+// budget (a decoded block passed through memory costs a store and a load per vector).
+#define DG_TILE_INLINE inline __attribute__((always_inline))
+
 constexpr int kTileCols = kLanes;    // columns of a tile: one per lane
 constexpr int64_t kTileSlack = 32;  // bytes a decoder may read past a block's end
 
@@ -107,7 +111,7 @@ struct TileBuffer {
 // lane c = dword j of column c's 32 bytes (the 128-bit lane shuffles that end the
 // transposition put the columns in order).
 // rows[p] = 64-byte row p of the stage: out[j] lane c = dword j of column c's 32 bytes.
-inline void transpose_rows(const __m512i (&rows)[8], IVec (&out)[8]) {
+DG_TILE_INLINE void transpose_rows(const __m512i (&rows)[8], IVec (&out)[8]) {
   __m512i t[8], u[8];
   for (int i = 0; i < 8; i += 2) {
     t[i] = _mm512_unpacklo_epi32(rows[i], rows[i + 1]);
@@ -126,7 +130,7 @@ inline void transpose_rows(const __m512i (&rows)[8], IVec (&out)[8]) {
 }
 #else
 // rows[c] = column c's 32 bytes: out[j] lane c = dword j of them.
-inline void transpose_rows(const __m256i (&rows)[8], IVec (&out)[8]) {
+DG_TILE_INLINE void transpose_rows(const __m256i (&rows)[8], IVec (&out)[8]) {
   __m256i t[8], u[8];
   for (int i = 0; i < 8; i += 2) {
     t[i] = _mm256_unpacklo_epi32(rows[i], rows[i + 1]);
@@ -146,7 +150,7 @@ inline void transpose_rows(const __m256i (&rows)[8], IVec (&out)[8]) {
 #endif
 
 // Lane c: the 4 bytes at col[c] + at (through a small stage: scalar loads, one vector load).
-inline IVec dwords(const uint8_t* const (&col)[kTileCols], int64_t at) {
+DG_TILE_INLINE IVec dwords(const uint8_t* const (&col)[kTileCols], int64_t at) {
   alignas(64) uint32_t stage[kTileCols];
   for (int c = 0; c < kTileCols; ++c) std::memcpy(stage + c, col[c] + at, 4);
 #if DG_AVX512
@@ -157,7 +161,7 @@ inline IVec dwords(const uint8_t* const (&col)[kTileCols], int64_t at) {
 }
 
 // out[j] lane c: dword j of the 16 bytes at col[c] + at.
-inline void dwords4(const uint8_t* const (&col)[kTileCols], int64_t at, IVec (&out)[4]) {
+DG_TILE_INLINE void dwords4(const uint8_t* const (&col)[kTileCols], int64_t at, IVec (&out)[4]) {
   const auto part = [&](int c) {
     return _mm_loadu_si128(reinterpret_cast<const __m128i*>(col[c] + at));
   };
@@ -193,7 +197,7 @@ inline void dwords4(const uint8_t* const (&col)[kTileCols], int64_t at, IVec (&o
 // With Rotate (AVX-512), the 32 bytes rotated by one 16-bit word first: dword j holds bytes
 // 4j + 2 .. 4j + 5, dword 7 bytes 30, 31, 0, 1.
 template <bool Rotate = false>
-inline void dwords8(const uint8_t* const (&col)[kTileCols], int64_t at, IVec (&out)[8]) {
+DG_TILE_INLINE void dwords8(const uint8_t* const (&col)[kTileCols], int64_t at, IVec (&out)[8]) {
   const auto part = [&](int c) {
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(col[c] + at));
   };
@@ -217,7 +221,7 @@ inline void dwords8(const uint8_t* const (&col)[kTileCols], int64_t at, IVec (&o
 
 // The 4-bit values of 4 dwords of packed nibbles: out[j] low nibbles, out[4 + j] high ones.
 template <int N>
-inline void nibbles(const IVec (&packed)[N], IVec* low, IVec* high) {
+DG_TILE_INLINE void nibbles(const IVec (&packed)[N], IVec* low, IVec* high) {
   const IVec m = iset8(0x0F);
   for (int j = 0; j < N; ++j) {
     low[j] = iand(packed[j], m);
