@@ -3,7 +3,7 @@
     python -m benchmarks.bench_vllm --env DIR --model DIR --json OUT [--smoke]
         [--categories code_edit] [--limit K] [--max-tokens 256] [--repeats 2]
         [--methods plain,draftgate,ngram,suffix,in-engine,in-engine-corpus]
-        [--ks 8] [--in-engine-base suffix]
+        [--ks 8] [--in-engine-base suffix] [--interleave]
 
 ``DIR``s come from ``python -m benchmarks.vllm_server install``/``convert`` (vLLM's CPU
 build in its own environment; SmolLM2-135M as float32); ``DRAFTGATE_VLLM_ENV`` and
@@ -26,7 +26,10 @@ and of the proposers show), after one short warm-up request per server, of:
   edits) is uploaded to the tenant's corpus under an id no request names, so the gateway's
   retrieval has to find it.
 
-Each method with speculation runs once per ``--ks`` value (``ngram_k16``, ...).
+Each method with speculation runs once per ``--ks`` value (``ngram_k16``, ...), one server
+after another; with ``--interleave``, per ``k`` all of them are started at once (about
+4 GB of memory each) and each item is asked of each in turn, so a change in the
+machine's load during the run falls on every method alike.
 
 Per method and repeat: output tokens over wall seconds (``tok_s``), answers identical to
 ``plain``'s text, and 5xx answers; for vLLM's speculation (``ngram``, ``suffix`` and the
@@ -43,9 +46,12 @@ their own; the client runs here, one request at a time.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -151,17 +157,12 @@ def _ask(
 
 
 def _runs(
-    client: httpx.Client,
-    bodies: list[dict[str, Any]],
-    label: str,
-    repeats: int,
-    vllm: httpx.Client | None = None,
+    client: httpx.Client, bodies: list[dict[str, Any]], label: str, repeats: int
 ) -> list[list[dict[str, Any]]]:
     """One short request first (a fresh server's and gateway's first-request costs, which
-    no item should carry), then ``repeats`` runs of ``bodies``; ``vllm``: the server's
-    speculation counters read around each answer."""
+    no item should carry), then ``repeats`` runs of ``bodies``."""
     _ask(client, WARM_UP)
-    return [[_ask(client, b, vllm) for b in steps(bodies, label)] for _ in range(repeats)]
+    return [[_ask(client, b) for b in steps(bodies, label)] for _ in range(repeats)]
 
 
 def _bodies_and_documents(
@@ -221,8 +222,8 @@ def _summary(answers: list[dict[str, Any]], reference: list[str | None]) -> dict
 
 def _spec_summary(answers: list[dict[str, Any]], tokens: int) -> dict[str, Any]:
     """vLLM's engine steps for the answers (the prompt's included), the draft tokens it
-    verified and accepted (those accepted past ``max_tokens`` count, though the answer
-    drops them), and their means per step."""
+    verified and accepted (tokens accepted past the answer's end, its ``max_tokens`` or
+    end token, count too, though the answer drops them), and their means per step."""
     drafted = sum(a["spec"]["draft_tokens"] for a in answers)
     accepted = sum(a["spec"]["accepted_tokens"] for a in answers)
     model_steps = sum(a["spec"]["steps"] for a in answers)
@@ -254,54 +255,90 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 runs = _runs(client, bodies, "draftgate", args.repeats)
                 client.close()
             result["methods"]["draftgate"] = [_summary(r, reference) for r in runs]
-    for method in ("ngram", "suffix"):
-        if method not in methods:
-            continue
-        for k in args.ks:
-            with (
-                vllm_server.running(
-                    args.env, args.model, free_port(), speculative=speculative(method, k), log=log
-                ) as url,
-                httpx.Client(base_url=url, timeout=600) as vllm,
-            ):
-                plain = [_vllm_body(b) for b in bodies]
-                runs = _runs(vllm, plain, f"vLLM {method} k={k}", args.repeats, vllm)
-            result["methods"][f"{method}_k{k}"] = [_summary(r, reference) for r in runs]
-    for method in IN_ENGINE:
-        if method in methods:
-            for k in args.ks:
-                rows, plugin = _in_engine(args, method, k, bodies, reference)
-                result["methods"][f"{method}_k{k}"] = rows
-                result.setdefault("plugin_logged", {})[f"{method}_k{k}"] = plugin
+    speculating = [m for m in (*SPECULATIVE, *IN_ENGINE) if m in methods]
+    if args.interleave:
+        plan = [[(m, k) for m in speculating] for k in args.ks]
+    else:
+        plan = [[(m, k)] for m in speculating for k in args.ks]
+    for group in plan:
+        with contextlib.ExitStack() as stack:
+            servers = [stack.enter_context(_serving(args, m, k, log)) for m, k in group]
+            for server in servers:
+                _ask(server.client, WARM_UP)
+            for server, runs in zip(servers, _asked(servers, args.repeats), strict=True):
+                result["methods"][server.name] = [_summary(r, reference) for r in runs]
+        for server in servers:
+            if server.plugin_log is not None:
+                plugin = PLUGIN_LINE in server.plugin_log.read_text(errors="replace")
+                result.setdefault("plugin_logged", {})[server.name] = plugin
     return result
 
 
-def _in_engine(
-    args: argparse.Namespace,
-    method: str,
-    k: int,
-    bodies: list[dict[str, Any]],
-    reference: list[str | None],
-) -> tuple[list[dict[str, Any]], bool]:
-    """One ``in-engine`` method at ``k``: its rows, and whether vLLM logged the plugin."""
-    documents: list[dict[str, str]] = []
-    if method == "in-engine-corpus":
-        bodies, documents = _bodies_and_documents(args)
-    log = Path(args.json).with_suffix(f".{method}-k{k}.log")  # read for the plugin's line
-    log.unlink(missing_ok=True)
-    config = speculative(args.in_engine_base, k)
-    with (
-        vllm_server.running(
-            args.env, args.model, free_port(), speculative=config, log=log, draftgate_plugin=True
-        ) as url,
-        gateway(_gateway_config(url, "in-engine")) as served,
-        httpx.Client(base_url=served.url, timeout=600) as client,
-        httpx.Client(base_url=url, timeout=60) as vllm,
-    ):
+@dataclasses.dataclass
+class _Server:
+    """One speculating method's server, ready to ask."""
+
+    name: str
+    client: httpx.Client
+    """What asks: vLLM itself, or the gateway in front of it."""
+    vllm: httpx.Client
+    """vLLM's own API (its ``/metrics``)."""
+    bodies: list[dict[str, Any]]
+    plugin_log: Path | None
+    """The server's log, read for the plugin's line (in-engine methods)."""
+
+
+@contextlib.contextmanager
+def _serving(args: argparse.Namespace, method: str, k: int, log: Path | None) -> Iterator[_Server]:
+    """vLLM with ``method`` at ``k`` speculative tokens (for the in-engine methods with
+    draftgate's plugin over ``--in-engine-base``, the gateway in front, and for
+    ``in-engine-corpus`` the predictions uploaded as the tenant's documents)."""
+    name = f"{method}_k{k}"
+    with contextlib.ExitStack() as stack:
+        if method in SPECULATIVE:
+            url = stack.enter_context(
+                vllm_server.running(
+                    args.env, args.model, free_port(), speculative=speculative(method, k), log=log
+                )
+            )
+            vllm = stack.enter_context(httpx.Client(base_url=url, timeout=600))
+            bodies = [_vllm_body(b) for b in _bodies(args)]
+            yield _Server(name, vllm, vllm, bodies, None)
+            return
+        documents: list[dict[str, str]] = []
+        bodies = _bodies(args)
+        if method == "in-engine-corpus":
+            bodies, documents = _bodies_and_documents(args)
+        plugin_log = Path(args.json).with_suffix(f".{method}-k{k}.log")
+        plugin_log.unlink(missing_ok=True)
+        url = stack.enter_context(
+            vllm_server.running(
+                args.env,
+                args.model,
+                free_port(),
+                speculative=speculative(args.in_engine_base, k),
+                log=plugin_log,
+                draftgate_plugin=True,
+            )
+        )
+        served = stack.enter_context(gateway(_gateway_config(url, "in-engine")))
+        client = stack.enter_context(httpx.Client(base_url=served.url, timeout=600))
+        vllm = stack.enter_context(httpx.Client(base_url=url, timeout=60))
         for document in documents:
             client.post("/v1/documents", json=document).raise_for_status()
-        runs = _runs(client, bodies, f"{method} k={k}", args.repeats, vllm)
-    return [_summary(r, reference) for r in runs], PLUGIN_LINE in log.read_text(errors="replace")
+        yield _Server(name, client, vllm, bodies, plugin_log)
+
+
+def _asked(servers: list[_Server], repeats: int) -> list[list[list[dict[str, Any]]]]:
+    """Every server's answers, per repeat: each item asked of every server in turn (one
+    server: its items in a row), so a change in the machine's load falls on all alike."""
+    runs: list[list[list[dict[str, Any]]]] = [[[] for _ in range(repeats)] for _ in servers]
+    label = " + ".join(s.name for s in servers)
+    for repeat in range(repeats):
+        for i in steps(range(len(servers[0].bodies)), label):
+            for server, answers in zip(servers, runs, strict=True):
+                answers[repeat].append(_ask(server.client, server.bodies[i], server.vllm))
+    return runs
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -331,6 +368,11 @@ def main(argv: list[str] | None = None) -> None:
         choices=sorted(SPECULATIVE),
         default="suffix",
         help="vLLM's own method the in-engine drafts join",
+    )
+    parser.add_argument(
+        "--interleave",
+        action="store_true",
+        help="per k, every speculating method's server at once, each item asked of each in turn",
     )
     parser.add_argument("--log", default=None, help="append vLLM's output to this file")
     parser.add_argument("--json", required=True, help="where the result goes")
