@@ -27,11 +27,12 @@ from local_verifier.draft_shares import HostTimes, fair_plan, pending_cost
 from local_verifier.fair_queue import split
 from local_verifier.grammar import DraftRowOverLimit, GrammarLimitExceeded
 from local_verifier.kv_pool import BlockTable, KVPool
+from local_verifier.kv_storage import KVStorage
 from local_verifier.logits_processors import PenaltyState
 from local_verifier.logprobs import TokenLogprob, token_logprobs
 from local_verifier.model import SeqStep, Transformer
 from local_verifier.request import Request
-from local_verifier.row_prices import RowPrice, row_seconds
+from local_verifier.row_prices import RowPrice
 from local_verifier.sampling import SamplingParams, sample, target_probs
 from local_verifier.step_costs import LiveCosts
 from local_verifier.step_shares import StepShares
@@ -88,19 +89,21 @@ class StepRunner:
         self.vocab_size = model.config.vocab_size
         self._steps = 0  # steps run, for ``Request.turn``
         self._prefill_credit: dict[str, float] = {}  # tenants' carried prefill shares
-        self.price = RowPrice.for_config(model.config) if price is None else price
+        if price is None:
+            storage = pool.storage
+            per_token = KVStorage.bytes_per_slot(model.config, storage.k.dtype)
+            price = RowPrice.for_model(model, per_token)
+        self.price = price
         self.shares = StepShares()
         self.host = HostTimes()
 
     def run(self) -> None:
         """One forward over every running request (each holds a block for its next row)."""
         prefilling = [r for r in self.places.running if r.prefilling]
-        table = self.costs.table
-        price = self.price.with_row_s(row_seconds(table))
+        price = self.price.with_table(self.costs.table)
         decoding = [r for r in self.places.running if not r.prefilling]
-        fixed = max(table[1] - price.row_s, 0.0)  # a step's seconds besides its rows
         decoding = self.shares.turns(
-            decoding, prefilling, lambda r: pending_cost(r, price, self.host), fixed
+            decoding, prefilling, lambda r: pending_cost(r, price, self.host), price.fixed_s
         )
         self._steps += 1
         for req in decoding:

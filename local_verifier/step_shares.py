@@ -3,11 +3,14 @@
 On a CPU a step costs a fixed part (the weights read) plus more with every row, and a row
 more with every context token it attends; so the scheduler shares a step by what each
 tenant's rows cost (``row_prices``), not by their count. A tenant's allowance in a step is
-its weight's share beside the busiest other tenant, or of the step's fixed part, whichever
-is larger, plus a bank of what it left unspent in earlier steps (at most ``BURST`` fixed
-parts, or its dearest pending row): so no tenant makes the others' steps much longer than
-their own rows do, one beside a tenant whose rows cost little is never held to less than a
-share of the fixed part, and one whose drafts come in bursts can spend what it saved.
+its weight's share beside the busiest other tenant (what that one asks for), or of
+``FLOOR`` times the step's fixed part, whichever is larger, plus a bank of what it left
+unspent in earlier steps (at most ``BURST`` fixed parts, or its dearest pending row). So
+with equal weights a tenant's rows cost no more than the other's, and a step beside it
+costs less than twice the other's alone (its fixed part and rows), averaged over the banks'
+bursts; one beside a tenant whose rows cost little still runs a share of the fixed part's
+worth (not in a step that brings a tenant its first token); one whose drafts come in
+bursts spends what it saved.
 
 ``StepShares.turns`` picks the decode rows: each tenant's requests that waited longest
 whose pending rows fit its allowance; one whose next row costs more waits, banking its
@@ -28,7 +31,8 @@ from typing import Protocol, TypeVar
 
 from local_verifier.fair_queue import Queued
 
-BURST = 2.0  # the most a tenant banks, in fixed parts of a step
+FLOOR = 0.5  # no allowance below this many fixed parts of a step (weighted share)
+BURST = 1.0  # the most a tenant banks, in fixed parts of a step
 SLACK = 1e-9  # relative: costs equal up to rounding fit
 
 
@@ -44,9 +48,10 @@ Q = TypeVar("Q", bound=Queued)
 
 def demands(
     decoding: Iterable[Q], prefilling: Iterable[Q], cost: Callable[[Q], float]
-) -> tuple[dict[str, float], dict[str, float]]:
-    """Each tenant's cost in the step, and its weight: its decoding requests' costs, or,
-    with none decoding, its requests in prefill at one row each."""
+) -> tuple[dict[str, float], dict[str, float], bool]:
+    """Each tenant's cost in the step, its weight, and whether a tenant waits for its
+    first token: a tenant's decoding requests' costs, or, with none decoding, its requests
+    in prefill at one row each."""
     demand: dict[str, float] = {}
     weights: dict[str, float] = {}
     for req in decoding:
@@ -57,18 +62,18 @@ def demands(
         if req.owner not in demand:
             first[req.owner] = first.get(req.owner, 0.0) + cost(req)
             weights[req.owner] = req.weight
-    return demand | first, weights
+    return demand | first, weights, bool(first)
 
 
 def allowances(
-    demand: dict[str, float], weights: dict[str, float], fixed: float
+    demand: dict[str, float], weights: dict[str, float], floor: float
 ) -> dict[str, float]:
     """Each tenant's weighted share beside the busiest other tenant (costs per weight), or
-    of the step's ``fixed`` seconds, whichever is larger."""
-    total = sum(weights.values())
+    of ``floor`` seconds, whichever is larger."""
+    least = floor / sum(weights.values())
     return {
         owner: weights[owner]
-        * max(max(demand[u] / weights[u] for u in demand if u != owner), fixed / total)
+        * max(max(demand[u] / weights[u] for u in demand if u != owner), least)
         for owner in demand
     }
 
@@ -82,6 +87,7 @@ class StepShares:
         self._asked: dict[str, float] = {}  # this step's demands, weights and fixed part
         self._weights: dict[str, float] = {}
         self._fixed = 0.0
+        self._floor = 0.0
         self._dearest: dict[str, float] = {}  # each tenant's dearest pending row this step
 
     def turns(
@@ -94,8 +100,9 @@ class StepShares:
         """The requests that decode this step, in their given order: with one tenant, all;
         with several, each tenant's that waited longest whose ``cost`` (a pending row's
         seconds) fits its allowance and bank. ``fixed``: a step's fixed seconds."""
-        demand, weights = demands(decoding, prefilling, cost)
+        demand, weights, first = demands(decoding, prefilling, cost)
         self._asked, self._weights, self._fixed = demand, weights, fixed
+        self._floor = 0.0 if first else FLOOR * fixed  # a first token's step: no floor
         self._dearest = {}
         for req in decoding:
             self._dearest[req.owner] = max(self._dearest.get(req.owner, 0.0), cost(req))
@@ -104,7 +111,7 @@ class StepShares:
         if len(demand) < 2:
             self.bank.clear()
             return decoding
-        allowed = allowances(demand, weights, fixed)
+        allowed = allowances(demand, weights, self._floor)
         keep: set[int] = set()
         for owner in {r.owner: None for r in decoding}:
             budget = (allowed[owner] + self.bank.get(owner, 0.0)) * (1 + SLACK)
@@ -139,7 +146,7 @@ class StepShares:
         if len(spent) < 2:
             return out
         asked = {o: max(self._asked.get(o, 0.0), spent[o]) for o in spent}
-        allowed = allowances(asked, self._weights, self._fixed)
+        allowed = allowances(asked, self._weights, self._floor)
         for owner in spent:
             budget = allowed[owner] + self.bank.get(owner, 0.0)
             mine = [i for i, o in enumerate(owners) if o == owner]
