@@ -9,8 +9,8 @@ unspent in earlier steps (at most ``BURST`` fixed parts, or its dearest pending 
 with equal weights a tenant's rows cost no more than the other's, and a step beside it
 costs less than twice the other's alone (its fixed part and rows), averaged over the banks'
 bursts; one beside a tenant whose rows cost little still runs a share of the fixed part's
-worth (not in a step that brings a tenant its first token); one whose drafts come in
-bursts spends what it saved.
+worth; one whose drafts come in bursts spends what it saved (neither in a step that
+computes a prompt, which may bring its first token).
 
 ``StepShares.turns`` picks the decode rows: each tenant's requests that waited longest
 whose pending rows fit its allowance; one whose next row costs more waits, banking its
@@ -48,10 +48,9 @@ Q = TypeVar("Q", bound=Queued)
 
 def demands(
     decoding: Iterable[Q], prefilling: Iterable[Q], cost: Callable[[Q], float]
-) -> tuple[dict[str, float], dict[str, float], bool]:
-    """Each tenant's cost in the step, its weight, and whether a tenant waits for its
-    first token: a tenant's decoding requests' costs, or, with none decoding, its requests
-    in prefill at one row each."""
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Each tenant's cost in the step, and its weight: its decoding requests' costs, or,
+    with none decoding, its requests in prefill at one row each."""
     demand: dict[str, float] = {}
     weights: dict[str, float] = {}
     for req in decoding:
@@ -62,7 +61,7 @@ def demands(
         if req.owner not in demand:
             first[req.owner] = first.get(req.owner, 0.0) + cost(req)
             weights[req.owner] = req.weight
-    return demand | first, weights, bool(first)
+    return demand | first, weights
 
 
 def allowances(
@@ -87,22 +86,22 @@ class StepShares:
         self._asked: dict[str, float] = {}  # this step's demands, weights and fixed part
         self._weights: dict[str, float] = {}
         self._fixed = 0.0
-        self._floor = 0.0
+        self._prompts = False  # whether the step computes a prompt
         self._dearest: dict[str, float] = {}  # each tenant's dearest pending row this step
 
     def turns(
         self,
         decoding: list[D],
-        prefilling: Iterable[D],
+        prefilling: Sequence[D],
         cost: Callable[[D], float],
         fixed: float,
     ) -> list[D]:
         """The requests that decode this step, in their given order: with one tenant, all;
         with several, each tenant's that waited longest whose ``cost`` (a pending row's
         seconds) fits its allowance and bank. ``fixed``: a step's fixed seconds."""
-        demand, weights, first = demands(decoding, prefilling, cost)
+        demand, weights = demands(decoding, prefilling, cost)
         self._asked, self._weights, self._fixed = demand, weights, fixed
-        self._floor = 0.0 if first else FLOOR * fixed  # a first token's step: no floor
+        self._prompts = bool(prefilling)
         self._dearest = {}
         for req in decoding:
             self._dearest[req.owner] = max(self._dearest.get(req.owner, 0.0), cost(req))
@@ -111,10 +110,10 @@ class StepShares:
         if len(demand) < 2:
             self.bank.clear()
             return decoding
-        allowed = allowances(demand, weights, self._floor)
+        allowed = allowances(demand, weights, self._floor())
         keep: set[int] = set()
         for owner in {r.owner: None for r in decoding}:
-            budget = (allowed[owner] + self.bank.get(owner, 0.0)) * (1 + SLACK)
+            budget = (allowed[owner] + self._banked(owner)) * (1 + SLACK)
             mine = [r for r in decoding if r.owner == owner]
             if demand[owner] <= budget:
                 keep.update(id(r) for r in mine)
@@ -146,9 +145,9 @@ class StepShares:
         if len(spent) < 2:
             return out
         asked = {o: max(self._asked.get(o, 0.0), spent[o]) for o in spent}
-        allowed = allowances(asked, self._weights, self._floor)
+        allowed = allowances(asked, self._weights, self._floor())
         for owner in spent:
-            budget = allowed[owner] + self.bank.get(owner, 0.0)
+            budget = allowed[owner] + self._banked(owner)
             mine = [i for i, o in enumerate(owners) if o == owner]
             while mine and spent[owner] > budget * (1 + SLACK):
                 longest = max(mine, key=lambda i: out[i])
@@ -156,7 +155,18 @@ class StepShares:
                     break
                 out[longest] -= 1
                 spent[owner] -= per_row[longest]
-            saved = self.bank.get(owner, 0.0) + allowed[owner] - spent[owner]
-            most = max(self.burst * self._fixed, self._dearest.get(owner, 0.0))
-            self.bank[owner] = min(max(saved, 0.0), most)
+            if not self._prompts:
+                saved = self.bank.get(owner, 0.0) + allowed[owner] - spent[owner]
+                most = max(self.burst * self._fixed, self._dearest.get(owner, 0.0))
+                self.bank[owner] = min(max(saved, 0.0), most)
         return out
+
+    def _floor(self) -> float:
+        """The least allowance's seconds: none in a step that computes a prompt (whose
+        first token it may bring)."""
+        return 0.0 if self._prompts else FLOOR * self._fixed
+
+    def _banked(self, owner: str) -> float:
+        """What ``owner`` may spend of its bank in this step (nothing where it computes a
+        prompt)."""
+        return 0.0 if self._prompts else self.bank.get(owner, 0.0)

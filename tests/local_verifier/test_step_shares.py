@@ -138,6 +138,10 @@ def test_a_bank_lets_a_tenant_burst_by_what_it_saved() -> None:
         assert [r.name for r in chosen] == ["a", "b0"]  # b: a's 1 (its floor: a half)
         shares.drafts(["a", "b"], [0, 0], [1.0, 1.0], [1.0, 1.0])
     assert shares.bank["a"] == 4.0 and shares.bank["b"] == 0.0
+    # not in a step that computes a prompt (b's third request): b's two rows alone
+    shares.turns([a, *b[:2]], [b[2]], lambda r: r.cost, 2.0)
+    assert shares.drafts(["a", "b"], [10, 0], [1.0, 1.0], [1.0, 1.0]) == [1, 0]
+    assert shares.bank["a"] == 4.0
     shares.turns([a, *b], [], lambda r: r.cost, 2.0)
     # a's draft of 10 rows: within b's 3 and the 4 it saved, its pending row included
     assert shares.drafts(["a", "b"], [10, 0], [1.0, 1.0], [1.0, 1.0]) == [6, 0]
