@@ -4,14 +4,15 @@ Requests join (when the pool has blocks for their prompt; tenants take turns by 
 round robin, ``fair_queue``) and leave between steps; a cancelled request's blocks go back
 to the pool at the next step. With the batch full, a tenant waiting below its weighted
 share of the batch's places takes one from the tenant furthest above its share, whose
-latest request is preempted.
+latest request is preempted; likewise with the pool full, a tenant waiting below its
+weighted share of the pool's blocks takes them from the tenant furthest above its share.
 
-KV blocks are taken as tokens are committed. When the pool runs out, the request of the
-lowest-weight tenant that arrived last is preempted: its blocks are freed and it waits
-first in its tenant's line to recompute its K/V (from the prefix cache where its blocks
-still are) and go on where it stopped. A row's K/V and logits do not depend on what else
-shares its forward pass or on how its prompt was chunked, so the resumed answer is the
-uninterrupted one, bit for bit.
+KV blocks are taken as tokens are committed. When the pool runs out, the latest request of
+the tenant furthest above its weighted share of the pool's blocks is preempted: its blocks
+are freed and it waits first in its tenant's line to recompute its K/V (from the prefix
+cache where its blocks still are) and go on where it stopped. A row's K/V and logits do
+not depend on what else shares its forward pass or on how its prompt was chunked, so the
+resumed answer is the uninterrupted one, bit for bit.
 """
 
 from __future__ import annotations
@@ -57,12 +58,16 @@ class Admission:
             self.finish(req)
 
     def admit(self) -> None:
-        """Run waiting requests while places and blocks allow, then share the places."""
-        while len(self.running) < self.max_batch:
-            head = self.waiting.pop(self._fits)
-            if head is None:
-                return
-            self._start(head)
+        """Run waiting requests while places and blocks allow, taking blocks back for a
+        tenant below its share of them; then share the places."""
+        while True:
+            while len(self.running) < self.max_batch:
+                head = self.waiting.pop(self._fits)
+                if head is None:
+                    break
+                self._start(head)
+            if len(self.running) >= self.max_batch or not self._reclaim():
+                break
         self._rebalance()
 
     def grow(self) -> None:
@@ -76,7 +81,7 @@ class Admission:
                     req.table.reserve(req.computed + 1)
                     break
                 except PoolExhausted:
-                    self._preempt(max(self.running, key=Request.priority))
+                    self._preempt(self._victim())
 
     def room(self, req: Request, end: int) -> int:
         """Reserve blocks for ``req``'s positions up to ``end`` as far as the pool allows
@@ -167,6 +172,47 @@ class Admission:
             if head is None:
                 return
             self._start(head)
+
+    def _held(self) -> dict[str, set[int]]:
+        """The pool's blocks each running tenant's requests hold."""
+        held: dict[str, set[int]] = {}
+        for req in self.running:
+            assert req.table is not None
+            held.setdefault(req.owner, set()).update(req.table.blocks)
+        return held
+
+    def _block_shares(self, owners: set[str]) -> dict[str, float]:
+        """Each of ``owners``' weighted share of the pool's blocks (the tenants running and
+        waiting share it)."""
+        weights = {r.owner: r.weight for r in (*self.running, *self.waiting)}
+        total = sum(weights.values())
+        return {o: self.pool.n_blocks * weights[o] / total for o in owners}
+
+    def _victim(self) -> Request:
+        """The latest request of the tenant furthest above its share of the pool's blocks."""
+        held = self._held()
+        share = self._block_shares(set(held))
+        owner = max(held, key=lambda o: len(held[o]) - share[o])
+        return max((r for r in self.running if r.owner == owner), key=Request.priority)
+
+    def _reclaim(self) -> bool:
+        """With a tenant waiting below its weighted share of the pool's blocks (its next
+        request not fitting), preempt the latest request of the tenant furthest above its
+        share, if that tenant stays at or above it; whether one was."""
+        if not self.waiting or not self.running:
+            return False
+        held = self._held()
+        share = self._block_shares(set(held) | set(self.waiting.owners()))
+        if not any(len(held.get(o, ())) < share[o] for o in self.waiting.owners()):
+            return False
+        victim = self._victim()
+        mine = held[victim.owner]
+        assert victim.table is not None
+        others = set().union(*(r.table.blocks for r in self.running if r is not victim and r.table))
+        if len(mine) - len(set(victim.table.blocks) - others) < share[victim.owner]:
+            return False
+        self._preempt(victim)
+        return True
 
     def _start(self, head: Request) -> None:
         """Run ``head``: its table holds the prefix blocks ``_fits`` claimed and its prompt's."""

@@ -5,6 +5,7 @@ tenant's request (the shares of each step's cost: ``test_step_shares``)."""
 
 from __future__ import annotations
 
+import functools
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +17,10 @@ from step_records import record_steps
 from local_verifier.engine import END, Engine, GenerationRequest, TextDelta
 from local_verifier.errors import TenantBusy
 from local_verifier.fair_queue import FairQueue, split
+from local_verifier.kv_pool import DEFAULT_BLOCK_SIZE
+from local_verifier.kv_storage import KVStorage
 from local_verifier.loader import LoadedModel
+from tests.local_verifier.collect import Collector
 
 
 @dataclass(eq=False)
@@ -212,4 +216,56 @@ def test_each_tenants_drafts_stay_within_its_share_of_a_step(tiny_lm: LoadedMode
     assert all(sum(k for o, k, _ in step if o == "a") <= 16 for step in shared)
     assert max(sum(k for o, k, _ in step if o == "a") for step in rows) > 16  # alone: more
     assert answers == [want] * 3  # cut drafts change no answer
+    engine.close()
+
+
+def test_a_full_pool_gives_blocks_back_to_a_tenant_below_its_share(tiny_lm: LoadedModel) -> None:
+    """Tenant a's three long prompts fill the pool; b's short request takes blocks back
+    from a (its latest answer preempted) at once rather than wait for one of a's answers
+    to end, and every answer is the one it gets alone."""
+    block = KVStorage.bytes_per_slot(tiny_lm.config, tiny_lm.model.kv_dtype) * DEFAULT_BLOCK_SIZE
+    long = [GenerationRequest(prompt_ids=[5 + (i + j) % 50 for j in range(100)], max_tokens=12, draft=False, owner="a") for i in range(3)]  # fmt: skip
+    short = GenerationRequest(prompt_ids=[9, 8, 7], max_tokens=4, draft=False, owner="b")
+    roomy = make_engine(tiny_lm)
+    alone = []
+    for req in [*long, short]:
+        answer = Collector()
+        roomy.submit(req, answer)
+        assert roomy.wait_idle(60)
+        alone.append(answer.ids)
+    roomy.close()
+    costs = [1e-3 + 1e-5 * r for r in range(32 + 8 + 1)]
+    engine = Engine(  # a's three answers hold 21 blocks and leave too few for b's (one and one per running answer)
+        tiny_lm, max_draft=8, token_budget=32, row_costs=costs, kv_cache_mb=24 * block / 2**20
+    )
+    assert engine.pool.n_blocks == 24
+    events: list[str] = []
+    started, queued = threading.Event(), threading.Event()
+    answers = [Collector() for _ in range(4)]
+
+    def on_a(i: int, item: Any) -> None:
+        answers[i](item)
+        if item is END:
+            events.append(f"a{i} end")
+        if isinstance(item, TextDelta) and f"a{i} first" not in events:
+            events.append(f"a{i} first")
+            if sum(e.endswith("first") for e in events) == 3:  # all three hold their blocks:
+                started.set()  # the engine waits here until b is queued
+                queued.wait(60)
+
+    for i, req in enumerate(long):
+        engine.submit(req, functools.partial(on_a, i))
+    assert started.wait(60)
+
+    def on_b(item: Any) -> None:
+        answers[3](item)
+        if isinstance(item, TextDelta) and "b first" not in events:
+            events.append("b first")
+
+    engine.submit(short, on_b)
+    queued.set()
+    assert engine.wait_idle(120)
+    assert events.index("b first") < min(events.index(f"a{i} end") for i in range(3))
+    assert engine.stats().preemptions >= 1  # one of a's answers gave b its blocks ...
+    assert [a.ids for a in answers] == alone  # ... and came back to the same tokens
     engine.close()

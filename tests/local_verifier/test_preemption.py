@@ -1,7 +1,7 @@
 """KV on demand on the tiny model: a pool too small for every answer at once preempts
-(the lowest-weight tenant's latest request first) and recomputes, and each resumed answer
-is the uninterrupted one bit for bit: its tokens, text and logprobs (floats compared
-exactly), greedy and seeded, with drafts."""
+(the latest request of the tenant furthest above its weighted share of the pool) and
+recomputes, and each resumed answer is the uninterrupted one bit for bit: its tokens, text
+and logprobs (floats compared exactly), greedy and seeded, with drafts."""
 
 from __future__ import annotations
 
