@@ -72,8 +72,8 @@ class Admission:
 
     def grow(self) -> None:
         """Give every running request a block for its next row, highest priority first;
-        when the pool is out, preempt the lowest-priority running request (which may be
-        the one asking) until there is one."""
+        when the pool is out, preempt the latest request of the tenant furthest above its
+        share of the blocks (which may be the one asking) until there is one."""
         for req in sorted(self.running, key=Request.priority):
             while req in self.running:
                 assert req.table is not None
