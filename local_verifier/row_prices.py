@@ -63,3 +63,15 @@ class RowPrice:
     def row(self, context: int) -> float:
         """Seconds one more row of a sequence at ``context`` adds (a draft row)."""
         return self.row_s * (1.0 + context / self.row_tokens)
+
+    def chunk_rows(self, start: int, most: int, seconds: float) -> int:
+        """The most rows, up to ``most``, of a prompt chunk from position ``start`` that
+        cost at most ``seconds`` (each counted at the chunk's end, the most it attends)."""
+        low, high = 0, most
+        while low < high:
+            mid = (low + high + 1) // 2
+            if self.seq(mid, start + mid) <= seconds:
+                low = mid
+            else:
+                high = mid - 1
+        return low

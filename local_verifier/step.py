@@ -110,16 +110,25 @@ class StepRunner:
             req.turn = self._steps
         rows: list[_Row] = []
         seqs: list[SeqStep] = []
-        self._add_chunks(prefilling, max(self.token_budget - len(decoding), 1), rows, seqs)
+        budget = max(self.token_budget - len(decoding), 1)
+        self._add_chunks(prefilling, budget, price, rows, seqs)
         self._add_drafts(decoding, price, rows, seqs)
         if seqs:
             self._deliver(rows, seqs, self._forward(seqs))
         self.host.end_step()
 
     def _add_chunks(
-        self, prefilling: list[Request], budget: int, rows: list[_Row], seqs: list[SeqStep]
+        self,
+        prefilling: list[Request],
+        budget: int,
+        price: RowPrice,
+        rows: list[_Row],
+        seqs: list[SeqStep],
     ) -> None:
-        """Prompt chunks of the requests in prefill, ``budget`` rows shared by the tenants."""
+        """Prompt chunks of the requests in prefill, ``budget`` rows shared by the tenants,
+        each tenant's chunks within its share of the step's cost (``price``) beside another
+        tenant's decode rows or prompt's end (``StepShares.prompt_allowances``), at least
+        one row a step."""
         wants: dict[str, int] = {}
         weights: dict[str, float] = {}
         for req in prefilling:
@@ -127,12 +136,27 @@ class StepRunner:
         for req in self.places.running:
             weights[req.owner] = req.weight
         grants = split(budget, wants, weights, self._prefill_credit, self._prefill_caps(weights))
+        finishing: dict[str, float] = {}  # tenants whose prompts all end in this step
+        for req in prefilling:
+            if wants[req.owner] <= grants[req.owner]:
+                rest = price.seq(req.to_fill - req.computed, req.to_fill)
+                finishing[req.owner] = finishing.get(req.owner, 0.0) + rest
+        seconds = self.shares.prompt_allowances(grants, finishing)
+        chunked: set[str] = set()
         for req in prefilling:
             grant = grants[req.owner]
             if grant <= 0:
                 continue
             end = min(req.to_fill, req.computed + grant)
+            left = seconds[req.owner]
+            if left is not None:
+                fits = price.chunk_rows(req.computed, end - req.computed, left)
+                end = req.computed + max(fits, 0 if req.owner in chunked else 1)
+                if end == req.computed:
+                    continue
+                seconds[req.owner] = left - price.seq(end - req.computed, end)
             grants[req.owner] -= end - req.computed
+            chunked.add(req.owner)
             chunk = self._isolated(req, self._chunk, req, end)
             if chunk is not None:
                 seqs.append(chunk)

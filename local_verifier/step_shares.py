@@ -12,6 +12,13 @@ bursts; one beside a tenant whose rows cost little still runs a share of the fix
 worth; one whose drafts come in bursts spends what it saved (neither in a step that
 computes a prompt, which may bring its first token).
 
+A tenant's prompt chunks beside another tenant's decode rows, or beside the end of its
+prompt (the step that brings its first token), cost at most its weighted share of that
+tenant's step alone (the fixed part and that tenant's rows), less what its own decode rows
+cost in the step: a prompt row at a long context costs as much as many short ones, so
+counting rows alone would let one tenant's long prompts make every step of another's
+answers several times slower.
+
 ``StepShares.turns`` picks the decode rows: each tenant's requests that waited longest
 whose pending rows fit its allowance; one whose next row costs more waits, banking its
 share, so a row at a long context decodes in fewer steps instead of making every step
@@ -26,7 +33,7 @@ logits do not depend on what else is in the step, and a cut draft only costs spe
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol, TypeVar
 
 from local_verifier.fair_queue import Queued
@@ -88,6 +95,8 @@ class StepShares:
         self._fixed = 0.0
         self._prompts = False  # whether the step computes a prompt
         self._dearest: dict[str, float] = {}  # each tenant's dearest pending row this step
+        self._decoding: dict[str, float] = {}  # each decoding tenant's demand this step
+        self._kept: dict[str, float] = {}  # what each tenant's picked decode rows cost
 
     def turns(
         self,
@@ -103,8 +112,10 @@ class StepShares:
         self._asked, self._weights, self._fixed = demand, weights, fixed
         self._prompts = bool(prefilling)
         self._dearest = {}
+        self._decoding, self._kept = {}, {}
         for req in decoding:
             self._dearest[req.owner] = max(self._dearest.get(req.owner, 0.0), cost(req))
+            self._decoding[req.owner] = self._decoding.get(req.owner, 0.0) + cost(req)
         for owner in [o for o in self.bank if o not in demand]:
             del self.bank[owner]
         if len(demand) < 2:
@@ -117,14 +128,36 @@ class StepShares:
             mine = [r for r in decoding if r.owner == owner]
             if demand[owner] <= budget:
                 keep.update(id(r) for r in mine)
+                self._kept[owner] = demand[owner]
                 continue
             spent = 0.0
             for req in sorted(mine, key=lambda r: r.turn):
-                spent += cost(req)
-                if spent > budget:
+                if spent + cost(req) > budget:
                     break
+                spent += cost(req)
                 keep.add(id(req))
+            self._kept[owner] = spent
         return [r for r in decoding if id(r) in keep]
+
+    def prompt_allowances(
+        self, owners: Iterable[str], finishing: Mapping[str, float]
+    ) -> dict[str, float | None]:
+        """Seconds each of ``owners``' prompt chunks may cost in the step ``turns`` picked
+        last: its weighted share of the busiest other tenant's step alone (the fixed part,
+        that tenant's decode rows and, where its prompts end in the step, their chunks:
+        ``finishing``, seconds by tenant), less its own decode rows' cost; None where no
+        other tenant decodes or ends a prompt (its chunks are then shared by rows)."""
+        alone = {
+            u: self._fixed + self._decoding.get(u, 0.0) + finishing.get(u, 0.0)
+            for u in {*self._decoding, *finishing}
+        }
+        w = self._weights
+        out: dict[str, float | None] = {}
+        for owner in owners:
+            others = [alone[u] / w[u] for u in alone if u != owner]
+            share = w[owner] * max(others) if others else None
+            out[owner] = None if share is None else max(share - self._kept.get(owner, 0.0), 0.0)
+        return out
 
     def drafts(
         self,

@@ -148,6 +148,36 @@ def test_a_bank_lets_a_tenant_burst_by_what_it_saved() -> None:
     assert shares.bank["a"] == 0.0
 
 
+def test_prompt_chunks_cost_at_most_the_others_step_alone() -> None:
+    """Beside b's decode row (cost 1, fixed part 4) a's prompt chunks may cost b's step
+    alone, 5, less a's own decode rows; with weights 2:1, twice that; with no one else
+    decoding or ending a prompt, no cost cap (rows alone)."""
+    shares = StepShares()
+    a, b = Answer("a", cost=1.0), Answer("b", cost=1.0)
+    shares.turns([b], [a], lambda r: r.cost, 4.0)
+    assert shares.prompt_allowances(["a", "b"], {}) == {"a": 5.0, "b": None}
+    shares.turns([a, b], [a], lambda r: r.cost, 4.0)  # a decodes one row too
+    assert shares.prompt_allowances(["a"], {}) == {"a": 4.0}
+    heavy = Answer("a", weight=2.0, cost=1.0)
+    shares.turns([b], [heavy], lambda r: r.cost, 4.0)
+    assert shares.prompt_allowances(["a"], {}) == {"a": 10.0}
+    shares.turns([], [a, b], lambda r: r.cost, 4.0)  # both compute prompts
+    assert shares.prompt_allowances(["a", "b"], {}) == {"a": None, "b": None}
+    # b's prompt ends in this step (chunks of 3): a's may cost its step, 4 + 3
+    assert shares.prompt_allowances(["a", "b"], {"b": 3.0}) == {"a": 7.0, "b": None}
+
+
+def test_a_chunk_takes_the_rows_its_seconds_buy() -> None:
+    price = RowPrice(read_share=1e-3, row_tokens=500.0).with_table([3.0, 3.0, 4.0, 5.0])
+    for start in (0, 100, 4000):
+        for seconds in (0.5, 3.0, 40.0, 1e6):
+            n = price.chunk_rows(start, 64, seconds)
+            assert n == 64 or price.seq(n + 1, start + n + 1) > seconds
+            assert n == 0 or price.seq(n, start + n) <= seconds
+    assert price.chunk_rows(4000, 64, 1e6) == 64
+    assert price.chunk_rows(0, 64, 0.5) == 0
+
+
 def test_rows_are_priced_by_their_context() -> None:
     table = [3.0, 3.0, 4.0, 5.0]  # a fixed part of 2 and a row of 1
     price = RowPrice(read_share=1e-3, row_tokens=500.0).with_table(table)
@@ -237,4 +267,51 @@ def test_one_tenants_drafts_cost_no_more_than_the_others_rows(tiny_lm: LoadedMod
     assert sum(cost(s, "a", price) for s in shared) <= allowed + fixed + price.seq(1, 44)
     assert max(sum(1 + k for o, k, _ in s if o == "a") for s in steps) == 27  # alone: 3 x 9
     assert answers == [want] * 3  # cut drafts change no answer
+    engine.close()
+
+
+def test_a_long_prompt_beside_anothers_answer_costs_no_more_than_its_step(
+    tiny_lm: LoadedModel,
+) -> None:
+    """b decodes while a computes a 220-token prompt: in every step with b's row, a's
+    chunk costs at most b's step alone (or is one row), so a's prompt takes more steps
+    instead of making b's slow; both answers are the ones they give alone."""
+    engine = make_engine(tiny_lm, prefix_cache=False)  # a's prompt computed again beside b
+    runner = engine._scheduler.runner
+    reqs = {
+        "b": GenerationRequest(prompt_ids=[9, 8, 7], max_tokens=24, draft=False, owner="b"),
+        "a": GenerationRequest(
+            prompt_ids=[5 + i % 200 for i in range(220)], max_tokens=4, draft=False, owner="a"
+        ),
+    }
+    alone: dict[str, list[int]] = {}
+    for name, req in reqs.items():
+        alone[name] = []
+        engine.submit(req, lambda item, n=name: alone[n].extend(getattr(item, "token_ids", [])))
+        assert engine.wait_idle(60)
+    chunks: list[tuple[int, int, bool]] = []  # a's chunks: start, end, whether b decodes
+    chunk = runner._chunk
+
+    def recorded(req: Any, end: int) -> Any:
+        running = engine._scheduler.places.running
+        b_decodes = any(r.owner == "b" and not r.prefilling for r in running)
+        if req.owner == "a":
+            chunks.append((req.computed, end, b_decodes))
+        return chunk(req, end)
+
+    runner._chunk = recorded  # type: ignore[method-assign]
+    beside: dict[str, list[int]] = {"a": [], "b": []}
+    for name in ("b", "a"):
+        engine.submit(
+            reqs[name], lambda item, n=name: beside[n].extend(getattr(item, "token_ids", []))
+        )
+    assert engine.wait_idle(60)
+    price = runner.price.with_table(runner.costs.table)
+    step_b = price.fixed_s + price.seq(1, 30)  # b's step alone, at its longest context
+    shared = [(start, end) for start, end, b in chunks if b]
+    assert len(shared) >= 3  # a's prompt went on beside b's answer ...
+    assert all(end - start == 1 or price.seq(end - start, end) <= step_b for start, end in shared)
+    apart = [end - start for start, end, b in chunks if not b]
+    assert apart and max(apart) > max(end - start for start, end in shared)
+    assert beside == alone  # ... and neither answer changed
     engine.close()
