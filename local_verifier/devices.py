@@ -34,6 +34,15 @@ NATIVE_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 CPU default (half the bytes per token, and AMX tiles or bf16 dot products for batched rows)."""
 
 
+def blocks_by_default(flags: set[str] | None = None) -> bool:
+    """Whether a GGUF file's quantized blocks are the default target on this CPU (``flags``:
+    its own unless given): on AVX2 and AVX-512 CPUs, where the blocks' kernels measured
+    faster than the float target's at every row count (docs/local-models.md); not on AMX
+    CPUs, whose bf16 tiles they have not been measured against."""
+    flags = cpu_flags() if flags is None else flags
+    return "avx2" in flags and "amx_bf16" not in flags
+
+
 def cpu_flags() -> set[str]:
     """The CPU's feature flags as Linux lists them (empty elsewhere)."""
     try:

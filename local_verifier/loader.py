@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from local_verifier.devices import (
+    blocks_by_default,
     configure_threads,
     on_own_thread,
     resolve_device,
@@ -23,7 +24,7 @@ from local_verifier.gguf_loader import GGUFSource, read_gguf
 from local_verifier.hf_loader import read_hf_dir
 from local_verifier.kernels.cpp import load_library, release_threads
 from local_verifier.kernels.options import KernelOptions
-from local_verifier.kernels.packing import QUANT_TYPES
+from local_verifier.kernels.packing import QUANT_TYPES, layout_of
 from local_verifier.kv_storage import KVStorage
 from local_verifier.linear import Linear
 from local_verifier.model import ModelConfig, SeqStep, Transformer
@@ -63,6 +64,14 @@ class LoadedModel:
     @property
     def context_length(self) -> int:
         return self.config.max_seq_len
+
+    @property
+    def target(self) -> str:
+        """What the weights run as: ``native`` where linear layers hold a GGUF file's
+        blocks, else the dtype's name."""
+        if any(layout_of(p) == "quant" for p in self.model.parameters()):
+            return NATIVE
+        return str(self.dtype).removeprefix("torch.")
 
 
 def smollm2_path() -> Path:
@@ -130,7 +139,9 @@ def load_model(
     K/V cache fit in the device's free memory. ``dtype="native"`` keeps each linear layer of
     a GGUF file whose tensors are all of one quantized type the C++ kernels run as that
     type's blocks (``keep_quantized``; on the CPU's C++ kernels only), the rest in the
-    device's default dtype (all of a checkpoint without GGUF blocks). On CPU the thread count (all CPUs or 1) is measured and chosen now, unless
+    device's default dtype (all of a checkpoint without GGUF blocks); with no ``dtype`` a
+    GGUF file loads so where the CPU's default is its blocks (``blocks_by_default``). On
+    CPU the thread count (all CPUs or 1) is measured and chosen now, unless
     ``tune_threads`` is False.
     """
     path, name = resolve_spec(spec)
@@ -146,7 +157,7 @@ def load_model(
         )
     tokenizer.id_limit = max(tokenizer.vocab_size, cfg.vocab_size)
     dev = resolve_device(device)
-    native = dtype is not None and dtype.lower() == NATIVE
+    native = dtype.lower() == NATIVE if dtype is not None else _blocks_default(dev, source)
     torch_dtype = resolve_dtype(None if native else dtype, dev)
     if source.shape("lm_head.weight") is None:
         cfg.tie_embeddings = True  # no head of its own: it reads out through the embedding
@@ -180,6 +191,16 @@ def load_model(
         chosen = on_own_thread(partial(configure_threads, partial(_probe_steps, lm)))
         torch.set_num_threads(chosen)  # on this thread too (torch keeps a count per thread)
     return lm
+
+
+def _blocks_default(device: torch.device, source: TensorSource) -> bool:
+    """Whether a load that names no dtype runs ``source``'s GGUF blocks as they are: a GGUF
+    file, on a CPU where blocks are the default (``blocks_by_default``) and the C++
+    kernels run."""
+    if device.type != "cpu" or not isinstance(source, GGUFSource) or not blocks_by_default():
+        return False
+    library, _ = load_library()
+    return library is not None and KernelOptions.from_env().backend in ("", "cpp")
 
 
 def _check_native(device: torch.device) -> None:

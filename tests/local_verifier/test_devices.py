@@ -5,7 +5,13 @@ import threading
 import pytest
 import torch
 
-from local_verifier.devices import cpu_flags, default_dtype, on_own_thread, resolve_dtype
+from local_verifier.devices import (
+    blocks_by_default,
+    cpu_flags,
+    default_dtype,
+    on_own_thread,
+    resolve_dtype,
+)
 
 CPU = torch.device("cpu")
 
@@ -21,6 +27,21 @@ CPU = torch.device("cpu")
 )
 def test_cpu_default_is_bf16_only_with_native_bf16(flags: set[str], expected: torch.dtype) -> None:
     assert default_dtype(CPU, flags) == expected
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        ({"avx2", "fma"}, True),
+        ({"avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16"}, True),
+        ({"avx2", "avx512f", "amx_tile", "amx_int8", "amx_bf16"}, False),
+        ({"sse4_2"}, False),
+    ],
+)
+def test_gguf_blocks_are_the_default_on_avx2_and_avx512_not_amx(
+    flags: set[str], expected: bool
+) -> None:
+    assert blocks_by_default(flags) is expected
 
 
 def test_cuda_default_is_bf16_whatever_the_cpu() -> None:

@@ -21,7 +21,7 @@ from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import quantize
 from safetensors.torch import load_file
 
-from local_verifier.devices import resolve_dtype
+from local_verifier.devices import blocks_by_default, resolve_dtype
 from local_verifier.errors import ModelLoadError
 from local_verifier.kernels.cpp import CppOps, load_library
 from local_verifier.kernels.packing import QUANT_TYPES, dequantized, layout_of, quant_type
@@ -276,6 +276,18 @@ def test_shipped_smollm2_runs_its_q4_1_blocks_and_drafts_equal_plain_decoding() 
     tokens, plain = plain_decode(lm, ids, 12)
     other = lm.tokenizer.encode("import os\n")
     assert torch.equal(verify_batched(lm, ids, tokens, other, split=3), plain)
+
+
+def test_the_shipped_file_runs_its_blocks_by_default_where_the_cpu_says_so() -> None:
+    """No dtype: SmolLM2's Q4_1 blocks on AVX2 and AVX-512 CPUs, the float default on AMX
+    CPUs; a dtype named runs that dtype."""
+    lm = load_model("smollm2-135m", max_seq_len=256, tune_threads=False)
+    layer = cast(Block, lm.model.layers[0])
+    assert (layout_of(layer.ffn.w2.weight) == "quant") is blocks_by_default()
+    assert (lm.target == "native") is blocks_by_default()
+    lm = load_model("smollm2-135m", dtype="float32", max_seq_len=256, tune_threads=False)
+    assert all(layout_of(p) != "quant" for p in lm.model.parameters())
+    assert lm.target == "float32"
 
 
 def _before_unreadable_page(blocks: np.ndarray) -> tuple[mmap.mmap, torch.Tensor]:

@@ -111,7 +111,7 @@ class LocalEndpoint:
                 "local endpoint %s: %s loaded (%s weights) in %.1f s",
                 self.config.name,
                 self._engine.name,
-                str(self._engine.lm.dtype).removeprefix("torch."),
+                self._engine.lm.target,
                 time.perf_counter() - began,
             )
         except Exception as exc:  # a load failure is reported to every request
