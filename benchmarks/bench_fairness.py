@@ -43,8 +43,9 @@ ratios to the run's alone phase (e2e p50, TTFT p99, and the median over honest r
 each one's e2e beside over alone), honest errors, whether every honest answer equals its
 answer alone (greedy, batch-invariant: it must), what the abuser got back (answers, 429s,
 hang-ups), the CPU seconds the load generator (both its processes, and the abusers' own
-apart), the gateway process and the whole machine used in the phase, and its wall
-seconds; per abuser over the runs, each ratio's median and its spread (min, max), and the
+apart), the gateway process and the whole machine used in the phase, its wall
+seconds, and how long before it the engine took to hold no request of the phase before
+(each phase starts only then); per abuser over the runs, each ratio's median and its spread (min, max), and the
 median CPU and wall seconds. Then the engine's preemptions and its KV peak against its
 pool. Goals: honest TTFT p99 and e2e p50 within 2x of alone, no honest error, the same
 honest text, the abuser throttled rather than served at the honest tenant's expense.
@@ -207,6 +208,7 @@ class Phase:
         self.abuser: Counter[str] = Counter()
         self.cpu_s: dict[str, float] = {}
         self.wall_s = 0.0
+        self.settle_s = 0.0  # before it: until the engine held no request of an earlier phase
 
     def summary(self) -> dict[str, Any]:
         def stats(values: list[float]) -> dict[str, float]:
@@ -223,6 +225,7 @@ class Phase:
             "abuser": dict(self.abuser),
             "cpu_s": {k: round(v, 3) for k, v in self.cpu_s.items()},
             "wall_s": round(self.wall_s, 1),
+            "settle_s": round(self.settle_s, 2),
         }
 
 
@@ -370,8 +373,22 @@ async def _abusing(
             proc.join(10)
 
 
+async def _settled(url: str, limit_s: float = 120.0) -> float:
+    """Seconds until the engine holds no KV block for a request (the abusers' cancelled
+    answers of the phase before have ended), polled every 50 ms; at most ``limit_s``."""
+    t0 = time.perf_counter()
+    async with aiohttp.ClientSession(headers=_auth(ADMIN[1])) as session:
+        while time.perf_counter() - t0 < limit_s:
+            async with session.get(f"{url}/v1/endpoints/local/memory") as r:
+                if (await r.json())["kv_in_use_bytes"] == 0:
+                    break
+            await asyncio.sleep(0.05)
+    return time.perf_counter() - t0
+
+
 async def _phase(url: str, pid: int, args: argparse.Namespace, abuser: Abuser | None) -> Phase:
     phase = Phase()
+    phase.settle_s = await _settled(url)
     items = workload(limit=HONEST_CLIENTS * args.requests)
     timeout = aiohttp.ClientTimeout(total=None, sock_read=3600)
     async with _abusing(url, abuser, args) as abused:
