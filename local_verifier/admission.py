@@ -188,10 +188,13 @@ class Admission:
         total = sum(weights.values())
         return {o: self.pool.n_blocks * weights[o] / total for o in owners}
 
-    def _victim(self) -> Request:
-        """The latest request of the tenant furthest above its share of the pool's blocks."""
-        held = self._held()
-        share = self._block_shares(set(held))
+    def _victim(
+        self, held: dict[str, set[int]] | None = None, share: dict[str, float] | None = None
+    ) -> Request:
+        """The latest request of the tenant furthest above its share of the pool's blocks
+        (``held``, ``share``: ``_held()`` and those tenants' ``_block_shares``, if known)."""
+        held = self._held() if held is None else held
+        share = self._block_shares(set(held)) if share is None else share
         owner = max(held, key=lambda o: len(held[o]) - share[o])
         return max((r for r in self.running if r.owner == owner), key=Request.priority)
 
@@ -205,7 +208,7 @@ class Admission:
         share = self._block_shares(set(held) | set(self.waiting.owners()))
         if not any(len(held.get(o, ())) < share[o] for o in self.waiting.owners()):
             return False
-        victim = self._victim()
+        victim = self._victim(held, share)
         mine = held[victim.owner]
         assert victim.table is not None
         others = set().union(*(r.table.blocks for r in self.running if r is not victim and r.table))

@@ -199,8 +199,16 @@ def _blocks_default(device: torch.device, source: TensorSource) -> bool:
     kernels run."""
     if device.type != "cpu" or not isinstance(source, GGUFSource) or not blocks_by_default():
         return False
-    library, _ = load_library()
-    return library is not None and KernelOptions.from_env().backend in ("", "cpp")
+    return _cpp_unavailable() is None
+
+
+def _cpp_unavailable() -> str | None:
+    """Why the C++ kernels cannot run here (not built, or another backend chosen); None
+    where they can."""
+    library, why = load_library()
+    if library is None or KernelOptions.from_env().backend not in ("", "cpp"):
+        return why or "not chosen"
+    return None
 
 
 def _check_native(device: torch.device) -> None:
@@ -208,9 +216,9 @@ def _check_native(device: torch.device) -> None:
     CPU, on the C++ kernels."""
     if device.type != "cpu":
         raise ModelLoadError(f"dtype 'native' runs on the CPU's C++ kernels, not on {device}")
-    library, why = load_library()
-    if library is None or KernelOptions.from_env().backend not in ("", "cpp"):
-        raise ModelLoadError(f"dtype 'native' needs the C++ kernels ({why or 'not chosen'})")
+    why = _cpp_unavailable()
+    if why is not None:
+        raise ModelLoadError(f"dtype 'native' needs the C++ kernels ({why})")
 
 
 def keep_quantized(model: Transformer, source: GGUFSource) -> dict[str, list[str]]:

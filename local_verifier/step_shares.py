@@ -112,10 +112,10 @@ class StepShares:
         self._asked, self._weights, self._fixed = demand, weights, fixed
         self._prompts = bool(prefilling)
         self._dearest = {}
-        self._decoding, self._kept = {}, {}
+        self._decoding = {r.owner: demand[r.owner] for r in decoding}
+        self._kept = {}
         for req in decoding:
             self._dearest[req.owner] = max(self._dearest.get(req.owner, 0.0), cost(req))
-            self._decoding[req.owner] = self._decoding.get(req.owner, 0.0) + cost(req)
         for owner in [o for o in self.bank if o not in demand]:
             del self.bank[owner]
         if len(demand) < 2:
