@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import NoSuchElementException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as ec
@@ -71,11 +72,19 @@ def _sign_in(driver: webdriver.Chrome, url: str, key: str, lands: str) -> None:
 
 
 def _cell(driver: webdriver.Chrome, endpoint: str, key: str) -> str:
-    """A live cell's text (the drafted share's label, not its bar's title)."""
+    """A live cell's text (the drafted share's label, not its bar's title), read in one
+    script call: the overview re-renders its rows while requests run, so an element
+    found first and read after may already be gone."""
     selector = f'tr[data-endpoint="{endpoint}"] td[data-k="{key}"]'
     if key == "drafted_share":
         selector += " span"
-    return str(driver.find_element(By.CSS_SELECTOR, selector).text).strip()
+    text = driver.execute_script(
+        "const e = document.querySelector(arguments[0]); return e ? e.innerText : null;",
+        selector,
+    )
+    if text is None:
+        raise NoSuchElementException(selector)
+    return str(text).strip()
 
 
 class _Load:
