@@ -40,7 +40,8 @@ benchmark prints (on stderr) when it should end.
 
 Reported per abuser and run: the honest TTFT and end-to-end percentiles beside it, the
 ratios to the run's alone phase (e2e p50, TTFT p99, and the median over honest requests of
-each one's e2e beside over alone), honest errors, whether every honest answer equals its
+each one's e2e beside over alone), honest errors, the honest prompts' tokens and those of
+them found in the prefix cache, whether every honest answer equals its
 answer alone (greedy, batch-invariant: it must), what the abuser got back (answers, 429s,
 hang-ups), the CPU seconds the load generator (both its processes, and the abusers' own
 apart), the gateway process and the whole machine used in the phase, its wall
@@ -206,6 +207,8 @@ class Phase:
         self.e2e_by_id: dict[str, float] = {}
         self.errors: Counter[str] = Counter()
         self.abuser: Counter[str] = Counter()
+        self.prompt_tokens = 0  # the honest prompts' tokens, and those the prefix cache held
+        self.cached_tokens = 0
         self.cpu_s: dict[str, float] = {}
         self.wall_s = 0.0
         self.settle_s = 0.0  # before it: until the engine held no request of an earlier phase
@@ -222,6 +225,8 @@ class Phase:
             "ttft_ms_each": sorted(round(1000 * t, 1) for t in self.ttft),  # p99 of a few: the max
             "e2e_ms": stats(self.e2e),
             "errors": dict(self.errors),
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
             "abuser": dict(self.abuser),
             "cpu_s": {k: round(v, 3) for k, v in self.cpu_s.items()},
             "wall_s": round(self.wall_s, 1),
@@ -239,6 +244,7 @@ async def _honest(
             "max_tokens": max_tokens,
             "temperature": 0,
             "stream": True,
+            "stream_options": {"include_usage": True},
         }
         t0 = time.perf_counter()
         first, text = None, []
@@ -257,6 +263,11 @@ async def _honest(
                     if "error" in chunk:
                         phase.errors["stream error"] += 1
                         break
+                    if chunk.get("usage"):
+                        usage = chunk["usage"]
+                        phase.prompt_tokens += usage["prompt_tokens"]
+                        details = usage.get("prompt_tokens_details") or {}
+                        phase.cached_tokens += details.get("cached_tokens", 0)
                     for choice in chunk.get("choices", []):
                         content = (choice.get("delta") or {}).get("content")
                         if content:
