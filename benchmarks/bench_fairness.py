@@ -3,7 +3,7 @@ the engine share itself fairly, whatever the abuser sends?
 
     python -m benchmarks.bench_fairness --json OUT [--abusers NAME,...] [--runs 3]
                                         [--requests 4] [--max-tokens 128]
-                                        [--abuser-clients 5] [--smoke]
+                                        [--abuser-clients 5] [--kv-cache-mb MB] [--smoke]
 
 ``draftgate serve`` (the embedded SmolLM2, two tenant keys and an admin key) serves an
 honest tenant: two clients, each streaming ``--requests`` chat completions of the
@@ -99,8 +99,8 @@ RETRY_REFUSED_S = 0.2  # a refused abuser asks again after this
 REPEATED = "the cat sat on the mat and the dog sat on the log.\n"
 
 
-def _config() -> dict[str, Any]:
-    config = local_endpoint()
+def _config(kv_cache_mb: float | None) -> dict[str, Any]:
+    config = local_endpoint(**({} if kv_cache_mb is None else {"kv_cache_mb": kv_cache_mb}))
     config["auth"] = True
     config["keys"] = [
         {"key_env": "BENCH_HONEST", "tenant": "honest"},
@@ -508,7 +508,7 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     alone_runs: list[dict[str, Any]] = []
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in args.abusers}
     t0 = time.perf_counter()
-    with gateway(_config(), environ) as served:
+    with gateway(_config(args.kv_cache_mb), environ) as served:
         url, pid = served.url, served.pid
         await _warm(url)
         await _phase(url, pid, args, None)  # untimed: every timed phase finds prompts cached
@@ -570,6 +570,12 @@ def main() -> None:
     )
     parser.add_argument(
         "--abuser-lead-s", type=float, default=2.0, help="the abuser starts this much earlier"
+    )
+    parser.add_argument(
+        "--kv-cache-mb",
+        type=float,
+        help="the KV pool's size (the endpoint's default if not given): a small one fills "
+        "with the abusers' answers within a phase on a fast machine",
     )
     args = parse(parser, SMOKE)
     result = asyncio.run(_run(args))

@@ -6,6 +6,9 @@ to the pool at the next step. With the batch full, a tenant waiting below its we
 share of the batch's places takes one from the tenant furthest above its share, whose
 latest request is preempted; likewise with the pool full, a tenant waiting below its
 weighted share of the pool's blocks takes them from the tenant furthest above its share.
+The pool evicts cached blocks by the same shares (``kv_pool``): one tenant's growth does not
+take another's cached prompts while that one stays within its share, and takes them last
+for a while after its last request.
 
 KV blocks are taken as tokens are committed. When the pool runs out, the latest request of
 the tenant furthest above its weighted share of the pool's blocks is preempted: its blocks
@@ -32,6 +35,10 @@ from local_verifier.kv_pool import (
 )
 from local_verifier.request import Request
 
+# An owner keeps its share of the pool this long after its last request ended: its cache
+# is evicted after the caches above their shares while it is between two requests.
+CACHE_GRACE_S = 10.0
+
 
 class Admission:
     """The waiting line, the running batch and their blocks in the pool."""
@@ -46,6 +53,8 @@ class Admission:
         self.miss_tokens = 0  # prompt tokens computed
         self.preemptions = 0  # requests whose blocks were taken back to let others run
         self._claimed: tuple[list[bytes], list[int]] = ([], [])  # the admitted one's prefix
+        self._seen: dict[str, tuple[float, float]] = {}  # owner -> its weight, last seen
+        self._preempted_now: set[int] = set()  # ids of the requests preempted this pass
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -59,7 +68,11 @@ class Admission:
 
     def admit(self) -> None:
         """Run waiting requests while places and blocks allow, taking blocks back for a
-        tenant below its share of them; then share the places."""
+        tenant below its share of them; then share the places. A request preempted in
+        this pass waits for the next step's: the blocks it gave back are for others (run
+        again at once, it would take them back and be preempted again, without end)."""
+        self._share_pool()
+        self._preempted_now.clear()
         while True:
             while len(self.running) < self.max_batch:
                 head = self.waiting.pop(self._fits)
@@ -74,6 +87,7 @@ class Admission:
         """Give every running request a block for its next row, highest priority first;
         when the pool is out, preempt the latest request of the tenant furthest above its
         share of the blocks (which may be the one asking) until there is one."""
+        self._share_pool()
         for req in sorted(self.running, key=Request.priority):
             while req in self.running:
                 assert req.table is not None
@@ -88,7 +102,7 @@ class Admission:
         without preempting; the end reserved."""
         assert req.table is not None
         bs = self.pool.block_size
-        end = min(end, (len(req.table.blocks) + self.pool.available()) * bs)
+        end = min(end, (len(req.table.blocks) + self.pool.available(req.owner)) * bs)
         req.table.reserve(end)
         return end
 
@@ -101,7 +115,7 @@ class Admission:
             i = len(req.keys)
             parent = req.keys[-1] if req.keys else root_key(req.tenant)
             req.keys.append(chain_key(parent, req.tokens[i * bs : (i + 1) * bs]))
-            self.pool.publish(req.table.blocks[i], req.keys[-1])
+            self.pool.publish(req.table.blocks[i], req.keys[-1], req.owner)
 
     def finish(self, req: Request, error: Exception | None = None) -> None:
         """Release the request's blocks and tell its owner it is over."""
@@ -133,7 +147,7 @@ class Admission:
         """Whether the pool has room for ``req``'s prompt (or, resumed, its tokens) and
         then one more block for each running request (its cached prefix blocks claimed);
         False for a tenant not ``among`` those given."""
-        if among is not None and req.owner not in among:
+        if (among is not None and req.owner not in among) or id(req) in self._preempted_now:
             return False
         bs = self.pool.block_size
         keys: list[bytes] = []
@@ -141,9 +155,9 @@ class Admission:
         if self.prefix_cache:  # until decoding, the last token is computed (its logits)
             cacheable = req.tokens[:-1] if req.pending is not None else req.prompt_ids[:-1]
             keys = block_keys(req.tenant, cacheable, bs)
-            hits = self.pool.lookup(keys)
-        if -(-_fill(req) // bs) - len(hits) + len(self.running) > self.pool.available():
-            self.pool.release(hits)
+            hits = self.pool.lookup(keys, req.owner)
+        if -(-_fill(req) // bs) - len(hits) + len(self.running) > self.pool.available(req.owner):
+            self.pool.release(hits, req.owner)
             return False
         self._claimed = (keys, hits)
         return True
@@ -163,9 +177,12 @@ class Admission:
                 return
             victim = max((r for r in self.running if r.owner == over), key=Request.priority)
             assert victim.table is not None
-            freed = self.pool.available() + len(victim.table.blocks)
+            freed = len(victim.table.blocks)
             bs = self.pool.block_size
-            if all(-(-_fill(self.waiting.first(o)) // bs) > freed for o in starved):
+            if all(
+                -(-_fill(self.waiting.first(o)) // bs) > self.pool.available(o) + freed
+                for o in starved
+            ):
                 return  # no starved request would fit even then: nothing to preempt for
             self._preempt(victim)
             head = self.waiting.pop(functools.partial(self._fits, among=frozenset(starved)))
@@ -180,6 +197,18 @@ class Admission:
             assert req.table is not None
             held.setdefault(req.owner, set()).update(req.table.blocks)
         return held
+
+    def _share_pool(self) -> None:
+        """Tell the pool what its eviction shares by: the owners with requests here
+        (active), and each owner's share of the blocks, by weight among those with a
+        request here or within the last ``CACHE_GRACE_S``."""
+        now = time.monotonic()
+        self.pool.active = {r.owner for r in (*self.running, *self.waiting)}
+        for req in (*self.running, *self.waiting):
+            self._seen[req.owner] = (req.weight, now)
+        self._seen = {o: (w, t) for o, (w, t) in self._seen.items() if now - t <= CACHE_GRACE_S}
+        total = sum(w for w, _ in self._seen.values())
+        self.pool.shares = {o: self.pool.n_blocks * w / total for o, (w, _) in self._seen.items()}
 
     def _block_shares(self, owners: set[str]) -> dict[str, float]:
         """Each of ``owners``' weighted share of the pool's blocks (the tenants running and
@@ -221,7 +250,7 @@ class Admission:
         """Run ``head``: its table holds the prefix blocks ``_fits`` claimed and its prompt's."""
         keys, hits = self._claimed
         bs = self.pool.block_size
-        head.table = BlockTable(self.pool)
+        head.table = BlockTable(self.pool, head.owner)
         head.table.blocks = list(hits)
         head.keys = keys[: len(hits)]
         head.computed = len(hits) * bs
@@ -245,6 +274,7 @@ class Admission:
         req.computed = 0
         self.preemptions += 1
         req.stats.preemptions += 1
+        self._preempted_now.add(id(req))
         self.waiting.append(req, front=True)
 
 

@@ -4,13 +4,27 @@ A block holds ``block_size`` consecutive token slots (slot = block * block_size 
 Blocks are reference-counted: a sequence's :class:`BlockTable` holds one reference to each
 of its blocks. A full block can be published in the prefix index under a key chained over
 every token before it and its tenant (as vLLM's automatic prefix caching); an unreferenced
-published block stays cached until the pool needs room, least recently used first.
+published block stays cached, counted to the owner that published it, until the pool needs
+room.
+
+Eviction is shared by weight, as the rest of the pool: an owner's usage is the blocks its
+sequences hold plus its cached ones, its share is the weighted part of the pool admission
+gives it (``shares``; none for an owner long idle). Room is taken from the cached blocks of
+the owner furthest above its share first, least recently used first within an owner. An
+owner may take all of its own cached blocks, all of an inactive owner's, and what lies
+above an active one's share (``active``: with requests in the engine); beyond that, only
+as many as its sequences hold below its own share, any number while they hold none (so a
+request needing more than the free blocks always runs once its owner's others end). An
+owner holding less than its share keeps its own cache while another's sequences hold more
+than theirs: admission preempts those instead. A tenant's cache within its share thus
+survives another tenant's growth while it has requests in the engine, and is the last
+taken while it is briefly idle.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -62,14 +76,23 @@ class KVPool:
         self._free: deque[int] = deque(range(n_blocks))
         self._key_of: dict[int, bytes] = {}  # published block -> its key
         self._index: dict[bytes, int] = {}  # key -> published block
-        self._evictable: OrderedDict[int, None] = OrderedDict()  # unreferenced, published; LRU
+        self._publisher: dict[int, str] = {}  # published block -> the owner it counts to
+        self._held: dict[str, Counter[int]] = {}  # owner -> its references to each block
+        # unreferenced published blocks per owner, least recently used first
+        self._evictable: dict[str, OrderedDict[int, None]] = {}
+        self._n_evictable = 0
+        self.shares: dict[str, float] = {}  # each owner's weighted share of the blocks
+        self.active: set[str] = set()  # owners whose caches within their shares are kept
         self.peak_used = 0  # most blocks referenced at once so far
 
     # -- accounting ---------------------------------------------------------------------
 
-    def available(self) -> int:
-        """Blocks an ``allocate`` can hand out now (free plus evictable cached ones)."""
-        return len(self._free) + len(self._evictable)
+    def available(self, owner: str | None = None) -> int:
+        """Blocks an ``allocate`` for ``owner`` can hand out now: free ones plus the cached
+        ones it may evict (any owner's when None)."""
+        if owner is None:
+            return len(self._free) + self._n_evictable
+        return len(self._free) + sum(n for _, n in self._takeable(owner))
 
     def used(self) -> int:
         """Blocks referenced by some sequence."""
@@ -85,46 +108,99 @@ class KVPool:
 
     # -- allocation ---------------------------------------------------------------------
 
-    def allocate(self, n: int) -> list[int]:
-        """``n`` blocks with one reference each; evicts cached blocks LRU first if needed."""
-        if n > self.available():
-            raise PoolExhausted(f"{n} blocks wanted, {self.available()} available")
-        out: list[int] = []
-        for _ in range(n):
-            if self._free:
-                block = self._free.popleft()
-            else:
-                block, _ = self._evictable.popitem(last=False)
-                del self._index[self._key_of.pop(block)]
+    def allocate(self, n: int, owner: str = "") -> list[int]:
+        """``n`` blocks with one reference each, held by ``owner``; when the free ones run
+        out, evicts the cached blocks ``owner`` may take (module docstring)."""
+        takeable = self._takeable(owner) if n > len(self._free) else []
+        if n > len(self._free) + sum(k for _, k in takeable):
+            raise PoolExhausted(f"{n} blocks wanted, {self.available(owner)} available")
+        out = [self._free.popleft() for _ in range(min(n, len(self._free)))]
+        for other, k in takeable:
+            out += [self._evict(other) for _ in range(min(k, n - len(out)))]
+        for block in out:
             self._refs[block] = 1
-            out.append(block)
+        self._hold(owner, out)
         self.peak_used = max(self.peak_used, self.used())
         return out
 
-    def release(self, blocks: Sequence[int]) -> None:
-        """Drop one reference to each block; unreferenced blocks become free or evictable."""
-        for block in blocks:
+    def release(self, blocks: Sequence[int], owner: str = "") -> None:
+        """Drop one of ``owner``'s references to each block; unreferenced blocks become free
+        or cached, the last block first: a chain's tail is evicted before its head (as in
+        vLLM), so what remains cached is still a prefix."""
+        held = self._held.get(owner, Counter())
+        for block in reversed(blocks):
             refs = self._refs[block] - 1
-            if refs < 0:
+            if refs < 0 or held[block] < 1:
                 raise ValueError(f"block {block} released more often than held")
             self._refs[block] = refs
+            held[block] -= 1
+            if not held[block]:
+                del held[block]
             if refs == 0:
                 if block in self._key_of:
-                    self._evictable[block] = None
+                    self._evictable.setdefault(self._publisher[block], OrderedDict())[block] = None
+                    self._n_evictable += 1
                 else:
                     self._free.append(block)
 
+    def _hold(self, owner: str, blocks: Sequence[int]) -> None:
+        held = self._held.setdefault(owner, Counter())
+        for block in blocks:
+            held[block] += 1
+
+    def _usage_over_share(self, owner: str) -> float:
+        """``owner``'s held and cached blocks less its share (an idle owner has none)."""
+        usage = len(self._held.get(owner, ())) + len(self._evictable.get(owner, ()))
+        return usage - self.shares.get(owner, 0.0)
+
+    def _takeable(self, owner: str) -> list[tuple[str, int]]:
+        """How many of each owner's cached blocks an allocation for ``owner`` may evict,
+        furthest above share first: all of its own (none while it holds less than its
+        share and another owner's sequences hold more than theirs) and of an inactive
+        owner's; of an active one's, what lies above its share, and beyond that as many as
+        ``owner`` holds below its own share (any number while it holds none)."""
+        over = {o: self._usage_over_share(o) for o, lru in self._evictable.items() if lru}
+        held = len(self._held.get(owner, ()))
+        share = self.shares.get(owner, 0.0)
+        room = float("inf") if not held else max(0.0, share - held)
+        if held < share and any(
+            len(h) > self.shares.get(o, 0.0) for o, h in self._held.items() if o != owner
+        ):
+            over.pop(owner, None)  # its own cache stays: admission takes those blocks back
+        out: list[tuple[str, int]] = []
+        for other in sorted(over, key=over.__getitem__, reverse=True):
+            cached = len(self._evictable[other])
+            if other == owner or other not in self.active:
+                out.append((other, cached))
+                continue
+            excess = min(cached, max(0, int(over[other])))
+            extra = int(min(cached - excess, room))
+            room -= extra
+            out.append((other, excess + extra))
+        return out
+
+    def _evict(self, owner: str) -> int:
+        """``owner``'s least recently used cached block, taken out of the index."""
+        block, _ = self._evictable[owner].popitem(last=False)
+        self._n_evictable -= 1
+        del self._index[self._key_of.pop(block)]
+        del self._publisher[block]
+        return block
+
     # -- prefix index ---------------------------------------------------------------------
 
-    def publish(self, block: int, key: bytes) -> None:
-        """Index a full, committed block under ``key`` (no-op if the key is already cached)."""
+    def publish(self, block: int, key: bytes, owner: str = "") -> None:
+        """Index a full, committed block under ``key``, cached to ``owner`` once unreferenced
+        (no-op if the key is already cached)."""
         if key in self._index or block in self._key_of:
             return
         self._index[key] = block
         self._key_of[block] = key
+        self._publisher[block] = owner
 
-    def lookup(self, keys: Sequence[bytes]) -> list[int]:
-        """The cached blocks of the longest prefix of ``keys``, each with a new reference."""
+    def lookup(self, keys: Sequence[bytes], owner: str = "") -> list[int]:
+        """The cached blocks of the longest prefix of ``keys``, each with a new reference
+        held by ``owner``."""
         found: list[int] = []
         for key in keys:
             block = self._index.get(key)
@@ -133,17 +209,21 @@ class KVPool:
             found.append(block)
         for block in found:
             if self._refs[block] == 0:
-                del self._evictable[block]
+                del self._evictable[self._publisher[block]][block]
+                self._n_evictable -= 1
             self._refs[block] += 1
+        self._hold(owner, found)
         self.peak_used = max(self.peak_used, self.used())
         return found
 
 
 class BlockTable:
-    """One sequence's blocks: token position p lives in slot ``slot_of(p)``."""
+    """One sequence's blocks, held by its owner: token position p lives in slot
+    ``slot_of(p)``."""
 
-    def __init__(self, pool: KVPool) -> None:
+    def __init__(self, pool: KVPool, owner: str = "") -> None:
         self.pool = pool
+        self.owner = owner
         self.blocks: list[int] = []
         self._covered: list[int] = []  # the blocks whose slots _slots holds
         self._slots = torch.empty(0, dtype=torch.long)
@@ -157,7 +237,7 @@ class BlockTable:
         """Hold enough blocks for positions [0, n_tokens) (raises ``PoolExhausted``)."""
         missing = -(-n_tokens // self.pool.block_size) - len(self.blocks)
         if missing > 0:
-            self.blocks += self.pool.allocate(missing)
+            self.blocks += self.pool.allocate(missing, self.owner)
 
     def slots(self, start: int, end: int) -> torch.Tensor:
         """Slots of positions [start, end) (long, on the CPU)."""
@@ -172,5 +252,5 @@ class BlockTable:
 
     def release(self) -> None:
         """Give every block back to the pool."""
-        self.pool.release(self.blocks)
+        self.pool.release(self.blocks, self.owner)
         self.blocks = []

@@ -20,6 +20,7 @@ from local_verifier.fair_queue import FairQueue, split
 from local_verifier.kv_pool import DEFAULT_BLOCK_SIZE
 from local_verifier.kv_storage import KVStorage
 from local_verifier.loader import LoadedModel
+from local_verifier.logits_processors import Penalties
 from tests.local_verifier.collect import Collector
 
 
@@ -223,22 +224,11 @@ def test_a_full_pool_gives_blocks_back_to_a_tenant_below_its_share(tiny_lm: Load
     """Tenant a's three long prompts fill the pool; b's short request takes blocks back
     from a (its latest answer preempted) at once rather than wait for one of a's answers
     to end, and every answer is the one it gets alone."""
-    block = KVStorage.bytes_per_slot(tiny_lm.config, tiny_lm.model.kv_dtype) * DEFAULT_BLOCK_SIZE
     long = [GenerationRequest(prompt_ids=[5 + (i + j) % 50 for j in range(100)], max_tokens=12, draft=False, owner="a") for i in range(3)]  # fmt: skip
     short = GenerationRequest(prompt_ids=[9, 8, 7], max_tokens=4, draft=False, owner="b")
-    roomy = make_engine(tiny_lm)
-    alone = []
-    for req in [*long, short]:
-        answer = Collector()
-        roomy.submit(req, answer)
-        assert roomy.wait_idle(60)
-        alone.append(answer.ids)
-    roomy.close()
-    costs = [1e-3 + 1e-5 * r for r in range(32 + 8 + 1)]
-    engine = Engine(  # a's three answers hold 21 blocks and leave too few for b's (one and one per running answer)
-        tiny_lm, max_draft=8, token_budget=32, row_costs=costs, kv_cache_mb=24 * block / 2**20
-    )
-    assert engine.pool.n_blocks == 24
+    alone = _alone(tiny_lm, [*long, short])
+    # a's three answers hold 21 blocks and leave too few for b's (one and one per running answer)
+    engine = _tight(tiny_lm, 24)
     events: list[str] = []
     started, queued = threading.Event(), threading.Event()
     answers = [Collector() for _ in range(4)]
@@ -269,3 +259,107 @@ def test_a_full_pool_gives_blocks_back_to_a_tenant_below_its_share(tiny_lm: Load
     assert engine.stats().preemptions >= 1  # one of a's answers gave b its blocks ...
     assert [a.ids for a in answers] == alone  # ... and came back to the same tokens
     engine.close()
+
+
+def test_a_tenants_cache_within_its_share_survives_another_tenants_growth(
+    tiny_lm: LoadedModel,
+) -> None:
+    """b's prompt is cached; while b still answers, a's three long prompts need more than
+    the free blocks, and a already holds its share of the pool. a's third waits for a's own
+    blocks rather than take b's cached prompt: b asking it again finds it whole, and every
+    answer is the one it gets alone."""
+    no_end = Penalties(logit_bias={0: -100.0, 1: -100.0, 2: -100.0})
+    cached = GenerationRequest(prompt_ids=[7 + j % 40 for j in range(129)], max_tokens=1, draft=False, tenant="b", owner="b")  # fmt: skip
+    running = GenerationRequest(prompt_ids=[9, 8, 7], max_tokens=120, penalties=no_end, draft=False, tenant="b", owner="b")  # fmt: skip
+    long = [GenerationRequest(prompt_ids=[5 + (i + j) % 50 for j in range(96)], max_tokens=12, penalties=no_end, draft=False, tenant="a", owner="a") for i in range(3)]  # fmt: skip
+    alone = _alone(tiny_lm, [cached, running, *long, cached])
+    # b: 8 cached, 1-3 held; a's prompts 6 each: the third fits only by taking b's cached
+    # blocks, which a, holding its share (12), may not
+    engine = _tight(tiny_lm, 24)
+    answers = [Collector() for _ in range(6)]
+    ended: set[int] = set()
+    a_done, asked = threading.Event(), threading.Event()
+
+    def on_a(i: int, item: Any) -> None:
+        answers[2 + i](item)
+        if item is END:
+            ended.add(i)
+
+    def on_running(item: Any) -> None:
+        answers[1](item)
+        if len(ended) == 3 and not a_done.is_set():  # b still answers: the engine waits
+            a_done.set()  # here until b asks for its cached prompt again
+            asked.wait(60)
+
+    engine.submit(cached, answers[0])
+    assert engine.wait_idle(60)
+    engine.submit(running, on_running)
+    for i, req in enumerate(long):
+        engine.submit(req, functools.partial(on_a, i))
+    assert a_done.wait(60)
+    engine.submit(cached, answers[5])
+    asked.set()
+    assert engine.wait_idle(120)
+    assert answers[5].stats.cached_tokens == 128  # b's cached prompt is whole
+    assert [a.ids for a in answers] == alone
+    engine.close()
+
+
+def test_a_request_preempted_for_another_tenant_waits_for_the_next_step(
+    tiny_lm: LoadedModel,
+) -> None:
+    """a's three answers hold 18 of 24 blocks; b's prompt needs 15 and one block per
+    running answer, more than one of a's answers gives back. Admission preempts a's latest
+    for b once (a keeps its share); that answer, whose blocks are mostly cached, waits for
+    the next step instead of taking them back in the same pass (which would make room for
+    b again, preempt it again, and so on without end). b runs once a's answers end."""
+    no_end = Penalties(logit_bias={0: -100.0, 1: -100.0, 2: -100.0})
+    long = [GenerationRequest(prompt_ids=[5 + (i + j) % 50 for j in range(80)], max_tokens=24, penalties=no_end, draft=False, owner="a") for i in range(3)]  # fmt: skip
+    big = GenerationRequest(prompt_ids=[7 + j % 40 for j in range(240)], max_tokens=4, draft=False, owner="b")  # fmt: skip
+    alone = _alone(tiny_lm, [*long, big])
+    engine = _tight(tiny_lm, 24)
+    answers = [Collector() for _ in range(4)]
+    sent = [0, 0, 0]
+    grown, queued = threading.Event(), threading.Event()
+
+    def on_a(i: int, item: Any) -> None:
+        answers[i](item)
+        if isinstance(item, TextDelta):
+            sent[i] += len(item.token_ids)
+            if min(sent) >= 12 and not grown.is_set():  # each holds 6 blocks: the engine
+                grown.set()  # waits here until b is queued
+                queued.wait(60)
+
+    for i, req in enumerate(long):
+        engine.submit(req, functools.partial(on_a, i))
+    assert grown.wait(60)
+    engine.submit(big, answers[3])
+    queued.set()
+    assert engine.wait_idle(60)
+    assert engine.stats().preemptions >= 1
+    assert [a.ids for a in answers] == alone
+    engine.close()
+
+
+def _alone(lm: LoadedModel, reqs: list[GenerationRequest]) -> list[list[int]]:
+    """Each request's answer on an engine of its own with room to spare, one at a time."""
+    roomy = make_engine(lm)
+    alone = []
+    for req in reqs:
+        answer = Collector()
+        roomy.submit(req, answer)
+        assert roomy.wait_idle(60)
+        alone.append(answer.ids)
+    roomy.close()
+    return alone
+
+
+def _tight(lm: LoadedModel, n_blocks: int) -> Engine:
+    """An engine whose KV pool holds ``n_blocks`` blocks."""
+    block = KVStorage.bytes_per_slot(lm.config, lm.model.kv_dtype) * DEFAULT_BLOCK_SIZE
+    costs = [1e-3 + 1e-5 * r for r in range(32 + 8 + 1)]
+    engine = Engine(
+        lm, max_draft=8, token_budget=32, row_costs=costs, kv_cache_mb=n_blocks * block / 2**20
+    )
+    assert engine.pool.n_blocks == n_blocks
+    return engine

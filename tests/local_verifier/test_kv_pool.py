@@ -1,4 +1,4 @@
-"""The KV pool: blocks, reference counts, the prefix index and LRU eviction."""
+"""The KV pool: blocks, reference counts, the prefix index and eviction by share."""
 
 from __future__ import annotations
 
@@ -77,12 +77,92 @@ def test_published_blocks_are_shared_then_evicted_lru() -> None:
     p.release(first)
     p.release(first)
     assert p.used() == 0 and p.cached() == 2  # unreferenced but still cached
-    p.allocate(3)  # the two free blocks, then the least recently used cached one
-    assert p.cached() == 1
-    assert p.lookup(keys) == []  # the chain's first block is gone
+    p.allocate(3)  # the two free blocks, then the least recently used cached one:
+    assert p.cached() == 1  # the chain's tail, released first
+    assert p.lookup(keys) == first[:1]  # its head stays cached
 
 
 def test_storage_bytes_are_reported_per_block() -> None:
     p = pool()
     assert p.block_bytes() * p.n_blocks == p.storage.nbytes()
     assert p.storage.k.dtype == torch.float32
+
+
+def _cache(p: KVPool, owner: str, n: int, first_token: int = 0) -> list[bytes]:
+    """``n`` blocks of ``owner`` published and released (cached, unreferenced); their keys."""
+    keys = block_keys(owner, list(range(first_token, first_token + 4 * n)), 4)
+    blocks = p.allocate(n, owner)
+    for block, key in zip(blocks, keys, strict=True):
+        p.publish(block, key, owner)
+    p.release(blocks, owner)
+    return keys
+
+
+def test_an_owner_over_its_share_cannot_evict_a_cache_within_anothers_share() -> None:
+    p = pool(n_blocks=8)
+    p.shares, p.active = {"a": 4.0, "b": 4.0}, {"a", "b"}
+    b_keys = _cache(p, "b", 3)
+    held = p.allocate(5, "a")  # the free blocks: a holds more than its share now
+    assert p.available("a") == 0 and p.available() == 3
+    with pytest.raises(PoolExhausted):
+        p.allocate(1, "a")
+    assert len(p.lookup(b_keys, "b")) == 3  # b's cache is whole
+    p.release(held, "a")
+
+
+def test_an_owner_below_its_share_evicts_the_cache_furthest_above_share_first() -> None:
+    p = pool(n_blocks=8)
+    p.shares, p.active = {"a": 4.0, "b": 4.0}, {"a", "b"}
+    a_keys = _cache(p, "a", 5)  # a: 5 cached, 1 above its share
+    b_keys = _cache(p, "b", 3, first_token=100)  # b: 3, within
+    assert p.available("b") == 8
+    p.allocate(2, "b")  # b holds nothing: it may evict, a's least recently used first
+    assert len(p.lookup(a_keys, "a")) == 3  # a's chain lost its tail
+    assert len(p.lookup(b_keys, "b")) == 3
+
+
+def test_an_idle_owners_cache_is_evicted_first_and_least_recently_used_first() -> None:
+    p = pool(n_blocks=4)
+    p.shares, p.active = {"a": 4.0}, {"a"}  # b has long been idle: no share
+    a_keys = _cache(p, "a", 2)
+    b_keys = _cache(p, "b", 2, first_token=100)
+    p.allocate(1, "a")
+    assert len(p.lookup(a_keys, "a")) == 2  # a's cache kept ...
+    assert len(p.lookup(b_keys, "b")) == 1  # ... b's least recently used block went
+
+
+def test_release_counts_references_per_owner() -> None:
+    p = pool()
+    blocks = p.allocate(2, "a")
+    with pytest.raises(ValueError):
+        p.release(blocks, "b")
+    p.release(blocks, "a")
+    assert p.used() == 0
+
+
+def test_a_briefly_idle_owners_cache_goes_after_the_caches_above_their_shares() -> None:
+    p = pool(n_blocks=8)
+    p.shares, p.active = {"a": 4.0, "b": 4.0}, {"a"}  # b between two requests
+    b_keys = _cache(p, "b", 3)
+    a_keys = _cache(p, "a", 5, first_token=100)  # a: 1 above its share
+    p.allocate(5, "a")  # a's five cached first, b's kept
+    assert p.lookup(a_keys, "a") == []
+    found = p.lookup(b_keys, "b")
+    assert len(found) == 3
+    p.release(found, "b")
+    p.allocate(1, "a")  # b is not active: its cache within its share may go too
+    assert len(p.lookup(b_keys, "b")) == 2
+
+
+def test_an_owner_below_its_share_keeps_its_cache_while_another_holds_more_than_its_share() -> None:
+    p = pool(n_blocks=8)
+    p.shares, p.active = {"a": 4.0, "b": 4.0}, {"a", "b"}
+    b_keys = _cache(p, "b", 2)
+    a_held = p.allocate(6, "a")  # a holds above its share
+    assert p.available("b") == 0  # b's own cache is not taken: a's blocks are taken back
+    with pytest.raises(PoolExhausted):
+        p.allocate(1, "b")
+    p.release(a_held[-3:], "a")  # a within its share again (unpublished: free)
+    assert p.available("b") == 5
+    p.allocate(4, "b")
+    assert len(p.lookup(b_keys, "b")) == 1  # b's own cache, its tail first
