@@ -433,6 +433,7 @@ def beside_llama(
     """Our figures of the GGUF file at ``path`` and ``llama-bench``'s decode and prompt rates
     on it (each in a process of its own, in turn), and ours over llama.cpp's."""
     bench = partial(llama_bench, bin_dir, path, opts["threads"], opts["repeats"])
+    repack = ["--repack", str(opts["llama_repack"])]
     sides: dict[str, dict[str, Any]] = {}
     for side in ("ours", "llama") if ours_first else ("llama", "ours"):
         if side == "ours":
@@ -440,8 +441,8 @@ def beside_llama(
         else:
             decode = ["-p", "0", "-n", str(opts["max_tokens"]), "-d", str(CONTEXT)]
             sides[side] = {
-                "decode": bench(decode),
-                "prefill": bench(["-p", str(opts["prefill"]), "-n", "0"]),
+                "decode": bench([*decode, *repack]),
+                "prefill": bench(["-p", str(opts["prefill"]), "-n", "0", *repack]),
             }
     ours, llama = sides["ours"], sides["llama"]
 
@@ -523,6 +524,14 @@ def main() -> None:
         help=f"of {','.join(SHIPPED)}: their own GGUF files beside llama-bench (needs --llamacpp)",
     )
     parser.add_argument("--shipped-dtypes", default="native,bf16", help="ours on --shipped")
+    parser.add_argument(
+        "--llama-repack",
+        type=int,
+        choices=(0, 1),
+        default=1,
+        help="llama-bench's --repack: 0 where its repacked AMX int8 path dies (SIGSEGV with a "
+        "context on a 2-core Sapphire Rapids VM)",
+    )
     parser.add_argument("--spec-models", default="smollm2-135m,gemma3-270m")
     parser.add_argument("--spec-limit", type=int, default=4, help="code edits per model")
     parser.add_argument("--spec-max-tokens", type=int, default=256)
@@ -530,6 +539,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     args = parse(parser, SMOKE)
     names = ("prefill", "max_tokens", "repeats", "load_only", "bandwidth_gib", "threads")
+    names += ("llama_repack",)
     opts = {k: getattr(args, k) for k in names}
     bin_dir = None if args.llamacpp is None else build(args.llamacpp, None)
     llamacpp = None if bin_dir is None else (args.llamacpp, bin_dir)

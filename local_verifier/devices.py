@@ -36,11 +36,12 @@ CPU default (half the bytes per token, and AMX tiles or bf16 dot products for ba
 
 def blocks_by_default(flags: set[str] | None = None) -> bool:
     """Whether a GGUF file's quantized blocks are the default target on this CPU (``flags``:
-    its own unless given): on AVX2 and AVX-512 CPUs, where the blocks' kernels measured
-    faster than the float target's at every row count (docs/local-models.md); not on AMX
-    CPUs, whose bf16 tiles they have not been measured against."""
+    its own unless given): on AVX2, AVX-512 and AMX CPUs. The blocks' kernels measured
+    faster than the float target's at every row count on AVX2 and AVX-512, and on AMX up to
+    16 rows (decode, drafted verify steps) though not at 64 or in prompt processing
+    (docs/local-models.md)."""
     flags = cpu_flags() if flags is None else flags
-    return "avx2" in flags and "amx_bf16" not in flags
+    return "avx2" in flags
 
 
 def cpu_flags() -> set[str]:

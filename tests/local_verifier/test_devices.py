@@ -34,11 +34,11 @@ def test_cpu_default_is_bf16_only_with_native_bf16(flags: set[str], expected: to
     [
         ({"avx2", "fma"}, True),
         ({"avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16"}, True),
-        ({"avx2", "avx512f", "amx_tile", "amx_int8", "amx_bf16"}, False),
+        ({"avx2", "avx512f", "amx_tile", "amx_int8", "amx_bf16"}, True),
         ({"sse4_2"}, False),
     ],
 )
-def test_gguf_blocks_are_the_default_on_avx2_and_avx512_not_amx(
+def test_gguf_blocks_are_the_default_on_avx2_avx512_and_amx(
     flags: set[str], expected: bool
 ) -> None:
     assert blocks_by_default(flags) is expected
