@@ -68,7 +68,9 @@ def _sign_in(driver: webdriver.Chrome, url: str, key: str, lands: str) -> None:
     driver.get(f"{url}/ui/login")
     driver.find_element(By.ID, "key").send_keys(key)
     driver.find_element(By.CSS_SELECTOR, "#login button").click()
-    WebDriverWait(driver, WAIT_S).until(ec.url_contains(lands))
+    WebDriverWait(driver, WAIT_S).until(  # "/ui/" is in the login page's own URL too
+        lambda d: lands in d.current_url and "/ui/login" not in d.current_url
+    )
 
 
 def _cell(driver: webdriver.Chrome, endpoint: str, key: str) -> str:
