@@ -174,13 +174,9 @@ class GGUFSource:
         entry = self._tensors.get(name)
         return None if entry is None else entry[0].tensor_type
 
-    def keep_blocks(self, name: str, alias: str | None = None) -> None:
-        """Read ``name`` (a ``block_type`` tensor) as its blocks from now on; or, with
-        ``alias``, read it as its blocks under that name only (a tied head's blocks from the
-        embedding's tensor, the embedding read as values)."""
-        if alias is not None:
-            self._tensors[alias] = self._tensors[name]
-        self._blocks.add(alias or name)
+    def keep_blocks(self, name: str) -> None:
+        """Read ``name`` (a ``block_type`` tensor) as its blocks from now on."""
+        self._blocks.add(name)
 
     def mapped(self, names: list[str]) -> torch.Tensor | None:
         """The blocks of tensors ``names`` (kept as blocks, rows in the file's order, one

@@ -180,6 +180,8 @@ def load_model(
         if view is not None:
             owner = model.get_submodule(param.rpartition(".")[0])
             owner.weight = nn.Parameter(view, requires_grad=False)
+            if owner is model.embed and cfg.tie_embeddings:
+                model.head.weight = owner.weight
     try:
         model.load_hf_weights(source)
     except (KeyError, ValueError) as exc:
@@ -225,14 +227,15 @@ def keep_quantized(model: Transformer, source: GGUFSource) -> dict[str, list[str
     """Give each linear layer of ``model`` (on the ``meta`` device) whose checkpoint tensors
     are all of one type the C++ kernels run (``GGUFSource.block_type``) a uint8 weight in
     that type's ``quant`` shape, and have ``source`` read those tensors as blocks; returns
-    those weights' names and the names ``source`` reads them under. A tied
-    head gets blocks of its own from the embedding's tensor (the embedding stays in the
-    model's dtype: a step gathers a few of its rows). Linear layers of mixed or other types
-    stay in the model's dtype (dequantized as they are read), one log line per type."""
+    those weights' names and the names ``source`` reads them under. The embedding is kept
+    as blocks too (a step dequantizes the few rows it gathers); a tied head is the same
+    blocks. Linear layers of mixed or other types stay in the model's dtype (dequantized as
+    they are read), one log line per type."""
     cfg = model.config
-    groups: dict[str, list[str]] = {"head.weight": ["lm_head.weight"]}
-    if model.head.weight is model.embed.weight:
-        groups["head.weight"] = ["model.embed_tokens.weight"]
+    tied = model.head.weight is model.embed.weight
+    groups: dict[str, list[str]] = {"embed.weight": ["model.embed_tokens.weight"]}
+    if not tied:
+        groups["head.weight"] = ["lm_head.weight"]
     for i in range(cfg.n_layers):
         p, ours = f"model.layers.{i}.", f"layers.{i}."
         groups[ours + "attn.wqkv.weight"] = [p + f"self_attn.{n}_proj.weight" for n in "qkv"]
@@ -251,14 +254,10 @@ def keep_quantized(model: Transformer, source: GGUFSource) -> dict[str, list[str
                     dequantized[kind.name] = dequantized.get(kind.name, 0) + 1
             continue
         owner = model.get_submodule(name.rpartition(".")[0])
-        assert isinstance(owner, Linear)
-        tied = name == "head.weight" and owner.weight is model.embed.weight
+        assert isinstance(owner, (Linear, nn.Embedding))
         for part in parts:
-            source.keep_blocks(part, alias="lm_head.weight" if tied else None)
-        shapes = [
-            cast(tuple[int, ...], source.shape("lm_head.weight" if tied else part))
-            for part in parts
-        ]
+            source.keep_blocks(part)
+        shapes = [cast(tuple[int, ...], source.shape(part)) for part in parts]
         rows = sum(shape[0] for shape in shapes)
         dense = (rows, shapes[0][1] * QUANT_TYPES[qtype][1])
         if any(shape[1:] != shapes[0][1:] for shape in shapes) or dense != tuple(
@@ -272,7 +271,9 @@ def keep_quantized(model: Transformer, source: GGUFSource) -> dict[str, list[str
             torch.empty(rows, *shapes[0][1:], dtype=torch.uint8, device="meta"),
             requires_grad=False,
         )
-        kept[name] = ["lm_head.weight"] if tied else parts
+        if tied and owner is model.embed:
+            model.head.weight = owner.weight
+        kept[name] = parts
     for kind_name, count in sorted(dequantized.items()):
         log.info(
             "dtype native: %d tensors of %s dequantized (mixed in a layer or not run)",

@@ -244,13 +244,13 @@ class Transformer(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self.embed.weight.device
+        return self.norm.weight.device
 
     @property
     def weight_dtype(self) -> torch.dtype:
-        """The parameters' dtype: the target's precision (float32, or bfloat16 for the bf16
-        target)."""
-        return self.embed.weight.dtype
+        """The float parameters' dtype: the target's precision (float32, or bfloat16 for the
+        bf16 target; a GGUF file's blocks, the embedding's among them, are uint8)."""
+        return self.norm.weight.dtype
 
     @property
     def dtype(self) -> torch.dtype:
