@@ -24,10 +24,16 @@ from safetensors.torch import load_file
 from local_verifier.devices import blocks_by_default, resolve_dtype
 from local_verifier.errors import ModelLoadError
 from local_verifier.kernels.cpp import CppOps, load_library
-from local_verifier.kernels.packing import QUANT_TYPES, dequantized, layout_of, quant_type
+from local_verifier.kernels.packing import (
+    QUANT_TYPES,
+    dequantized,
+    gather_rows,
+    layout_of,
+    quant_type,
+)
 from local_verifier.kv_storage import KVStorage
 from local_verifier.linear import Linear
-from local_verifier.loader import LoadedModel, load_model
+from local_verifier.loader import LoadedModel, load_model, resolve_spec
 from local_verifier.model import Block, SeqStep, Transformer
 from tests.local_verifier.conftest import write_tiny_checkpoint
 from tests.local_verifier.stepping import plain_decode, verify_batched
@@ -270,7 +276,13 @@ def test_shipped_smollm2_runs_its_q4_1_blocks_and_drafts_equal_plain_decoding() 
     lm = load_model("smollm2-135m", dtype="native", tune_threads=False)
     layers = [m.weight for m in lm.model.layers.modules() if isinstance(m, Linear)]
     assert {quant_type(w) for w in layers} == {Q.Q4_1}
-    assert quant_type(lm.model.head.weight) == Q.Q8_0  # the tied embedding's blocks
+    assert quant_type(lm.model.head.weight) == Q.Q8_0  # the tied embedding's blocks ...
+    assert lm.model.embed.weight is lm.model.head.weight  # ... the embedding's own
+    ids_in = torch.tensor([0, 7, 1234, 49151])
+    reader = gguf.GGUFReader(resolve_spec("smollm2-135m")[0])
+    (embd,) = [t for t in reader.tensors if t.name == "token_embd.weight"]
+    want = gguf.quants.dequantize(np.asarray(embd.data)[ids_in.numpy()], embd.tensor_type)
+    assert torch.equal(gather_rows(lm.model.embed.weight, ids_in), torch.from_numpy(want))
     assert lm.model.fused_stack() is not None
     ids = lm.tokenizer.encode("def fibonacci(n):\n    ")
     tokens, plain = plain_decode(lm, ids, 12)
@@ -279,8 +291,8 @@ def test_shipped_smollm2_runs_its_q4_1_blocks_and_drafts_equal_plain_decoding() 
 
 
 def test_the_shipped_file_runs_its_blocks_by_default_where_the_cpu_says_so() -> None:
-    """No dtype: SmolLM2's Q4_1 blocks on AVX2 and AVX-512 CPUs, the float default on AMX
-    CPUs; a dtype named runs that dtype."""
+    """No dtype: SmolLM2's Q4_1 blocks on AVX2, AVX-512 and AMX CPUs, the float default
+    elsewhere; a dtype named runs that dtype."""
     lm = load_model("smollm2-135m", max_seq_len=256, tune_threads=False)
     layer = cast(Block, lm.model.layers[0])
     assert (layout_of(layer.ffn.w2.weight) == "quant") is blocks_by_default()
