@@ -538,8 +538,9 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=Path("/tmp/bench-models"))
     parser.add_argument("--json", type=Path, default=None)
     args = parse(parser, SMOKE)
-    names = ("prefill", "max_tokens", "repeats", "load_only", "bandwidth_gib", "threads")
-    names += ("llama_repack",)
+    names = (
+        "prefill", "max_tokens", "repeats", "load_only", "bandwidth_gib", "threads", "llama_repack",
+    )  # fmt: skip
     opts = {k: getattr(args, k) for k in names}
     bin_dir = None if args.llamacpp is None else build(args.llamacpp, None)
     llamacpp = None if bin_dir is None else (args.llamacpp, bin_dir)

@@ -67,7 +67,8 @@ class Admission:
             self.finish(req)
 
     def admit(self) -> None:
-        """Run waiting requests while places and blocks allow, taking blocks back for a
+        """Tell the pool the step's shares (``grow`` and the step's reservations evict by
+        them); run waiting requests while places and blocks allow, taking blocks back for a
         tenant below its share of them; then share the places. A request preempted in
         this pass waits for the next step's: the blocks it gave back are for others (run
         again at once, it would take them back and be preempted again, without end)."""
@@ -87,7 +88,6 @@ class Admission:
         """Give every running request a block for its next row, highest priority first;
         when the pool is out, preempt the latest request of the tenant furthest above its
         share of the blocks (which may be the one asking) until there is one."""
-        self._share_pool()
         for req in sorted(self.running, key=Request.priority):
             while req in self.running:
                 assert req.table is not None
@@ -203,9 +203,9 @@ class Admission:
         (active), and each owner's share of the blocks, by weight among those with a
         request here or within the last ``CACHE_GRACE_S``."""
         now = time.monotonic()
-        self.pool.active = {r.owner for r in (*self.running, *self.waiting)}
-        for req in (*self.running, *self.waiting):
-            self._seen[req.owner] = (req.weight, now)
+        active = {r.owner: r.weight for r in (*self.running, *self.waiting)}
+        self.pool.active = set(active)
+        self._seen.update((o, (w, now)) for o, w in active.items())
         self._seen = {o: (w, t) for o, (w, t) in self._seen.items() if now - t <= CACHE_GRACE_S}
         total = sum(w for w, _ in self._seen.values())
         self.pool.shares = {o: self.pool.n_blocks * w / total for o, (w, _) in self._seen.items()}

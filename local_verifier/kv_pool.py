@@ -80,7 +80,6 @@ class KVPool:
         self._held: dict[str, Counter[int]] = {}  # owner -> its references to each block
         # unreferenced published blocks per owner, least recently used first
         self._evictable: dict[str, OrderedDict[int, None]] = {}
-        self._n_evictable = 0
         self.shares: dict[str, float] = {}  # each owner's weighted share of the blocks
         self.active: set[str] = set()  # owners whose caches within their shares are kept
         self.peak_used = 0  # most blocks referenced at once so far
@@ -91,7 +90,7 @@ class KVPool:
         """Blocks an ``allocate`` for ``owner`` can hand out now: free ones plus the cached
         ones it may evict (any owner's when None)."""
         if owner is None:
-            return len(self._free) + self._n_evictable
+            return len(self._free) + sum(len(lru) for lru in self._evictable.values())
         return len(self._free) + sum(n for _, n in self._takeable(owner))
 
     def used(self) -> int:
@@ -139,7 +138,6 @@ class KVPool:
             if refs == 0:
                 if block in self._key_of:
                     self._evictable.setdefault(self._publisher[block], OrderedDict())[block] = None
-                    self._n_evictable += 1
                 else:
                     self._free.append(block)
 
@@ -182,7 +180,6 @@ class KVPool:
     def _evict(self, owner: str) -> int:
         """``owner``'s least recently used cached block, taken out of the index."""
         block, _ = self._evictable[owner].popitem(last=False)
-        self._n_evictable -= 1
         del self._index[self._key_of.pop(block)]
         del self._publisher[block]
         return block
@@ -210,7 +207,6 @@ class KVPool:
         for block in found:
             if self._refs[block] == 0:
                 del self._evictable[self._publisher[block]][block]
-                self._n_evictable -= 1
             self._refs[block] += 1
         self._hold(owner, found)
         self.peak_used = max(self.peak_used, self.used())

@@ -95,6 +95,9 @@ def test_what_a_tenant_leaves_goes_on_only_up_to_the_others_caps() -> None:
 # -- on the engine ---------------------------------------------------------------------------
 
 
+NO_END = Penalties(logit_bias={0: -100.0, 1: -100.0, 2: -100.0})  # answers run their length
+
+
 def make_engine(lm: LoadedModel, **kw: Any) -> Engine:
     costs = [1e-3 + 1e-5 * r for r in range(32 + 8 + 1)]
     return Engine(lm, max_draft=8, token_budget=32, row_costs=costs, kv_cache_mb=4, **kw)
@@ -268,10 +271,9 @@ def test_a_tenants_cache_within_its_share_survives_another_tenants_growth(
     the free blocks, and a already holds its share of the pool. a's third waits for a's own
     blocks rather than take b's cached prompt: b asking it again finds it whole, and every
     answer is the one it gets alone."""
-    no_end = Penalties(logit_bias={0: -100.0, 1: -100.0, 2: -100.0})
     cached = GenerationRequest(prompt_ids=[7 + j % 40 for j in range(129)], max_tokens=1, draft=False, tenant="b", owner="b")  # fmt: skip
-    running = GenerationRequest(prompt_ids=[9, 8, 7], max_tokens=120, penalties=no_end, draft=False, tenant="b", owner="b")  # fmt: skip
-    long = [GenerationRequest(prompt_ids=[5 + (i + j) % 50 for j in range(96)], max_tokens=12, penalties=no_end, draft=False, tenant="a", owner="a") for i in range(3)]  # fmt: skip
+    running = GenerationRequest(prompt_ids=[9, 8, 7], max_tokens=120, penalties=NO_END, draft=False, tenant="b", owner="b")  # fmt: skip
+    long = [GenerationRequest(prompt_ids=[5 + (i + j) % 50 for j in range(96)], max_tokens=12, penalties=NO_END, draft=False, tenant="a", owner="a") for i in range(3)]  # fmt: skip
     alone = _alone(tiny_lm, [cached, running, *long, cached])
     # b: 8 cached, 1-3 held; a's prompts 6 each: the third fits only by taking b's cached
     # blocks, which a, holding its share (12), may not
@@ -313,8 +315,7 @@ def test_a_request_preempted_for_another_tenant_waits_for_the_next_step(
     for b once (a keeps its share); that answer, whose blocks are mostly cached, waits for
     the next step instead of taking them back in the same pass (which would make room for
     b again, preempt it again, and so on without end). b runs once a's answers end."""
-    no_end = Penalties(logit_bias={0: -100.0, 1: -100.0, 2: -100.0})
-    long = [GenerationRequest(prompt_ids=[5 + (i + j) % 50 for j in range(80)], max_tokens=24, penalties=no_end, draft=False, owner="a") for i in range(3)]  # fmt: skip
+    long = [GenerationRequest(prompt_ids=[5 + (i + j) % 50 for j in range(80)], max_tokens=24, penalties=NO_END, draft=False, owner="a") for i in range(3)]  # fmt: skip
     big = GenerationRequest(prompt_ids=[7 + j % 40 for j in range(240)], max_tokens=4, draft=False, owner="b")  # fmt: skip
     alone = _alone(tiny_lm, [*long, big])
     engine = _tight(tiny_lm, 24)
