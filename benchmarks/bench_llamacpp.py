@@ -2,7 +2,7 @@
 
     python -m benchmarks.bench_llamacpp --build-dir /tmp/llamacpp [--sdist FILE] \
         [--category code_edit] [--limit 10] [--max-tokens 256] [--threads 2] \
-        [--dtype bf16] [--llama-quant Q4_1,Q8_0,F32] [--prefill 1024,4096,8192] \
+        [--dtype bf16] [--llama-quant Q4_1,Q8_0,F32] [--gguf FILE] [--prefill 1024,4096,8192] \
         [--json /tmp/bench_llamacpp.json] [--smoke]
 
 Builds llama.cpp from the source that llama-cpp-python's PyPI sdist vendors (the sdist is
@@ -25,7 +25,12 @@ model loading excluded on both sides; both on ``--threads`` threads). llama.cpp 
 SIGILL/SIGSEGV on the 2-core Sapphire Rapids VM this was written on (F32 is never repacked). Reported: tokens/s per side, decode tokens/s (the
 tokens after the first over the time after the prompt pass), prompt processing tokens/s,
 and whether each side's text agrees with draftgate's plain text (the shorter a prefix of
-the longer: llama-lookup may overshoot the limit by part of a draft).
+the longer: llama-lookup may overshoot the limit by part of a draft); llama-lookup's text
+is also compared with llama.cpp's own plain text.
+
+``--gguf FILE`` runs every side on that file as it is instead (ours loaded with
+``--dtype``, e.g. ``native``; no ``--llama-quant`` conversion), e.g. a file that
+``benchmarks.bench_models --keep`` left.
 
 ``--prefill`` then measures prompt processing alone at each length, interleaved: one
 real text (the workload's messages and documents, repeated as needed) cut to exactly N
@@ -280,6 +285,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument(
+        "--gguf",
+        type=Path,
+        default=None,
+        help="a GGUF file both sides run as it is (ours with --dtype, e.g. native), instead "
+        "of --model and --llama-quant",
+    )
+    parser.add_argument(
         "--dtype", default=None, help="ours: float32 or bf16 (default: the machine's)"
     )
     parser.add_argument(
@@ -299,13 +311,18 @@ def main() -> None:
     args = parse(parser, SMOKE)
 
     bin_dir = build(args.build_dir, args.sdist)
-    quants = [q for q in args.llama_quant.split(",") if q]
-    weights = {q: quant_weights(bin_dir, args.build_dir, q) for q in quants}
+    if args.gguf is not None:  # one file, as it is, on every side
+        quants = [args.gguf.name]
+        weights = {args.gguf.name: args.gguf}
+    else:
+        quants = [q for q in args.llama_quant.split(",") if q]
+        weights = {q: quant_weights(bin_dir, args.build_dir, q) for q in quants}
     extra_sides = {f"llama_plain_{q.lower()}": q for q in quants[1:]}
     sides = (*SIDES, *extra_sides)
     completion_sides = ("llama_plain", *extra_sides)
     # both sides on --threads (the loader would pick 1 or 2 by the moment's load)
-    lm: LoadedModel = load_model(args.model, dtype=args.dtype, tune_threads=False)
+    model = args.model if args.gguf is None else str(args.gguf)
+    lm: LoadedModel = load_model(model, dtype=args.dtype, tune_threads=False)
     torch.set_num_threads(args.threads)
     engine = Engine(lm)
     every = workload(args.workload)
@@ -364,6 +381,9 @@ def main() -> None:
             | {s: round(len(ids) / runs[s]["prefill_s"], 1) for s in completion_sides},
             "llama_prompt_tokens": runs["llama_plain"]["prompt_tokens"],
             "identical_to_plain": {s: _same(runs[s]["text"].strip(), reference) for s in sides},
+            "llama_lookup_identical_to_llama_plain": _same(
+                runs["llama_lookup"]["text"].strip(), runs["llama_plain"]["text"].strip()
+            ),
         }
         rows.append(row)
         print(json.dumps(row), flush=True)
@@ -387,6 +407,9 @@ def main() -> None:
             for s in ("plain", *completion_sides)
         },
         "identical_to_plain": {s: sum(r["identical_to_plain"][s] for r in rows) for s in sides},
+        "llama_lookup_identical_to_llama_plain": sum(
+            r["llama_lookup_identical_to_llama_plain"] for r in rows
+        ),
         "prompts": len(rows),
         "dtype": str(lm.dtype).removeprefix("torch."),
         "llama_quant": quants,

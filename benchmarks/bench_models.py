@@ -4,10 +4,13 @@
         [--max-tokens 32] [--repeats 5] [--load-only] [--gguf gguf-bf16,gguf-q8_0] \
         [--llamacpp BUILD_DIR] [--gguf-dtype native] [--shipped smollm2-135m,gemma3-270m] \
         [--shipped-dtypes native,bf16] [--threads N] [--spec-models smollm2-135m,gemma3-270m] \
-        [--spec-limit 4] [--dir /tmp/bench-models] [--json FILE] [--smoke]
+        [--spec-limit 4] [--dir /tmp/bench-models] [--keep] [--json FILE] [--smoke]
 
 Each of ``--shapes`` (``1b``: Llama-3.2-1B's shapes, ``3b``: Llama-3.2-3B's, ``smoke``: a
-tiny one) is written as a Llama checkpoint in bf16 safetensors (random weights, in shards,
+tiny one; ``1b-smollm2``: 1.1B parameters, 30 layers of width 1,536 and 6,144 MLP units,
+whose weights are SmolLM2-135M's widened with zeros (``benchmarks.widened``): the same
+function, so its greedy text repeats what it is shown and drafts are accepted) is written
+as a Llama checkpoint in safetensors (random bf16 weights, or the widened float32 ones, in shards,
 with SmolLM2's byte-level BPE tokenizer, rebuilt from the installed SmolLM2 GGUF: a
 vocabulary llama.cpp's converter knows; the ids past its 49152 tokens, up to Llama 3.2's
 128256 rows of the embedding table, are unused padding), measured in a process of its own
@@ -39,7 +42,8 @@ the bf16 values of the Q8_0 weights, llama.cpp's with Q8_0 itself. Without ``--l
 the files are written with gguf-py's writer and quantizer (as the converter uses them) and
 only their load is measured; the JSON's ``llama_cpp`` says llama.cpp was not run.
 
-``--gguf gguf-q4_k_m`` adds a Q4_K_M file (``llama-quantize`` only: needs ``--llamacpp``);
+``--keep`` leaves the GGUF files in ``--dir`` (``benchmarks.bench_llamacpp --gguf FILE``
+runs code edits on one). ``--gguf gguf-q4_k_m`` adds a Q4_K_M file (``llama-quantize`` only: needs ``--llamacpp``);
 ``--gguf-dtype`` loads the GGUF files otherwise than ``--dtype`` (``native``: the quantized
 blocks as the file holds them, no dequantized copy).
 
@@ -81,6 +85,7 @@ from benchmarks.bench_llamacpp import (
 )
 from benchmarks.bench_speculative import run_plain, run_speculative
 from benchmarks.harness import SPAWN, parse, workload, write_json
+from benchmarks.widened import widened_config, widened_weights
 from local_verifier.devices import available_cpus
 from local_verifier.gguf_file import GGUFFile
 from local_verifier.gguf_loader import read_tokenizer
@@ -148,7 +153,11 @@ SHAPES: dict[str, dict[str, Any]] = {
         "num_key_value_heads": 8,
         "intermediate_size": 8192,
     },
+    # Llama-3.2-1B's parameter count (1.1B) computing SmolLM2-135M's function (widened.py):
+    # a model whose greedy text repeats what it is shown, so drafts are accepted
+    "1b-smollm2": widened_config(1536, 24, 6144),
 }
+WIDENED = {"1b-smollm2"}  # shapes whose weights are SmolLM2's widened, not random
 
 
 def tensor_shapes(cfg: dict[str, Any]) -> dict[str, tuple[int, ...]]:
@@ -188,15 +197,24 @@ def random_weights(cfg: dict[str, Any]) -> Iterator[tuple[str, torch.Tensor]]:
             yield name, (torch.randn(dims, generator=gen) * 0.02).to(torch.bfloat16)
 
 
+def shape_weights(shape: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """The tensors of ``SHAPES[shape]``: SmolLM2's widened in float32 (``WIDENED``, its
+    values as they are) or random in bf16."""
+    cfg = SHAPES[shape]
+    if shape in WIDENED:
+        return widened_weights(tensor_shapes(cfg), cfg)
+    return random_weights(cfg)
+
+
 def write_checkpoint(directory: Path, shape: str) -> int:
-    """A random-weight bf16 Llama checkpoint of ``SHAPES[shape]`` in ``directory`` (shards
+    """The Llama checkpoint of ``SHAPES[shape]`` (``shape_weights``) in ``directory`` (shards
     of at most ``SHARD_BYTES``, an index, config, byte-level tokenizer); its bytes."""
     cfg = SHAPES[shape]
     directory.mkdir(parents=True, exist_ok=True)
     shard: dict[str, torch.Tensor] = {}  # the writer holds one shard at a time
     weight_map: dict[str, str] = {}
     total = 0
-    for name, value in random_weights(cfg):
+    for name, value in shape_weights(shape):
         if shard and sum(v.nbytes for v in shard.values()) + value.nbytes > SHARD_BYTES:
             _save_shard(directory, shard, weight_map)
             shard = {}
@@ -206,7 +224,8 @@ def write_checkpoint(directory: Path, shape: str) -> int:
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (directory / "model.safetensors.index.json").write_text(json.dumps(index))
     config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **cfg}
-    (directory / "config.json").write_text(json.dumps({**config, "torch_dtype": "bfloat16"}))
+    dtype = "float32" if shape in WIDENED else "bfloat16"
+    (directory / "config.json").write_text(json.dumps({**config, "torch_dtype": dtype}))
     write_tokenizer(directory)
     return total
 
@@ -225,10 +244,12 @@ def smollm2_gguf() -> GGUFFile:
 
 
 def write_tokenizer(directory: Path) -> None:
-    """SmolLM2's tokenizer as ``tokenizer.json`` and ``tokenizer_config.json``."""
+    """SmolLM2's tokenizer (and chat template) as ``tokenizer.json`` and
+    ``tokenizer_config.json``."""
     tokenizer = read_tokenizer(smollm2_gguf())
     tokenizer.backend.save(str(directory / "tokenizer.json"))
     config = {"tokenizer_class": "PreTrainedTokenizerFast", **tokenizer.special_tokens}
+    config["chat_template"] = tokenizer.chat_template
     (directory / "tokenizer_config.json").write_text(json.dumps(config))
 
 
@@ -263,7 +284,7 @@ def write_gguf(path: Path, shape: str, qtype: GGMLQuantizationType) -> None:
     writer.add_eos_token_id(fields["tokenizer.ggml.eos_token_id"])
     writer.add_add_bos_token(False)
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, cfg["num_hidden_layers"])
-    for name, value in random_weights(cfg):
+    for name, value in shape_weights(shape):
         gguf_name = names.get_name(name, try_suffixes=(".weight",))
         if name.endswith((".self_attn.q_proj.weight", ".self_attn.k_proj.weight")):
             n = heads if ".q_proj." in name else kv_heads
@@ -272,7 +293,7 @@ def write_gguf(path: Path, shape: str, qtype: GGMLQuantizationType) -> None:
         if value.dim() == 1:
             writer.add_tensor(gguf_name, value.float().numpy())
         elif qtype == GGMLQuantizationType.BF16:
-            raw = value.contiguous().view(torch.uint8).numpy()
+            raw = value.to(torch.bfloat16).contiguous().view(torch.uint8).numpy()
             writer.add_tensor(gguf_name, raw, raw_shape=raw.shape, raw_dtype=qtype)
         else:
             writer.add_tensor(gguf_name, quantize(value.float().numpy(), qtype), raw_dtype=qtype)
@@ -536,6 +557,9 @@ def main() -> None:
     parser.add_argument("--spec-limit", type=int, default=4, help="code edits per model")
     parser.add_argument("--spec-max-tokens", type=int, default=256)
     parser.add_argument("--dir", type=Path, default=Path("/tmp/bench-models"))
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the GGUF files (in --dir/SHAPE-gguf)"
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parse(parser, SMOKE)
     names = (
@@ -594,7 +618,8 @@ def main() -> None:
                 entry[fmt] = head | figures
                 print(shape, fmt, json.dumps(entry[fmt]), flush=True)
         finally:
-            shutil.rmtree(gguf_dir, ignore_errors=True)
+            if not args.keep:
+                shutil.rmtree(gguf_dir, ignore_errors=True)
     if bin_dir is not None:
         result["shipped"] = shipped_beside_llama(
             shipped, args.shipped_dtypes.split(","), opts, bin_dir

@@ -209,6 +209,9 @@ class GGUFSource:
         t, heads = self._tensors[name]
         if self._map is not None and out.data_ptr() == self._map[1] + t.data_offset:
             return  # ``mapped``: the file's own bytes
+        if name in self._blocks and heads is None and out.is_contiguous():
+            self._read_bytes(t, out)
+            return
         stored = t.data  # the reader's memory map: its shape and dtype, no page read
         if name in self._blocks:
             stored = stored.reshape(out.shape[0] if heads is None else -1, *out.shape[1:])
@@ -238,6 +241,18 @@ class GGUFSource:
                 out.view(heads, 2, half, *rest).transpose(1, 2).copy_(
                     values.reshape(heads, half, 2, *rest)
                 )
+
+    def _read_bytes(self, t: TensorInfo, out: torch.Tensor) -> None:
+        """Tensor ``t``'s bytes read straight into ``out`` (no buffer between: nothing
+        transient for the allocator to keep)."""
+        view = out.numpy().data.cast("B")
+        with self._path.open("rb", buffering=0) as f:
+            f.seek(t.data_offset)
+            done = 0
+            while done < t.n_bytes and (n := f.readinto(view[done:])):
+                done += n
+        if done != t.n_bytes:
+            raise ModelLoadError(f"{self._path} is truncated (tensor {t.name})")
 
 
 def _values(chunk: np.ndarray, qtype: GGMLQuantizationType) -> torch.Tensor:

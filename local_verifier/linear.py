@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from local_verifier.kernels.packing import Layout, is_packed, layout_of, pack, packable, unpack
+
+if TYPE_CHECKING:
+    from local_verifier.kernels import StepOps
 
 # the layouts a weight is held in for a wanted one, the first it is packable to
 _FALLBACKS: dict[Layout, list[Layout]] = {
@@ -22,13 +25,30 @@ class Linear(nn.Module):
     """Weight [out_features, in_features] and optional bias [out_features]. The C++ backend
     holds a bf16 weight packed (``kernels.packing``: the same values, one copy; for the bf16
     kernels where they run); state dicts hold it row-major either way. A GGUF quantized
-    weight is held as its blocks (``quant``), in every state."""
+    weight is held as its blocks (``quant``), in every state.
+
+    ``tail``, where not None, holds the last output rows as GGUF blocks of another type than
+    ``weight``'s (a fused layer whose last part the file quantizes otherwise: Q4_K_M's v and
+    MLP rows), ``weight`` the rows before them."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
+        self.tail: nn.Parameter | None
+        self.register_parameter("tail", None)
         row_major_state(self)
+
+    def forward(self, x: torch.Tensor, ops: StepOps) -> torch.Tensor:
+        """``x @ [weight; tail].T + bias`` by ``ops`` (a tail's outputs by its own type's
+        kernel, as the fused step computes them)."""
+        if self.tail is None:
+            return ops.linear(x, self.weight, self.bias)
+        head = self.weight.shape[0]
+        bias = [None, None] if self.bias is None else [self.bias[:head], self.bias[head:]]
+        return torch.cat(
+            [ops.linear(x, self.weight, bias[0]), ops.linear(x, self.tail, bias[1])], dim=1
+        )
 
     @torch.no_grad()
     def set_layout(self, layout: Layout) -> None:

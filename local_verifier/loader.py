@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import cast
 
 import torch
+from gguf import GGMLQuantizationType
 from torch import nn
 
 from local_verifier.devices import (
@@ -178,8 +179,9 @@ def load_model(
     for param, parts in kept.items():  # blocks that lie in the file as the layer holds them
         view = cast(GGUFSource, blocks).mapped(parts)
         if view is not None:
-            owner = model.get_submodule(param.rpartition(".")[0])
-            owner.weight = nn.Parameter(view, requires_grad=False)
+            module, _, attr = param.rpartition(".")
+            owner = model.get_submodule(module)
+            setattr(owner, attr, nn.Parameter(view, requires_grad=False))
             if owner is model.embed and cfg.tie_embeddings:
                 model.head.weight = owner.weight
     try:
@@ -227,10 +229,11 @@ def keep_quantized(model: Transformer, source: GGUFSource) -> dict[str, list[str
     """Give each linear layer of ``model`` (on the ``meta`` device) whose checkpoint tensors
     are all of one type the C++ kernels run (``GGUFSource.block_type``) a uint8 weight in
     that type's ``quant`` shape, and have ``source`` read those tensors as blocks; returns
-    those weights' names and the names ``source`` reads them under. The embedding is kept
-    as blocks too (a step dequantizes the few rows it gathers); a tied head is the same
-    blocks. Linear layers of mixed or other types stay in the model's dtype (dequantized as
-    they are read), one log line per type."""
+    those parameters' names and the names ``source`` reads them under. A fused layer whose
+    last part alone is of another such type keeps that part as its ``tail`` (Q4_K_M's v
+    and MLP rows in Q6_K). The embedding is kept as blocks too (a step dequantizes the few
+    rows it gathers); a tied head is the same blocks. Linear layers of other mixes or types
+    stay in the model's dtype (dequantized as they are read), one log line per type."""
     cfg = model.config
     tied = model.head.weight is model.embed.weight
     groups: dict[str, list[str]] = {"embed.weight": ["model.embed_tokens.weight"]}
@@ -245,9 +248,9 @@ def keep_quantized(model: Transformer, source: GGUFSource) -> dict[str, list[str
     dequantized: dict[str, int] = {}
     kept: dict[str, list[str]] = {}
     for name, parts in groups.items():
-        types = {source.block_type(part) for part in parts}
-        qtype = types.pop() if len(types) == 1 else None
-        if qtype is None:
+        types = [source.block_type(part) for part in parts]
+        runs = [parts] if len(set(types)) == 1 else [parts[:-1], parts[-1:]]
+        if None in types or len(set(types[: len(runs[0])])) > 1:
             for part in parts:
                 kind = source.tensor_type(part)
                 if kind is not None and kind.name not in ("F32", "F16", "BF16"):
@@ -255,25 +258,19 @@ def keep_quantized(model: Transformer, source: GGUFSource) -> dict[str, list[str
             continue
         owner = model.get_submodule(name.rpartition(".")[0])
         assert isinstance(owner, (Linear, nn.Embedding))
-        for part in parts:
-            source.keep_blocks(part)
-        shapes = [cast(tuple[int, ...], source.shape(part)) for part in parts]
-        rows = sum(shape[0] for shape in shapes)
-        dense = (rows, shapes[0][1] * QUANT_TYPES[qtype][1])
-        if any(shape[1:] != shapes[0][1:] for shape in shapes) or dense != tuple(
-            owner.weight.shape
-        ):
-            raise ModelLoadError(  # the kernels read a row's blocks for the model's width
-                f"{', '.join(parts)}: {qtype.name} blocks of shape {dense}, the model's "
-                f"{name} is {tuple(owner.weight.shape)}"
+        rows, width = owner.weight.shape
+        shapes = [_blocks_shape(source, run, width) for run in runs]
+        if sum(shape[0] for shape in shapes) != rows:
+            raise ModelLoadError(  # the kernels read the rows the model's geometry says
+                f"{', '.join(parts)}: {sum(shape[0] for shape in shapes)} rows of blocks, the "
+                f"model's {name} has {rows}"
             )
-        owner.weight = nn.Parameter(
-            torch.empty(rows, *shapes[0][1:], dtype=torch.uint8, device="meta"),
-            requires_grad=False,
-        )
+        for attr, run, shape in zip(("weight", "tail"), runs, shapes, strict=False):
+            empty = torch.empty(shape, dtype=torch.uint8, device="meta")
+            setattr(owner, attr, nn.Parameter(empty, requires_grad=False))
+            kept[f"{name.rpartition('.')[0]}.{attr}"] = run
         if tied and owner is model.embed:
             model.head.weight = owner.weight
-        kept[name] = parts
     for kind_name, count in sorted(dequantized.items()):
         log.info(
             "dtype native: %d tensors of %s dequantized (mixed in a layer or not run)",
@@ -281,6 +278,25 @@ def keep_quantized(model: Transformer, source: GGUFSource) -> dict[str, list[str
             kind_name,
         )
     return kept
+
+
+def _blocks_shape(source: GGUFSource, parts: list[str], width: int) -> tuple[int, ...]:
+    """The ``quant`` shape of ``parts`` (tensors of one block type) one after the other, read
+    as blocks by ``source`` from now on; ``ModelLoadError`` where a row's blocks do not hold
+    ``width`` values."""
+    qtype = cast(GGMLQuantizationType, source.block_type(parts[0]))
+    rows = 0
+    for part in parts:
+        source.keep_blocks(part)
+        shape = cast(tuple[int, ...], source.shape(part))
+        values = shape[1] * QUANT_TYPES[qtype][1]
+        if values != width:  # the kernels read a row's blocks for the model's width
+            raise ModelLoadError(
+                f"{part}: {qtype.name} blocks of shape {(shape[0], values)}, the model's layer "
+                f"takes rows of {width} values"
+            )
+        rows += shape[0]
+    return (rows, *shape[1:])
 
 
 def rope_table_bytes(cfg: ModelConfig) -> int:
@@ -324,4 +340,7 @@ def _probe_steps(lm: LoadedModel) -> None:
     tokens = torch.arange(41) % lm.config.vocab_size
     for start, end in ((0, 32), (32, 33), (33, 41)):
         slots = torch.arange(start, end)
-        lm.model.step([SeqStep(tokens[start:end], slots, slots, torch.arange(start))], kv)
+        rows = "last" if start == 0 else "all"  # a prompt's logits: its last row's
+        lm.model.step(
+            [SeqStep(tokens[start:end], slots, slots, torch.arange(start), logits=rows)], kv
+        )

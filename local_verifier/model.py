@@ -103,13 +103,13 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, kv: KVStorage, step: _StepInputs) -> torch.Tensor:
         cfg, ops = self.cfg, step.ops
         keys, values = kv.k[self.layer], kv.v[self.layer]
-        qkv = ops.linear(x, self.wqkv.weight, self.wqkv.bias)
+        qkv = self.wqkv(x, ops)
         if cfg.qk_norm:
             qkv = self._norm_qk(qkv, ops)
         cos, sin = step.rope(self.local_rope)
         q = ops.rope_store(qkv, cos, sin, keys, values, step.new_slots, cfg.n_heads, cfg.n_kv_heads)
         out = ops.attention(q, keys, values, step.plan_for(self.window))
-        return ops.linear(out.view(x.shape[0], -1), self.wo.weight, None)
+        return cast(torch.Tensor, self.wo(out.view(x.shape[0], -1), ops))
 
     def _norm_qk(self, qkv: torch.Tensor, ops: StepOps) -> torch.Tensor:
         """``qkv`` with each query and key head RMS-normed (one row per head)."""
@@ -131,9 +131,9 @@ class FeedForward(nn.Module):
         self.gelu = cfg.activation == "gelu_tanh"
 
     def forward(self, x: torch.Tensor, ops: StepOps) -> torch.Tensor:
-        gate_up = ops.linear(x, self.w13.weight, None)
+        gate_up = self.w13(x, ops)
         hidden = ops.gelu_tanh_mul(gate_up) if self.gelu else ops.silu_mul(gate_up)
-        return ops.linear(hidden, self.w2.weight, None)
+        return cast(torch.Tensor, self.w2(hidden, ops))
 
 
 class Block(nn.Module):
@@ -163,6 +163,8 @@ class Block(nn.Module):
             ffn_eps=self.ffn_norm.eps,
             w13=self.ffn.w13.weight,
             w2=self.ffn.w2.weight,
+            wqkv_tail=self.attn.wqkv.tail,
+            w13_tail=self.ffn.w13.tail,
             q_norm=_norm(self.attn, "q_norm"),
             k_norm=_norm(self.attn, "k_norm"),
             post_attn_norm=_norm(self, "post_attn_norm"),
@@ -202,7 +204,9 @@ class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.config = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
+        # given its (uninitialised) table: the default random init would import torch's
+        # compiler stack on the meta device (over 100 MiB resident, for nothing)
+        self.embed = nn.Embedding.from_pretrained(torch.empty(cfg.vocab_size, cfg.dim))
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.head = Linear(cfg.dim, cfg.vocab_size)
@@ -435,9 +439,15 @@ class Transformer(nn.Module):
         own = dict(self.named_parameters())  # a tied head is listed once, as the embedding
         params: dict[str, list[str]] = {}
         for name in own:
-            parts = tensor_names(self.config, name)
+            module, _, attr = name.rpartition(".")
+            parts = tensor_names(self.config, f"{module}.weight" if attr == "tail" else name)
             if parts is None:
                 raise KeyError(f"no weights for {name!r}")
+            if (
+                attr in ("weight", "tail")
+                and getattr(self.get_submodule(module), "tail", None) is not None
+            ):
+                parts = parts[-1:] if attr == "tail" else parts[:-1]  # ``Linear.tail``'s split
             params[name] = parts
         layout = self._layout_for(step_ops(self.device, self.dtype, self.kernel_options.backend))
         self._set_layout("row")  # the checkpoint's layout

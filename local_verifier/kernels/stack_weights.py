@@ -46,13 +46,15 @@ class LayerWeights:
     activation: str = "silu"  # of ``ACTIVATIONS``
     window: int | None = None  # the latest keys a row attends to (None: all)
     local_rope: bool = False  # rotated by the sliding layers' rope table (their own base)
+    wqkv_tail: torch.Tensor | None = None  # v's rows in blocks of another type (``Linear.tail``)
+    w13_tail: torch.Tensor | None = None  # the up rows in blocks of another type
 
     def tensors(self) -> list[torch.Tensor | None]:
         """In the C++ stack's table order (``LayerTensor``)."""
         extra = (self.q_norm, self.k_norm, self.post_attn_norm, self.post_ffn_norm)
         return [
             self.attn_norm, self.wqkv, self.bqkv, self.wo, self.ffn_norm, self.w13, self.w2,
-            *(None if n is None else n.weight for n in extra),
+            *(None if n is None else n.weight for n in extra), self.wqkv_tail, self.w13_tail,
         ]  # fmt: skip
 
     def eps(self) -> list[float]:

@@ -88,7 +88,7 @@ int dg_linear_quant(const float* xp, const uint8_t* wp, const float* bp, float* 
   QuantRows rows;
   rows.fit(N, K);
 #pragma omp parallel num_threads(threads)
-  quant_linear_team(type, xp, wp, bp, yp, N, K, M, rows);
+  quant_linear_team(type, xp, wp, bp, yp, N, K, M, M, rows);
   return 0;
 }
 
@@ -101,7 +101,7 @@ int dg_linear_quant_one_row(const float* xp, const uint8_t* wp, const float* bp,
   QuantRows rows;
   rows.fit(N, K);
 #pragma omp parallel num_threads(threads)
-  quant_linear_team(type, xp, wp, bp, yp, N, K, M, rows, INT64_MAX);
+  quant_linear_team(type, xp, wp, bp, yp, N, K, M, M, rows, INT64_MAX);
   return 0;
 }
 
@@ -196,11 +196,12 @@ extern "C" {
 // A layer stack's table (cpu/stack_table.h): n_layers layers of dim, n_heads / n_kv_heads
 // heads of head_dim, hidden_dim and vocab; weights (float32, or bf16 bits when bf16) = the
 // final norm, the head, then per layer its kLayerTensors in LayerTensor order (a norm or bias
-// absent: null); layouts[i]: the Layout of weights[i] (a linear layer's; kAmxPacked only where
+// absent: null; wqkv's and w13's tails: their last part in blocks of another type, or null);
+// layouts[i]: the Layout of weights[i] (a linear layer's; kAmxPacked only where
 // dg_bf16_kernels; kQuantBlocks + a GGML type for rows of its blocks); eps = per layer its
 // kLayerNorms, then the final norm's; switches = per layer its kLayerSwitches (Activation,
-// plan and rope slot of DgStepArgs). Null for a quantized type not run here or a switch out
-// of range. The weights must outlive the table.
+// plan and rope slot of DgStepArgs). Null for a quantized type not run here, a tail beside
+// weights that are not blocks, or a switch out of range. The weights must outlive the table.
 void* dg_stack_new(int64_t n_layers, int64_t dim, int64_t n_heads, int64_t n_kv_heads,
                    int64_t head_dim, int64_t hidden_dim, int64_t vocab, int bf16,
                    const void* const* weights, const int* layouts, const float* eps,

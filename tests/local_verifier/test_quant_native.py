@@ -61,8 +61,11 @@ def random_blocks(rows: int, cols: int, qtype: GGMLQuantizationType, seed: int) 
     return blocks.reshape(rows, -1)
 
 
-def write_quant_gguf(src: Path, dst: Path, qtype: GGMLQuantizationType) -> Path:
-    """The tiny checkpoint at ``src`` as a llama GGUF whose linear layers are ``qtype``."""
+def write_quant_gguf(
+    src: Path, dst: Path, qtype: GGMLQuantizationType, tail: GGMLQuantizationType | None = None
+) -> Path:
+    """The tiny checkpoint at ``src`` as a llama GGUF whose linear layers are ``qtype`` (v and
+    the MLP's up rows ``tail`` where given, as Q4_K_M files mix Q4_K and Q6_K)."""
     cfg = json.loads((src / "config.json").read_text())
     tok = json.loads((src / "tokenizer.json").read_text())
     writer = GGUFWriter(str(dst), "llama")
@@ -94,15 +97,16 @@ def write_quant_gguf(src: Path, dst: Path, qtype: GGMLQuantizationType) -> Path:
             array = _permute(array, cfg["num_attention_heads"])
         elif ".self_attn.k_proj." in name:
             array = _permute(array, cfg["num_key_value_heads"])
+        kind = tail if tail is not None and ("v_proj" in name or "up_proj" in name) else qtype
         if array.ndim == 1 or "embed_tokens" in name:
             writer.add_tensor(gguf_name, array.astype(np.float32))
-        elif qtype in GGUF_QUANTIZED:
-            writer.add_tensor(gguf_name, quantize(array, qtype), raw_dtype=qtype)
+        elif kind in GGUF_QUANTIZED:
+            writer.add_tensor(gguf_name, quantize(array, kind), raw_dtype=kind)
         else:
             writer.add_tensor(
                 gguf_name,
-                random_blocks(array.shape[0], array.shape[1], qtype, seed),
-                raw_dtype=qtype,
+                random_blocks(array.shape[0], array.shape[1], kind, seed),
+                raw_dtype=kind,
             )
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -122,17 +126,24 @@ def quant_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
-@pytest.fixture(scope="module", params=TYPES, ids=lambda t: t.name)
+# every type alone, then files whose v and up rows are of another type (the layers' tails)
+FILES = [(t, None) for t in TYPES] + [(Q.Q4_K, Q.Q6_K), (Q.Q8_0, Q.Q4_0)]
+QuantFile = tuple[GGMLQuantizationType, Path, GGMLQuantizationType | None]
+
+
+@pytest.fixture(
+    scope="module", params=FILES, ids=lambda f: "+".join(t.name for t in f if t is not None)
+)
 def quant_file(
     request: pytest.FixtureRequest, quant_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[GGMLQuantizationType, Path]:
-    qtype: GGMLQuantizationType = request.param
-    path = tmp_path_factory.mktemp("quant") / f"tiny-{qtype.name}.gguf"
-    return qtype, write_quant_gguf(quant_checkpoint, path, qtype)
+) -> QuantFile:
+    qtype, tail = request.param
+    path = tmp_path_factory.mktemp("quant") / "tiny.gguf"
+    return qtype, write_quant_gguf(quant_checkpoint, path, qtype, tail), tail
 
 
 @pytest.fixture(scope="module")
-def native(quant_file: tuple[GGMLQuantizationType, Path]) -> LoadedModel:
+def native(quant_file: QuantFile) -> LoadedModel:
     return load_model(str(quant_file[1]), device="cpu", dtype="native", tune_threads=False)
 
 
@@ -157,22 +168,28 @@ def _prefill(
     return torch.cat(rows)
 
 
-def test_linear_layers_hold_the_files_blocks(
-    native: LoadedModel, quant_file: tuple[GGMLQuantizationType, Path]
-) -> None:
+def test_linear_layers_hold_the_files_blocks(native: LoadedModel, quant_file: QuantFile) -> None:
+    qtype, path, tail = quant_file
     linears = [m for m in native.model.modules() if isinstance(m, Linear)]
     assert len(linears) == 1 + 4 * native.config.n_layers
     for module in linears:
         assert layout_of(module.weight) == "quant"
-        assert quant_type(module.weight) == quant_file[0]
+        assert quant_type(module.weight) == qtype
+    tails = [m.tail for m in linears if m.tail is not None]
+    assert len(tails) == (0 if tail is None else 2 * native.config.n_layers)  # wqkv's, w13's
+    assert all(layout_of(t) == "quant" and quant_type(t) == tail for t in tails)
     assert native.model.fused_stack() is not None
     mapped = [  # the address ranges of the file's own mappings
         tuple(int(end, 16) for end in line.split()[0].split("-"))
         for line in Path("/proc/self/maps").read_text().splitlines()
-        if line.endswith(str(quant_file[1]))
+        if line.endswith(str(path))
     ]
     layer = cast(Block, native.model.layers[0])
-    for weight in (layer.ffn.w13.weight, layer.ffn.w2.weight, layer.attn.wo.weight):
+    in_place = [layer.ffn.w13.weight, layer.ffn.w2.weight, layer.attn.wo.weight]
+    if tail is not None:  # v and up, each one tensor of the file
+        in_place += [layer.attn.wqkv.tail, layer.ffn.w13.tail]
+    for weight in in_place:
+        assert weight is not None
         assert any(low <= weight.data_ptr() < high for low, high in mapped)  # used in place
     assert not any(low <= layer.attn.wqkv.weight.data_ptr() < high for low, high in mapped)
 
@@ -245,7 +262,7 @@ def test_tree_rows_equal_their_paths_decoded_one_row_at_a_time(native: LoadedMod
 
 
 def test_native_is_close_to_the_same_weights_dequantized(
-    native: LoadedModel, quant_file: tuple[GGMLQuantizationType, Path]
+    native: LoadedModel, quant_file: QuantFile
 ) -> None:
     reference = load_model(str(quant_file[1]), device="cpu", dtype="float32", tune_threads=False)
     tokens = _prompt(40, 5)
@@ -265,7 +282,7 @@ def test_native_loads_a_checkpoint_without_blocks_in_the_default_dtype(
 
 
 def test_native_needs_the_cpp_kernels(
-    quant_file: tuple[GGMLQuantizationType, Path], monkeypatch: pytest.MonkeyPatch
+    quant_file: QuantFile, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("DRAFTGATE_KERNELS", "torch")
     with pytest.raises(ModelLoadError, match="dtype 'native' needs the C\\+\\+ kernels"):

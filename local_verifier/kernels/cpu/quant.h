@@ -40,28 +40,29 @@ namespace {
 // SmolLM2's and Gemma 3 270M's layers, one thread, CPU time.
 constexpr int64_t kGemmMinRows = DG_AVX512 ? 1 : 2;
 
-// y [N, M] = x [N, K] @ w.T (+ bias) for w [M, K / values per block] blocks of type T; the
-// calling team quantizes x into `rows` (grown beforehand by the caller: fit); the many-row
-// kernel from gemm_rows rows. Ends with a barrier.
+// y [N, M] (rows ldy apart) = x [N, K] @ w.T (+ bias) for w [M, K / values per block] blocks
+// of type T; the calling team quantizes x into `rows` (grown beforehand by the caller: fit);
+// the many-row kernel from gemm_rows rows. Ends with a barrier.
 template <int T>
 void quant_linear_team_of(const float* x, const uint8_t* w, const float* bias, float* y,
-                          int64_t N, int64_t K, int64_t M, QuantRows& rows, int64_t gemm_rows) {
-  if (N >= gemm_rows) return quant_gemm_team<T>(x, w, bias, y, N, K, M, rows);
-  quant_gemv_team<T>(x, w, bias, y, N, K, M, rows);
+                          int64_t N, int64_t K, int64_t M, int64_t ldy, QuantRows& rows,
+                          int64_t gemm_rows) {
+  if (N >= gemm_rows) return quant_gemm_team<T>(x, w, bias, y, N, K, M, ldy, rows);
+  quant_gemv_team<T>(x, w, bias, y, N, K, M, ldy, rows);
 }
 
 // quant_linear_team_of for a GGML type code (quant_type_known), K a multiple of its block.
 inline void quant_linear_team(int type, const float* x, const uint8_t* w, const float* bias,
-                              float* y, int64_t N, int64_t K, int64_t M, QuantRows& rows,
-                              int64_t gemm_rows = kGemmMinRows) {
+                              float* y, int64_t N, int64_t K, int64_t M, int64_t ldy,
+                              QuantRows& rows, int64_t gemm_rows = kGemmMinRows) {
   switch (type) {
-    case kQ4_0: return quant_linear_team_of<kQ4_0>(x, w, bias, y, N, K, M, rows, gemm_rows);
-    case kQ4_1: return quant_linear_team_of<kQ4_1>(x, w, bias, y, N, K, M, rows, gemm_rows);
-    case kQ5_0: return quant_linear_team_of<kQ5_0>(x, w, bias, y, N, K, M, rows, gemm_rows);
-    case kQ8_0: return quant_linear_team_of<kQ8_0>(x, w, bias, y, N, K, M, rows, gemm_rows);
-    case kQ4_K: return quant_linear_team_of<kQ4_K>(x, w, bias, y, N, K, M, rows, gemm_rows);
-    case kQ5_K: return quant_linear_team_of<kQ5_K>(x, w, bias, y, N, K, M, rows, gemm_rows);
-    case kQ6_K: return quant_linear_team_of<kQ6_K>(x, w, bias, y, N, K, M, rows, gemm_rows);
+    case kQ4_0: return quant_linear_team_of<kQ4_0>(x, w, bias, y, N, K, M, ldy, rows, gemm_rows);
+    case kQ4_1: return quant_linear_team_of<kQ4_1>(x, w, bias, y, N, K, M, ldy, rows, gemm_rows);
+    case kQ5_0: return quant_linear_team_of<kQ5_0>(x, w, bias, y, N, K, M, ldy, rows, gemm_rows);
+    case kQ8_0: return quant_linear_team_of<kQ8_0>(x, w, bias, y, N, K, M, ldy, rows, gemm_rows);
+    case kQ4_K: return quant_linear_team_of<kQ4_K>(x, w, bias, y, N, K, M, ldy, rows, gemm_rows);
+    case kQ5_K: return quant_linear_team_of<kQ5_K>(x, w, bias, y, N, K, M, ldy, rows, gemm_rows);
+    case kQ6_K: return quant_linear_team_of<kQ6_K>(x, w, bias, y, N, K, M, ldy, rows, gemm_rows);
     default: return;
   }
 }

@@ -163,13 +163,14 @@ template <int T>
 thread_local TileBuffer<QuantTraits<T>> tile_buffer;
 thread_local std::vector<uint8_t> last_row;  // a copy of w's last row (tile decoders over-read)
 
-// y [N, M] = x [N, K] @ w.T (+ bias) for w [M, K / values per block] blocks of type T: the
+// y [N, M] (rows ldy apart) = x [N, K] @ w.T (+ bias) for w [M, K / values per block] blocks
+// of type T: the
 // calling team quantizes x by pass into `rows` (grown beforehand: fit), then shares tiles of
 // kTileCols columns, an even run per thread; the first pass of rows over a tile decodes it,
 // keeping it for the others. Ends with a barrier.
 template <int T>
 void quant_gemm_team(const float* x, const uint8_t* w, const float* bias, float* y, int64_t N,
-                     int64_t K, int64_t M, QuantRows& rows) {
+                     int64_t K, int64_t M, int64_t ldy, QuantRows& rows) {
   using Q = QuantTraits<T>;
   const int64_t nb = K / Q::kValues, row_bytes = nb * Q::kBytes, blocks32 = K / kQBlock;
   quantize_by_pass(x, N, K, rows);
@@ -203,15 +204,15 @@ void quant_gemm_team(const float* x, const uint8_t* w, const float* bias, float*
                         beyond * row_bytes / 64};
     const float* b = bias != nullptr ? bias + m0 : nullptr;
     if (passes == 1) {
-      tile_pass_upto<T, true, false>(N, col, nb, tile, pass_rows(0), TileOut{y + m0, M, cols, b},
+      tile_pass_upto<T, true, false>(N, col, nb, tile, pass_rows(0), TileOut{y + m0, ldy, cols, b},
                                      next, far);
       continue;
     }
-    tile_pass<T, kPassRows, true, true>(col, nb, tile, pass_rows(0), TileOut{y + m0, M, cols, b},
+    tile_pass<T, kPassRows, true, true>(col, nb, tile, pass_rows(0), TileOut{y + m0, ldy, cols, b},
                                         next, far);
     for (int64_t p = 1; p < passes; ++p)
       tile_pass_upto<T, false, true>(std::min(kPassRows, N - p * kPassRows), col, nb, tile,
-                                     pass_rows(p), TileOut{y + p * kPassRows * M + m0, M, cols, b},
+                                     pass_rows(p), TileOut{y + p * kPassRows * ldy + m0, ldy, cols, b},
                                      Lookahead{});
   }
 #pragma omp barrier

@@ -110,12 +110,12 @@ inline void gemv_cols(const uint8_t* const (&w)[kGemvCols], int64_t nb, const in
   _mm256_storeu_ps(out, total);
 }
 
-// y [N, M] = x [N, K] @ w.T (+ bias) for w [M, K / values per block] blocks of type T, row by
-// row: the calling team quantizes x by row into `rows` (grown beforehand: fit), then shares
+// y [N, M] (rows ldy apart) = x [N, K] @ w.T (+ bias) for w [M, K / values per block] blocks
+// of type T, row by row: the calling team quantizes x by row into `rows` (grown beforehand: fit), then shares
 // groups of kGemvCols columns, an even run per thread. Ends with a barrier.
 template <int T>
 void quant_gemv_team(const float* x, const uint8_t* w, const float* bias, float* y, int64_t N,
-                     int64_t K, int64_t M, QuantRows& rows) {
+                     int64_t K, int64_t M, int64_t ldy, QuantRows& rows) {
   using Q = QuantTraits<T>;
   const int64_t ldb = K / kQBlock, nb = K / Q::kValues, row_bytes = nb * Q::kBytes;
   quantize_by_row(x, N, K, rows);
@@ -137,7 +137,7 @@ void quant_gemv_team(const float* x, const uint8_t* w, const float* bias, float*
       gemv_cols<T>(columns, nb, rows.q.data() + n * K, rows.d.data() + n * ldb,
                    rows.sums.data() + n * ldb, bias != nullptr ? b : nullptr, out,
                    n == 0 ? next : Lookahead{});
-      std::copy(out, out + cols, y + n * M + m0);
+      std::copy(out, out + cols, y + n * ldy + m0);
     }
   }
 #pragma omp barrier

@@ -53,13 +53,24 @@ void attention(const float* qp, const KV* kc, const KV* vc, const DgPlan& p, con
                  op, s.n_rows, p.n_seqs, H, KVH, Dh, s.threads);
 }
 
-// linear_team over a matrix of the table (quantized blocks: quant_linear_team).
+// linear_team over a matrix of the table (quantized blocks: quant_linear_team); a tail's
+// `tail_rows` outputs (the last of y's M) by their own type's kernel. Each output's bits are
+// those of its own rows' kernel, as op by op.
 template <typename W>
 void linear_team(const float* xp, const Matrix& w, const float* bp, float* yp, int64_t N,
-                 int64_t K, int64_t M, QuantRows& rows) {
+                 int64_t K, int64_t M, QuantRows& rows, int64_t tail_rows = 0) {
+  if (w.tail != nullptr) {
+    const int64_t head = M - tail_rows;
+    quant_linear_team(w.layout - kQuantBlocks, xp, static_cast<const uint8_t*>(w.w), bp, yp, N,
+                      K, head, M, rows);
+    return quant_linear_team(w.tail_layout - kQuantBlocks, xp,
+                             static_cast<const uint8_t*>(w.tail),
+                             bp != nullptr ? bp + head : nullptr, yp + head, N, K, tail_rows, M,
+                             rows);
+  }
   if (w.layout >= kQuantBlocks)
     return quant_linear_team(w.layout - kQuantBlocks, xp, static_cast<const uint8_t*>(w.w), bp,
-                             yp, N, K, M, rows);
+                             yp, N, K, M, M, rows);
 #if DG_DOT
   if constexpr (std::is_same_v<W, uint16_t>)
     if (w.layout == kAmxPacked)
@@ -110,7 +121,7 @@ void stack_step(Stack& m, const DgStepArgs& s) {
           rms_norm_row(x + n * D, v.ffn_norm, h + n * D, D, w.eps[kFfnEps]);
         }
         clock.mark(kRowOpsTime);
-        linear_team<W>(h, w.w13, nullptr, gate_up, N, D, 2 * F, m.quant_rows);
+        linear_team<W>(h, w.w13, nullptr, gate_up, N, D, 2 * F, m.quant_rows, F);
         clock.mark(kLinearTime);
 #pragma omp for schedule(static)
         for (int64_t n = 0; n < N; ++n)
@@ -130,7 +141,7 @@ void stack_step(Stack& m, const DgStepArgs& s) {
           rms_norm_row(x + n * D, v.attn_norm, h + n * D, D, w.eps[kAttnEps]);
         }
         clock.mark(kRowOpsTime);
-        linear_team<W>(h, w.wqkv, v.bqkv, qkv, N, D, QKV, m.quant_rows);
+        linear_team<W>(h, w.wqkv, v.bqkv, qkv, N, D, QKV, m.quant_rows, kv_width);
         clock.mark(kLinearTime);
         const DgRope& rope = s.rope[w.rope];
 #pragma omp for schedule(static)

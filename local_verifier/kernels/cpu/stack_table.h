@@ -6,6 +6,7 @@
 #include <cstring>
 #include <mutex>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "quant.h"
@@ -20,15 +21,20 @@ enum Layout { kRowMajor = 0, kPacked = 1, kAmxPacked = 2, kQuantBlocks = 100 };
 // .eps and .switches).
 enum LayerTensor {
   kAttnNorm, kWqkv, kBqkv, kWo, kFfnNorm, kW13, kW2, kQNorm, kKNorm, kPostAttnNorm,
-  kPostFfnNorm, kLayerTensors
+  kPostFfnNorm, kWqkvTail, kW13Tail, kLayerTensors
 };
 enum LayerNorm { kAttnEps, kFfnEps, kQEps, kKEps, kPostAttnEps, kPostFfnEps, kLayerNorms };
 enum LayerSwitch { kActivation, kPlan, kRope, kLayerSwitches };
 enum Activation { kSilu = 0, kGeluTanh = 1 };
 
-struct Matrix {  // a linear layer's weight and its layout (cpu/linear.h, cpu/quant.h)
+// A linear layer's weight and its layout (cpu/linear.h, cpu/quant.h); where its last part
+// (wqkv's v rows, w13's up rows) is GGUF blocks of another type than the rest, `tail` holds
+// those rows (null: none) and `w` the rest, both quantized.
+struct Matrix {
   const void* w;
   int layout;
+  const void* tail = nullptr;
+  int tail_layout = 0;
 };
 
 // One layer: the Llama layer (norm, qkv, rope, attention, wo, norm, gated MLP) with the
@@ -113,7 +119,7 @@ void read_vectors(Stack& m) {
 }
 
 // The table of dg_stack_new's arguments (see there), or null for a quantized type not run
-// here or a switch out of range.
+// here, a tail beside weights that are not blocks, or a switch out of range.
 inline Stack* new_stack(int64_t n_layers, int64_t dim, int64_t n_heads, int64_t n_kv_heads,
                         int64_t head_dim, int64_t hidden_dim, int64_t vocab, bool bf16,
                         const void* const* weights, const int* layouts, const float* eps,
@@ -121,6 +127,11 @@ inline Stack* new_stack(int64_t n_layers, int64_t dim, int64_t n_heads, int64_t 
   for (int64_t i = 1; i < 2 + kLayerTensors * n_layers; ++i)  // a quantized matrix: a known type
     if (layouts[i] >= kQuantBlocks && !quant_type_known(layouts[i] - kQuantBlocks)) return nullptr;
   for (int64_t l = 0; l < n_layers; ++l) {
+    const void* const* w = weights + 2 + kLayerTensors * l;
+    const int* p = layouts + 2 + kLayerTensors * l;
+    for (const auto [head, tail] : {std::pair{kWqkv, kWqkvTail}, std::pair{kW13, kW13Tail}})
+      if (w[tail] != nullptr && (p[head] < kQuantBlocks || p[tail] < kQuantBlocks))
+        return nullptr;  // a tail splits quantized blocks only
     const int* s = switches + kLayerSwitches * l;
     if (s[kActivation] < 0 || s[kActivation] > kGeluTanh || s[kPlan] < 0 ||
         s[kPlan] >= kPlanSlots || s[kRope] < 0 || s[kRope] >= kRopeSlots)
@@ -144,13 +155,14 @@ inline Stack* new_stack(int64_t n_layers, int64_t dim, int64_t n_heads, int64_t 
     const int* s = switches + kLayerSwitches * l;
     LayerWeights layer{};
     for (int t = 0; t < kLayerTensors; ++t) {
-      const bool matrix = t == kWqkv || t == kWo || t == kW13 || t == kW2;
+      const bool matrix = t == kWqkv || t == kWo || t == kW13 || t == kW2 || t == kWqkvTail ||
+                          t == kW13Tail;
       layer.vectors[t] = matrix ? nullptr : w[t];
       if (!matrix && w[t] != nullptr) widened += m->length(t);
     }
-    layer.wqkv = {w[kWqkv], p[kWqkv]};
+    layer.wqkv = {w[kWqkv], p[kWqkv], w[kWqkvTail], p[kWqkvTail]};
     layer.wo = {w[kWo], p[kWo]};
-    layer.w13 = {w[kW13], p[kW13]};
+    layer.w13 = {w[kW13], p[kW13], w[kW13Tail], p[kW13Tail]};
     layer.w2 = {w[kW2], p[kW2]};
     std::memcpy(layer.eps, eps + kLayerNorms * l, sizeof(layer.eps));
     layer.activation = s[kActivation];
