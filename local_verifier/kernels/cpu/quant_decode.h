@@ -147,17 +147,31 @@ DG_TILE_INLINE void k4_scales(const IVec (&head)[4], Vec (&scale)[8], Vec (&min)
 
 template <>
 struct TileDecoder<kQ4_K> {  // d, dmin, 12 bytes of scales, 128 of nibbles
+  // Streamed: a single pass takes the scales (scales), then each chunk of kChunkSubs
+  // sub-blocks' words (chunk) as it multiplies them, so the block never goes through memory.
+  static constexpr int kChunkSubs = 2;
+  static DG_TILE_INLINE void scales(const uint8_t* const (&at)[kTileCols], Vec (&scale)[8],
+                                    Vec (&min)[8]) {
+    IVec head[4];
+    dwords4(at, 0, head);
+    k4_scales(head, scale, min);
+  }
+  // Sub-blocks 2i (low nibbles: words[0 .. 7]) and 2i + 1 (high: words[8 .. 15]).
+  static DG_TILE_INLINE void chunk(const uint8_t* const (&at)[kTileCols], int i,
+                                   IVec (&words)[16]) {
+    IVec packed[8];
+    dwords8(at, 16 + 32 * i, packed);
+    nibbles(packed, words, words + 8);
+  }
   static DG_TILE_INLINE void decode(const uint8_t* const (&col)[kTileCols], int64_t b,
                      TileBlock<QuantTraits<kQ4_K>>& out) {
     const uint8_t* at[kTileCols];
     block_columns<kQ4_K>(col, b, at);
-    IVec head[4];
-    dwords4(at, 0, head);
-    k4_scales(head, out.scale, out.min);
-    for (int i = 0; i < 4; ++i) {  // sub-blocks 2i (low nibbles) and 2i + 1 (high)
-      IVec packed[8];
-      dwords8(at, 16 + 32 * i, packed);
-      nibbles(packed, out.words + 16 * i, out.words + 16 * i + 8);
+    scales(at, out.scale, out.min);
+    for (int i = 0; i < 4; ++i) {
+      IVec words[16];
+      chunk(at, i, words);
+      for (int j = 0; j < 16; ++j) out.words[16 * i + j] = words[j];
     }
   }
 };
@@ -193,29 +207,41 @@ struct TileDecoder<kQ5_K> {  // d, dmin, 12 bytes of scales, 32 of fifth bits, 1
 
 template <>
 struct TileDecoder<kQ6_K> {  // 128 bytes low nibbles, 64 of 2-bit highs, 16 int8 scales, d
+  static constexpr int kChunkSubs = 4;  // streamed as TileDecoder<kQ4_K>
+  static DG_TILE_INLINE void scales(const uint8_t* const (&at)[kTileCols], Vec (&scale)[16],
+                                    Vec (&)[8]) {
+    const Vec d = halves<true>(dwords(at, 206));  // bytes 208-209 (the block ends there)
+    IVec packed[4];
+    dwords4(at, 192, packed);
+    for (int g = 0; g < 16; ++g)  // the int8 scale of group g, sign-extended
+      scale[g] = mul(d, to_float(isra(isll(packed[g / 4], 24 - 8 * (g % 4)), 24)));
+  }
+  // Sub-blocks 4h .. 4h + 3: words[8t .. 8t + 7] sub-block 4h + t's.
+  static DG_TILE_INLINE void chunk(const uint8_t* const (&at)[kTileCols], int h,
+                                   IVec (&words)[32]) {
+    const IVec four = iset8(0x0F), offset = iset8(kSignedOffset ? 96 : -32);  // -32 (+ 128)
+    IVec first[8], second[8], high[8];
+    dwords8(at, 64 * h, first);
+    dwords8(at, 64 * h + 32, second);
+    dwords8(at, 128 + 32 * h, high);
+    for (int t = 0; t < 4; ++t)
+      for (int j = 0; j < 8; ++j) {
+        const IVec packed = t % 2 ? second[j] : first[j];
+        const IVec low = iand(t < 2 ? packed : isrl(packed, 4), four);
+        const IVec top = iand(t <= 2 ? isll(high[j], 4 - 2 * t) : isrl(high[j], 2 * t - 4),
+                              iset8(0x30));
+        words[8 * t + j] = iadd8(ior(low, top), offset);
+      }
+  }
   static DG_TILE_INLINE void decode(const uint8_t* const (&col)[kTileCols], int64_t b,
                      TileBlock<QuantTraits<kQ6_K>>& out) {
     const uint8_t* at[kTileCols];
     block_columns<kQ6_K>(col, b, at);
-    const Vec d = halves<true>(dwords(at, 206));  // bytes 208-209 (the block ends there)
-    IVec scales[4];
-    dwords4(at, 192, scales);
-    for (int g = 0; g < 16; ++g)  // the int8 scale of group g, sign-extended
-      out.scale[g] = mul(d, to_float(isra(isll(scales[g / 4], 24 - 8 * (g % 4)), 24)));
-    const IVec four = iset8(0x0F), offset = iset8(kSignedOffset ? 96 : -32);  // -32 (+ 128)
-    for (int h = 0; h < 2; ++h) {  // sub-blocks 4h .. 4h + 3
-      IVec first[8], second[8], high[8];
-      dwords8(at, 64 * h, first);
-      dwords8(at, 64 * h + 32, second);
-      dwords8(at, 128 + 32 * h, high);
-      for (int t = 0; t < 4; ++t)
-        for (int j = 0; j < 8; ++j) {
-          const IVec packed = t % 2 ? second[j] : first[j];
-          const IVec low = iand(t < 2 ? packed : isrl(packed, 4), four);
-          const IVec top = iand(t <= 2 ? isll(high[j], 4 - 2 * t) : isrl(high[j], 2 * t - 4),
-                                iset8(0x30));
-          out.words[8 * (4 * h + t) + j] = iadd8(ior(low, top), offset);
-        }
+    scales(at, out.scale, out.min);
+    for (int h = 0; h < 2; ++h) {
+      IVec words[32];
+      chunk(at, h, words);
+      for (int j = 0; j < 32; ++j) out.words[32 * h + j] = words[j];
     }
   }
 };

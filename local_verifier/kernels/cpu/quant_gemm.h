@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "linear.h"
@@ -65,40 +66,78 @@ struct PassRows {
   const int32_t* corr;  // per scale group: corr16 for Q6_K, else corr32
 };
 
-// acc[r] (row r's outputs of the tile's columns) through block b of k: per 32 values in
-// order, the minimum term, then per scale group its integer sum (from 0, or corr) folded in
-// by one FMA with the product of the two scales.
+// acc[r] (row r's outputs of the tile's columns) through activation block `block` (32 values
+// of k): the minimum term, then per scale group its integer sum (from 0, or corr) folded in by
+// one FMA with the product of the two scales. words: the sub-block's words, scale its groups'.
+template <int T, int R>
+DG_TILE_INLINE void rows_sub_block(const IVec* words, const Vec* scale, Vec min, int64_t block,
+                                   const PassRows& x, Vec (&acc)[R]) {
+  using Q = QuantTraits<T>;
+  constexpr int kWords = kQBlock / 4 / Q::kGroups;  // 4-byte words per scale group
+  constexpr bool kOffset = Q::kSigned && kSignedOffset;
+  const float* xd = x.d + block * kPassRows;
+  if constexpr (Q::kMin) {
+    const float* xs = x.sums + block * kPassRows;
+    for (int r = 0; r < R; ++r) acc[r] = fmadd(min, set1(xs[r]), acc[r]);
+  }
+  for (int g = 0; g < Q::kGroups; ++g) {
+    const int64_t group = block * Q::kGroups + g;
+    IVec sums[R];
+    for (int r = 0; r < R; ++r)
+      sums[r] = kOffset ? ibroadcast(x.corr + group * kPassRows + r) : izero();
+#pragma GCC unroll 8
+    for (int j = 0; j < kWords; ++j) {
+      const int64_t word = group * kWords + j;
+      const IVec w = words[g * kWords + j];
+      const IVec m = magnitudes<Q::kSigned>(w);
+      const int8_t* xq = x.q + word * 4 * kPassRows;
+      for (int r = 0; r < R; ++r)
+        sums[r] = dot4<Q::kSigned>(sums[r], w, m, ibroadcast(xq + 4 * r));
+    }
+    for (int r = 0; r < R; ++r)
+      acc[r] = fmadd(to_float(sums[r]), mul(scale[g], set1(xd[r])), acc[r]);
+  }
+}
+
+// acc[r] through block b of k: its sub-blocks in order.
 template <int T, int R>
 DG_TILE_INLINE void rows_block(const TileBlock<QuantTraits<T>>& tile, int64_t b, const PassRows& x,
                        Vec (&acc)[R]) {
   using Q = QuantTraits<T>;
-  constexpr int kWords = kQBlock / 4 / Q::kGroups;  // 4-byte words per scale group
-  constexpr bool kOffset = Q::kSigned && kSignedOffset;
-  for (int s = 0; s < Q::kSubs; ++s) {
-    const int64_t block = b * Q::kSubs + s;  // the activation block
-    const float* xd = x.d + block * kPassRows;
-    if constexpr (Q::kMin) {
-      const Vec min = tile.min[s];
-      const float* xs = x.sums + block * kPassRows;
-      for (int r = 0; r < R; ++r) acc[r] = fmadd(min, set1(xs[r]), acc[r]);
-    }
-    for (int g = 0; g < Q::kGroups; ++g) {
-      const int64_t group = block * Q::kGroups + g;
-      IVec sums[R];
-      for (int r = 0; r < R; ++r)
-        sums[r] = kOffset ? ibroadcast(x.corr + group * kPassRows + r) : izero();
-#pragma GCC unroll 8
-      for (int j = 0; j < kWords; ++j) {
-        const int64_t word = group * kWords + j;
-        const IVec w = tile.words[(s * Q::kGroups + g) * kWords + j];
-        const IVec m = magnitudes<Q::kSigned>(w);
-        const int8_t* xq = x.q + word * 4 * kPassRows;
-        for (int r = 0; r < R; ++r)
-          sums[r] = dot4<Q::kSigned>(sums[r], w, m, ibroadcast(xq + 4 * r));
-      }
-      const Vec scale = tile.scale[s * Q::kGroups + g];
-      for (int r = 0; r < R; ++r)
-        acc[r] = fmadd(to_float(sums[r]), mul(scale, set1(xd[r])), acc[r]);
+  constexpr int kWords = kQBlock / 4;  // per sub-block
+  for (int s = 0; s < Q::kSubs; ++s)
+    rows_sub_block<T, R>(tile.words + s * kWords, tile.scale + s * Q::kGroups,
+                         Q::kMin ? tile.min[s] : zero(), b * Q::kSubs + s, x, acc);
+}
+
+// Whether TileDecoder<T> streams a block (kChunkSubs: scales, then chunks of sub-blocks).
+template <int T, typename = void>
+struct Streamed {
+  static constexpr bool value = false;
+};
+template <int T>
+struct Streamed<T, std::void_t<decltype(TileDecoder<T>::kChunkSubs)>> {
+  static constexpr bool value = true;
+};
+
+// rows_block on block b decoded as it is multiplied (a streamed type, one pass): the same
+// sub-blocks in the same order, the block's words never all held at once.
+template <int T, int R>
+DG_TILE_INLINE void rows_block_streamed(const uint8_t* const (&col)[kTileCols], int64_t b,
+                                        const PassRows& x, Vec (&acc)[R]) {
+  using Q = QuantTraits<T>;
+  constexpr int kChunk = TileDecoder<T>::kChunkSubs, kWords = kQBlock / 4;
+  const uint8_t* at[kTileCols];
+  block_columns<T>(col, b, at);
+  Vec scale[Q::kSubs * Q::kGroups], min[Q::kSubs];
+  TileDecoder<T>::scales(at, scale, min);
+  for (int i = 0; i < Q::kSubs / kChunk; ++i) {
+    IVec words[kChunk * kWords];
+    TileDecoder<T>::chunk(at, i, words);
+    for (int h = 0; h < kChunk; ++h) {
+      const int s = kChunk * i + h;
+      rows_sub_block<T, R>(words + kWords * h, scale + s * Q::kGroups,
+                           Q::kMin ? min[s] : zero(), b * Q::kSubs + s, x, acc);
     }
   }
 }
@@ -129,10 +168,14 @@ inline void tile_pass(const uint8_t* const (&col)[kTileCols], int64_t nb,
         _mm_prefetch(next.next, _MM_HINT_T0);
       for (owed_far += far.lines; owed_far >= nb; owed_far -= nb, far.next += 64)
         _mm_prefetch(far.next, _MM_HINT_T1);
-      TileBlock<QuantTraits<T>> block;  // in registers where it fits (no store to load)
-      TileDecoder<T>::decode(col, b, block);
-      if constexpr (Keep) tile[b] = block;
-      rows_block<T, R>(block, b, x, acc);
+      if constexpr (!Keep && Streamed<T>::value) {
+        rows_block_streamed<T, R>(col, b, x, acc);
+      } else {
+        TileBlock<QuantTraits<T>> block;  // in registers where it fits (no store to load)
+        TileDecoder<T>::decode(col, b, block);
+        if constexpr (Keep) tile[b] = block;
+        rows_block<T, R>(block, b, x, acc);
+      }
     } else {
       rows_block<T, R>(tile[b], b, x, acc);
     }
