@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -56,3 +58,15 @@ def test_corrupt_gguf_is_a_load_error(tmp_path: Path) -> None:
     bad.write_bytes(b"not a gguf file at all")
     with pytest.raises(ModelLoadError, match="GGUF"):
         load_model(str(bad))
+
+
+def test_loading_imports_no_compiler_stack() -> None:
+    """Building the model (on the meta device) runs no init that pulls in torch's compiler
+    stack and Triton: over 100 MiB resident for nothing."""
+    code = (
+        "import sys; from local_verifier.loader import load_model; "
+        "load_model('smollm2-135m', tune_threads=False); "
+        "print(sorted(m for m in ('torch._dynamo', 'triton') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
