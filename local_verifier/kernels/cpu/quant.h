@@ -34,27 +34,31 @@ namespace {
 // the many-row kernel (one column per lane, the rows in registers) reach the same integers
 // and then run these operations.
 
-// Rows from which a step takes the many-row kernel: every row count on AVX-512 (one row through
-// it takes 0.8-0.9x the one-row kernel's time on Zen 4: the tiles stream their weights from
-// memory better), two rows on AVX2 (where one row takes about 1.05x). Measured with
-// SmolLM2's and Gemma 3 270M's layers, one thread, CPU time.
-constexpr int64_t kGemmMinRows = DG_AVX512 ? 1 : 2;
+// Rows from which a step takes the many-row kernel for type T: every row count on AVX-512
+// (one row through it takes 0.8-0.9x the one-row kernel's time on Zen 4: the tiles stream
+// their weights from memory better), two rows on AVX2 (where one row takes about 1.05x),
+// except Q6_K, whose streamed tiles (cpu/quant_gemm.h) take one row in 0.68x the one-row
+// kernel's time there. Measured with SmolLM2's and Gemma 3 270M's layers, one thread, CPU
+// time; Q6_K with 6,144 x 1,536 layers from memory, two threads, the AVX2 build on Zen 4.
+template <int T>
+constexpr int64_t kGemmMinRows = DG_AVX512 || T == kQ6_K ? 1 : 2;
 
 // y [N, M] (rows ldy apart) = x [N, K] @ w.T (+ bias) for w [M, K / values per block] blocks
 // of type T; the calling team quantizes x into `rows` (grown beforehand by the caller: fit);
-// the many-row kernel from gemm_rows rows. Ends with a barrier.
+// the many-row kernel from gemm_rows rows (0: kGemmMinRows<T>). Ends with a barrier.
 template <int T>
 void quant_linear_team_of(const float* x, const uint8_t* w, const float* bias, float* y,
                           int64_t N, int64_t K, int64_t M, int64_t ldy, QuantRows& rows,
                           int64_t gemm_rows) {
-  if (N >= gemm_rows) return quant_gemm_team<T>(x, w, bias, y, N, K, M, ldy, rows);
+  if (N >= (gemm_rows > 0 ? gemm_rows : kGemmMinRows<T>))
+    return quant_gemm_team<T>(x, w, bias, y, N, K, M, ldy, rows);
   quant_gemv_team<T>(x, w, bias, y, N, K, M, ldy, rows);
 }
 
 // quant_linear_team_of for a GGML type code (quant_type_known), K a multiple of its block.
 inline void quant_linear_team(int type, const float* x, const uint8_t* w, const float* bias,
                               float* y, int64_t N, int64_t K, int64_t M, int64_t ldy,
-                              QuantRows& rows, int64_t gemm_rows = kGemmMinRows) {
+                              QuantRows& rows, int64_t gemm_rows = 0) {
   switch (type) {
     case kQ4_0: return quant_linear_team_of<kQ4_0>(x, w, bias, y, N, K, M, ldy, rows, gemm_rows);
     case kQ4_1: return quant_linear_team_of<kQ4_1>(x, w, bias, y, N, K, M, ldy, rows, gemm_rows);
