@@ -157,8 +157,7 @@ struct TileDecoder<kQ4_K> {  // d, dmin, 12 bytes of scales, 128 of nibbles
     k4_scales(head, scale, min);
   }
   // Sub-blocks 2i (low nibbles: words[0 .. 7]) and 2i + 1 (high: words[8 .. 15]).
-  static DG_TILE_INLINE void chunk(const uint8_t* const (&at)[kTileCols], int i,
-                                   IVec (&words)[16]) {
+  static DG_TILE_INLINE void chunk(const uint8_t* const (&at)[kTileCols], int i, IVec* words) {
     IVec packed[8];
     dwords8(at, 16 + 32 * i, packed);
     nibbles(packed, words, words + 8);
@@ -168,11 +167,7 @@ struct TileDecoder<kQ4_K> {  // d, dmin, 12 bytes of scales, 128 of nibbles
     const uint8_t* at[kTileCols];
     block_columns<kQ4_K>(col, b, at);
     scales(at, out.scale, out.min);
-    for (int i = 0; i < 4; ++i) {
-      IVec words[16];
-      chunk(at, i, words);
-      for (int j = 0; j < 16; ++j) out.words[16 * i + j] = words[j];
-    }
+    for (int i = 0; i < 4; ++i) chunk(at, i, out.words + 16 * i);
   }
 };
 
@@ -217,8 +212,7 @@ struct TileDecoder<kQ6_K> {  // 128 bytes low nibbles, 64 of 2-bit highs, 16 int
       scale[g] = mul(d, to_float(isra(isll(packed[g / 4], 24 - 8 * (g % 4)), 24)));
   }
   // Sub-blocks 4h .. 4h + 3: words[8t .. 8t + 7] sub-block 4h + t's.
-  static DG_TILE_INLINE void chunk(const uint8_t* const (&at)[kTileCols], int h,
-                                   IVec (&words)[32]) {
+  static DG_TILE_INLINE void chunk(const uint8_t* const (&at)[kTileCols], int h, IVec* words) {
     const IVec four = iset8(0x0F), offset = iset8(kSignedOffset ? 96 : -32);  // -32 (+ 128)
     IVec first[8], second[8], high[8];
     dwords8(at, 64 * h, first);
@@ -238,11 +232,7 @@ struct TileDecoder<kQ6_K> {  // 128 bytes low nibbles, 64 of 2-bit highs, 16 int
     const uint8_t* at[kTileCols];
     block_columns<kQ6_K>(col, b, at);
     scales(at, out.scale, out.min);
-    for (int h = 0; h < 2; ++h) {
-      IVec words[32];
-      chunk(at, h, words);
-      for (int j = 0; j < 32; ++j) out.words[32 * h + j] = words[j];
-    }
+    for (int h = 0; h < 2; ++h) chunk(at, h, out.words + 32 * h);
   }
 };
 
