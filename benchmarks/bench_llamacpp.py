@@ -3,7 +3,7 @@
     python -m benchmarks.bench_llamacpp --build-dir /tmp/llamacpp [--sdist FILE] \
         [--category code_edit] [--limit 10] [--max-tokens 256] [--threads 2] \
         [--dtype bf16] [--llama-quant Q4_1,Q8_0,F32] [--gguf FILE] [--prefill 1024,4096,8192] \
-        [--json /tmp/bench_llamacpp.json] [--smoke]
+        [--llama-repack] [--llama-no-amx] [--json /tmp/bench_llamacpp.json] [--smoke]
 
 Builds llama.cpp from the source that llama-cpp-python's PyPI sdist vendors (the sdist is
 fetched with ``pip download`` unless ``--sdist`` names it; the build is kept in
@@ -22,7 +22,9 @@ greedy, ``--max-tokens`` tokens:
 Each side's time is its own prompt processing plus decoding (llama.cpp's printed timings;
 model loading excluded on both sides; both on ``--threads`` threads). llama.cpp runs with ``--no-repack`` unless
 ``--llama-repack``: its repacked quantized weights take its AMX int8 path, which dies with
-SIGILL/SIGSEGV on the 2-core Sapphire Rapids VM this was written on (F32 is never repacked). Reported: tokens/s per side, decode tokens/s (the
+SIGILL/SIGSEGV on the 2-core Sapphire Rapids VM this was written on (F32 is never repacked);
+``--llama-no-amx`` builds llama.cpp for the CPU's AVX-512 without its AMX kernels, so that
+its repacked weights run there (on its AVX-512 kernels). Reported: tokens/s per side, decode tokens/s (the
 tokens after the first over the time after the prompt pass), prompt processing tokens/s,
 and whether each side's text agrees with draftgate's plain text (the shorter a prefix of
 the longer: llama-lookup may overshoot the limit by part of a draft); llama-lookup's text
@@ -70,8 +72,18 @@ TARGETS = ("llama-completion", "llama-lookup", "llama-quantize", "llama-bench")
 SIDES = ("llama_plain", "llama_lookup", "plain", "speculative")
 
 
-def build(build_dir: Path, sdist: Path | None) -> Path:
-    """The directory of the built llama.cpp binaries (built once, then reused)."""
+# llama.cpp built for an AVX-512 CPU without its AMX kernels (which -DGGML_NATIVE=ON adds on
+# a CPU with AMX): its repacked weights then take its AVX-512 kernels.
+NO_AMX = ["-DGGML_NATIVE=OFF"] + [
+    f"-DGGML_{isa}=ON"
+    for isa in ("AVX", "AVX2", "FMA", "F16C", "BMI2", "AVX512", "AVX512_VBMI", "AVX512_VNNI")
+    + ("AVX512_BF16",)
+]
+
+
+def build(build_dir: Path, sdist: Path | None, amx: bool = True) -> Path:
+    """The directory of the built llama.cpp binaries (built once, then reused): for this CPU
+    (``-DGGML_NATIVE=ON``), or with ``amx`` False for its AVX-512 without AMX (``NO_AMX``)."""
     bin_dir = build_dir / "build" / "bin"
     if all((bin_dir / t).exists() for t in TARGETS):
         return bin_dir
@@ -89,7 +101,8 @@ def build(build_dir: Path, sdist: Path | None) -> Path:
     cmake = ["cmake", "-S", str(source), "-B", str(build_dir / "build")]
     subprocess.run(
         cmake
-        + ["-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF"]
+        + ["-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF"]
+        + (["-DGGML_NATIVE=ON"] if amx else NO_AMX)
         + ["-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF"],
         check=True,
     )
@@ -305,12 +318,18 @@ def main() -> None:
         action="store_true",
         help="let llama.cpp repack quantized weights (its AMX int8 path: faults on some VMs)",
     )
+    parser.add_argument(
+        "--llama-no-amx",
+        action="store_true",
+        help="build llama.cpp (in a --build-dir of its own) for this CPU's AVX-512 without its "
+        "AMX kernels, so that --llama-repack runs where its AMX path faults",
+    )
     parser.add_argument("--prefill", default="", help="prompt lengths, e.g. 1024,4096,8192")
     parser.add_argument("--chunk", type=int, default=TOKEN_BUDGET, help="our prompt rows/step")
     parser.add_argument("--json", type=Path, default=None)
     args = parse(parser, SMOKE)
 
-    bin_dir = build(args.build_dir, args.sdist)
+    bin_dir = build(args.build_dir, args.sdist, amx=not args.llama_no_amx)
     if args.gguf is not None:  # one file, as it is, on every side
         quants = [args.gguf.name]
         weights = {args.gguf.name: args.gguf}

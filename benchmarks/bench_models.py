@@ -4,7 +4,8 @@
         [--max-tokens 32] [--repeats 5] [--load-only] [--gguf gguf-bf16,gguf-q8_0] \
         [--llamacpp BUILD_DIR] [--gguf-dtype native] [--shipped smollm2-135m,gemma3-270m] \
         [--shipped-dtypes native,bf16] [--threads N] [--spec-models smollm2-135m,gemma3-270m] \
-        [--spec-limit 4] [--dir /tmp/bench-models] [--keep] [--json FILE] [--smoke]
+        [--spec-limit 4] [--llama-repack 1] [--llama-no-amx] [--dir /tmp/bench-models] [--keep] \
+        [--json FILE] [--smoke]
 
 Each of ``--shapes`` (``1b``: Llama-3.2-1B's shapes, ``3b``: Llama-3.2-3B's, ``smoke``: a
 tiny one; ``1b-smollm2``: 1.1B parameters, 30 layers of width 1,536 and 6,144 MLP units,
@@ -553,6 +554,12 @@ def main() -> None:
         help="llama-bench's --repack: 0 where its repacked AMX int8 path dies (SIGSEGV with a "
         "context on a 2-core Sapphire Rapids VM)",
     )
+    parser.add_argument(
+        "--llama-no-amx",
+        action="store_true",
+        help="llama.cpp built (in a --llamacpp directory of its own) without its AMX kernels, "
+        "so that --llama-repack 1 runs on its AVX-512 kernels where its AMX path faults",
+    )
     parser.add_argument("--spec-models", default="smollm2-135m,gemma3-270m")
     parser.add_argument("--spec-limit", type=int, default=4, help="code edits per model")
     parser.add_argument("--spec-max-tokens", type=int, default=256)
@@ -566,7 +573,7 @@ def main() -> None:
         "prefill", "max_tokens", "repeats", "load_only", "bandwidth_gib", "threads", "llama_repack",
     )  # fmt: skip
     opts = {k: getattr(args, k) for k in names}
-    bin_dir = None if args.llamacpp is None else build(args.llamacpp, None)
+    bin_dir = None if args.llamacpp is None else build(args.llamacpp, None, not args.llama_no_amx)
     llamacpp = None if bin_dir is None else (args.llamacpp, bin_dir)
     result: dict[str, Any] = {
         "tokenizer": TOKENIZER,
