@@ -76,29 +76,40 @@ SIDES = ("llama_plain", "llama_lookup", "plain", "speculative")
 # a CPU with AMX): its repacked weights then take its AVX-512 kernels.
 NO_AMX = ["-DGGML_NATIVE=OFF"] + [
     f"-DGGML_{isa}=ON"
-    for isa in ("AVX", "AVX2", "FMA", "F16C", "BMI2", "AVX512", "AVX512_VBMI", "AVX512_VNNI")
-    + ("AVX512_BF16",)
+    for isa in (
+        "AVX",
+        "AVX2",
+        "FMA",
+        "F16C",
+        "BMI2",
+        "AVX512",
+        "AVX512_VBMI",
+        "AVX512_VNNI",
+        "AVX512_BF16",
+    )
 ]
 
 
 def build(build_dir: Path, sdist: Path | None, amx: bool = True) -> Path:
     """The directory of the built llama.cpp binaries (built once, then reused): for this CPU
-    (``-DGGML_NATIVE=ON``), or with ``amx`` False for its AVX-512 without AMX (``NO_AMX``)."""
-    bin_dir = build_dir / "build" / "bin"
+    (``-DGGML_NATIVE=ON``, in ``build_dir/build``), or with ``amx`` False for its AVX-512
+    without AMX (``NO_AMX``, in ``build_dir/build-no-amx``), both from one extracted source."""
+    out = build_dir / ("build" if amx else "build-no-amx")
+    bin_dir = out / "bin"
     if all((bin_dir / t).exists() for t in TARGETS):
         return bin_dir
     build_dir.mkdir(parents=True, exist_ok=True)
-    if sdist is None:
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", SDIST, "--no-deps", "--no-binary", ":all:"]
-            + ["-d", str(build_dir)],
-            check=True,
-        )
-        sdist = next(build_dir.glob("llama_cpp_python-*.tar.gz"))
-    with tarfile.open(sdist) as archive:
-        archive.extractall(build_dir, filter="data")
-    source = source_dir(build_dir)
-    cmake = ["cmake", "-S", str(source), "-B", str(build_dir / "build")]
+    if next(build_dir.glob("llama_cpp_python-*/vendor/llama.cpp"), None) is None:
+        if sdist is None:
+            subprocess.run(
+                [sys.executable, "-m", "pip", "download", SDIST, "--no-deps", "--no-binary"]
+                + [":all:", "-d", str(build_dir)],
+                check=True,
+            )
+            sdist = next(build_dir.glob("llama_cpp_python-*.tar.gz"))
+        with tarfile.open(sdist) as archive:
+            archive.extractall(build_dir, filter="data")
+    cmake = ["cmake", "-S", str(source_dir(build_dir)), "-B", str(out)]
     subprocess.run(
         cmake
         + ["-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_CURL=OFF"]
@@ -106,9 +117,7 @@ def build(build_dir: Path, sdist: Path | None, amx: bool = True) -> Path:
         + ["-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF"],
         check=True,
     )
-    subprocess.run(
-        ["cmake", "--build", str(build_dir / "build"), "-j", "--target", *TARGETS], check=True
-    )
+    subprocess.run(["cmake", "--build", str(out), "-j", "--target", *TARGETS], check=True)
     return bin_dir
 
 
@@ -321,8 +330,8 @@ def main() -> None:
     parser.add_argument(
         "--llama-no-amx",
         action="store_true",
-        help="build llama.cpp (in a --build-dir of its own) for this CPU's AVX-512 without its "
-        "AMX kernels, so that --llama-repack runs where its AMX path faults",
+        help="llama.cpp built for this CPU's AVX-512 without its AMX kernels (in "
+        "BUILD_DIR/build-no-amx), so that --llama-repack runs where its AMX path faults",
     )
     parser.add_argument("--prefill", default="", help="prompt lengths, e.g. 1024,4096,8192")
     parser.add_argument("--chunk", type=int, default=TOKEN_BUDGET, help="our prompt rows/step")

@@ -557,8 +557,8 @@ def main() -> None:
     parser.add_argument(
         "--llama-no-amx",
         action="store_true",
-        help="llama.cpp built (in a --llamacpp directory of its own) without its AMX kernels, "
-        "so that --llama-repack 1 runs on its AVX-512 kernels where its AMX path faults",
+        help="llama.cpp built without its AMX kernels (in BUILD_DIR/build-no-amx), so that "
+        "--llama-repack 1 runs on its AVX-512 kernels where its AMX path faults",
     )
     parser.add_argument("--spec-models", default="smollm2-135m,gemma3-270m")
     parser.add_argument("--spec-limit", type=int, default=4, help="code edits per model")
@@ -573,7 +573,9 @@ def main() -> None:
         "prefill", "max_tokens", "repeats", "load_only", "bandwidth_gib", "threads", "llama_repack",
     )  # fmt: skip
     opts = {k: getattr(args, k) for k in names}
-    bin_dir = None if args.llamacpp is None else build(args.llamacpp, None, not args.llama_no_amx)
+    bin_dir = (
+        None if args.llamacpp is None else build(args.llamacpp, None, amx=not args.llama_no_amx)
+    )
     llamacpp = None if bin_dir is None else (args.llamacpp, bin_dir)
     result: dict[str, Any] = {
         "tokenizer": TOKENIZER,

@@ -249,8 +249,7 @@ def keep_quantized(model: Transformer, source: GGUFSource) -> dict[str, list[str
     kept: dict[str, list[str]] = {}
     for name, parts in groups.items():
         types = [source.block_type(part) for part in parts]
-        runs = [parts] if len(set(types)) == 1 else [parts[:-1], parts[-1:]]
-        if None in types or len(set(types[: len(runs[0])])) > 1:
+        if None in types or len(set(types[:-1])) > 1:  # only the last part may differ
             for part in parts:
                 kind = source.tensor_type(part)
                 if kind is not None and kind.name not in ("F32", "F16", "BF16"):
@@ -258,6 +257,7 @@ def keep_quantized(model: Transformer, source: GGUFSource) -> dict[str, list[str
             continue
         owner = model.get_submodule(name.rpartition(".")[0])
         assert isinstance(owner, (Linear, nn.Embedding))
+        runs = [parts] if len(set(types)) == 1 else [parts[:-1], parts[-1:]]
         rows, width = owner.weight.shape
         shapes = [_blocks_shape(source, run, width) for run in runs]
         if sum(shape[0] for shape in shapes) != rows:
