@@ -17,8 +17,9 @@ vocabulary llama.cpp's converter knows; the ids past its 49152 tokens, up to Lla
 128256 rows of the embedding table, are unused padding), measured in a process of its own
 on ``--threads`` threads (every usable CPU by default) once loaded. Reported per shape:
 
-- ``load_s`` and ``peak_rss_mib`` of ``load_model(path, dtype=--dtype)`` as a user calls it
-  (the steps of its thread probe included; the process's VmHWM; ``rss_before_mib`` what the
+- ``load_s`` and ``peak_rss_mib`` of ``load_model(path, dtype=--dtype, kv_cache_mb=512)``
+  as the engine calls it (rope tables for the positions its default K/V cache holds; the
+  steps of its thread probe included; the process's VmHWM; ``rss_before_mib`` what the
   process held before it), ``weight_mib`` (the loaded weights' bytes) and
   ``peak_over_weights`` (peak / weights); ``peak_rss_after_step_mib`` after the timed steps;
 - ``step_1row_ms`` (a decode step after a 128-token context) beside ``floor_ms``: the bytes
@@ -315,11 +316,13 @@ def vm_hwm_mib() -> float:
 def measure_shape(path: str, dtype: str, opts: dict[str, Any]) -> dict[str, Any]:
     """Load, step, prefill and decode figures of the checkpoint at ``path`` (in a child; on
     ``opts["threads"]`` threads after loading)."""
+    from local_verifier.engine import DEFAULT_KV_CACHE_MB
     from local_verifier.loader import load_model
 
     before = vm_hwm_mib()
     start = time.perf_counter()
-    lm = load_model(path, dtype=dtype)  # as a user calls it: its thread probe's steps too
+    # as the engine calls it: its thread probe's steps too
+    lm = load_model(path, dtype=dtype, kv_cache_mb=DEFAULT_KV_CACHE_MB)
     load_s = time.perf_counter() - start
     peak = vm_hwm_mib()
     torch.set_num_threads(opts["threads"])

@@ -134,7 +134,7 @@ class Engine:
         n_blocks = max(int(mb * 2**20) // per_block, 1)
         storage = KVStorage(cfg, n_blocks * block_size, device=model_.device, dtype=model_.kv_dtype)
         self.pool = KVPool(storage, block_size)
-        self.context_length = min(cfg.max_seq_len, n_blocks * block_size)
+        self.context_length = min(self.lm.context_length, n_blocks * block_size)
         self.max_draft = max(min(max_draft, self.context_length - 1), 0)
         max_rows = token_budget + self.max_draft
         measured = row_costs is None

@@ -64,7 +64,9 @@ class LoadedModel:
 
     @property
     def context_length(self) -> int:
-        return self.config.max_seq_len
+        """The positions the model runs: its config's context, or fewer where its load
+        bounded them by the K/V cache (``load_model``'s ``kv_cache_mb``)."""
+        return self.model.rope_positions
 
     @property
     def target(self) -> str:
@@ -137,7 +139,8 @@ def load_model(
 
     The weights are read from the file straight into their parameters, allocated once in
     ``dtype`` on ``device`` (``weights``), after checking that they and ``kv_cache_mb`` of
-    K/V cache fit in the device's free memory. ``dtype="native"`` keeps each linear layer of
+    K/V cache fit in the device's free memory; the rope tables cover the positions that cache
+    can hold (``cache_positions``). ``dtype="native"`` keeps each linear layer of
     a GGUF file whose tensors are all of one quantized type the C++ kernels run as that
     type's blocks (``keep_quantized``; on the CPU's C++ kernels only), the rest in the
     device's default dtype (all of a checkpoint without GGUF blocks); with no ``dtype`` a
@@ -162,9 +165,10 @@ def load_model(
     torch_dtype = resolve_dtype(None if native else dtype, dev)
     if source.shape("lm_head.weight") is None:
         cfg.tie_embeddings = True  # no head of its own: it reads out through the embedding
-    _check_sizes(cfg, source)  # before the rope tables and modules it sizes are built
+    positions = cache_positions(cfg, torch_dtype, kv_cache_mb)
+    _check_sizes(cfg, source, positions)  # before the rope tables and modules it sizes
     with torch.device("meta"):
-        model = Transformer(cfg)
+        model = Transformer(cfg, positions)
     kept: dict[str, list[str]] = {}
     blocks = source if native and isinstance(source, GGUFSource) else None
     if native and blocks is None:
@@ -172,7 +176,7 @@ def load_model(
     elif blocks is not None:
         _check_native(dev)
         kept = keep_quantized(model, blocks)
-    tables = rope_table_bytes(cfg)
+    tables = rope_table_bytes(cfg, positions)
     check_fits(weight_bytes(model, torch_dtype) + tables, int(kv_cache_mb * 2**20), dev)
     materialize(model, dev, torch_dtype)
     model = model.to(device=dev).eval()  # the rope tables follow (before the weights are packed)
@@ -299,14 +303,28 @@ def _blocks_shape(source: GGUFSource, parts: list[str], width: int) -> tuple[int
     return (rows, *shape[1:])
 
 
-def rope_table_bytes(cfg: ModelConfig) -> int:
-    """Bytes of the model's float32 rope tables (cos and sin, [max_seq_len, head_dim]; a
+PROBE_SLOTS = 48  # the K/V slots of _probe_steps
+
+
+def cache_positions(cfg: ModelConfig, dtype: torch.dtype, kv_cache_mb: float) -> int:
+    """The positions a model loaded for ``kv_cache_mb`` of K/V cache in ``dtype`` can reach:
+    its context, or the slots that cache holds where they are fewer (a 128k-token context
+    in a 512 MiB cache: the rope tables of the tokens that fit, not of 128k). 0 MiB: its
+    context. At least the load's own probe steps' PROBE_SLOTS."""
+    if kv_cache_mb <= 0:
+        return cfg.max_seq_len
+    slots = int(kv_cache_mb * 2**20) // KVStorage.bytes_per_slot(cfg, dtype)
+    return min(cfg.max_seq_len, max(slots, PROBE_SLOTS))
+
+
+def rope_table_bytes(cfg: ModelConfig, positions: int) -> int:
+    """Bytes of the model's float32 rope tables (cos and sin, [positions, head_dim]; a
     second pair for sliding layers with a base of their own)."""
     pairs = 2 if cfg.rope_local_theta is not None else 1
-    return cfg.max_seq_len * cfg.head_dim * 4 * 2 * pairs
+    return positions * cfg.head_dim * 4 * 2 * pairs
 
 
-def _check_sizes(cfg: ModelConfig, source: TensorSource) -> None:
+def _check_sizes(cfg: ModelConfig, source: TensorSource, positions: int) -> None:
     """``ModelLoadError`` before building anything when the config's sizes are not the
     weights' (a layer count beyond the layers stored) or the rope tables, with the float64
     values they are computed from, exceed the host's free memory (a crafted context length)."""
@@ -325,18 +343,18 @@ def _check_sizes(cfg: ModelConfig, source: TensorSource) -> None:
         f"model.layers.{cfg.n_layers}.self_attn.q_proj.weight"
     ):
         raise ModelLoadError(f"the config's {cfg.n_layers} layers are not the weights' layers")
-    needed = rope_table_bytes(cfg) + cfg.max_seq_len * cfg.head_dim * 8 * 3
+    needed = rope_table_bytes(cfg, positions) + positions * cfg.head_dim * 8 * 3
     free = available_bytes(torch.device("cpu"))
     if free is not None and needed > free:
         raise ModelLoadError(
-            f"a context of {cfg.max_seq_len} tokens needs {needed / GIB:.2f} GiB of rope "
+            f"a context of {positions} tokens needs {needed / GIB:.2f} GiB of rope "
             f"tables but the host has {free / GIB:.2f} GiB available; pass a smaller max_seq_len"
         )
 
 
 def _probe_steps(lm: LoadedModel) -> None:
     """A decode step and an 8-token verify step after a 32-token prefix."""
-    kv = KVStorage(lm.config, 48, lm.device, lm.model.kv_dtype)
+    kv = KVStorage(lm.config, PROBE_SLOTS, lm.device, lm.model.kv_dtype)
     tokens = torch.arange(41) % lm.config.vocab_size
     for start, end in ((0, 32), (32, 33), (33, 41)):
         slots = torch.arange(start, end)

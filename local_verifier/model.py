@@ -201,9 +201,14 @@ def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
 class Transformer(nn.Module):
     """Llama-family decoder: ``step(seqs, kv)`` over many sequences' rows at once."""
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, positions: int | None = None) -> None:
         super().__init__()
         self.config = cfg
+        self.rope_positions = (
+            cfg.max_seq_len if positions is None else min(positions, cfg.max_seq_len)
+        )
+        """The positions its rope tables cover: the config's context, or fewer where no K/V
+        storage it runs with can hold more (``load_model``'s ``kv_cache_mb``)."""
         # given its (uninitialised) table: the default random init would import torch's
         # compiler stack on the meta device (over 100 MiB resident, for nothing)
         self.embed = nn.Embedding.from_pretrained(torch.empty(cfg.vocab_size, cfg.dim))
@@ -217,10 +222,11 @@ class Transformer(nn.Module):
         # the CPU also when the model is built on the meta device
         self.local_rope: tuple[torch.Tensor, torch.Tensor] | None = None
         with torch.device("cpu"):
-            self.rope_cos, self.rope_sin = rope_tables(cfg, torch.device("cpu"))
+            cpu = torch.device("cpu")
+            self.rope_cos, self.rope_sin = rope_tables(cfg, cpu, self.rope_positions)
             if cfg.rope_local_theta is not None:  # sliding layers: their own base, no scaling
                 local = replace(cfg, rope_theta=cfg.rope_local_theta, rope_scaling=None)
-                self.local_rope = rope_tables(local, torch.device("cpu"))
+                self.local_rope = rope_tables(local, cpu, self.rope_positions)
         self._stack: tuple[FusedStack | None] | None = None  # built at first use
         self._graphs: StepGraphs | None = None  # the Triton step's, built at first use
         self._layout: Layout = "row"  # the linear weights' layout (where they can take it)
@@ -348,7 +354,7 @@ class Transformer(nn.Module):
             from local_verifier.kernels.triton_stack import GRAPH_ROWS, StepGraphs, TritonStack
 
             stack = TritonStack(self.stack_weights(), cast(Any, ops))
-            self._graphs = StepGraphs(stack, kv.k, kv.v, GRAPH_ROWS, cfg.max_seq_len, capture)
+            self._graphs = StepGraphs(stack, kv.k, kv.v, GRAPH_ROWS, self.rope_positions, capture)
         return self._graphs
 
     @torch.inference_mode()
@@ -379,6 +385,10 @@ class Transformer(nn.Module):
             lowest, highest = (int(end) for end in plan.keys.aminmax())
             if not 0 <= lowest <= highest < kv.n_slots:
                 raise IndexError(f"a slot outside the storage's {kv.n_slots} slots")
+        if rows_in[1].numel():
+            lowest, highest = (int(end) for end in rows_in[1].aminmax())
+            if not 0 <= lowest <= highest < self.rope_positions:
+                raise IndexError(f"a position outside the model's {self.rope_positions} positions")
         logit_rows: list[int] = []
         counts: list[int] = []
         start = 0

@@ -72,7 +72,7 @@ class StackWeights:
     norm: torch.Tensor
     norm_eps: float
     head: torch.Tensor
-    rope_cos: torch.Tensor  # float32 [max_seq_len, head_dim]
+    rope_cos: torch.Tensor  # float32 [the model's rope_positions, head_dim]
     rope_sin: torch.Tensor
     n_heads: int
     n_kv_heads: int

@@ -9,10 +9,14 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from gguf import GGMLQuantizationType, GGUFReader
 
+from local_verifier.engine import Engine
 from local_verifier.errors import ModelLoadError
+from local_verifier.kv_storage import KVStorage
 from local_verifier.loader import load_model
+from local_verifier.model import SeqStep
 from tests.local_verifier.test_gguf_tiny import write_gguf
 
 
@@ -61,3 +65,27 @@ def test_zero_heads_is_a_load_error(tiny_checkpoint: Path, tmp_path: Path) -> No
     _set(path, "llama.attention.head_count", 0)
     with pytest.raises(ModelLoadError, match="head_count"):
         load_model(str(path), tune_threads=False)
+
+
+def test_a_kv_cache_bounds_the_rope_tables_to_the_positions_it_holds(
+    tiny_checkpoint: Path, tmp_path: Path
+) -> None:
+    path = _gguf(tiny_checkpoint, tmp_path, max_position_embeddings=2**32 - 1)
+    lm = load_model(str(path), kv_cache_mb=0.25, tune_threads=False)
+    per_slot = KVStorage.bytes_per_slot(lm.config, lm.model.kv_dtype)
+    slots = int(0.25 * 2**20) // per_slot
+    assert lm.config.max_seq_len == 2**32 - 1  # the file's context, for its rope scaling
+    assert lm.context_length == slots == lm.model.rope_cos.shape[0]
+    whole = load_model(str(path), max_seq_len=slots + 64, tune_threads=False)
+    assert torch.equal(lm.model.rope_cos, whole.model.rope_cos[:slots])
+    assert torch.equal(lm.model.rope_sin, whole.model.rope_sin[:slots])
+    engine = Engine(lm, kv_cache_mb=0.25)
+    try:
+        assert engine.context_length <= slots
+    finally:
+        engine.close()
+    # a step past the tables is an error naming them, not a read past their end
+    kv = KVStorage(lm.config, 4, lm.device, lm.model.kv_dtype)
+    past = SeqStep(torch.tensor([1]), torch.tensor([slots]), torch.tensor([0]), torch.arange(0))
+    with pytest.raises(IndexError, match=f"the model's {slots} positions"):
+        lm.model.step([past], kv)
