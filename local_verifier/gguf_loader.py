@@ -40,7 +40,7 @@ def _family(reader: GGUFFile) -> tuple[str, Family]:
     return arch, family
 
 
-def read_config(reader: GGUFFile, max_seq_len: int | None) -> ModelConfig:
+def read_config(reader: GGUFFile) -> ModelConfig:
     """ModelConfig from ``{arch}.*`` metadata (the family's layer differences by the
     family's ``gguf_config``)."""
     arch, family = _family(reader)
@@ -111,7 +111,7 @@ def read_config(reader: GGUFFile, max_seq_len: int | None) -> ModelConfig:
         norm_eps=float(get("attention.layer_norm_rms_epsilon")),
         tie_embeddings="output.weight" not in names,
         qkv_bias="blk.0.attn_q.bias" in names,
-        max_seq_len=min(context, max_seq_len) if max_seq_len else context,
+        max_seq_len=context,
         **fields,
     )
 
@@ -265,15 +265,13 @@ def _values(chunk: np.ndarray, qtype: GGMLQuantizationType) -> torch.Tensor:
     return torch.from_numpy(dequantize(chunk, qtype))
 
 
-def read_gguf(
-    path: Path, max_seq_len: int | None = None
-) -> tuple[ModelConfig, GGUFSource, Tokenizer]:
+def read_gguf(path: Path) -> tuple[ModelConfig, GGUFSource, Tokenizer]:
     """Config, weights (HF names, read on demand) and tokenizer of a GGUF file."""
     try:
         reader = GGUFFile(path)
     except Exception as exc:
         raise ModelLoadError(f"cannot read GGUF file {path}: {exc}") from exc
-    cfg = read_config(reader, max_seq_len)
+    cfg = read_config(reader)
     freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
     if freqs is not None:
         factors = dequantize(freqs.data, freqs.tensor_type).reshape(-1)

@@ -34,7 +34,7 @@ def _family(raw: dict[str, Any]) -> Family:
     return family
 
 
-def read_config(directory: Path, max_seq_len: int | None) -> ModelConfig:
+def read_config(directory: Path) -> ModelConfig:
     """ModelConfig from ``config.json``."""
     raw = _read_json(directory / "config.json")
     if not raw:
@@ -74,7 +74,7 @@ def read_config(directory: Path, max_seq_len: int | None) -> ModelConfig:
         norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
         tie_embeddings=bool(raw.get("tie_word_embeddings", family.tie_embeddings)),
         qkv_bias=bool(raw.get("attention_bias", family.qkv_bias)),
-        max_seq_len=min(context, max_seq_len) if max_seq_len else context,
+        max_seq_len=context,
         **fields,
     )
 
@@ -146,12 +146,10 @@ class RenamedSource:
         self._source.read_into(self._name(name), out)
 
 
-def read_hf_dir(
-    directory: Path, max_seq_len: int | None = None
-) -> tuple[ModelConfig, TensorSource, Tokenizer]:
+def read_hf_dir(directory: Path) -> tuple[ModelConfig, TensorSource, Tokenizer]:
     """Config, weights (under the decoder's names; norms as the (1 + w) they apply where the
     family stores w) and tokenizer of a checkpoint directory."""
-    cfg = read_config(directory, max_seq_len)
+    cfg = read_config(directory)
     tokenizer = read_tokenizer(directory)
     family = _family(_read_json(directory / "config.json"))
     source: TensorSource = read_tensors(directory, offset_norms=family.offset_norms)

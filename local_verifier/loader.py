@@ -65,7 +65,7 @@ class LoadedModel:
     @property
     def context_length(self) -> int:
         """The positions the model runs: its config's context, or fewer where its load
-        bounded them by the K/V cache (``load_model``'s ``kv_cache_mb``)."""
+        bounded them (``load_model``'s ``max_seq_len`` and ``kv_cache_mb``)."""
         return self.model.rope_positions
 
     @property
@@ -140,7 +140,7 @@ def load_model(
     The weights are read from the file straight into their parameters, allocated once in
     ``dtype`` on ``device`` (``weights``), after checking that they and ``kv_cache_mb`` of
     K/V cache fit in the device's free memory; the rope tables cover the positions that cache
-    can hold (``cache_positions``). ``dtype="native"`` keeps each linear layer of
+    can hold (``run_positions``). ``dtype="native"`` keeps each linear layer of
     a GGUF file whose tensors are all of one quantized type the C++ kernels run as that
     type's blocks (``keep_quantized``; on the CPU's C++ kernels only), the rest in the
     device's default dtype (all of a checkpoint without GGUF blocks); with no ``dtype`` a
@@ -151,9 +151,9 @@ def load_model(
     path, name = resolve_spec(spec)
     source: TensorSource
     if path.is_dir():
-        cfg, source, tokenizer = read_hf_dir(path, max_seq_len)
+        cfg, source, tokenizer = read_hf_dir(path)
     elif path.suffix == ".gguf":
-        cfg, source, tokenizer = read_gguf(path, max_seq_len)
+        cfg, source, tokenizer = read_gguf(path)
     else:
         raise ModelLoadError(
             f"{path}: unsupported model file; supported: a Hugging Face directory "
@@ -165,7 +165,7 @@ def load_model(
     torch_dtype = resolve_dtype(None if native else dtype, dev)
     if source.shape("lm_head.weight") is None:
         cfg.tie_embeddings = True  # no head of its own: it reads out through the embedding
-    positions = cache_positions(cfg, torch_dtype, kv_cache_mb)
+    positions = run_positions(cfg, torch_dtype, max_seq_len, kv_cache_mb)
     _check_sizes(cfg, source, positions)  # before the rope tables and modules it sizes
     with torch.device("meta"):
         model = Transformer(cfg, positions)
@@ -306,15 +306,19 @@ def _blocks_shape(source: GGUFSource, parts: list[str], width: int) -> tuple[int
 PROBE_SLOTS = 48  # the K/V slots of _probe_steps
 
 
-def cache_positions(cfg: ModelConfig, dtype: torch.dtype, kv_cache_mb: float) -> int:
-    """The positions a model loaded for ``kv_cache_mb`` of K/V cache in ``dtype`` can reach:
-    its context, or the slots that cache holds where they are fewer (a 128k-token context
-    in a 512 MiB cache: the rope tables of the tokens that fit, not of 128k). 0 MiB: its
-    context. At least the load's own probe steps' PROBE_SLOTS."""
+def run_positions(
+    cfg: ModelConfig, dtype: torch.dtype, max_seq_len: int | None, kv_cache_mb: float
+) -> int:
+    """The positions a loaded model runs (its rope tables' rows): its context, cut to
+    ``max_seq_len`` where given, and to the slots ``kv_cache_mb`` of K/V cache in ``dtype``
+    holds where they are fewer (a 128k-token context in a 512 MiB cache: the rope tables of
+    the tokens that fit), though not below the load's own probe steps' PROBE_SLOTS. The
+    config keeps the model's context, which rope scaling reads."""
+    context = cfg.max_seq_len if max_seq_len is None else min(cfg.max_seq_len, max_seq_len)
     if kv_cache_mb <= 0:
-        return cfg.max_seq_len
+        return context
     slots = int(kv_cache_mb * 2**20) // KVStorage.bytes_per_slot(cfg, dtype)
-    return min(cfg.max_seq_len, max(slots, PROBE_SLOTS))
+    return min(context, max(slots, PROBE_SLOTS))
 
 
 def rope_table_bytes(cfg: ModelConfig, positions: int) -> int:

@@ -207,8 +207,8 @@ class Transformer(nn.Module):
         self.rope_positions = (
             cfg.max_seq_len if positions is None else min(positions, cfg.max_seq_len)
         )
-        """The positions its rope tables cover: the config's context, or fewer where no K/V
-        storage it runs with can hold more (``load_model``'s ``kv_cache_mb``)."""
+        """The positions its rope tables cover: the config's context, or fewer
+        (``load_model``'s ``max_seq_len`` and ``kv_cache_mb``)."""
         # given its (uninitialised) table: the default random init would import torch's
         # compiler stack on the meta device (over 100 MiB resident, for nothing)
         self.embed = nn.Embedding.from_pretrained(torch.empty(cfg.vocab_size, cfg.dim))

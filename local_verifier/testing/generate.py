@@ -54,7 +54,7 @@ def generate_plain(
     Ends on an EOS id (not emitted), a stop string (its text not emitted), ``max_tokens``
     or the end of the context. Bad input raises before the first item.
     """
-    context = lm.config.max_seq_len
+    context = lm.context_length
     check_prompt(prompt_ids, context)
     if max_tokens is not None and max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")

@@ -57,7 +57,7 @@ class KVCache:
 def new_cache(lm: LoadedModel, max_len: int | None = None) -> KVCache:
     """A KV cache for one sequence of ``lm``'s of up to ``max_len`` (default: the context)
     tokens."""
-    length = max_len or lm.config.max_seq_len
+    length = max_len or lm.context_length
     return KVCache(lm.config, length, lm.device, lm.model.kv_dtype)
 
 

@@ -70,3 +70,27 @@ def test_loading_imports_no_compiler_stack() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_a_shorter_context_keeps_the_models_own_yarn_scaling(
+    tiny_checkpoint: Path, tmp_path: Path
+) -> None:
+    """yarn's original length defaults to the model's context (as transformers reads it):
+    cutting the context a load runs leaves the rope tables' rows as they are."""
+    import shutil
+
+    import torch
+
+    target = tmp_path / "ckpt"
+    shutil.copytree(tiny_checkpoint, target)
+    config = json.loads((target / "config.json").read_text())
+    config["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0}
+    config.pop("rope_parameters", None)
+    config["max_position_embeddings"] = 4096
+    (target / "config.json").write_text(json.dumps(config))
+    whole = load_model(str(target), tune_threads=False)
+    cut = load_model(str(target), max_seq_len=256, tune_threads=False)
+    assert whole.context_length == 4096 and cut.context_length == 256
+    assert cut.config.max_seq_len == 4096
+    assert torch.equal(cut.model.rope_cos, whole.model.rope_cos[:256])
+    assert torch.equal(cut.model.rope_sin, whole.model.rope_sin[:256])
