@@ -22,6 +22,9 @@ on ``--threads`` threads (every usable CPU by default) once loaded. Reported per
   steps of its thread probe included; the process's VmHWM; ``rss_before_mib`` what the
   process held before it), ``weight_mib`` (the loaded weights' bytes) and
   ``peak_over_weights`` (peak / weights); ``peak_rss_after_step_mib`` after the timed steps;
+  with ``--load-only``, ``engine_peak_rss_mib`` once an engine serves the model with its
+  default K/V pool (``kv_pool_mib``, committed at start) and
+  ``engine_peak_over_weights_and_pool`` ((that peak - before) / (weights + pool));
 - ``step_1row_ms`` (a decode step after a 128-token context) beside ``floor_ms``: the bytes
   a token reads (every weight but the embedding table) over the machine's read bandwidth
   (``bench_decode.read_bandwidth``), and ``floor_over_step``;
@@ -338,7 +341,7 @@ def measure_shape(path: str, dtype: str, opts: dict[str, Any]) -> dict[str, Any]
         "threads": torch.get_num_threads(),
     }
     if opts["load_only"]:
-        return out
+        return out | engine_rss(lm, before, weights)
     step = step_ms(lm, [1], opts["repeats"])[1]
     out["peak_rss_after_step_mib"] = round(vm_hwm_mib())
     bandwidth = max(read_bandwidth(gib=opts["bandwidth_gib"]).values())
@@ -353,6 +356,25 @@ def measure_shape(path: str, dtype: str, opts: dict[str, Any]) -> dict[str, Any]
         "floor_over_step": round(floor_ms / step, 3),
         **mean_sd("prefill_tok_s", prefills),
         **mean_sd("decode_tok_s", decode_rates(lm, opts["max_tokens"], opts["repeats"])),
+    }
+
+
+def engine_rss(lm: LoadedModel, before: float, weights: int) -> dict[str, Any]:
+    """The process's peak once an engine serves ``lm`` with the default K/V pool (committed
+    at start, its start-up step measurements run), over the weights plus that pool: the
+    measure of "peak RSS within 1.1x the file plus the KV pool"."""
+    from local_verifier.engine import DEFAULT_KV_CACHE_MB, Engine
+
+    engine = Engine(lm, kv_cache_mb=DEFAULT_KV_CACHE_MB)
+    try:
+        peak = vm_hwm_mib()
+    finally:
+        engine.close()
+    pool = engine.pool.storage.nbytes()
+    return {
+        "engine_peak_rss_mib": round(peak),
+        "kv_pool_mib": round(pool / MIB),
+        "engine_peak_over_weights_and_pool": round((peak - before) * MIB / (weights + pool), 3),
     }
 
 
