@@ -130,7 +130,10 @@ class EndpointConfig(_Strict):
     kv_cache_mb: float | None = Field(
         default=None,
         gt=0,
-        description="local kind: KV pool size in MiB (None: the engine's default)",
+        description=(
+            "local kind: KV pool size in MiB, which also bounds the context a request can "
+            "use (None: the engine's default, 512)"
+        ),
     )
     max_tokens_cap: int | None = Field(
         default=None,
