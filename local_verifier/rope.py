@@ -60,13 +60,13 @@ def rope_inv_freq(cfg: ModelConfig) -> tuple[torch.Tensor, float]:
 
 
 def rope_tables(
-    cfg: ModelConfig, device: torch.device, positions: int | None = None
+    cfg: ModelConfig, device: torch.device, positions: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin tables [positions (default max_seq_len), head_dim] in float32 (HF
-    "rotate_half" layout, with rotate_half's sign folded into the first half of sin: the
-    rotation of x is ``x * cos + roll(x, head_dim / 2) * sin``)."""
+    """cos and sin tables [positions, head_dim] in float32 (HF "rotate_half" layout, with
+    rotate_half's sign folded into the first half of sin: the rotation of x is
+    ``x * cos + roll(x, head_dim / 2) * sin``)."""
     inv_freq, mscale = rope_inv_freq(cfg)
-    t = torch.arange(cfg.max_seq_len if positions is None else positions, dtype=torch.float64)
+    t = torch.arange(positions, dtype=torch.float64)
     freqs = torch.outer(t, inv_freq)
     cos = (torch.cat([freqs, freqs], dim=-1).cos() * mscale).float().to(device)
     sin = (torch.cat([-freqs, freqs], dim=-1).sin() * mscale).float().to(device)
