@@ -36,12 +36,11 @@ namespace {
 
 // Rows from which a step takes the many-row kernel for type T: every row count on AVX-512
 // (one row through it takes 0.8-0.9x the one-row kernel's time on Zen 4: the tiles stream
-// their weights from memory better), two rows on AVX2 (where one row takes about 1.05x),
-// except Q6_K, whose streamed tiles (cpu/quant_gemm.h) take one row in 0.68x the one-row
-// kernel's time there. Measured with SmolLM2's and Gemma 3 270M's layers, one thread, CPU
-// time; Q6_K with 6,144 x 1,536 layers from memory, two threads, the AVX2 build on Zen 4.
+// their weights from memory better); on AVX2 two rows for Q4_K, Q5_K, Q4_1 and Q8_0 (one row
+// through it takes 1.0-1.3x the one-row kernel's time), one for Q6_K, Q4_0 and Q5_0 (0.8-1.0x).
+// Measured on Zen 3 with layers of a 1B model's shapes from memory, two threads.
 template <int T>
-constexpr int64_t kGemmMinRows = DG_AVX512 || T == kQ6_K ? 1 : 2;
+constexpr int64_t kGemmMinRows = DG_AVX512 || T == kQ6_K || T == kQ4_0 || T == kQ5_0 ? 1 : 2;
 
 // y [N, M] (rows ldy apart) = x [N, K] @ w.T (+ bias) for w [M, K / values per block] blocks
 // of type T; the calling team quantizes x into `rows` (grown beforehand by the caller: fit);

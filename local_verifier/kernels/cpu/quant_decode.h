@@ -14,7 +14,9 @@
 namespace {
 
 // TileDecoder<T>::decode(col, b, out): block b of the tile's columns (col[c]: column c's first
-// block) into out. A decoder may read up to kTileSlack bytes past the block.
+// block) into out. A decoder may read up to kTileSlack bytes past the block. The 256-value
+// types' scales(at, scale, min) decode the scales and minimums of the blocks at at[c] alone
+// (within the blocks; the one-row kernel takes them too).
 template <int T>
 struct TileDecoder;
 
@@ -179,13 +181,16 @@ DG_TILE_INLINE IVec bit_to(IVec v, int from, int to) {
 
 template <>
 struct TileDecoder<kQ5_K> {  // d, dmin, 12 bytes of scales, 32 of fifth bits, 128 of nibbles
+  static DG_TILE_INLINE void scales(const uint8_t* const (&at)[kTileCols], Vec (&scale)[8],
+                                    Vec (&min)[8]) {
+    TileDecoder<kQ4_K>::scales(at, scale, min);  // the same head
+  }
   static DG_TILE_INLINE void decode(const uint8_t* const (&col)[kTileCols], int64_t b,
                      TileBlock<QuantTraits<kQ5_K>>& out) {
     const uint8_t* at[kTileCols];
     block_columns<kQ5_K>(col, b, at);
-    IVec head[4], qh[8];
-    dwords4(at, 0, head);
-    k4_scales(head, out.scale, out.min);
+    scales(at, out.scale, out.min);
+    IVec qh[8];
     dwords8(at, 16, qh);  // bit s of value i's byte: sub-block s's fifth bit
     for (int i = 0; i < 4; ++i) {
       IVec packed[8];

@@ -1,7 +1,8 @@
 // The quantized linear layer for a single row (a decode step): a weight sub-block's 32 values
 // decoded in registers and multiplied with the row's 32 int8 as 8 int32 lanes of 4
 // products, the lanes of 8 columns summed into one vector of the columns' integer sums,
-// then the float arithmetic of cpu/quant.h on 8 columns at once.
+// then the float arithmetic of cpu/quant.h on 8 columns at once, each column's scales and
+// minimums decoded into one lane.
 #pragma once
 
 #include <omp.h>
@@ -11,6 +12,7 @@
 
 #include "linear.h"
 #include "quant_blocks.h"
+#include "quant_decode.h"
 #include "quant_rows.h"
 #include "simd.h"
 
@@ -48,6 +50,36 @@ inline void column_sums(const __m256i (&v)[8], __m256i* first, __m256i* second) 
 
 constexpr int64_t kGemvCols = 8;  // columns whose integer sums share one vector
 
+// Block b's scales (kSubs x kGroups, in k order) and minimums (kSubs) of the 8 columns whose
+// rows start at w[c], lane c each (at: w[c] - w[0]): one gather for the 32-value types; the
+// many-row kernel's decoders where a tile is 8 columns (AVX2: about half the time of a
+// decode step's Q4_K layer goes to decoding the scales column by column); else by column.
+template <int T>
+inline void gemv_scales(const uint8_t* const (&w)[kGemvCols], int64_t b, __m256i at,
+                        __m256 (&scale)[QuantTraits<T>::kSubs * QuantTraits<T>::kGroups],
+                        __m256 (&min)[QuantTraits<T>::kSubs]) {
+  using Q = QuantTraits<T>;
+  constexpr int kScales = Q::kSubs * Q::kGroups;
+  if constexpr (Q::kValues == kQBlock) {
+    min[0] = _mm256_setzero_ps();
+    Q::scales8(w[0] + b * Q::kBytes, at, &scale[0], &min[0]);
+  } else if constexpr (kTileCols == kGemvCols) {
+    const uint8_t* blocks[kTileCols];
+    for (int c = 0; c < kGemvCols; ++c) blocks[c] = w[c] + b * Q::kBytes;
+    TileDecoder<T>::scales(blocks, scale, min);
+  } else {
+    alignas(32) float s[kScales][kGemvCols], m[Q::kSubs][kGemvCols] = {};
+    for (int c = 0; c < kGemvCols; ++c) {
+      float cs[kScales], cm[Q::kSubs];
+      Q::scales(w[c] + b * Q::kBytes, cs, cm);
+      for (int i = 0; i < kScales; ++i) s[i][c] = cs[i];
+      if constexpr (Q::kMin)
+        for (int i = 0; i < Q::kSubs; ++i) m[i][c] = cm[i];
+    }
+    for (int i = 0; i < kScales; ++i) scale[i] = _mm256_load_ps(s[i]);
+    for (int i = 0; i < Q::kSubs; ++i) min[i] = _mm256_load_ps(m[i]);
+  }
+}
 
 // out[c] for the 8 columns whose rows of nb blocks start at w[c], against one quantized row
 // (xq, its blocks' d and sums); bias (8 values) unless null. Block b prefetches its share of
@@ -58,7 +90,6 @@ inline void gemv_cols(const uint8_t* const (&w)[kGemvCols], int64_t nb, const in
                       const float* xd, const float* xs, const float* bias, float* out,
                       Lookahead next) {
   using Q = QuantTraits<T>;
-  constexpr int kScales = Q::kSubs * Q::kGroups;
   __m256i at;  // each column's first block from the first's
   for (int c = 0; c < kGemvCols; ++c)
     reinterpret_cast<int32_t*>(&at)[c] = static_cast<int32_t>(w[c] - w[0]);
@@ -66,21 +97,8 @@ inline void gemv_cols(const uint8_t* const (&w)[kGemvCols], int64_t nb, const in
   for (int64_t b = 0; b < nb; ++b) {
     for (int64_t l = next.lines * b / nb; l < next.lines * (b + 1) / nb; ++l)
       _mm_prefetch(next.next + 64 * l, _MM_HINT_T0);  // T1: 1.3x the time
-    alignas(32) float scale[kScales][kGemvCols], min[Q::kSubs][kGemvCols];
-    if constexpr (Q::kValues == kQBlock) {  // one scale (and minimum) per block: gathered
-      __m256 sv, mv = _mm256_setzero_ps();
-      Q::scales8(w[0] + b * Q::kBytes, at, &sv, &mv);
-      _mm256_store_ps(scale[0], sv);
-      _mm256_store_ps(min[0], mv);
-    } else {
-      for (int c = 0; c < kGemvCols; ++c) {
-        float s[kScales], m[Q::kSubs];
-        Q::scales(w[c] + b * Q::kBytes, s, m);
-        for (int i = 0; i < kScales; ++i) scale[i][c] = s[i];
-        if constexpr (Q::kMin)
-          for (int i = 0; i < Q::kSubs; ++i) min[i][c] = m[i];
-      }
-    }
+    __m256 scale[Q::kSubs * Q::kGroups], min[Q::kSubs];
+    gemv_scales<T>(w, b, at, scale, min);
     for (int s = 0; s < Q::kSubs; ++s) {
       const int64_t block = b * Q::kSubs + s;  // the activation block
       const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + block * kQBlock));
@@ -92,16 +110,15 @@ inline void gemv_cols(const uint8_t* const (&w)[kGemvCols], int64_t nb, const in
       __m256i first, second;
       column_sums(lanes, &first, &second);
       if constexpr (Q::kMin)
-        acc = _mm256_fmadd_ps(_mm256_load_ps(min[s]), _mm256_set1_ps(xs[block]), acc);
+        acc = _mm256_fmadd_ps(min[s], _mm256_set1_ps(xs[block]), acc);
       const __m256 xdv = _mm256_set1_ps(xd[block]);
       if constexpr (Q::kGroups == 1) {
         const __m256 sums = _mm256_cvtepi32_ps(_mm256_add_epi32(first, second));
-        acc = _mm256_fmadd_ps(sums, _mm256_mul_ps(_mm256_load_ps(scale[s]), xdv), acc);
+        acc = _mm256_fmadd_ps(sums, _mm256_mul_ps(scale[s], xdv), acc);
       } else {
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(first),
-                              _mm256_mul_ps(_mm256_load_ps(scale[2 * s]), xdv), acc);
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(second),
-                              _mm256_mul_ps(_mm256_load_ps(scale[2 * s + 1]), xdv), acc);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(first), _mm256_mul_ps(scale[2 * s], xdv), acc);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(second), _mm256_mul_ps(scale[2 * s + 1], xdv),
+                              acc);
       }
     }
   }
