@@ -63,6 +63,7 @@ inline void halves8(const uint8_t* p, __m256i at, __m256* first, __m256* second)
 // values(b, s): sub-block s's 32 values; scales(b, scale, min): the block's kSubs kGroups
 // scales in k order and (kMin) its kSubs minimums, as float32; for the 32-value types,
 // scales8(b, at, scale, min): the same for the 8 blocks at b + at[c], one lane each.
+// kTop: the largest magnitude of a value (Q8_0's -128).
 template <int T>
 struct QuantTraits;
 
@@ -71,6 +72,7 @@ struct QuantTraits<kQ8_0> {
   static constexpr int64_t kValues = 32, kBytes = 34;
   static constexpr int kSubs = 1, kGroups = 1;
   static constexpr bool kMin = false, kSigned = true;
+  static constexpr int kTop = 128;
   static __m256i values(const uint8_t* b, int) {
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
   }
@@ -86,6 +88,7 @@ struct QuantTraits<kQ4_0> {  // d (q - 8): the offset as a minimum of -8 d
   static constexpr int64_t kValues = 32, kBytes = 18;
   static constexpr int kSubs = 1, kGroups = 1;
   static constexpr bool kMin = true, kSigned = false;
+  static constexpr int kTop = 15;
   static __m256i values(const uint8_t* b, int) {
     return low_nibbles(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2)));
   }
@@ -105,6 +108,7 @@ struct QuantTraits<kQ4_1> {
   static constexpr int64_t kValues = 32, kBytes = 20;
   static constexpr int kSubs = 1, kGroups = 1;
   static constexpr bool kMin = true, kSigned = false;
+  static constexpr int kTop = 15;
   static __m256i values(const uint8_t* b, int) {
     return low_nibbles(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 4)));
   }
@@ -122,6 +126,7 @@ struct QuantTraits<kQ5_0> {  // d ((nibble | high bit << 4) - 16): the offset a 
   static constexpr int64_t kValues = 32, kBytes = 22;
   static constexpr int kSubs = 1, kGroups = 1;
   static constexpr bool kMin = true, kSigned = false;
+  static constexpr int kTop = 31;
   static __m256i values(const uint8_t* b, int) {
     const __m256i q = low_nibbles(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 6)));
     const __m256i high = _mm256_and_si256(bits_to_bytes(b + 2), _mm256_set1_epi8(16));
@@ -154,6 +159,7 @@ struct QuantTraits<kQ4_K> {  // d, dmin, 12 bytes of scales, 128 of nibbles
   static constexpr int64_t kValues = 256, kBytes = 144;
   static constexpr int kSubs = 8, kGroups = 1;
   static constexpr bool kMin = true, kSigned = false;
+  static constexpr int kTop = 15;
   static __m256i values(const uint8_t* b, int s) {
     __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16 + 32 * (s / 2)));
     if (s % 2) q = _mm256_srli_epi16(q, 4);
@@ -167,6 +173,7 @@ struct QuantTraits<kQ5_K> {  // d, dmin, 12 bytes of scales, 32 of high bits, 12
   static constexpr int64_t kValues = 256, kBytes = 176;
   static constexpr int kSubs = 8, kGroups = 1;
   static constexpr bool kMin = true, kSigned = false;
+  static constexpr int kTop = 31;
   static __m256i values(const uint8_t* b, int s) {
     __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 48 + 32 * (s / 2)));
     if (s % 2) q = _mm256_srli_epi16(q, 4);
@@ -183,6 +190,7 @@ struct QuantTraits<kQ6_K> {  // 128 bytes low nibbles, 64 of 2-bit highs, 16 int
   static constexpr int64_t kValues = 256, kBytes = 210;
   static constexpr int kSubs = 8, kGroups = 2;
   static constexpr bool kMin = false, kSigned = true;
+  static constexpr int kTop = 32;
   static __m256i values(const uint8_t* b, int s) {
     const int half = s / 4, t = s % 4;
     __m256i low =

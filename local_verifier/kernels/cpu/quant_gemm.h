@@ -26,7 +26,7 @@
 namespace {
 
 // The weight word as the products take it: int8 weights without kSignedOffset through their
-// magnitudes (the signs move onto the activations in dot4); else as held.
+// magnitudes (the signs move onto the activations in pair_sums); else as held.
 template <bool Signed>
 DG_TILE_INLINE IVec magnitudes(IVec w) {
   if constexpr (!Signed || kSignedOffset) return w;
@@ -37,23 +37,47 @@ DG_TILE_INLINE IVec magnitudes(IVec w) {
 #endif
 }
 
-// acc + per lane the exact sum of the products of its 4 weight bytes (w as held, m its
-// magnitudes) with the row's 4 activation bytes x (the same in every lane, int8, never -128):
-// uint8 weights 0-63, or int8 weights (value + 128 as uint8 with kSignedOffset).
-template <bool Signed>
-DG_TILE_INLINE IVec dot4(IVec acc, IVec w, IVec m, IVec x) {
 #if DG_VNNI
-  (void)w;
-  return _mm512_dpbusd_epi32(acc, m, x);
-#elif DG_AVX512  // |pair sum| <= 2 * 128 * 127: no saturation
+// acc + per lane the exact sum of the products of its 4 weight bytes (m: uint8 weights 0-63,
+// or int8 weights held as value + 128) with the row's 4 activation bytes x (the same in
+// every lane, int8).
+DG_TILE_INLINE IVec dot4(IVec acc, IVec m, IVec x) { return _mm512_dpbusd_epi32(acc, m, x); }
+#else
+// Per 16-bit lane the sum of 2 products of its weight bytes (w as held, m their magnitudes)
+// with the row's activation bytes x (the same 4 in every lane, int8, never -128): exact,
+// |sum| <= 2 * 128 * 127.
+template <bool Signed>
+DG_TILE_INLINE IVec pair_sums(IVec w, IVec m, IVec x) {
+#if DG_AVX512
   if constexpr (Signed)
     x = _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(w), _mm512_setzero_si512(), x);
-  return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(m, x), _mm512_set1_epi16(1)));
+  return _mm512_maddubs_epi16(m, x);
 #else
   if constexpr (Signed) x = _mm256_sign_epi8(x, w);
-  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(m, x), _mm256_set1_epi16(1)));
+  return _mm256_maddubs_epi16(m, x);
 #endif
 }
+#if DG_AVX512
+DG_TILE_INLINE IVec iadd16(IVec a, IVec b) { return _mm512_add_epi16(a, b); }
+DG_TILE_INLINE IVec iadd32(IVec a, IVec b) { return _mm512_add_epi32(a, b); }
+DG_TILE_INLINE IVec widen(IVec v) { return _mm512_madd_epi16(v, _mm512_set1_epi16(1)); }
+#else
+DG_TILE_INLINE IVec iadd16(IVec a, IVec b) { return _mm256_add_epi16(a, b); }
+DG_TILE_INLINE IVec iadd32(IVec a, IVec b) { return _mm256_add_epi32(a, b); }
+DG_TILE_INLINE IVec widen(IVec v) { return _mm256_madd_epi16(v, _mm256_set1_epi16(1)); }
+#endif
+
+// Words of a scale group whose pair sums add up exactly in 16 bits (each at most 2 x kTop x
+// 127 in magnitude): a divisor of the group's words, so runs end with it. A run's sums
+// widen to 32 bits by one vpmaddwd instead of one per word.
+template <typename Q>
+constexpr int kRunWords = [] {
+  const int words = kQBlock / 4 / Q::kGroups;
+  int run = 32767 / (2 * Q::kTop * 127);
+  while (words % run != 0) --run;
+  return run < words ? run : words;
+}();
+#endif
 
 // ---- R rows of one pass against one decoded block. ---------------------------------------
 
@@ -74,7 +98,6 @@ DG_TILE_INLINE void rows_sub_block(const IVec* words, const Vec* scale, Vec min,
                                    const PassRows& x, Vec (&acc)[R]) {
   using Q = QuantTraits<T>;
   constexpr int kWords = kQBlock / 4 / Q::kGroups;  // 4-byte words per scale group
-  constexpr bool kOffset = Q::kSigned && kSignedOffset;
   const float* xd = x.d + block * kPassRows;
   if constexpr (Q::kMin) {
     const float* xs = x.sums + block * kPassRows;
@@ -83,17 +106,33 @@ DG_TILE_INLINE void rows_sub_block(const IVec* words, const Vec* scale, Vec min,
   for (int g = 0; g < Q::kGroups; ++g) {
     const int64_t group = block * Q::kGroups + g;
     IVec sums[R];
+#if DG_VNNI
+    constexpr bool kOffset = Q::kSigned && kSignedOffset;
     for (int r = 0; r < R; ++r)
       sums[r] = kOffset ? ibroadcast(x.corr + group * kPassRows + r) : izero();
 #pragma GCC unroll 8
     for (int j = 0; j < kWords; ++j) {
-      const int64_t word = group * kWords + j;
-      const IVec w = words[g * kWords + j];
-      const IVec m = magnitudes<Q::kSigned>(w);
-      const int8_t* xq = x.q + word * 4 * kPassRows;
-      for (int r = 0; r < R; ++r)
-        sums[r] = dot4<Q::kSigned>(sums[r], w, m, ibroadcast(xq + 4 * r));
+      const int8_t* xq = x.q + (group * kWords + j) * 4 * kPassRows;
+      const IVec m = words[g * kWords + j];
+      for (int r = 0; r < R; ++r) sums[r] = dot4(sums[r], m, ibroadcast(xq + 4 * r));
     }
+#else
+    for (int j0 = 0; j0 < kWords; j0 += kRunWords<Q>) {
+      IVec pairs[R];
+#pragma GCC unroll 8
+      for (int j = j0; j < j0 + kRunWords<Q>; ++j) {
+        const IVec w = words[g * kWords + j];
+        const IVec m = magnitudes<Q::kSigned>(w);
+        const int8_t* xq = x.q + (group * kWords + j) * 4 * kPassRows;
+        for (int r = 0; r < R; ++r) {
+          const IVec p = pair_sums<Q::kSigned>(w, m, ibroadcast(xq + 4 * r));
+          pairs[r] = j == j0 ? p : iadd16(pairs[r], p);
+        }
+      }
+      for (int r = 0; r < R; ++r)
+        sums[r] = j0 == 0 ? widen(pairs[r]) : iadd32(sums[r], widen(pairs[r]));
+    }
+#endif
     for (int r = 0; r < R; ++r)
       acc[r] = fmadd(to_float(sums[r]), mul(scale[g], set1(xd[r])), acc[r]);
   }
