@@ -1,7 +1,7 @@
 // Each quantized type's block of every column of a tile decoded for the many-row kernel
 // (cpu/quant_tiles.h's TileBlock), from a few loads of the same bytes of every column and
 // their transposition, the values as bytes (fifth and sixth bits merged, int8 offset by 128
-// where kSignedOffset) and the scales and minimums as float32 computed as QuantTraits<T>::scales
+// where kHeldOffset) and the scales and minimums as float32 computed as QuantTraits<T>::scales
 // computes them (the same operations, so the same bits).
 #pragma once
 
@@ -70,7 +70,7 @@ struct TileDecoder<kQ8_0> {  // d, 32 int8
     const uint8_t* at[kTileCols];
     block_columns<kQ8_0>(col, b, at);
     dwords8(at, 2, out.words);
-    if constexpr (kSignedOffset)
+    if constexpr (kHeldOffset<kQ8_0> != 0)
       for (int j = 0; j < 8; ++j) out.words[j] = ixor(out.words[j], iset8(-128));
     IVec head[8];  // head[0]: d and the first two values (head[1 .. 7] not computed)
     dwords8(at, 0, head);
@@ -218,7 +218,8 @@ struct TileDecoder<kQ6_K> {  // 128 bytes low nibbles, 64 of 2-bit highs, 16 int
   }
   // Sub-blocks 4h .. 4h + 3: words[8t .. 8t + 7] sub-block 4h + t's.
   static DG_TILE_INLINE void chunk(const uint8_t* const (&at)[kTileCols], int h, IVec* words) {
-    const IVec four = iset8(0x0F), offset = iset8(kSignedOffset ? 96 : -32);  // -32 (+ 128)
+    constexpr int8_t kShift = kHeldOffset<kQ6_K> - 32;  // codes are values + 32
+    const IVec four = iset8(0x0F), offset = iset8(kShift);
     IVec first[8], second[8], high[8];
     dwords8(at, 64 * h, first);
     dwords8(at, 64 * h + 32, second);
@@ -229,7 +230,7 @@ struct TileDecoder<kQ6_K> {  // 128 bytes low nibbles, 64 of 2-bit highs, 16 int
         const IVec low = iand(t < 2 ? packed : isrl(packed, 4), four);
         const IVec top = iand(t <= 2 ? isll(high[j], 4 - 2 * t) : isrl(high[j], 2 * t - 4),
                               iset8(0x30));
-        words[8 * t + j] = iadd8(ior(low, top), offset);
+        words[8 * t + j] = kShift != 0 ? iadd8(ior(low, top), offset) : ior(low, top);
       }
   }
   static DG_TILE_INLINE void decode(const uint8_t* const (&col)[kTileCols], int64_t b,

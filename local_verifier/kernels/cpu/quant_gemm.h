@@ -25,11 +25,15 @@
 
 namespace {
 
-// The weight word as the products take it: int8 weights without kSignedOffset through their
-// magnitudes (the signs move onto the activations in pair_sums); else as held.
-template <bool Signed>
+// Whether the products take type T's weights as int8 (through their magnitudes, the signs
+// moved onto the activations in pair_sums); else as held, uint8.
+template <int T>
+constexpr bool kInt8Products = QuantTraits<T>::kSigned && kHeldOffset<T> == 0;
+
+// The weight word as the products take it.
+template <int T>
 DG_TILE_INLINE IVec magnitudes(IVec w) {
-  if constexpr (!Signed || kSignedOffset) return w;
+  if constexpr (!kInt8Products<T>) return w;
 #if DG_AVX512
   return _mm512_abs_epi8(w);
 #else
@@ -67,13 +71,16 @@ DG_TILE_INLINE IVec iadd32(IVec a, IVec b) { return _mm256_add_epi32(a, b); }
 DG_TILE_INLINE IVec widen(IVec v) { return _mm256_madd_epi16(v, _mm256_set1_epi16(1)); }
 #endif
 
-// Words of a scale group whose pair sums add up exactly in 16 bits (each at most 2 x kTop x
-// 127 in magnitude): a divisor of the group's words, so runs end with it. A run's sums
-// widen to 32 bits by one vpmaddwd instead of one per word.
-template <typename Q>
+// Words of a scale group whose pair sums add up exactly in 16 bits (each at most 2 x 127
+// times the largest weight byte: kTop, or a held offset's largest code): a divisor of the
+// group's words, so runs end with it. A run's sums widen to 32 bits by one vpmaddwd instead
+// of one per word.
+template <int T>
 constexpr int kRunWords = [] {
+  using Q = QuantTraits<T>;
   const int words = kQBlock / 4 / Q::kGroups;
-  int run = 32767 / (2 * Q::kTop * 127);
+  const int top = kHeldOffset<T> != 0 ? Q::kTop + kHeldOffset<T> - 1 : Q::kTop;
+  int run = 32767 / (2 * top * 127);
   while (words % run != 0) --run;
   return run < words ? run : words;
 }();
@@ -105,11 +112,11 @@ DG_TILE_INLINE void rows_sub_block(const IVec* words, const Vec* scale, Vec min,
   }
   for (int g = 0; g < Q::kGroups; ++g) {
     const int64_t group = block * Q::kGroups + g;
+    constexpr bool kOffset = kHeldOffset<T> != 0;
     IVec sums[R];
-#if DG_VNNI
-    constexpr bool kOffset = Q::kSigned && kSignedOffset;
     for (int r = 0; r < R; ++r)
       sums[r] = kOffset ? ibroadcast(x.corr + group * kPassRows + r) : izero();
+#if DG_VNNI
 #pragma GCC unroll 8
     for (int j = 0; j < kWords; ++j) {
       const int8_t* xq = x.q + (group * kWords + j) * 4 * kPassRows;
@@ -117,20 +124,20 @@ DG_TILE_INLINE void rows_sub_block(const IVec* words, const Vec* scale, Vec min,
       for (int r = 0; r < R; ++r) sums[r] = dot4(sums[r], m, ibroadcast(xq + 4 * r));
     }
 #else
-    for (int j0 = 0; j0 < kWords; j0 += kRunWords<Q>) {
+    for (int j0 = 0; j0 < kWords; j0 += kRunWords<T>) {
       IVec pairs[R];
 #pragma GCC unroll 8
-      for (int j = j0; j < j0 + kRunWords<Q>; ++j) {
+      for (int j = j0; j < j0 + kRunWords<T>; ++j) {
         const IVec w = words[g * kWords + j];
-        const IVec m = magnitudes<Q::kSigned>(w);
+        const IVec m = magnitudes<T>(w);
         const int8_t* xq = x.q + (group * kWords + j) * 4 * kPassRows;
         for (int r = 0; r < R; ++r) {
-          const IVec p = pair_sums<Q::kSigned>(w, m, ibroadcast(xq + 4 * r));
+          const IVec p = pair_sums<kInt8Products<T>>(w, m, ibroadcast(xq + 4 * r));
           pairs[r] = j == j0 ? p : iadd16(pairs[r], p);
         }
       }
       for (int r = 0; r < R; ++r)
-        sums[r] = j0 == 0 ? widen(pairs[r]) : iadd32(sums[r], widen(pairs[r]));
+        sums[r] = j0 == 0 && !kOffset ? widen(pairs[r]) : iadd32(sums[r], widen(pairs[r]));
     }
 #endif
     for (int r = 0; r < R; ++r)

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "quant_blocks.h"
+#include "quant_tiles.h"
 #include "simd.h"
 
 namespace {
@@ -19,8 +20,8 @@ namespace {
 constexpr int64_t kPassRows = DG_AVX512 ? 8 : 4;
 
 // q int8, d (the block's scale) and sums (d times the sum of its q) float32, and corr
-// (-128 times the sum of q per 16 values, then per 32: the offset of int8 weights held as
-// uint8), in one of two layouts: by row (q [N][K], d and sums [N][K / 32]) or by pass,
+// (-kHeldOffset times the sum of q per 16 values for Q6_K, per 32 for Q8_0: the offset of
+// int8 weights held as uint8), in one of two layouts: by row (q [N][K], d and sums [N][K / 32]) or by pass,
 // kPassRows rows interleaved 4 values at a time (q [P][K / 4][kPassRows][4], d, sums and
 // corr32 [P][K / 32][kPassRows], corr16 [P][K / 16][kPassRows], P = N / kPassRows rounded up).
 struct QuantRows {
@@ -105,9 +106,9 @@ inline void quantize_by_pass(const float* x, int64_t N, int64_t K, QuantRows& ro
                      rows.sums.data() + at + b * kPassRows, halves);
       for (int j = 0; j < kQBlock / 4; ++j)
         std::memcpy(q + (b * kQBlock / 4 + j) * kPassRows, block + 4 * j, 4);
-      corr16[2 * b * kPassRows] = -128 * halves[0];
-      corr16[(2 * b + 1) * kPassRows] = -128 * halves[1];
-      rows.corr32[at + b * kPassRows] = -128 * (halves[0] + halves[1]);
+      corr16[2 * b * kPassRows] = -kHeldOffset<kQ6_K> * halves[0];
+      corr16[(2 * b + 1) * kPassRows] = -kHeldOffset<kQ6_K> * halves[1];
+      rows.corr32[at + b * kPassRows] = -kHeldOffset<kQ8_0> * (halves[0] + halves[1]);
     }
   }
 }

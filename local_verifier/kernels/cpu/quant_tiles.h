@@ -27,10 +27,14 @@ namespace {
 constexpr int kTileCols = kLanes;    // columns of a tile: one per lane
 constexpr int64_t kTileSlack = 32;  // bytes a decoder may read past a block's end
 
-// Int8 weights (Q8_0, Q6_K) held as uint8 value + 128 where vpdpbusd takes them (its unsigned
-// side), each group's integer sum started from -128 times the activations' sum (QuantRows'
-// corr); elsewhere as int8, multiplied through their magnitudes and signs.
-constexpr bool kSignedOffset = DG_VNNI;
+// Int8 weights held as uint8 value + kHeldOffset<T> where the products take them on their
+// unsigned side, each scale group's integer sum started from -kHeldOffset<T> times the
+// activations' sum over the group (QuantRows' corr): with VNNI, Q8_0 and Q6_K by 128
+// (vpdpbusd); without, Q6_K by 32 (its 6-bit codes: a vpmaddubsw pair of them, at most
+// 2 x 63 x 127, does not saturate) and Q8_0 not at all (0: int8, multiplied through their
+// magnitudes and signs).
+template <int T>
+constexpr int kHeldOffset = T == kQ6_K ? (DG_VNNI ? 128 : 32) : T == kQ8_0 && DG_VNNI ? 128 : 0;
 
 // ---- Integer vectors: one int32 lane (4 bytes) per column. -------------------------------
 
