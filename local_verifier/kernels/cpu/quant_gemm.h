@@ -124,6 +124,7 @@ DG_TILE_INLINE void rows_sub_block(const IVec* words, const Vec* scale, Vec min,
       for (int r = 0; r < R; ++r) sums[r] = dot4(sums[r], m, ibroadcast(xq + 4 * r));
     }
 #else
+#pragma GCC unroll 8
     for (int j0 = 0; j0 < kWords; j0 += kRunWords<T>) {
       IVec pairs[R];
 #pragma GCC unroll 8
