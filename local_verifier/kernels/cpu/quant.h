@@ -37,8 +37,8 @@ namespace {
 // Rows from which a step takes the many-row kernel for type T: every row count on AVX-512
 // (one row through it takes 0.8-0.9x the one-row kernel's time on Zen 4: the tiles stream
 // their weights from memory better); on AVX2 two rows for Q4_K, Q5_K, Q4_1 and Q8_0 (one row
-// through it takes 1.0-1.3x the one-row kernel's time), one for Q6_K, Q4_0 and Q5_0 (0.8-1.0x).
-// Measured on Zen 3 with layers of a 1B model's shapes from memory, two threads.
+// through it takes 1.0-1.3x the one-row kernel's time), one for Q6_K, Q4_0 and Q5_0
+// (0.78-0.86x). Measured on Zen 3 with layers of a 1B model's shapes from memory, two threads.
 template <int T>
 constexpr int64_t kGemmMinRows = DG_AVX512 || T == kQ6_K || T == kQ4_0 || T == kQ5_0 ? 1 : 2;
 
