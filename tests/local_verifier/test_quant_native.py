@@ -349,9 +349,9 @@ def test_the_linear_kernel_gives_each_row_the_one_row_kernels_bits_at_every_row_
     qtype: GGMLQuantizationType,
 ) -> None:
     """1-70 rows through the step's kernel (tiles of columns, passes of rows; the one-row
-    kernel itself for one row of most types on AVX2) on one thread or two against each row through the
-    one-row kernel: 53 outputs (a partial tile) with a bias, the weight's last block just
-    before an unreadable page (a read past the weight would crash the process)."""
+    kernel itself for one row of most types on AVX2) on one thread or two against each row
+    through the one-row kernel: 53 outputs (a partial tile) with a bias, the weight's last
+    block just before an unreadable page (a read past the weight would crash the process)."""
     library, why = load_library()
     if library is None:
         pytest.skip(f"no C++ kernels here: {why}")

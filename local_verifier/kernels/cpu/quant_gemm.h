@@ -105,6 +105,7 @@ DG_TILE_INLINE void rows_sub_block(const IVec* words, const Vec* scale, Vec min,
                                    const PassRows& x, Vec (&acc)[R]) {
   using Q = QuantTraits<T>;
   constexpr int kWords = kQBlock / 4 / Q::kGroups;  // 4-byte words per scale group
+  constexpr bool kOffset = kHeldOffset<T> != 0;
   const float* xd = x.d + block * kPassRows;
   if constexpr (Q::kMin) {
     const float* xs = x.sums + block * kPassRows;
@@ -112,7 +113,6 @@ DG_TILE_INLINE void rows_sub_block(const IVec* words, const Vec* scale, Vec min,
   }
   for (int g = 0; g < Q::kGroups; ++g) {
     const int64_t group = block * Q::kGroups + g;
-    constexpr bool kOffset = kHeldOffset<T> != 0;
     IVec sums[R];
     for (int r = 0; r < R; ++r)
       sums[r] = kOffset ? ibroadcast(x.corr + group * kPassRows + r) : izero();

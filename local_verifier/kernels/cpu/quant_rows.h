@@ -21,9 +21,10 @@ constexpr int64_t kPassRows = DG_AVX512 ? 8 : 4;
 
 // q int8, d (the block's scale) and sums (d times the sum of its q) float32, and corr
 // (-kHeldOffset times the sum of q per 16 values for Q6_K, per 32 for Q8_0: the offset of
-// int8 weights held as uint8), in one of two layouts: by row (q [N][K], d and sums [N][K / 32]) or by pass,
-// kPassRows rows interleaved 4 values at a time (q [P][K / 4][kPassRows][4], d, sums and
-// corr32 [P][K / 32][kPassRows], corr16 [P][K / 16][kPassRows], P = N / kPassRows rounded up).
+// int8 weights held as uint8), in one of two layouts: by row (q [N][K], d and sums
+// [N][K / 32]) or by pass, kPassRows rows interleaved 4 values at a time (q [P][K / 4]
+// [kPassRows][4], d, sums and corr32 [P][K / 32][kPassRows], corr16 [P][K / 16][kPassRows],
+// P = N / kPassRows rounded up).
 struct QuantRows {
   std::vector<int8_t> q;
   std::vector<float> d, sums;
