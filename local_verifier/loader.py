@@ -178,8 +178,6 @@ def load_model(
         kept = keep_quantized(model, blocks)
     tables = rope_table_bytes(cfg, positions)
     check_fits(weight_bytes(model, torch_dtype) + tables, int(kv_cache_mb * 2**20), dev)
-    materialize(model, dev, torch_dtype)
-    model = model.to(device=dev).eval()  # the rope tables follow (before the weights are packed)
     for param, parts in kept.items():  # blocks that lie in the file as the layer holds them
         view = cast(GGUFSource, blocks).mapped(parts)
         if view is not None:
@@ -188,6 +186,8 @@ def load_model(
             setattr(owner, attr, nn.Parameter(view, requires_grad=False))
             if owner is model.embed and cfg.tie_embeddings:
                 model.head.weight = owner.weight
+    materialize(model, dev, torch_dtype)  # the rest: no storage for what the file holds
+    model = model.to(device=dev).eval()  # the rope tables follow (before the weights are packed)
     try:
         model.load_hf_weights(source)
     except (KeyError, ValueError) as exc:

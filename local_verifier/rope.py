@@ -59,6 +59,9 @@ def rope_inv_freq(cfg: ModelConfig) -> tuple[torch.Tensor, float]:
     )
 
 
+ROPE_CHUNK = 1024  # positions per float64 pass of rope_tables
+
+
 def rope_tables(
     cfg: ModelConfig, device: torch.device, positions: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -66,8 +69,14 @@ def rope_tables(
     rotate_half's sign folded into the first half of sin: the rotation of x is
     ``x * cos + roll(x, head_dim / 2) * sin``)."""
     inv_freq, mscale = rope_inv_freq(cfg)
-    t = torch.arange(positions, dtype=torch.float64)
-    freqs = torch.outer(t, inv_freq)
-    cos = (torch.cat([freqs, freqs], dim=-1).cos() * mscale).float().to(device)
-    sin = (torch.cat([-freqs, freqs], dim=-1).sin() * mscale).float().to(device)
-    return cos, sin
+    half = inv_freq.numel()
+    cos = torch.empty(positions, 2 * half)
+    sin = torch.empty(positions, 2 * half)
+    for start in range(0, positions, ROPE_CHUNK):  # float64 a chunk at a time: small temporaries
+        t = torch.arange(start, min(start + ROPE_CHUNK, positions), dtype=torch.float64)
+        freqs = torch.outer(t, inv_freq)
+        rows = slice(start, start + len(t))
+        cos[rows, :half] = cos[rows, half:] = freqs.cos() * mscale
+        sin[rows, :half] = (-freqs).sin() * mscale
+        sin[rows, half:] = freqs.sin() * mscale
+    return cos.to(device), sin.to(device)

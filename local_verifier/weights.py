@@ -73,11 +73,13 @@ def check_fits(weights: int, kv_cache_bytes: int, device: torch.device) -> None:
 
 
 def materialize(model: nn.Module, device: torch.device, dtype: torch.dtype) -> None:
-    """Give every parameter of a ``meta`` model uninitialised storage in ``dtype`` (floating
-    point ones) on ``device``, keeping shared parameters shared."""
+    """Give every parameter of a ``meta`` model still on ``meta`` uninitialised storage in
+    ``dtype`` (floating point ones) on ``device``, keeping shared parameters shared."""
     shared: dict[int, nn.Parameter] = {}
     for module in model.modules():
         for name, param in list(module.named_parameters(recurse=False)):
+            if not param.is_meta:
+                continue
             if id(param) not in shared:
                 kind = dtype if param.is_floating_point() else param.dtype
                 shared[id(param)] = nn.Parameter(
