@@ -215,12 +215,14 @@ inline void tile_pass(const uint8_t* const (&col)[kTileCols], int64_t nb,
         _mm_prefetch(next.next, _MM_HINT_T0);
       for (owed_far += far.lines; owed_far >= nb; owed_far -= nb, far.next += 64)
         _mm_prefetch(far.next, _MM_HINT_T1);
-      if constexpr (!Keep && Streamed<T>::value) {
+      if constexpr (Keep) {  // decoded straight into the kept tile (a block is not copied)
+        TileDecoder<T>::decode(col, b, tile[b]);
+        rows_block<T, R>(tile[b], b, x, acc);
+      } else if constexpr (Streamed<T>::value) {
         rows_block_streamed<T, R>(col, b, x, acc);
       } else {
         TileBlock<QuantTraits<T>> block;  // in registers where it fits (no store to load)
         TileDecoder<T>::decode(col, b, block);
-        if constexpr (Keep) tile[b] = block;
         rows_block<T, R>(block, b, x, acc);
       }
     } else {
