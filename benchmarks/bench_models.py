@@ -1,7 +1,7 @@
 """Draftgate at real model sizes, on random-weight checkpoints written here (no download).
 
     python -m benchmarks.bench_models [--shapes 1b,3b] [--dtype bf16] [--prefill 512] \
-        [--max-tokens 32] [--repeats 5] [--load-only] [--gguf gguf-bf16,gguf-q8_0] \
+        [--max-tokens 32] [--repeats 5] [--rounds 1] [--load-only] [--gguf gguf-bf16,gguf-q8_0] \
         [--llamacpp BUILD_DIR] [--gguf-dtype native] [--shipped smollm2-135m,gemma3-270m] \
         [--shipped-dtypes native,bf16] [--threads N] [--spec-models smollm2-135m,gemma3-270m] \
         [--spec-limit 4] [--llama-repack 1] [--llama-no-amx] [--dir /tmp/bench-models] [--keep] \
@@ -41,7 +41,10 @@ first where it is not) the BF16 file is written by llama.cpp's own converter
 alternating), ours (the figures above) and ``llama-bench`` on the same file (each in a
 process of its own, on ``--threads`` threads): its decode rate ``-p 0 -n
 --max-tokens -d 32`` (that many single-token steps after a 32-token context, the mean over
-``--repeats`` runs) and its prompt rate ``-p --prefill -n 0``, with ours over llama.cpp's.
+``--repeats`` runs) and its prompt rate ``-p --prefill -n 0``, with ours over llama.cpp's;
+``--rounds N`` adds N - 1 rounds of the two decode rates alone (which first alternating),
+the decode ratio then the median of the rounds' (``decode_rounds``): these VMs' speed drifts
+over minutes.
 ``load_model`` dequantizes Q8_0 and rounds to ``--dtype``: our Q8_0 figures compute with
 the bf16 values of the Q8_0 weights, llama.cpp's with Q8_0 itself. Without ``--llamacpp``
 the files are written with gguf-py's writer and quantizer (as the converter uses them) and
@@ -474,24 +477,47 @@ def write_ggufs(
     return {fmt: written[fmt] for fmt in formats}
 
 
+def measure_decode(path: str, dtype: str, opts: dict[str, Any]) -> dict[str, Any]:
+    """``decode_tok_s`` alone (``measure_shape``'s plain decoding, in a child)."""
+    from local_verifier.loader import load_model
+
+    lm = load_model(path, dtype=dtype, tune_threads=False)
+    torch.set_num_threads(opts["threads"])
+    return mean_sd("decode_tok_s", decode_rates(lm, opts["max_tokens"], opts["repeats"]))
+
+
 def beside_llama(
     path: Path, dtype: str, opts: dict[str, Any], bin_dir: Path, ours_first: bool
 ) -> dict[str, Any]:
     """Our figures of the GGUF file at ``path`` and ``llama-bench``'s decode and prompt rates
-    on it (each in a process of its own, in turn), and ours over llama.cpp's."""
+    on it (each in a process of its own, in turn), and ours over llama.cpp's; then
+    ``opts["rounds"] - 1`` more rounds of the two decode rates alone, which side first
+    alternating: ``decode_rounds`` each round's pair and ratio, ``decode_ours_over_llama``
+    their median (a VM's speed drifts over minutes: a ratio of rates taken one after the
+    other moves with it)."""
     bench = partial(llama_bench, bin_dir, path, opts["threads"], opts["repeats"])
     repack = ["--repack", str(opts["llama_repack"])]
+    decode = ["-p", "0", "-n", str(opts["max_tokens"]), "-d", str(CONTEXT), *repack]
     sides: dict[str, dict[str, Any]] = {}
     for side in ("ours", "llama") if ours_first else ("llama", "ours"):
         if side == "ours":
             sides[side] = in_child(measure_shape, str(path), dtype, opts)
         else:
-            decode = ["-p", "0", "-n", str(opts["max_tokens"]), "-d", str(CONTEXT)]
             sides[side] = {
-                "decode": bench([*decode, *repack]),
+                "decode": bench(decode),
                 "prefill": bench(["-p", str(opts["prefill"]), "-n", "0", *repack]),
             }
     ours, llama = sides["ours"], sides["llama"]
+    rounds = [(ours.get("decode_tok_s"), llama["decode"]["tok_s"])]
+    for n in range(1, opts["rounds"]):
+        pair: dict[str, float | None] = {}
+        for side in ("ours", "llama") if (n % 2 == 0) == ours_first else ("llama", "ours"):
+            if side == "ours":
+                pair[side] = in_child(measure_decode, str(path), dtype, opts).get("decode_tok_s")
+            else:
+                pair[side] = bench(decode)["tok_s"]
+        rounds.append((pair["ours"], pair["llama"]))
+    ratios = [round(o / t, 3) for o, t in rounds if o is not None]
 
     def ratio(ours_key: str, llama_key: str) -> float | None:
         value = ours.get(ours_key)
@@ -499,7 +525,8 @@ def beside_llama(
 
     return ours | {
         "llama_cpp": llama,
-        "decode_ours_over_llama": ratio("decode_tok_s", "decode"),
+        "decode_rounds": [{"ours": o, "llama": t} for o, t in rounds],
+        "decode_ours_over_llama": round(statistics.median(ratios), 3) if ratios else None,
         "prefill_ours_over_llama": ratio("prefill_tok_s", "prefill"),
     }
 
@@ -547,6 +574,9 @@ def main() -> None:
         "--repeats", type=int, default=5, help="1-row steps, prompts, decodes timed"
     )
     parser.add_argument("--load-only", action="store_true", help="load time and peak RSS only")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="decode rates beside llama-bench: rounds, in turn"
+    )
     parser.add_argument("--bandwidth-gib", type=float, default=1.0, help="bandwidth probe size")
     parser.add_argument(
         "--gguf", default=",".join(GGUF_FORMATS), help="GGUF files of the same weights measured"
@@ -596,6 +626,7 @@ def main() -> None:
     args = parse(parser, SMOKE)
     names = (
         "prefill", "max_tokens", "repeats", "load_only", "bandwidth_gib", "threads", "llama_repack",
+        "rounds",
     )  # fmt: skip
     opts = {k: getattr(args, k) for k in names}
     bin_dir = (

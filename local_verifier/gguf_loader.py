@@ -178,22 +178,22 @@ class GGUFSource:
         """Read ``name`` (a ``block_type`` tensor) as its blocks from now on."""
         self._blocks.add(name)
 
-    def mapped(self, names: list[str]) -> torch.Tensor | None:
-        """The blocks of tensors ``names`` (kept as blocks, rows in the file's order, one
-        after the other in the file) as one uint8 tensor in their ``quant`` shape over a
-        copy-on-write map of the file: used in place, each page read when a step first reads
-        it; None where they do not lie so."""
+    def lie_in_place(self, names: list[str]) -> bool:
+        """Whether the rows of tensors ``names`` lie in the file as one run, in order: one
+        tensor after the other, none whose rows the loader reorders (llama's q/k)."""
         entries = [self._tensors[n] for n in names]
-        if any(
-            n not in self._blocks or heads is not None
-            for n, (_, heads) in zip(names, entries, strict=True)
-        ):
-            return None
-        if any(
-            a.data_offset + a.n_bytes != b.data_offset
+        return all(heads is None for _, heads in entries) and all(
+            a.data_offset + a.n_bytes == b.data_offset
             for (a, _), (b, _) in zip(entries, entries[1:], strict=False)
-        ):
+        )
+
+    def mapped(self, names: list[str]) -> torch.Tensor | None:
+        """The blocks of tensors ``names`` (kept as blocks, ``lie_in_place``) as one uint8
+        tensor in their ``quant`` shape over a copy-on-write map of the file: used in place,
+        each page read when a step first reads it; None where they do not lie so."""
+        if any(n not in self._blocks for n in names) or not self.lie_in_place(names):
             return None
+        entries = [self._tensors[n] for n in names]
         if self._map is None:
             with self._path.open("rb") as f:
                 mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)

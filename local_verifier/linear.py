@@ -27,9 +27,10 @@ class Linear(nn.Module):
     kernels where they run); state dicts hold it row-major either way. A GGUF quantized
     weight is held as its blocks (``quant``), in every state.
 
-    ``tail``, where not None, holds the last output rows as GGUF blocks of another type than
-    ``weight``'s (a fused layer whose last part the file quantizes otherwise: Q4_K_M's v and
-    MLP rows), ``weight`` the rows before them."""
+    ``tail``, where not None, holds the last output rows as GGUF blocks apart from
+    ``weight``'s, which holds the rows before them: a fused layer's last part of another type
+    (Q4_K_M's v and MLP rows), or one the file does not hold right after the others (up,
+    after gate and ``ffn_norm``), used in place."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__()

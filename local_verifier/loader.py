@@ -234,8 +234,10 @@ def keep_quantized(model: Transformer, source: GGUFSource) -> dict[str, list[str
     are all of one type the C++ kernels run (``GGUFSource.block_type``) a uint8 weight in
     that type's ``quant`` shape, and have ``source`` read those tensors as blocks; returns
     those parameters' names and the names ``source`` reads them under. A fused layer whose
-    last part alone is of another such type keeps that part as its ``tail`` (Q4_K_M's v
-    and MLP rows in Q6_K). The embedding is kept as blocks too (a step dequantizes the few
+    last part alone is of another such type, or whose parts do not lie in the file as one
+    run while the last part lies there on its own (llama.cpp writes ``ffn_norm`` between
+    gate and up), keeps that part as its ``tail`` (Q4_K_M's v and MLP rows in Q6_K; up,
+    used in place beside gate). The embedding is kept as blocks too (a step dequantizes the few
     rows it gathers); a tied head is the same blocks. Linear layers of other mixes or types
     stay in the model's dtype (dequantized as they are read), one log line per type."""
     cfg = model.config
@@ -261,7 +263,10 @@ def keep_quantized(model: Transformer, source: GGUFSource) -> dict[str, list[str
             continue
         owner = model.get_submodule(name.rpartition(".")[0])
         assert isinstance(owner, (Linear, nn.Embedding))
-        runs = [parts] if len(set(types)) == 1 else [parts[:-1], parts[-1:]]
+        whole = len(set(types)) == 1 and (
+            source.lie_in_place(parts) or not source.lie_in_place(parts[-1:])
+        )
+        runs = [parts] if whole else [parts[:-1], parts[-1:]]
         rows, width = owner.weight.shape
         shapes = [_blocks_shape(source, run, width) for run in runs]
         if sum(shape[0] for shape in shapes) != rows:

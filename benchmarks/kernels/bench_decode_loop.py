@@ -8,7 +8,7 @@ In one process:
 - per prompt (the workload's, then a synthetic ``--long``-token one): ``generate_plain``,
   greedy, with each part of a token timed inside the loop: the fused C++ call split by
   kernel (linear layers, head, attention, row-wise ops), the rest of ``Transformer.step``
-  (Python: plan, embedding, checks), the ``forward`` wrapper around it, the output
+  (Python: plan, embedding, checks), the batch-1 ``forward`` wrapper around it, the output
   assembler (detokenisation, stop strings) and the rest of the loop (argmax, the token's
   tensor); ms per token, wall and process CPU;
 - a 1-row step after each of ``--contexts`` tokens (``bench_decode.breakdown``: the
@@ -37,6 +37,7 @@ from local_verifier.loader import LoadedModel, load_model
 from local_verifier.model import Transformer
 from local_verifier.output import OutputAssembler
 from local_verifier.sampling import SamplingParams
+from local_verifier.testing import generate
 from local_verifier.testing.generate import PlainResult, generate_plain
 
 
@@ -66,7 +67,7 @@ def decode_parts(lm: LoadedModel, prompt: list[int], n: int) -> dict[str, Any]:
     with (
         timed(FusedStack, "run", seconds, "cpp_call"),
         timed(Transformer, "step", seconds, "step"),
-        timed(Transformer, "forward", seconds, "forward"),
+        timed(generate, "forward", seconds, "forward"),
         timed(OutputAssembler, "push", seconds, "assembler"),
     ):
         items = generate_plain(lm, prompt, SamplingParams(), max_tokens=n)

@@ -46,8 +46,8 @@ class LayerWeights:
     activation: str = "silu"  # of ``ACTIVATIONS``
     window: int | None = None  # the latest keys a row attends to (None: all)
     local_rope: bool = False  # rotated by the sliding layers' rope table (their own base)
-    wqkv_tail: torch.Tensor | None = None  # v's rows in blocks of another type (``Linear.tail``)
-    w13_tail: torch.Tensor | None = None  # the up rows in blocks of another type
+    wqkv_tail: torch.Tensor | None = None  # v's rows in blocks apart (``Linear.tail``)
+    w13_tail: torch.Tensor | None = None  # the up rows in blocks apart
 
     def tensors(self) -> list[torch.Tensor | None]:
         """In the C++ stack's table order (``LayerTensor``)."""

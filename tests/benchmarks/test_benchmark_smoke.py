@@ -135,6 +135,7 @@ def _models(result: dict[str, Any]) -> None:
         for fmt in ("gguf-bf16", "gguf-q8_0"):
             assert shape[fmt]["llama_cpp"]["decode"]["tok_s"] > 0
             assert shape[fmt]["decode_ours_over_llama"] > 0
+            assert len(shape[fmt]["decode_rounds"]) == 2  # --rounds 2: a second decode pair
     else:
         assert result["llama_cpp"].startswith("not run")
     assert result["speculative"]["smollm2-135m"]["identical"] == "1/1"  # lossless
@@ -232,6 +233,6 @@ def test_smoke(name: str, tmp_path: Path, request: pytest.FixtureRequest) -> Non
     if name == "bench_llamacpp":
         extra = ["--build-dir", str(LLAMACPP_BUILD)]
     if name == "bench_models" and LLAMACPP_BUILD:
-        extra = ["--llamacpp", LLAMACPP_BUILD]
+        extra = ["--llamacpp", LLAMACPP_BUILD, "--rounds", "2"]
     result = smoke(name, tmp_path / f"{name}.json", *extra)
     SHAPES.get(name, lambda _: None)(result)

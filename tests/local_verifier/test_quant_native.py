@@ -62,10 +62,16 @@ def random_blocks(rows: int, cols: int, qtype: GGMLQuantizationType, seed: int) 
 
 
 def write_quant_gguf(
-    src: Path, dst: Path, qtype: GGMLQuantizationType, tail: GGMLQuantizationType | None = None
+    src: Path,
+    dst: Path,
+    qtype: GGMLQuantizationType,
+    tail: GGMLQuantizationType | None = None,
+    llama_order: bool = False,
 ) -> Path:
     """The tiny checkpoint at ``src`` as a llama GGUF whose linear layers are ``qtype`` (v and
-    the MLP's up rows ``tail`` where given, as Q4_K_M files mix Q4_K and Q6_K)."""
+    the MLP's up rows ``tail`` where given, as Q4_K_M files mix Q4_K and Q6_K); its tensors in
+    the order of their names, the GGUF ones with ``llama_order`` (as ``llama-quantize`` writes
+    them: ``ffn_norm`` between gate and up), else the checkpoint's (gate and up side by side)."""
     cfg = json.loads((src / "config.json").read_text())
     tok = json.loads((src / "tokenizer.json").read_text())
     writer = GGUFWriter(str(dst), "llama")
@@ -87,9 +93,10 @@ def write_quant_gguf(
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, cfg["num_hidden_layers"])
-    for seed, (name, tensor) in enumerate(
-        sorted(load_file(str(src / "model.safetensors")).items())
-    ):
+    tensors = sorted(load_file(str(src / "model.safetensors")).items())
+    if llama_order:
+        tensors.sort(key=lambda item: str(names.get_name(item[0], try_suffixes=(".weight",))))
+    for seed, (name, tensor) in enumerate(tensors):
         array = tensor.float().numpy()
         gguf_name = names.get_name(name, try_suffixes=(".weight",))
         assert gguf_name is not None, name
@@ -126,7 +133,8 @@ def quant_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
-# every type alone, then files whose v and up rows are of another type (the layers' tails)
+# every type alone, in llama-quantize's order, then files whose v and up rows are of another
+# type (the layers' tails)
 FILES = [(t, None) for t in TYPES] + [(Q.Q4_K, Q.Q6_K), (Q.Q8_0, Q.Q4_0)]
 QuantFile = tuple[GGMLQuantizationType, Path, GGMLQuantizationType | None]
 
@@ -139,7 +147,7 @@ def quant_file(
 ) -> QuantFile:
     qtype, tail = request.param
     path = tmp_path_factory.mktemp("quant") / "tiny.gguf"
-    return qtype, write_quant_gguf(quant_checkpoint, path, qtype, tail), tail
+    return qtype, write_quant_gguf(quant_checkpoint, path, qtype, tail, tail is None), tail
 
 
 @pytest.fixture(scope="module")
@@ -175,9 +183,11 @@ def test_linear_layers_hold_the_files_blocks(native: LoadedModel, quant_file: Qu
     for module in linears:
         assert layout_of(module.weight) == "quant"
         assert quant_type(module.weight) == qtype
+    # v apart from the reordered q/k rows; up apart from gate where the file sets ffn_norm
+    # between them (llama's order) or gives it another type
     tails = [m.tail for m in linears if m.tail is not None]
-    assert len(tails) == (0 if tail is None else 2 * native.config.n_layers)  # wqkv's, w13's
-    assert all(layout_of(t) == "quant" and quant_type(t) == tail for t in tails)
+    assert len(tails) == 2 * native.config.n_layers  # wqkv's, w13's
+    assert all(layout_of(t) == "quant" and quant_type(t) == (tail or qtype) for t in tails)
     assert native.model.fused_stack() is not None
     mapped = [  # the address ranges of the file's own mappings
         tuple(int(end, 16) for end in line.split()[0].split("-"))
@@ -186,8 +196,7 @@ def test_linear_layers_hold_the_files_blocks(native: LoadedModel, quant_file: Qu
     ]
     layer = cast(Block, native.model.layers[0])
     in_place = [layer.ffn.w13.weight, layer.ffn.w2.weight, layer.attn.wo.weight]
-    if tail is not None:  # v and up, each one tensor of the file
-        in_place += [layer.attn.wqkv.tail, layer.ffn.w13.tail]
+    in_place += [layer.attn.wqkv.tail, layer.ffn.w13.tail]  # v and up, each one tensor
     for weight in in_place:
         assert weight is not None
         assert any(low <= weight.data_ptr() < high for low, high in mapped)  # used in place
@@ -293,6 +302,8 @@ def test_shipped_smollm2_runs_its_q4_1_blocks_and_drafts_equal_plain_decoding() 
     lm = load_model("smollm2-135m", dtype="native", tune_threads=False)
     layers = [m.weight for m in lm.model.layers.modules() if isinstance(m, Linear)]
     assert {quant_type(w) for w in layers} == {Q.Q4_1}
+    layer = cast(Block, lm.model.layers[0])
+    assert layer.ffn.w13.tail is None  # gate and up side by side in the file: one run
     assert quant_type(lm.model.head.weight) == Q.Q8_0  # the tied embedding's blocks ...
     assert lm.model.embed.weight is lm.model.head.weight  # ... the embedding's own
     ids_in = torch.tensor([0, 7, 1234, 49151])

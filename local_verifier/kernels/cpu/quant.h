@@ -43,29 +43,32 @@ template <int T>
 constexpr int64_t kGemmMinRows = DG_AVX512 || T == kQ6_K || T == kQ4_0 || T == kQ5_0 ? 1 : 2;
 
 // y [N, M] (rows ldy apart) = x [N, K] @ w.T (+ bias) for w [M, K / values per block] blocks
-// of type T; the calling team quantizes x into `rows` (grown beforehand by the caller: fit);
-// the many-row kernel from gemm_rows rows (0: kGemmMinRows<T>). Ends with a barrier.
+// of type T; the calling team quantizes x into `rows` (grown beforehand by the caller: fit;
+// as the first part of the layer left them for `part` kLast); the many-row kernel from
+// gemm_rows rows (0: kGemmMinRows<T>). Ends with a barrier (not for kFirst).
 template <int T>
 void quant_linear_team_of(const float* x, const uint8_t* w, const float* bias, float* y,
                           int64_t N, int64_t K, int64_t M, int64_t ldy, QuantRows& rows,
-                          int64_t gemm_rows) {
+                          int64_t gemm_rows, LayerPart part) {
   if (N >= (gemm_rows > 0 ? gemm_rows : kGemmMinRows<T>))
-    return quant_gemm_team<T>(x, w, bias, y, N, K, M, ldy, rows);
-  quant_gemv_team<T>(x, w, bias, y, N, K, M, ldy, rows);
+    return quant_gemm_team<T>(x, w, bias, y, N, K, M, ldy, rows, part);
+  quant_gemv_team<T>(x, w, bias, y, N, K, M, ldy, rows, part);
 }
 
 // quant_linear_team_of for a GGML type code (quant_type_known), K a multiple of its block.
 inline void quant_linear_team(int type, const float* x, const uint8_t* w, const float* bias,
                               float* y, int64_t N, int64_t K, int64_t M, int64_t ldy,
-                              QuantRows& rows, int64_t gemm_rows = 0) {
+                              QuantRows& rows, int64_t gemm_rows = 0,
+                              LayerPart part = LayerPart::kWhole) {
+  const auto run = [&](auto kernel) { kernel(x, w, bias, y, N, K, M, ldy, rows, gemm_rows, part); };
   switch (type) {
-    case kQ4_0: return quant_linear_team_of<kQ4_0>(x, w, bias, y, N, K, M, ldy, rows, gemm_rows);
-    case kQ4_1: return quant_linear_team_of<kQ4_1>(x, w, bias, y, N, K, M, ldy, rows, gemm_rows);
-    case kQ5_0: return quant_linear_team_of<kQ5_0>(x, w, bias, y, N, K, M, ldy, rows, gemm_rows);
-    case kQ8_0: return quant_linear_team_of<kQ8_0>(x, w, bias, y, N, K, M, ldy, rows, gemm_rows);
-    case kQ4_K: return quant_linear_team_of<kQ4_K>(x, w, bias, y, N, K, M, ldy, rows, gemm_rows);
-    case kQ5_K: return quant_linear_team_of<kQ5_K>(x, w, bias, y, N, K, M, ldy, rows, gemm_rows);
-    case kQ6_K: return quant_linear_team_of<kQ6_K>(x, w, bias, y, N, K, M, ldy, rows, gemm_rows);
+    case kQ4_0: return run(quant_linear_team_of<kQ4_0>);
+    case kQ4_1: return run(quant_linear_team_of<kQ4_1>);
+    case kQ5_0: return run(quant_linear_team_of<kQ5_0>);
+    case kQ8_0: return run(quant_linear_team_of<kQ8_0>);
+    case kQ4_K: return run(quant_linear_team_of<kQ4_K>);
+    case kQ5_K: return run(quant_linear_team_of<kQ5_K>);
+    case kQ6_K: return run(quant_linear_team_of<kQ6_K>);
     default: return;
   }
 }

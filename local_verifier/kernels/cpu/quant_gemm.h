@@ -258,16 +258,16 @@ thread_local TileBuffer<QuantTraits<T>> tile_buffer;
 thread_local std::vector<uint8_t> last_row;  // a copy of w's last row (tile decoders over-read)
 
 // y [N, M] (rows ldy apart) = x [N, K] @ w.T (+ bias) for w [M, K / values per block] blocks
-// of type T: the
-// calling team quantizes x by pass into `rows` (grown beforehand: fit), then shares tiles of
-// kTileCols columns, an even run per thread; the first pass of rows over a tile decodes it,
-// keeping it for the others. Ends with a barrier.
+// of type T: the calling team quantizes x by pass into `rows` (grown beforehand: fit; not for
+// `part` kLast), then shares tiles of kTileCols columns, an even run per thread; the first
+// pass of rows over a tile decodes it, keeping it for the others. Ends with a barrier (not
+// for kFirst).
 template <int T>
 void quant_gemm_team(const float* x, const uint8_t* w, const float* bias, float* y, int64_t N,
-                     int64_t K, int64_t M, int64_t ldy, QuantRows& rows) {
+                     int64_t K, int64_t M, int64_t ldy, QuantRows& rows, LayerPart part) {
   using Q = QuantTraits<T>;
   const int64_t nb = K / Q::kValues, row_bytes = nb * Q::kBytes, blocks32 = K / kQBlock;
-  quantize_by_pass(x, N, K, rows);
+  if (part != LayerPart::kLast) quantize_by_pass(x, N, K, rows);
   const int64_t passes = (N + kPassRows - 1) / kPassRows;
   TileBlock<Q>* tile = tile_buffer<T>.fit(passes > 1 ? nb : 1);
   const auto pass_rows = [&](int64_t p) {
@@ -309,7 +309,9 @@ void quant_gemm_team(const float* x, const uint8_t* w, const float* bias, float*
                                      pass_rows(p), TileOut{y + p * kPassRows * ldy + m0, ldy, cols, b},
                                      Lookahead{});
   }
+  if (part != LayerPart::kFirst) {
 #pragma omp barrier
+  }
 }
 
 }  // namespace

@@ -81,6 +81,12 @@ inline void quantize_block(const float* v, int8_t* q, float* d, float* sum,
   }
 }
 
+// The part of a layer's outputs a team's call computes, for a layer whose rows of one type lie
+// in two places: the first quantizes x into the rows and ends without a barrier (the team
+// goes on to the last part's columns), the last takes the rows as the first left them and
+// ends with the barrier; a whole layer does both.
+enum class LayerPart { kWhole, kFirst, kLast };
+
 // x [N, K] into rows by row; called by every thread of a team, ends with a barrier.
 inline void quantize_by_row(const float* x, int64_t N, int64_t K, QuantRows& rows) {
   const int64_t nb = K / kQBlock;

@@ -54,19 +54,21 @@ void attention(const float* qp, const KV* kc, const KV* vc, const DgPlan& p, con
 }
 
 // linear_team over a matrix of the table (quantized blocks: quant_linear_team); a tail's
-// `tail_rows` outputs (the last of y's M) by their own type's kernel. Each output's bits are
-// those of its own rows' kernel, as op by op.
+// `tail_rows` outputs (the last of y's M) by their own type's kernel, a tail of the weight's
+// own type as the second part of one call's work (x quantized once, one barrier). Each
+// output's bits are those of its own rows' kernel, as op by op.
 template <typename W>
 void linear_team(const float* xp, const Matrix& w, const float* bp, float* yp, int64_t N,
                  int64_t K, int64_t M, QuantRows& rows, int64_t tail_rows = 0) {
   if (w.tail != nullptr) {
     const int64_t head = M - tail_rows;
+    const bool one_type = w.tail_layout == w.layout;
     quant_linear_team(w.layout - kQuantBlocks, xp, static_cast<const uint8_t*>(w.w), bp, yp, N,
-                      K, head, M, rows);
+                      K, head, M, rows, 0, one_type ? LayerPart::kFirst : LayerPart::kWhole);
     return quant_linear_team(w.tail_layout - kQuantBlocks, xp,
                              static_cast<const uint8_t*>(w.tail),
                              bp != nullptr ? bp + head : nullptr, yp + head, N, K, tail_rows, M,
-                             rows);
+                             rows, 0, one_type ? LayerPart::kLast : LayerPart::kWhole);
   }
   if (w.layout >= kQuantBlocks)
     return quant_linear_team(w.layout - kQuantBlocks, xp, static_cast<const uint8_t*>(w.w), bp,
