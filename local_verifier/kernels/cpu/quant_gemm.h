@@ -9,6 +9,7 @@
 #pragma once
 
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -199,22 +200,39 @@ struct TileOut {
   const float* bias;
 };
 
+// Whether the next tile's lines go to L1 (else L2) in a step of `rows` rows whose tiles are
+// `tile_bytes` of blocks: for one row on AVX-512, where two tiles fit in three quarters of
+// the L1 data cache. A next tile in L1 evicts the current one's lines where the two do not
+// fit (on Zen 4's 32 KiB, 1.1-1.35x the one-row step of a 1.1B model's files); where they
+// do, a one-row pass, which soon needs the next tile, is spared L2's latency (on Zen 5's 48
+// KiB: the one-row step of a 1B model's Q4_K_M file, tiles of 18 KiB, 0.93-0.97x the time
+// in 4 runs; of the 1.1B's, SmolLM2's and Gemma 3's 0.97-1.0x), while longer passes gain
+// nothing (4-8 rows: 1.0-1.04x) and the AVX2 build's 8-column tiles took 1.0-1.08x the time
+// at 2-16 rows with L1 (Zen 4).
+inline bool next_tile_in_l1(int64_t rows, int64_t tile_bytes) {
+  static const int64_t l1 = sysconf(_SC_LEVEL1_DCACHE_SIZE);
+  return DG_AVX512 && rows == 1 && 8 * tile_bytes <= 3 * l1;
+}
+
 // R rows (x) against the tile's nb blocks: with Decode, each block decoded from the columns
 // col as it comes (and kept in tile[b] with Keep), the next two tiles' lines (next, far)
-// prefetched into L2 over the blocks (a next tile in L1 evicts the current one's lines where
-// the two do not fit: 1.1-1.35x the one-row step of a 1.1B model's files on Zen 4); else the
-// tile's kept blocks.
+// prefetched over the blocks, the next tile's into L1 with `near` (next_tile_in_l1), the
+// rest into L2; else the tile's kept blocks.
 template <int T, int R, bool Decode, bool Keep>
 inline void tile_pass(const uint8_t* const (&col)[kTileCols], int64_t nb,
                       TileBlock<QuantTraits<T>>* tile, const PassRows& x, const TileOut& out,
-                      Lookahead next, Lookahead far = {}) {
+                      bool near, Lookahead next, Lookahead far = {}) {
   Vec acc[R];
   for (int r = 0; r < R; ++r) acc[r] = zero();
   int64_t owed = 0, owed_far = 0;  // lines per block, in blocks: one line whenever it reaches nb
   for (int64_t b = 0; b < nb; ++b) {
     if constexpr (Decode) {
-      for (owed += next.lines; owed >= nb; owed -= nb, next.next += 64)
-        _mm_prefetch(next.next, _MM_HINT_T1);
+      for (owed += next.lines; owed >= nb; owed -= nb, next.next += 64) {
+        if (near)
+          _mm_prefetch(next.next, _MM_HINT_T0);
+        else
+          _mm_prefetch(next.next, _MM_HINT_T1);
+      }
       for (owed_far += far.lines; owed_far >= nb; owed_far -= nb, far.next += 64)
         _mm_prefetch(far.next, _MM_HINT_T1);
       if constexpr (Keep) {  // decoded straight into the kept tile (a block is not copied)
@@ -246,11 +264,12 @@ inline void tile_pass(const uint8_t* const (&col)[kTileCols], int64_t nb,
 template <int T, bool Decode, bool Keep, int R = kPassRows>
 inline void tile_pass_upto(int64_t rows, const uint8_t* const (&col)[kTileCols], int64_t nb,
                            TileBlock<QuantTraits<T>>* tile, const PassRows& x,
-                           const TileOut& out, Lookahead next, Lookahead far = {}) {
+                           const TileOut& out, bool near, Lookahead next, Lookahead far = {}) {
   if constexpr (R > 1)
     if (rows < R)
-      return tile_pass_upto<T, Decode, Keep, R - 1>(rows, col, nb, tile, x, out, next, far);
-  tile_pass<T, R, Decode, Keep>(col, nb, tile, x, out, next, far);
+      return tile_pass_upto<T, Decode, Keep, R - 1>(rows, col, nb, tile, x, out, near, next,
+                                                    far);
+  tile_pass<T, R, Decode, Keep>(col, nb, tile, x, out, near, next, far);
 }
 
 template <int T>
@@ -279,6 +298,7 @@ void quant_gemm_team(const float* x, const uint8_t* w, const float* bias, float*
   const int64_t tiles = (M + kTileCols - 1) / kTileCols;
   const int64_t team = omp_get_num_threads(), me = omp_get_thread_num();
   const int64_t end = tiles * (me + 1) / team;
+  const bool near = next_tile_in_l1(N, kTileCols * row_bytes);
   for (int64_t t = tiles * me / team; t < end; ++t) {
     const int64_t m0 = t * kTileCols, cols = std::min<int64_t>(kTileCols, M - m0);
     const uint8_t* col[kTileCols];  // a last partial tile repeats its last column
@@ -299,15 +319,15 @@ void quant_gemm_team(const float* x, const uint8_t* w, const float* bias, float*
     const float* b = bias != nullptr ? bias + m0 : nullptr;
     if (passes == 1) {
       tile_pass_upto<T, true, false>(N, col, nb, tile, pass_rows(0), TileOut{y + m0, ldy, cols, b},
-                                     next, far);
+                                     near, next, far);
       continue;
     }
     tile_pass<T, kPassRows, true, true>(col, nb, tile, pass_rows(0), TileOut{y + m0, ldy, cols, b},
-                                        next, far);
+                                        false, next, far);
     for (int64_t p = 1; p < passes; ++p)
       tile_pass_upto<T, false, true>(std::min(kPassRows, N - p * kPassRows), col, nb, tile,
                                      pass_rows(p), TileOut{y + p * kPassRows * ldy + m0, ldy, cols, b},
-                                     Lookahead{});
+                                     false, Lookahead{});
   }
   if (part != LayerPart::kFirst) {
 #pragma omp barrier
