@@ -9,8 +9,9 @@
         [--json OUT.json]
 
 Kernels: per type, one product y = x @ w.T over a weight of ``--shape`` (M x K, random
-blocks, far beyond the caches) for each row count, three sides timed in turn (order
-alternating): ``int8`` (the step's kernel, ``cpu/quant.h``: activations quantized per block
+blocks; the default, a 1B model's MLP layer, is 9-18 MB by type, which a 32 MiB L3 holds:
+take a larger shape for figures from memory) for each row count, three sides timed in turn
+(order alternating): ``int8`` (the step's kernel, ``cpu/quant.h``: activations quantized per block
 of 32, integer dot products), ``f32`` (``bench_quant_f32.cpp``: the same blocks decoded in
 registers to float32 and multiplied with float32 activations by FMA), and ``bf16`` (the same
 weight dequantized to bf16 on the step's bf16 kernels, as ``dtype="bf16"`` holds it). Reports
