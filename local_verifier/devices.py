@@ -102,20 +102,37 @@ def on_own_thread(work: Callable[[], T]) -> T:
         return pool.submit(work).result()
 
 
-def configure_threads(workload: Callable[[], object], repeats: int = 3) -> int:
+def configure_threads(
+    workload: Callable[[], object],
+    repeats: int = 3,
+    min_seconds: float = 0.25,
+    clock: Callable[[], float] = time.perf_counter,
+) -> int:
     """Set torch's CPU threads to one per available CPU or to 1, whichever runs ``workload``
     faster now (on a busy machine the threads' synchronisation can cost more than they
-    gain); returns the count chosen."""
+    gain); returns the count chosen.
+
+    Each count is timed twice, interleaved, after one untimed run of each (the first pages
+    in the weights, a count's first builds its team); a timing runs ``workload`` until
+    ``min_seconds`` have passed, at most ``repeats`` times, and the best time per run
+    decides. A workload of a 1B model (a quarter to half a second a run) is thus timed
+    once a round, a small model's up to ``repeats`` times."""
     n = available_cpus()
     candidates = [n, 1] if n > 1 else [1]
     best: dict[int, float] = {}
-    for threads in candidates * 2:  # interleaved, best of both rounds
-        torch.set_num_threads(threads)
-        workload()
-        start = time.perf_counter()
-        for _ in range(repeats):
-            workload()
-        best[threads] = min(best.get(threads, float("inf")), time.perf_counter() - start)
+    for first_round in (True, False):
+        for threads in candidates:
+            torch.set_num_threads(threads)
+            if first_round:
+                workload()
+            start, runs = clock(), 0
+            while True:
+                workload()
+                runs += 1
+                elapsed = clock() - start
+                if runs >= repeats or elapsed >= min_seconds:
+                    break
+            best[threads] = min(best.get(threads, math.inf), elapsed / runs)
     chosen = min(best, key=best.__getitem__)
     torch.set_num_threads(chosen)
     return chosen

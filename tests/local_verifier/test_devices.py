@@ -5,8 +5,10 @@ import threading
 import pytest
 import torch
 
+import local_verifier.devices
 from local_verifier.devices import (
     blocks_by_default,
+    configure_threads,
     cpu_flags,
     default_dtype,
     on_own_thread,
@@ -74,3 +76,42 @@ def test_on_own_thread_reraises_the_work_s_error() -> None:
 
     with pytest.raises(KeyError, match="boom"):
         on_own_thread(work)
+
+
+class _TimedWork:
+    """A workload whose run costs ``seconds[threads]`` on a clock of its own."""
+
+    def __init__(self, seconds: dict[int, float]) -> None:
+        self.seconds = seconds
+        self.now = 0.0
+        self.runs: dict[int, int] = {}
+
+    def __call__(self) -> None:
+        threads = torch.get_num_threads()
+        self.runs[threads] = self.runs.get(threads, 0) + 1
+        self.now += self.seconds[threads]
+
+    def clock(self) -> float:
+        return self.now
+
+
+@pytest.mark.parametrize(
+    ("seconds", "chosen", "runs"),
+    [
+        ({2: 0.01, 1: 0.018}, 2, {2: 1 + 2 * 3, 1: 1 + 2 * 3}),  # small: 3 runs a timing
+        ({2: 0.4, 1: 0.3}, 1, {2: 1 + 2 * 1, 1: 1 + 2 * 1}),  # a 1B model, busy machine: 1
+        ({2: 0.1, 1: 0.19}, 2, {2: 1 + 2 * 3, 1: 1 + 2 * 2}),  # until 0.25 s have passed
+    ],
+)
+def test_the_thread_probe_takes_the_faster_count_timing_long_runs_once(
+    monkeypatch: pytest.MonkeyPatch, seconds: dict[int, float], chosen: int, runs: dict[int, int]
+) -> None:
+    monkeypatch.setattr(local_verifier.devices, "available_cpus", lambda: 2)
+    work = _TimedWork(seconds)
+    before = torch.get_num_threads()
+    try:
+        assert configure_threads(work, clock=work.clock) == chosen
+        assert torch.get_num_threads() == chosen
+    finally:
+        torch.set_num_threads(before)
+    assert work.runs == runs  # one untimed run of each count, then two timings
