@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from arrivals import together
 from spec_drafts import OracleDrafter, PassThrough
 
 from local_verifier.engine import END, Engine, GenerationRequest, GenerationStats, TextDelta
@@ -58,10 +59,11 @@ def test_batched_with_drafts_equals_alone_without(
     ]
     want = [alone(engine, GenerationRequest(**{**r.__dict__, "draft": False})) for r in reqs]
     got = [Collector() for _ in reqs]
-    for req, sink, expected in zip(reqs, got, want, strict=True):
-        # drafts from the answer itself: long accepted runs, so the batch carries drafts
-        drafter = OracleDrafter(expected, tiny_lm.config.vocab_size, "partly", eos=2)
-        engine.submit(req, sink, drafter=drafter, controller=PassThrough(k=6, width=1))
+    with together(engine):
+        for req, sink, expected in zip(reqs, got, want, strict=True):
+            # drafts from the answer itself: long accepted runs, so the batch carries drafts
+            drafter = OracleDrafter(expected, tiny_lm.config.vocab_size, "partly", eos=2)
+            engine.submit(req, sink, drafter=drafter, controller=PassThrough(k=6, width=1))
     assert engine.wait_idle(120)
     assert [c.ids for c in got] == want
     assert sum(c.stats.accepted_tokens for c in got) > 0
@@ -72,10 +74,11 @@ def test_lookup_drafter_batched_greedy_and_trees(engine: Engine, tiny_lm: Loaded
     reqs = [GenerationRequest(prompt_ids=ids_of(tiny_lm, p), max_tokens=40) for p in PROMPTS]
     want = [alone(engine, GenerationRequest(**{**r.__dict__, "draft": False})) for r in reqs]
     got = [Collector() for _ in reqs + reqs]
-    for req, sink in zip(reqs, got[: len(reqs)], strict=True):
-        engine.submit(req, sink)
-    for req, sink in zip(reqs, got[len(reqs) :], strict=True):  # again, as trees
-        engine.submit(req, sink, controller=PassThrough(k=8, width=3))
+    with together(engine):
+        for req, sink in zip(reqs, got[: len(reqs)], strict=True):
+            engine.submit(req, sink)
+        for req, sink in zip(reqs, got[len(reqs) :], strict=True):  # again, as trees
+            engine.submit(req, sink, controller=PassThrough(k=8, width=3))
     assert engine.wait_idle(120)
     assert [c.ids for c in got] == want + want
 

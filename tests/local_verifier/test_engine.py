@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from arrivals import together
 from spec_drafts import OracleDrafter, PassThrough, make_draft
 
 from local_verifier.engine import END, Engine, Failed, GenerationRequest, GenerationStats, TextDelta
@@ -269,8 +270,9 @@ def test_close_ends_the_running_request_and_refuses_more(tiny_lm: LoadedModel) -
             ended.set()
 
     others = set(threading.enumerate())  # other tests' engines run threads of their own
-    engine.submit(GenerationRequest(prompt_ids=ids, max_tokens=100, draft=False), on_item)
-    (thread,) = set(threading.enumerate()) - others
+    with together(engine):  # its thread cannot end before it is seen
+        engine.submit(GenerationRequest(prompt_ids=ids, max_tokens=100, draft=False), on_item)
+        (thread,) = set(threading.enumerate()) - others
     assert ended.wait(60)
     assert isinstance(items[-2], Failed) and isinstance(items[-2].error, EngineClosed)
     assert items[-1] is END

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from arrivals import together
 from spec_drafts import OracleDrafter, PassThrough
 from step_records import record_steps
 
@@ -205,15 +206,17 @@ def test_each_tenants_drafts_stay_within_its_share_of_a_step(tiny_lm: LoadedMode
     assert engine.wait_idle(60)
     rows = record_steps(engine)
     answers: list[list[int]] = [[] for _ in range(3)]
-    for i in range(3):  # tenant a: three answers drafting 8 right tokens every step
-        drafter = OracleDrafter(want, tiny_lm.config.vocab_size, "right", eos=2)
-        engine.submit(
-            GenerationRequest(prompt_ids=prompt, max_tokens=40, owner="a"),
-            lambda item, i=i: answers[i].extend(getattr(item, "token_ids", [])),
-            drafter=drafter,
-            controller=PassThrough(k=8),
-        )
-    engine.submit(GenerationRequest(prompt_ids=[9, 8, 7], max_tokens=3, owner="b"), lambda _: None)
+    with together(engine):
+        for i in range(3):  # tenant a: three answers drafting 8 right tokens every step
+            drafter = OracleDrafter(want, tiny_lm.config.vocab_size, "right", eos=2)
+            engine.submit(
+                GenerationRequest(prompt_ids=prompt, max_tokens=40, owner="a"),
+                lambda item, i=i: answers[i].extend(getattr(item, "token_ids", [])),
+                drafter=drafter,
+                controller=PassThrough(k=8),
+            )
+        b = GenerationRequest(prompt_ids=[9, 8, 7], max_tokens=3, owner="b")
+        engine.submit(b, lambda _: None)
     assert engine.wait_idle(60)
     shared = [step for step in rows if {o for o, _, _ in step} == {"a", "b"}]
     assert shared  # the tenants decoded side by side
@@ -246,8 +249,9 @@ def test_a_full_pool_gives_blocks_back_to_a_tenant_below_its_share(tiny_lm: Load
                 started.set()  # the engine waits here until b is queued
                 queued.wait(60)
 
-    for i, req in enumerate(long):
-        engine.submit(req, functools.partial(on_a, i))
+    with together(engine):
+        for i, req in enumerate(long):
+            engine.submit(req, functools.partial(on_a, i))
     assert started.wait(60)
 
     def on_b(item: Any) -> None:
@@ -295,9 +299,10 @@ def test_a_tenants_cache_within_its_share_survives_another_tenants_growth(
 
     engine.submit(cached, answers[0])
     assert engine.wait_idle(60)
-    engine.submit(running, on_running)
-    for i, req in enumerate(long):
-        engine.submit(req, functools.partial(on_a, i))
+    with together(engine):
+        engine.submit(running, on_running)
+        for i, req in enumerate(long):
+            engine.submit(req, functools.partial(on_a, i))
     assert a_done.wait(60)
     engine.submit(cached, answers[5])
     asked.set()
@@ -331,8 +336,9 @@ def test_a_request_preempted_for_another_tenant_waits_for_the_next_step(
                 grown.set()  # waits here until b is queued
                 queued.wait(60)
 
-    for i, req in enumerate(long):
-        engine.submit(req, functools.partial(on_a, i))
+    with together(engine):
+        for i, req in enumerate(long):
+            engine.submit(req, functools.partial(on_a, i))
     assert grown.wait(60)
     engine.submit(big, answers[3])
     queued.set()

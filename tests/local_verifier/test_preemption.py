@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from arrivals import together
 
 from gateway.app import create_app
 from gateway.audit.serve import serve_in_thread
@@ -68,8 +69,9 @@ def test_preempted_answers_equal_uninterrupted_ones(
     tight = make_engine(tiny_lm, kv_cache_mb=12 * block / 2**20)
     assert tight.pool.n_blocks == 12
     answers = [Collector() for _ in PROMPTS]
-    for req, answer in zip(requests(params), answers, strict=True):
-        tight.submit(req, answer)
+    with together(tight):
+        for req, answer in zip(requests(params), answers, strict=True):
+            tight.submit(req, answer)
     assert tight.wait_idle(120)
     assert tight.stats().preemptions > 0
     # each answer reports its own preemptions (the audits read them from the response)

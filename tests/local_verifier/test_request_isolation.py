@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
+from arrivals import together
 from spec_drafts import PassThrough, make_draft
 
 from local_verifier.engine import Engine, GenerationRequest
@@ -69,9 +70,10 @@ def test_a_fault_ends_only_its_request(
         monkeypatch.setattr(Draft, "check", lambda self, vocab: None)
     broken, others = Collector(), [Collector() for _ in PROMPTS[1:]]
     faulty = Faulty(fault, tiny_lm.config.vocab_size)
-    engine.submit(request(PROMPTS[0]), broken, drafter=faulty, controller=PassThrough(k=4))
-    for prompt, answer in zip(PROMPTS[1:], others, strict=True):
-        engine.submit(request(prompt), answer)
+    with together(engine):
+        engine.submit(request(PROMPTS[0]), broken, drafter=faulty, controller=PassThrough(k=4))
+        for prompt, answer in zip(PROMPTS[1:], others, strict=True):
+            engine.submit(request(prompt), answer)
     assert engine.wait_idle(60)
     assert message in str(broken.error)
     assert [a.text for a in others] == alone

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
+from arrivals import together
 from spec_drafts import OracleDrafter, PassThrough
 from step_records import cost, owners, record_steps
 
@@ -223,8 +224,9 @@ def test_a_long_context_decodes_in_fewer_steps_with_the_same_tokens(
     steps = record_steps(engine)
     beside: list[int] = []
     short = GenerationRequest(prompt_ids=[9, 8, 7], max_tokens=24, draft=False, owner="short")
-    engine.submit(short, lambda _: None)
-    engine.submit(long, lambda item: beside.extend(getattr(item, "token_ids", [])))
+    with together(engine):
+        engine.submit(short, lambda _: None)
+        engine.submit(long, lambda item: beside.extend(getattr(item, "token_ids", [])))
     assert engine.wait_idle(60)
     shared = [s for s in steps if owners(s) == {"long", "short"}]
     apart = [s for s in steps if owners(s) == {"short"}]
@@ -249,15 +251,16 @@ def test_one_tenants_drafts_cost_no_more_than_the_others_rows(tiny_lm: LoadedMod
     assert engine.wait_idle(60)
     steps = record_steps(engine)
     short = GenerationRequest(prompt_ids=[9, 8, 7], max_tokens=16, draft=False, owner="b")
-    engine.submit(short, lambda _: None)
     answers: list[list[int]] = [[] for _ in range(3)]
-    for i in range(3):  # tenant a: three answers drafting 8 right tokens every step
-        engine.submit(
-            GenerationRequest(prompt_ids=prompt, max_tokens=40, owner="a"),
-            lambda item, i=i: answers[i].extend(getattr(item, "token_ids", [])),
-            drafter=OracleDrafter(want, tiny_lm.config.vocab_size, "right", eos=2),
-            controller=PassThrough(k=8),
-        )
+    with together(engine):
+        engine.submit(short, lambda _: None)
+        for i in range(3):  # tenant a: three answers drafting 8 right tokens every step
+            engine.submit(
+                GenerationRequest(prompt_ids=prompt, max_tokens=40, owner="a"),
+                lambda item, i=i: answers[i].extend(getattr(item, "token_ids", [])),
+                drafter=OracleDrafter(want, tiny_lm.config.vocab_size, "right", eos=2),
+                controller=PassThrough(k=8),
+            )
     assert engine.wait_idle(60)
     shared = [s for s in steps if owners(s) == {"a", "b"}]
     assert len(shared) >= 4
@@ -301,10 +304,11 @@ def test_a_long_prompt_beside_anothers_answer_costs_no_more_than_its_step(
 
     runner._chunk = recorded  # type: ignore[method-assign]
     beside: dict[str, list[int]] = {"a": [], "b": []}
-    for name in ("b", "a"):
-        engine.submit(
-            reqs[name], lambda item, n=name: beside[n].extend(getattr(item, "token_ids", []))
-        )
+    with together(engine):
+        for name in ("b", "a"):
+            engine.submit(
+                reqs[name], lambda item, n=name: beside[n].extend(getattr(item, "token_ids", []))
+            )
     assert engine.wait_idle(60)
     price = runner.price.with_table(runner.costs.table)
     step_b = price.fixed_s + price.seq(1, 30)  # b's step alone, at its longest context

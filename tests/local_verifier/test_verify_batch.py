@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from arrivals import together
 from spec_drafts import OracleDrafter, PassThrough
 from test_batching import PROMPTS, Collector, alone, ids_of, make_engine
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -215,11 +216,12 @@ def test_a_greedy_step_copies_its_verdicts_once(
     step_log.clear()
     got = [Collector() for _ in reqs + reqs]
     vocab = tiny_lm.config.vocab_size
-    for n, (req, sink, expected) in enumerate(zip(reqs + reqs, got, want + want, strict=True)):
-        tree = n >= len(reqs)
-        drafter = OracleDrafter(expected, vocab, "tree" if tree else "partly", eos=2, seed=n)
-        controller = PassThrough(k=6, width=3 if tree else 1)
-        engine.submit(req, sink, drafter=drafter, controller=controller)
+    with together(engine):
+        for n, (req, sink, expected) in enumerate(zip(reqs + reqs, got, want + want, strict=True)):
+            tree = n >= len(reqs)
+            drafter = OracleDrafter(expected, vocab, "tree" if tree else "partly", eos=2, seed=n)
+            controller = PassThrough(k=6, width=3 if tree else 1)
+            engine.submit(req, sink, drafter=drafter, controller=controller)
     assert engine.wait_idle(120)
     assert [c.ids for c in got] == want + want
     assert sum(c.stats.accepted_tokens for c in got) > 0
@@ -243,8 +245,9 @@ def test_requests_adjusting_their_rows_take_the_host_path(
     ]
     want = [alone(engine, GenerationRequest(**{**r.__dict__, "draft": False})) for r in reqs]
     got = [Collector() for _ in reqs]
-    for req, sink in zip(reqs, got, strict=True):
-        engine.submit(req, sink)
+    with together(engine):
+        for req, sink in zip(reqs, got, strict=True):
+            engine.submit(req, sink)
     assert engine.wait_idle(120)
     assert [c.ids for c in got] == want
     assert all(copies <= 1 for _, copies in step_log)
