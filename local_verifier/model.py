@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -25,6 +26,7 @@ from local_verifier.kernels.stack_weights import LayerWeights, Norm, StackWeight
 from local_verifier.kv_storage import KVStorage
 from local_verifier.linear import Linear, row_major_state
 from local_verifier.rope import rope_tables
+from local_verifier.step_logits import ChunkedLogits
 from local_verifier.weights import TensorSource
 
 if TYPE_CHECKING:
@@ -357,7 +359,6 @@ class Transformer(nn.Module):
             self._graphs = StepGraphs(stack, kv.k, kv.v, GRAPH_ROWS, self.rope_positions, capture)
         return self._graphs
 
-    @torch.inference_mode()
     def step(self, seqs: Sequence[SeqStep], kv: KVStorage) -> list[torch.Tensor]:
         """One forward over every sequence's rows; returns per sequence float32 logits
         [T, V] ("all"), [1, V] ("last") or [0, V] ("none").
@@ -365,6 +366,21 @@ class Transformer(nn.Module):
         Writes every row's K/V to its ``new_slots``, all distinct (rejected draft rows are
         simply overwritten later). See ``SeqStep`` for what a row attends to.
         """
+        return list(self._step(seqs, kv, None))
+
+    def step_chunked(
+        self, seqs: Sequence[SeqStep], kv: KVStorage, max_rows: int
+    ) -> Sequence[torch.Tensor]:
+        """``step``, with at most about ``max_rows`` rows of logits held at a time on the CPU
+        kernels: where the step picks more, the head runs on each chunk of sequences when
+        its logits are first read (``ChunkedLogits``; read them in order). The same bits as
+        ``step``'s."""
+        return self._step(seqs, kv, max_rows)
+
+    @torch.inference_mode()
+    def _step(
+        self, seqs: Sequence[SeqStep], kv: KVStorage, max_rows: int | None
+    ) -> Sequence[torch.Tensor]:
         device, dtype = self.device, self.dtype
         ops = step_ops(device, dtype, self.kernel_options.backend)
         self._use_layout(ops)
@@ -433,13 +449,23 @@ class Transformer(nn.Module):
             plans = [inputs.plan]
             if stack.window is not None:
                 plans.append(inputs.plan_for(stack.window))
-            logits = stack.run(x, new_slots, ropes, plans, kv.k, kv.v, rows_out)
-            return list(logits.split(counts))
+            chunked = max_rows is not None and len(logit_rows) > max_rows
+            out = stack.run(x, new_slots, ropes, plans, kv.k, kv.v, rows_out, head=not chunked)
+            if chunked:
+                return ChunkedLogits(out, counts, partial(self._head, ops), cast(int, max_rows))
+            return list(out.split(counts))
         for layer in self.layers:
             x = layer(x, kv, inputs)
         x = x[torch.tensor(logit_rows, dtype=torch.long, device=device)]
         x = ops.rms_norm(x, self.norm.weight, self.norm.eps)
-        return list(ops.linear(x, self.head.weight, None).float().split(counts))
+        if max_rows is not None and len(logit_rows) > max_rows and device.type == "cpu":
+            return ChunkedLogits(x, counts, partial(self._head, ops), max_rows)
+        return list(self._head(ops, x).split(counts))
+
+    @torch.inference_mode()
+    def _head(self, ops: StepOps, x: torch.Tensor) -> torch.Tensor:
+        """float32 logits of final-normed rows ``x``."""
+        return ops.linear(x, self.head.weight, None).float()
 
     def load_hf_weights(self, source: TensorSource) -> None:
         """Write the checkpoint's weights (under ``families.tensor_names``) into the

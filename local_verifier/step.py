@@ -35,6 +35,7 @@ from local_verifier.request import Request
 from local_verifier.row_prices import RowPrice
 from local_verifier.sampling import SamplingParams, sample, target_probs
 from local_verifier.step_costs import LiveCosts
+from local_verifier.step_logits import LOGIT_ROWS, ChunkedLogits
 from local_verifier.step_shares import StepShares
 from local_verifier.tree import tree_mask
 from local_verifier.verify import (
@@ -114,7 +115,11 @@ class StepRunner:
         self._add_chunks(prefilling, budget, price, rows, seqs)
         self._add_drafts(decoding, price, rows, seqs)
         if seqs:
-            self._deliver(rows, seqs, self._forward(seqs))
+            logits, seconds = self._forward(seqs)
+            self._deliver(rows, seqs, logits)
+            if self.clock is not None:  # the head's chunks run as _deliver reads them
+                head = logits.head_seconds if isinstance(logits, ChunkedLogits) else 0.0
+                self._timed(sum(len(s.tokens) for s in seqs), seconds + head)
         self.host.end_step()
 
     def _add_chunks(
@@ -200,18 +205,19 @@ class StepRunner:
                 seqs.append(verify)
                 rows.append(_Row(req, draft))
 
-    def _forward(self, seqs: list[SeqStep]) -> list[torch.Tensor]:
-        """The model's step over ``seqs``, timed for the step costs and the thread choice."""
+    def _forward(self, seqs: list[SeqStep]) -> tuple[Sequence[torch.Tensor], float]:
+        """The model's step over ``seqs`` (at most ``LOGIT_ROWS`` rows of logits held at a
+        time) and its seconds by ``clock`` (0 without one)."""
         clock = self.clock
         if self.threads is not None:
             self.threads.apply()
         forward = 0.0 if clock is None else clock()
-        logits = self.model.step(seqs, self.pool.storage)
-        if clock is not None:
-            self._timed(sum(len(s.tokens) for s in seqs), clock() - forward)
-        return logits
+        logits = self.model.step_chunked(seqs, self.pool.storage, LOGIT_ROWS)
+        return logits, 0.0 if clock is None else clock() - forward
 
-    def _deliver(self, rows: list[_Row], seqs: list[SeqStep], logits: list[torch.Tensor]) -> None:
+    def _deliver(
+        self, rows: list[_Row], seqs: list[SeqStep], logits: Sequence[torch.Tensor]
+    ) -> None:
         """Verify each row's logits and emit what it commits."""
         verdicts = _greedy_verdicts(rows, logits)
         for row, seq, out, verdict in zip(rows, seqs, logits, verdicts, strict=True):
@@ -429,7 +435,7 @@ def _host_seconds_per_row(req: Request) -> float:
     return penalties + req.output.seconds_per_token
 
 
-def _greedy_verdicts(rows: list[_Row], logits: list[torch.Tensor]) -> list[Verdict | None]:
+def _greedy_verdicts(rows: list[_Row], logits: Sequence[torch.Tensor]) -> list[Verdict | None]:
     """Per row of a step, its verdict where it is greedy on the raw logits (no penalties,
     no grammar) and emits, found for all of them at once on the logits' device with one
     copy to the host (where ``_on_device`` says so); None for the others, whose

@@ -13,7 +13,8 @@ import torch
 
 from local_verifier.devices import on_own_thread
 from local_verifier.kv_storage import KVStorage
-from local_verifier.model import SeqStep
+from local_verifier.model import SeqStep, Transformer
+from local_verifier.step_logits import LOGIT_ROWS
 
 if TYPE_CHECKING:
     from local_verifier.loader import LoadedModel
@@ -74,7 +75,7 @@ def _measure(
     # pass: the median of three round-robin runs of a short step drops a slow first one (a
     # pass over every shape cost a quarter of start-up and moved no median beyond the
     # noise: RESULTS.md), and a long step's first run is within the noise of its median
-    model.step(steps[grid[-1]], storage)
+    _run(model, steps[grid[-1]], storage)
     runs: dict[int, list[float]] = {r: [] for r in grid}
     for _ in range(REPEATS):  # round robin, so that load changes hit every size alike
         for r in grid:
@@ -82,13 +83,19 @@ def _measure(
                 continue
             _sync(model.device)
             begin = clock()
-            model.step(steps[r], storage)
+            _run(model, steps[r], storage)
             _sync(model.device)
             runs[r].append(clock() - begin)
     timed = np.maximum.accumulate([statistics.median(runs[r]) for r in grid])
     costs = np.interp(np.arange(max_rows + 1), grid, timed)
     costs[0] = costs[1]
     return [float(c) for c in costs]
+
+
+def _run(model: Transformer, seqs: list[SeqStep], storage: KVStorage) -> None:
+    """One step as the engine runs it: every row's logits, ``LOGIT_ROWS`` at a time."""
+    for _ in model.step_chunked(seqs, storage, LOGIT_ROWS):
+        pass
 
 
 class LiveCosts:

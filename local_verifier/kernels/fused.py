@@ -96,9 +96,12 @@ class FusedStack:
         k: torch.Tensor,
         v: torch.Tensor,
         picked: torch.Tensor,
+        head: bool = True,
     ) -> torch.Tensor:
         """float32 logits [P, vocab] of the ``picked`` rows (long [P]) of a step over the
-        rows of ``x`` (float32 [N, dim] embeddings, overwritten); writes each row's K/V to
+        rows of ``x`` (float32 [N, dim] embeddings, overwritten), or with ``head`` False
+        those rows' final-normed hidden states [P, dim], the input of the head (the model's
+        ``head`` linear gives the same logits); writes each row's K/V to
         its slot of every layer of ``k``/``v`` (``KVStorage``'s, contiguous, in ``dtype``).
         ``ropes``: the rows' (cos, sin) [N, head_dim] of the model's rope table, then (where
         ``local_rope``) of the sliding layers'; ``plans``: every row's keys, then (where
@@ -107,7 +110,7 @@ class FusedStack:
             raise TypeError(f"a {self.dtype} stack's K/V must be {self.dtype}, not {k.dtype}")
         if len(ropes) < 1 + self.local_rope or len(plans) < 1 + (self.window is not None):
             raise ValueError("a sliding layer's plan or rope table is missing")
-        logits = torch.empty(picked.shape[0], self.vocab)
+        out = torch.empty(picked.shape[0], self.vocab if head else x.shape[1])
         profile = None if self.profile is None else self.profile.data_ptr()
         rope_slots = [Rope(cos.data_ptr(), sin.data_ptr()) for cos, sin in ropes]
         plan_slots = [Plan(*plan.pointers(), len(plan.ctx_len)) for plan in plans]
@@ -115,11 +118,12 @@ class FusedStack:
             x=x.data_ptr(), rope=_slots(rope_slots, ROPE_SLOTS),
             new_slots=new_slots.data_ptr(), n_rows=x.shape[0], k_cache=k.data_ptr(),
             v_cache=v.data_ptr(), n_slots=v.shape[1], plan=_slots(plan_slots, PLAN_SLOTS),
-            picked=picked.data_ptr(), n_picked=picked.shape[0], logits=logits.data_ptr(),
-            threads=torch.get_num_threads(), seconds=profile,
+            picked=picked.data_ptr(), n_picked=picked.shape[0],
+            logits=out.data_ptr() if head else None, threads=torch.get_num_threads(),
+            seconds=profile, hidden=None if head else out.data_ptr(),
         )  # fmt: skip
         self._lib.dg_stack_step(self._handle, ctypes.byref(args))
-        return logits
+        return out
 
 
 def _slots(given: Sequence[_Slot], count: int) -> ctypes.Array[_Slot]:

@@ -49,6 +49,7 @@ class StepArgs(ctypes.Structure):
         ("logits", _ptr),
         ("threads", ctypes.c_int),
         ("seconds", _ptr),
+        ("hidden", _ptr),
     ]
 
 

@@ -38,6 +38,7 @@ from local_verifier.model import Block, SeqStep, Transformer
 from tests.local_verifier.conftest import write_tiny_checkpoint
 from tests.local_verifier.stepping import plain_decode, verify_batched
 from tests.local_verifier.test_gguf_tiny import _permute
+from tests.local_verifier.test_step_logits import assert_chunks_are_the_step, chunk_steps
 
 Q = GGMLQuantizationType
 GGUF_QUANTIZED = (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q8_0)  # the gguf package quantizes these
@@ -236,6 +237,12 @@ def test_rows_are_the_same_alone_chunked_batched_fused_and_on_two_threads(
         assert torch.equal(_prefill(model, _kv(native, PROMPT), tokens, [7, PROMPT - 7]), whole)
     finally:
         model.kernel_options = fused
+
+
+def test_chunked_logits_are_the_steps_bits(native: LoadedModel) -> None:
+    assert native.model.fused_stack() is not None
+    seqs = chunk_steps(native.config.vocab_size)
+    assert_chunks_are_the_step(native.model, _kv(native, 64), seqs)
 
 
 def test_tree_rows_equal_their_paths_decoded_one_row_at_a_time(native: LoadedModel) -> None:

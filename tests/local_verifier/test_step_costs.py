@@ -20,13 +20,13 @@ def test_long_steps_are_timed_until_their_time_adds_up(
     now = [0.0]
     steps: Counter[int] = Counter()
 
-    def step(seqs: Sequence[SeqStep], kv: object) -> list[object]:
+    def step(seqs: Sequence[SeqStep], kv: object, max_rows: int) -> list[object]:
         rows = sum(s.tokens.shape[0] for s in seqs)
         steps[rows] += 1
         now[0] += SECONDS_PER_ROW * rows
         return []
 
-    monkeypatch.setattr(smollm2.model, "step", step)
+    monkeypatch.setattr(smollm2.model, "step_chunked", step)
     # not measure_row_costs: nothing cached
     costs = step_costs._measure(smollm2, 64, clock=lambda: now[0])
 

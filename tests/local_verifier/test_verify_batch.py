@@ -180,15 +180,16 @@ def step_log(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
     verdicts found as on a GPU."""
     log: list[tuple[int, int]] = []
     now = {"rows": 0, "copies": 0}
-    real_step, real_forward, real_copy = Scheduler.step, Transformer.step, verify_module._to_host
+    real_step, real_forward = Scheduler.step, Transformer.step_chunked
+    real_copy = verify_module._to_host
 
     def step(self: Scheduler) -> None:
         now.update(rows=0, copies=0)
         real_step(self)
         log.append((now["rows"], now["copies"]))
 
-    def forward(self: Transformer, seqs: Any, kv: Any) -> list[torch.Tensor]:
-        out = real_forward(self, seqs, kv)
+    def forward(self: Transformer, seqs: Any, kv: Any, max_rows: int) -> Any:
+        out = real_forward(self, seqs, kv, max_rows)
         now["rows"] += sum(o.shape[0] > 0 for o in out)
         return out
 
@@ -198,7 +199,7 @@ def step_log(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
 
     monkeypatch.setattr(step_module, "_on_device", lambda device: True)  # the GPU's path
     monkeypatch.setattr(Scheduler, "step", step)
-    monkeypatch.setattr(Transformer, "step", forward)
+    monkeypatch.setattr(Transformer, "step_chunked", forward)
     monkeypatch.setattr(verify_module, "_to_host", copy)
     return log
 

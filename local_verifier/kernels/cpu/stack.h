@@ -158,6 +158,7 @@ void stack_step(Stack& m, const DgStepArgs& s) {
       } else {  // the picked rows' final norm and the head
         const float* post_ffn = L > 0 ? m.vectors[L - 1].post_ffn_norm : nullptr;
         const float post_eps = L > 0 ? m.layers[L - 1].eps[kPostFfnEps] : 0.0f;
+        float* const normed_out = s.hidden != nullptr ? s.hidden : normed;
 #pragma omp for schedule(static)
         for (int64_t p = 0; p < P; ++p) {
           const int64_t r = s.picked[p];
@@ -165,16 +166,18 @@ void stack_step(Stack& m, const DgStepArgs& s) {
           if (L > 0) {  // the last layer's residual (a post norm on a copy: a row may be
             float* t = tmp + r * D;  // picked twice)
             if (post_ffn != nullptr) {
-              std::memcpy(normed + p * D, t, D * sizeof(float));
-              t = normed + p * D;
+              std::memcpy(normed_out + p * D, t, D * sizeof(float));
+              t = normed_out + p * D;
             }
             residual_row(last + p * D, t, post_ffn, post_eps, D);
           }
-          rms_norm_row(last + p * D, m.final_norm, normed + p * D, D, m.norm_eps);
+          rms_norm_row(last + p * D, m.final_norm, normed_out + p * D, D, m.norm_eps);
         }
         clock.mark(kRowOpsTime);
-        linear_team<W>(normed, m.head, nullptr, s.logits, P, D, m.V, m.quant_rows);
-        clock.mark(kHeadTime);
+        if (s.hidden == nullptr) {  // else the caller runs the head on those rows
+          linear_team<W>(normed, m.head, nullptr, s.logits, P, D, m.V, m.quant_rows);
+          clock.mark(kHeadTime);
+        }
       }
     }
     if (l < L) {

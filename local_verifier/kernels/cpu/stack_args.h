@@ -42,14 +42,15 @@ struct DgStepArgs {
   DgPlan plan[kPlanSlots];
   const int64_t* picked;  // [P]: the rows that get logits
   int64_t n_picked;  // P
-  float* logits;  // [P, V]
+  float* logits;  // [P, V] (unless hidden)
   int threads;
   double* seconds;  // null, or where the step adds its seconds per kind of kernel
+  float* hidden;  // null, or [P, dim]: the picked rows' final-normed states, the head not run
 };
 
 // The three structs' layouts into out: per struct (DgStepArgs, DgPlan, DgRope) its size, then
 // per field in order its offset and size. Returns the number of values written (out holds
-// at least 3 + 2 * 22).
+// at least 3 + 2 * 23).
 inline int64_t step_args_layout(int64_t* out) {
   int64_t n = 0;
 #define DG_FIELD(type, name)       \
@@ -69,6 +70,7 @@ inline int64_t step_args_layout(int64_t* out) {
   DG_FIELD(DgStepArgs, logits);
   DG_FIELD(DgStepArgs, threads);
   DG_FIELD(DgStepArgs, seconds);
+  DG_FIELD(DgStepArgs, hidden);
   out[n++] = sizeof(DgPlan);
   DG_FIELD(DgPlan, keys);
   DG_FIELD(DgPlan, key_start);

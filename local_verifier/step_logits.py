@@ -1,0 +1,73 @@
+"""A step's logits computed from its picked rows' hidden states a chunk of rows at a time."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import overload
+
+import torch
+
+# rows of logits a step holds at once where it picks more (a 128,256-token vocabulary's 192
+# rows are 94 MiB, 32 rows 16 MiB); each further chunk reads the head's weights again
+LOGIT_ROWS = 32
+
+
+class ChunkedLogits(Sequence[torch.Tensor]):
+    """Per sequence float32 logits of a step, as ``Transformer.step`` returns them, computed
+    by ``head`` from the picked rows' final-normed states (``hidden`` [P, dim], ``counts``
+    rows per sequence) when first read, with the rest of their chunk: consecutive sequences
+    of at most ``max_rows`` rows in all (a longer sequence alone). Reading another chunk
+    frees the last one's logits, so a step with many rows holds about ``max_rows`` rows of
+    them at a time, read in order. ``head`` on fewer rows gives each row the same bits (its
+    kernels are batch-invariant), so the logits are the unchunked step's."""
+
+    def __init__(
+        self,
+        hidden: torch.Tensor,
+        counts: Sequence[int],
+        head: Callable[[torch.Tensor], torch.Tensor],
+        max_rows: int,
+    ) -> None:
+        self._hidden = hidden
+        self._counts = list(counts)
+        self._head = head
+        self._starts = [0]
+        for n in self._counts:
+            self._starts.append(self._starts[-1] + n)
+        self._chunk_of: list[int] = []  # per sequence, its chunk's first sequence
+        first = 0
+        for i in range(len(self._counts)):
+            if self._starts[i + 1] - self._starts[first] > max_rows and i > first:
+                first = i
+            self._chunk_of.append(first)
+        self._first = -1
+        self._held: list[torch.Tensor] = []
+        self.head_seconds = 0.0  # spent in ``head`` so far (the step's cost includes it)
+
+    def __len__(self) -> int:
+        return len(self._counts)
+
+    @overload
+    def __getitem__(self, index: int) -> torch.Tensor: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[torch.Tensor]: ...
+    def __getitem__(self, index: int | slice) -> torch.Tensor | list[torch.Tensor]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError("sequence index out of range")
+        first = self._chunk_of[index]
+        if first != self._first:
+            end = first
+            while end < len(self) and self._chunk_of[end] == first:
+                end += 1
+            self._held = []  # freed before the next chunk is computed
+            began = time.perf_counter()
+            rows = self._hidden[self._starts[first] : self._starts[end]]
+            self._held = list(self._head(rows).split(self._counts[first:end]))
+            self.head_seconds += time.perf_counter() - began
+            self._first = first
+        return self._held[index - first]
