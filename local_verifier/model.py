@@ -440,6 +440,9 @@ class Transformer(nn.Module):
         x = gather_rows(self.embed.weight, tokens).to(dtype)
         if self.config.embed_scale is not None:  # rounded to the weights' dtype, as HF does
             x = x * torch.tensor(self.config.embed_scale, dtype=self.weight_dtype, device=device)
+        # rows of logits at a time where the head is left to the reader (None: all at once)
+        chunk = max_rows if max_rows is not None and len(logit_rows) > max_rows else None
+        chunk = chunk if device.type == "cpu" else None
         stack = self._fused(ops) if kv.k.is_contiguous() and kv.v.is_contiguous() else None
         if stack is not None:  # the same kernels in the same order, in one C++ call
             rows_out = torch.tensor(logit_rows, dtype=torch.long)
@@ -449,18 +452,17 @@ class Transformer(nn.Module):
             plans = [inputs.plan]
             if stack.window is not None:
                 plans.append(inputs.plan_for(stack.window))
-            chunked = max_rows is not None and len(logit_rows) > max_rows
-            out = stack.run(x, new_slots, ropes, plans, kv.k, kv.v, rows_out, head=not chunked)
-            if chunked:
-                return ChunkedLogits(out, counts, partial(self._head, ops), cast(int, max_rows))
-            return list(out.split(counts))
+            out = stack.run(x, new_slots, ropes, plans, kv.k, kv.v, rows_out, head=chunk is None)
+            if chunk is None:
+                return list(out.split(counts))
+            return ChunkedLogits(out, counts, partial(self._head, ops), chunk)
         for layer in self.layers:
             x = layer(x, kv, inputs)
         x = x[torch.tensor(logit_rows, dtype=torch.long, device=device)]
         x = ops.rms_norm(x, self.norm.weight, self.norm.eps)
-        if max_rows is not None and len(logit_rows) > max_rows and device.type == "cpu":
-            return ChunkedLogits(x, counts, partial(self._head, ops), max_rows)
-        return list(self._head(ops, x).split(counts))
+        if chunk is None:
+            return list(self._head(ops, x).split(counts))
+        return ChunkedLogits(x, counts, partial(self._head, ops), chunk)
 
     @torch.inference_mode()
     def _head(self, ops: StepOps, x: torch.Tensor) -> torch.Tensor:

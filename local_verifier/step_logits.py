@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import time
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
+from itertools import accumulate
 from typing import overload
 
 import torch
@@ -32,16 +34,13 @@ class ChunkedLogits(Sequence[torch.Tensor]):
         self._hidden = hidden
         self._counts = list(counts)
         self._head = head
-        self._starts = [0]
-        for n in self._counts:
-            self._starts.append(self._starts[-1] + n)
-        self._chunk_of: list[int] = []  # per sequence, its chunk's first sequence
-        first = 0
-        for i in range(len(self._counts)):
-            if self._starts[i + 1] - self._starts[first] > max_rows and i > first:
-                first = i
-            self._chunk_of.append(first)
-        self._first = -1
+        self._starts = [0, *accumulate(self._counts)]  # each sequence's first row
+        self._bounds = [0]  # each chunk's first sequence, then the sequence count
+        for i in range(1, len(self._counts)):
+            if self._starts[i + 1] - self._starts[self._bounds[-1]] > max_rows:
+                self._bounds.append(i)
+        self._bounds.append(len(self._counts))
+        self._first = -1  # the held chunk's first sequence
         self._held: list[torch.Tensor] = []
         self.head_seconds = 0.0  # spent in ``head`` so far (the step's cost includes it)
 
@@ -59,11 +58,9 @@ class ChunkedLogits(Sequence[torch.Tensor]):
             index += len(self)
         if not 0 <= index < len(self):
             raise IndexError("sequence index out of range")
-        first = self._chunk_of[index]
+        chunk = bisect_right(self._bounds, index) - 1
+        first, end = self._bounds[chunk], self._bounds[chunk + 1]
         if first != self._first:
-            end = first
-            while end < len(self) and self._chunk_of[end] == first:
-                end += 1
             self._held = []  # freed before the next chunk is computed
             began = time.perf_counter()
             rows = self._hidden[self._starts[first] : self._starts[end]]
