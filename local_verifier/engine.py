@@ -141,7 +141,7 @@ class Engine:
         if model_.device.type == "cpu":
             release_threads()  # this thread's team would slow the calibration and the engine's
         if row_costs is None:
-            row_costs = measure_row_costs(self.lm, max_rows)
+            row_costs = measure_row_costs(self.lm, max_rows, storage)
         if len(row_costs) != max_rows + 1:
             raise ValueError(f"row_costs must give {max_rows + 1} step costs")
         self.row_costs = list(row_costs)

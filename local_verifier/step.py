@@ -220,13 +220,20 @@ class StepRunner:
     ) -> None:
         """Verify each row's logits and emit what it commits."""
         verdicts = _greedy_verdicts(rows, logits)
-        for row, seq, out, verdict in zip(rows, seqs, logits, verdicts, strict=True):
+        if len(logits) != len(rows):
+            raise ValueError(f"{len(logits)} sequences of logits for {len(rows)} rows")
+        # each sequence's logits read by index and let go before the next is read (not
+        # zipped: zip's reused tuple would hold them), so that a chunk of them is freed
+        # before the next one is computed
+        for i, (row, seq, verdict) in enumerate(zip(rows, seqs, verdicts, strict=True)):
+            out = logits[i]
             if row.draft is None:
                 self._isolated(
                     row.request, self._after_chunk, row.request, len(seq.tokens), out, verdict
                 )
             else:
                 self._hosted(row.request, self._after_verify, row.request, row.draft, out, verdict)
+            del out
 
     def _prefill_caps(self, weights: dict[str, float]) -> dict[str, int] | None:
         """With several tenants running, each one's prompt rows in a step at most its weighted

@@ -14,7 +14,7 @@ import torch
 from local_verifier.devices import on_own_thread
 from local_verifier.kv_storage import KVStorage
 from local_verifier.model import SeqStep, Transformer
-from local_verifier.step_logits import LOGIT_ROWS
+from local_verifier.step_logits import LOGIT_ROWS, ChunkedLogits
 
 if TYPE_CHECKING:
     from local_verifier.loader import LoadedModel
@@ -32,16 +32,20 @@ GRID = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 _measured: dict[tuple[int, int], list[float]] = {}
 
 
-def measure_row_costs(lm: LoadedModel, max_rows: int) -> list[float]:
+def measure_row_costs(
+    lm: LoadedModel, max_rows: int, storage: KVStorage | None = None
+) -> list[float]:
     """Seconds of one step over R rows, for R = 0..max_rows (index 0 repeats R = 1).
 
     Rows are spread over sequences of up to 8 rows each (decode rows with short drafts),
     every sequence attending to ``CONTEXT_TOKENS`` committed slots, on a thread of their own
-    (``devices.on_own_thread``). Cached per process.
+    (``devices.on_own_thread``). The steps write their K/V into ``storage``'s first slots
+    where it has enough (an engine's pool before it serves: nothing in it is read before
+    it is written again), else into a storage of their own. Cached per process.
     """
     key = (id(lm.model), max_rows)
     if key not in _measured:
-        _measured[key] = on_own_thread(lambda: _measure(lm, max_rows))
+        _measured[key] = on_own_thread(lambda: _measure(lm, max_rows, storage))
     return list(_measured[key])
 
 
@@ -63,11 +67,17 @@ def _steps(rows: int, vocab: int, gen: torch.Generator) -> list[SeqStep]:
 
 
 def _measure(
-    lm: LoadedModel, max_rows: int, clock: Callable[[], float] = time.perf_counter
+    lm: LoadedModel,
+    max_rows: int,
+    storage: KVStorage | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> list[float]:
     model = lm.model
     cfg = lm.config
-    storage = KVStorage(cfg, CONTEXT_TOKENS + max_rows, device=model.device, dtype=model.kv_dtype)
+    if storage is None or storage.n_slots < CONTEXT_TOKENS + max_rows:
+        storage = KVStorage(
+            cfg, CONTEXT_TOKENS + max_rows, device=model.device, dtype=model.kv_dtype
+        )
     gen = torch.Generator().manual_seed(0)
     grid = sorted({r for r in GRID if r <= max_rows} | {max_rows})
     steps = {r: _steps(r, cfg.vocab_size, gen) for r in grid}
@@ -94,8 +104,9 @@ def _measure(
 
 def _run(model: Transformer, seqs: list[SeqStep], storage: KVStorage) -> None:
     """One step as the engine runs it: every row's logits, ``LOGIT_ROWS`` at a time."""
-    for _ in model.step_chunked(seqs, storage, LOGIT_ROWS):
-        pass
+    logits = model.step_chunked(seqs, storage, LOGIT_ROWS)
+    if isinstance(logits, ChunkedLogits):
+        logits.read_all()
 
 
 class LiveCosts:

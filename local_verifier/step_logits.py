@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_right
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from itertools import accumulate
 from typing import overload
 
@@ -58,13 +58,32 @@ class ChunkedLogits(Sequence[torch.Tensor]):
             index += len(self)
         if not 0 <= index < len(self):
             raise IndexError("sequence index out of range")
-        chunk = bisect_right(self._bounds, index) - 1
+        first = self._hold(bisect_right(self._bounds, index) - 1)
+        return self._held[index - first]
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        # Sequence's own iterator keeps the last item it gave in its frame, and so that
+        # item's chunk while the next one is computed
+        for index in range(len(self)):
+            yield self[index]
+
+    def read_all(self) -> None:
+        """Compute every chunk in order, handing none out (a step timed, its logits unused):
+        at most one chunk's logits are held at a time."""
+        for chunk in range(len(self._bounds) - 1):
+            self._hold(chunk)
+        self._held, self._first = [], -1
+
+    def _hold(self, chunk: int) -> int:
+        """Chunk ``chunk``'s logits held (computed unless they are); its first sequence.
+        The last chunk's are let go first: a caller that holds none of its tensors has it
+        freed before the next one is computed."""
         first, end = self._bounds[chunk], self._bounds[chunk + 1]
         if first != self._first:
-            self._held = []  # freed before the next chunk is computed
+            self._held = []
             began = time.perf_counter()
             rows = self._hidden[self._starts[first] : self._starts[end]]
             self._held = list(self._head(rows).split(self._counts[first:end]))
             self.head_seconds += time.perf_counter() - began
             self._first = first
-        return self._held[index - first]
+        return first

@@ -9,11 +9,17 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import replace
 
+import numpy as np
 import pytest
 import torch
+from arrivals import together
+from test_batching import PROMPTS, Collector, ids_of, make_engine
 
+import local_verifier.step as step_module
 from local_verifier.config import ModelConfig
+from local_verifier.engine import GenerationRequest
 from local_verifier.kv_storage import KVStorage
+from local_verifier.loader import LoadedModel
 from local_verifier.model import SeqStep, Transformer
 from local_verifier.step_logits import ChunkedLogits
 from tests.local_verifier.test_fused_step import MODEL_IDS, MODELS
@@ -76,3 +82,89 @@ def test_a_chunks_logits_are_freed_when_the_next_is_read() -> None:
     chunked[2]  # the 20-row sequence, a chunk of its own
     gc.collect()
     assert first() is None
+
+
+def _counting_chunks(model: Transformer, max_rows: int) -> tuple[ChunkedLogits, list[int]]:
+    """A chunked step whose head records, at each call, how many earlier chunks' memory is
+    alive (each chunk's logits in a numpy array, which any view of them keeps)."""
+    kv = KVStorage(model.config, 64, "cpu", model.kv_dtype)
+    chunked = model.step_chunked(chunk_steps(model.config.vocab_size), kv, max_rows)
+    assert isinstance(chunked, ChunkedLogits)
+    made: list[weakref.ref[np.ndarray]] = []
+    alive: list[int] = []
+    head = chunked._head
+
+    def counting(rows: torch.Tensor) -> torch.Tensor:
+        gc.collect()
+        alive.append(sum(ref() is not None for ref in made))
+        logits = head(rows)
+        memory = np.empty(tuple(logits.shape), dtype=np.float32)
+        made.append(weakref.ref(memory))
+        return torch.from_numpy(memory).copy_(logits)
+
+    chunked._head = counting
+    return chunked, alive
+
+
+def test_read_all_computes_each_chunk_once_holding_one_at_a_time() -> None:
+    cfg, dtype = MODELS[0]
+    model = Transformer.from_config(cfg, "cpu", dtype)
+    chunked, alive = _counting_chunks(model, 4)
+    chunked.read_all()
+    assert alive == [0] * 5  # (3, 1), (20), (8), (2), (5): none left when the next runs
+    assert chunked[5].shape[0] == 5  # read after: its chunk computed again
+    assert alive == [0] * 6
+
+
+def test_a_reader_that_lets_go_of_a_chunk_has_it_freed_before_the_next_is_computed() -> None:
+    """Reading sequence by sequence, each tensor dropped before the next read (as the engine's
+    step does), the previous chunk is gone when the head runs again; a reader that keeps one
+    tensor keeps its chunk."""
+    cfg, dtype = MODELS[0]
+    model = Transformer.from_config(cfg, "cpu", dtype)
+    chunked, alive = _counting_chunks(model, 4)
+    for i in range(len(chunked)):
+        out = chunked[i]
+        assert out.shape[0] == ROWS[i]
+        del out
+    assert alive == [0] * 5
+    chunked, alive = _counting_chunks(model, 4)
+    kept = chunked[0]
+    for i in range(1, len(chunked)):
+        chunked[i]
+    assert alive == [0, 1, 1, 1, 1] and kept.shape[0] == ROWS[0]
+
+
+def test_the_engines_steps_free_each_chunk_of_logits_before_computing_the_next(
+    tiny_lm: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Steps of several requests with logits 2 rows at a time: when the head runs, no chunk
+    computed before it is still held (the step lets each sequence's logits go once it has
+    read them)."""
+    monkeypatch.setattr(step_module, "LOGIT_ROWS", 2)
+    made: list[weakref.ref[np.ndarray]] = []
+    alive: list[int] = []
+    head = tiny_lm.model._head
+
+    def counting(ops: object, rows: torch.Tensor) -> torch.Tensor:
+        gc.collect()
+        alive.append(sum(ref() is not None for ref in made))
+        logits = head(ops, rows)
+        memory = np.empty(tuple(logits.shape), dtype=np.float32)
+        made.append(weakref.ref(memory))
+        return torch.from_numpy(memory).copy_(logits)
+
+    monkeypatch.setattr(tiny_lm.model, "_head", counting)
+    engine = make_engine(tiny_lm)
+    try:
+        answers = [Collector() for _ in PROMPTS]
+        with together(engine):
+            for prompt, answer in zip(PROMPTS, answers, strict=True):
+                engine.submit(
+                    GenerationRequest(prompt_ids=ids_of(tiny_lm, prompt), max_tokens=8), answer
+                )
+        assert engine.wait_idle(60)
+    finally:
+        engine.close()
+    assert all(len(a.ids) == 8 for a in answers)
+    assert len(alive) > 8 and set(alive) == {0}  # steps of several chunks each
