@@ -84,26 +84,39 @@ def test_a_chunks_logits_are_freed_when_the_next_is_read() -> None:
     assert first() is None
 
 
+class ChunkCounter:
+    """A head's wrapper that records, at each call, how many earlier chunks' memory is alive
+    (each chunk's logits in a numpy array, which any view of them keeps)."""
+
+    def __init__(self) -> None:
+        self.made: list[weakref.ref[np.ndarray]] = []
+        self.alive: list[int] = []
+
+    def counted(self, logits: torch.Tensor) -> torch.Tensor:
+        """``logits`` (the head's output) moved into memory this counter watches."""
+        memory = np.empty(tuple(logits.shape), dtype=np.float32)
+        self.made.append(weakref.ref(memory))
+        return torch.from_numpy(memory).copy_(logits)
+
+    def count(self) -> None:
+        """Record the earlier chunks alive now (called as the head runs)."""
+        gc.collect()
+        self.alive.append(sum(ref() is not None for ref in self.made))
+
+
 def _counting_chunks(model: Transformer, max_rows: int) -> tuple[ChunkedLogits, list[int]]:
-    """A chunked step whose head records, at each call, how many earlier chunks' memory is
-    alive (each chunk's logits in a numpy array, which any view of them keeps)."""
+    """A chunked step whose head records, at each call, how many earlier chunks are alive."""
     kv = KVStorage(model.config, 64, "cpu", model.kv_dtype)
     chunked = model.step_chunked(chunk_steps(model.config.vocab_size), kv, max_rows)
     assert isinstance(chunked, ChunkedLogits)
-    made: list[weakref.ref[np.ndarray]] = []
-    alive: list[int] = []
-    head = chunked._head
+    counter, head = ChunkCounter(), chunked._head
 
     def counting(rows: torch.Tensor) -> torch.Tensor:
-        gc.collect()
-        alive.append(sum(ref() is not None for ref in made))
-        logits = head(rows)
-        memory = np.empty(tuple(logits.shape), dtype=np.float32)
-        made.append(weakref.ref(memory))
-        return torch.from_numpy(memory).copy_(logits)
+        counter.count()
+        return counter.counted(head(rows))
 
     chunked._head = counting
-    return chunked, alive
+    return chunked, counter.alive
 
 
 def test_read_all_computes_each_chunk_once_holding_one_at_a_time() -> None:
@@ -142,17 +155,11 @@ def test_the_engines_steps_free_each_chunk_of_logits_before_computing_the_next(
     computed before it is still held (the step lets each sequence's logits go once it has
     read them)."""
     monkeypatch.setattr(step_module, "LOGIT_ROWS", 2)
-    made: list[weakref.ref[np.ndarray]] = []
-    alive: list[int] = []
-    head = tiny_lm.model._head
+    counter, head = ChunkCounter(), tiny_lm.model._head
 
     def counting(ops: object, rows: torch.Tensor) -> torch.Tensor:
-        gc.collect()
-        alive.append(sum(ref() is not None for ref in made))
-        logits = head(ops, rows)
-        memory = np.empty(tuple(logits.shape), dtype=np.float32)
-        made.append(weakref.ref(memory))
-        return torch.from_numpy(memory).copy_(logits)
+        counter.count()
+        return counter.counted(head(ops, rows))
 
     monkeypatch.setattr(tiny_lm.model, "_head", counting)
     engine = make_engine(tiny_lm)
@@ -167,4 +174,4 @@ def test_the_engines_steps_free_each_chunk_of_logits_before_computing_the_next(
     finally:
         engine.close()
     assert all(len(a.ids) == 8 for a in answers)
-    assert len(alive) > 8 and set(alive) == {0}  # steps of several chunks each
+    assert len(counter.alive) > 8 and set(counter.alive) == {0}  # steps of several chunks each

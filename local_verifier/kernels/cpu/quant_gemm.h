@@ -294,18 +294,19 @@ void quant_gemm_team(const float* x, const uint8_t* w, const float* bias, float*
   using Q = QuantTraits<T>;
   const int64_t nb = K / Q::kValues, row_bytes = nb * Q::kBytes, blocks32 = K / kQBlock;
   if (part != LayerPart::kLast) quantize_by_pass(x, N, K, rows);
-  const int64_t passes = (N + kPassRows - 1) / kPassRows;
-  // a full single pass on AVX-512 runs as two passes of half its rows, the second over the
-  // kept tile while the tile after next streams in (the 1.1B Q4_K_M file's 8-row step on the
-  // Intel Xeon with AMX: 0.91-0.92x the time; 5-7 rows in halves 0.97-1.03x, so they stay
-  // one pass)
-  const bool halves = DG_AVX512 && N == kPassRows;
-  TileBlock<Q>* tile = tile_buffer<T>.fit(passes > 1 || halves ? nb : 1);
-  const auto pass_rows = [&](int64_t p) {
-    const int32_t* corr = Q::kGroups == 2 ? rows.corr16.data() + 2 * p * blocks32 * kPassRows
-                                          : rows.corr32.data() + p * blocks32 * kPassRows;
-    return PassRows{rows.q.data() + p * K * kPassRows, rows.d.data() + p * blocks32 * kPassRows,
-                    rows.sums.data() + p * blocks32 * kPassRows, corr};
+  // rows per pass; a full single pass on AVX-512 runs as two passes of half its rows, the
+  // second over the kept tile while the tile after next streams in (the 1.1B Q4_K_M file's
+  // 8-row step on the Intel Xeon with AMX: 0.91-0.92x the time; 5-7 rows in halves
+  // 0.97-1.03x, so they stay one pass)
+  const int64_t pass = DG_AVX512 && N == kPassRows ? N / 2 : kPassRows;
+  const int64_t passes = (N + pass - 1) / pass;
+  TileBlock<Q>* tile = tile_buffer<T>.fit(passes > 1 ? nb : 1);
+  const auto rows_from = [&](int64_t r) {  // a pass's rows from row r (a lane of its block)
+    const int64_t block = r / kPassRows * blocks32 * kPassRows, lane = r % kPassRows;
+    const int32_t* corr = Q::kGroups == 2 ? rows.corr16.data() + 2 * block + lane
+                                          : rows.corr32.data() + block + lane;
+    return PassRows{rows.q.data() + r / kPassRows * K * kPassRows + 4 * lane,
+                    rows.d.data() + block + lane, rows.sums.data() + block + lane, corr};
   };
   const int64_t tiles = (M + kTileCols - 1) / kTileCols;
   const int64_t team = omp_get_num_threads(), me = omp_get_thread_num();
@@ -329,20 +330,8 @@ void quant_gemm_team(const float* x, const uint8_t* w, const float* bias, float*
     const Lookahead far{reinterpret_cast<const char*>(w + (m0 + 2 * kTileCols) * row_bytes),
                         beyond * row_bytes / 64};
     const float* b = bias != nullptr ? bias + m0 : nullptr;
-    if (halves) {  // a first half decoding into the kept tile, the second half over it
-      const int64_t first = N / 2;
-      const PassRows x0 = pass_rows(0);
-      const PassRows x1{x0.q + 4 * first, x0.d + first, x0.sums + first, x0.corr + first};
-      const int64_t shared = far.lines / 2;
-      tile_pass_upto<T, true, true>(first, col, nb, tile, x0, TileOut{y + m0, ldy, cols, b},
-                                    false, next, Lookahead{far.next, shared});
-      tile_pass_upto<T, false, true>(N - first, col, nb, tile, x1,
-                                     TileOut{y + first * ldy + m0, ldy, cols, b}, false,
-                                     Lookahead{far.next + 64 * shared, far.lines - shared});
-      continue;
-    }
     if (passes == 1) {
-      tile_pass_upto<T, true, false>(N, col, nb, tile, pass_rows(0), TileOut{y + m0, ldy, cols, b},
+      tile_pass_upto<T, true, false>(N, col, nb, tile, rows_from(0), TileOut{y + m0, ldy, cols, b},
                                      near, next, far);
       continue;
     }
@@ -350,16 +339,16 @@ void quant_gemm_team(const float* x, const uint8_t* w, const float* bias, float*
     // busy while later passes multiply the kept tile (a 1.1B Q4_K_M file's steps on the
     // Intel Xeon with AMX: 16 and 32 rows 0.86-0.88x the time, 24 rows 0.81-0.83x, 12 rows
     // 0.89-0.92x, 64 and 128 rows 0.93-0.98x)
-    const auto share = [&](int64_t p) {  // pass p's part of the lines of `far`
-      const int64_t first = far.lines * p / passes, end = far.lines * (p + 1) / passes;
-      return Lookahead{far.next + 64 * first, end - first};
-    };
-    tile_pass<T, kPassRows, true, true>(col, nb, tile, pass_rows(0), TileOut{y + m0, ldy, cols, b},
-                                        false, next, share(0));
-    for (int64_t p = 1; p < passes; ++p)
-      tile_pass_upto<T, false, true>(std::min(kPassRows, N - p * kPassRows), col, nb, tile,
-                                     pass_rows(p), TileOut{y + p * kPassRows * ldy + m0, ldy, cols, b},
-                                     false, share(p));
+    for (int64_t p = 0; p < passes; ++p) {
+      const int64_t r = p * pass, n = std::min(pass, N - r);
+      const int64_t shared = far.lines * p / passes, share_end = far.lines * (p + 1) / passes;
+      const Lookahead share{far.next + 64 * shared, share_end - shared};  // pass p's part of far
+      const TileOut out{y + r * ldy + m0, ldy, cols, b};
+      if (p == 0)  // decodes the tile into the kept one
+        tile_pass_upto<T, true, true>(n, col, nb, tile, rows_from(r), out, false, next, share);
+      else
+        tile_pass_upto<T, false, true>(n, col, nb, tile, rows_from(r), out, false, share);
+    }
   }
   if (part != LayerPart::kFirst) {
 #pragma omp barrier
