@@ -39,6 +39,7 @@ from local_verifier.events import (
     answer_stats,
 )
 from local_verifier.grammar import GrammarCompiler
+from local_verifier.heap import release_freed
 from local_verifier.kernels.cpp import release_threads
 from local_verifier.kv_pool import DEFAULT_BLOCK_SIZE, KVPool
 from local_verifier.kv_storage import KVStorage
@@ -142,6 +143,7 @@ class Engine:
             release_threads()  # this thread's team would slow the calibration and the engine's
         if row_costs is None:
             row_costs = measure_row_costs(self.lm, max_rows, storage)
+            release_freed()  # what steps of every size let go
         if len(row_costs) != max_rows + 1:
             raise ValueError(f"row_costs must give {max_rows + 1} step costs")
         self.row_costs = list(row_costs)

@@ -122,15 +122,17 @@ class GGUFSource:
     A tensor is read from the file chunk by chunk of rows (plain reads: no page of the file
     stays resident) and each chunk reinterpreted (F32, F16, BF16) or dequantized by the gguf
     package, then written into its destination (cast once); llama's q/k rows go back to the
-    rotate-half order as they are written. A tensor named in ``keep_blocks`` is read as its
-    blocks instead: its shape is the ``quant`` one (``kernels.packing``) and its rows' bytes
-    are copied as they are."""
+    rotate-half order as they are written, except those named in ``keep_pairs``, which keep
+    the file's order (``in_pairs``). A tensor named in ``keep_blocks`` is read as its blocks
+    instead: its shape is the ``quant`` one (``kernels.packing``) and its rows' bytes are
+    copied as they are."""
 
     def __init__(self, path: Path, reader: GGUFFile, cfg: ModelConfig) -> None:
         _, family = _family(reader)
         self._path = path
         self._tensors: dict[str, tuple[TensorInfo, int | None]] = {}  # name: (tensor, heads)
         self._blocks: set[str] = set()
+        self._pairs: set[str] = set()  # q/k tensors read in the file's row order
         self._map: tuple[mmap.mmap, int] | None = None  # copy-on-write map, its address
         for t in reader.tensors:
             if t.name == "rope_freqs.weight":  # read into the config by ``read_gguf``
@@ -178,11 +180,22 @@ class GGUFSource:
         """Read ``name`` (a ``block_type`` tensor) as its blocks from now on."""
         self._blocks.add(name)
 
+    def in_pairs(self, name: str) -> bool:
+        """Whether ``name``'s rows lie in the file in llama's pair order: each head's rows
+        of one rotated pair side by side (``2i + j`` is rotate-half order's ``i + j half``)."""
+        entry = self._tensors.get(name)
+        return entry is not None and entry[1] is not None
+
+    def keep_pairs(self, name: str) -> None:
+        """Read ``name`` (``in_pairs``) in the file's pair order from now on."""
+        self._pairs.add(name)
+
     def lie_in_place(self, names: list[str]) -> bool:
         """Whether the rows of tensors ``names`` lie in the file as one run, in order: one
-        tensor after the other, none whose rows the loader reorders (llama's q/k)."""
+        tensor after the other, none whose rows the loader reorders (llama's q/k, unless
+        ``keep_pairs``)."""
         entries = [self._tensors[n] for n in names]
-        return all(heads is None for _, heads in entries) and all(
+        return all(self._heads(n) is None for n in names) and all(
             a.data_offset + a.n_bytes == b.data_offset
             for (a, _), (b, _) in zip(entries, entries[1:], strict=False)
         )
@@ -205,8 +218,12 @@ class GGUFSource:
         )
         return flat.view(sum(shape[0] for shape in shapes), *shapes[0][1:])
 
+    def _heads(self, name: str) -> int | None:
+        """The heads whose rows the loader reorders as it reads ``name`` (None: none)."""
+        return None if name in self._pairs else self._tensors[name][1]
+
     def read_into(self, name: str, out: torch.Tensor) -> None:
-        t, heads = self._tensors[name]
+        t, heads = self._tensors[name][0], self._heads(name)
         if self._map is not None and out.data_ptr() == self._map[1] + t.data_offset:
             return  # ``mapped``: the file's own bytes
         if name in self._blocks and heads is None and out.is_contiguous():

@@ -27,29 +27,51 @@ class Linear(nn.Module):
     kernels where they run); state dicts hold it row-major either way. A GGUF quantized
     weight is held as its blocks (``quant``), in every state.
 
-    ``tail``, where not None, holds the last output rows as GGUF blocks apart from
-    ``weight``'s, which holds the rows before them: a fused layer's last part of another type
-    (Q4_K_M's v and MLP rows), or one the file does not hold right after the others (up,
-    after gate and ``ffn_norm``), used in place."""
+    A fused layer of GGUF blocks whose parts do not lie in the file as one run of one type
+    (Q4_K_M's v and MLP rows in Q6_K; llama.cpp's order k, wo, q, v and gate, ``ffn_norm``,
+    up) is held in runs, each used where the file holds it: ``weight`` the first run's rows,
+    ``run1`` and ``run2`` (None: absent) the next ones', ``first_parts`` the part each run
+    begins with."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
-        self.tail: nn.Parameter | None
-        self.register_parameter("tail", None)
+        self.run1: nn.Parameter | None
+        self.run2: nn.Parameter | None
+        self.register_parameter("run1", None)
+        self.register_parameter("run2", None)
+        self.first_parts: tuple[int, ...] = (0,)
         row_major_state(self)
 
+    def runs(self) -> list[torch.Tensor]:
+        """The weight's runs of rows in order (``weight`` alone unless held in runs)."""
+        return [w for w in (self.weight, self.run1, self.run2) if w is not None]
+
+    def runs_by_part(self, parts: int) -> list[torch.Tensor | None]:
+        """For each of the layer's ``parts``, the run that begins with it, else None."""
+        out: list[torch.Tensor | None] = [None] * parts
+        for first, run in zip(self.first_parts, self.runs(), strict=True):
+            out[first] = run
+        return out
+
+    def run_parts(self, parts: list[str]) -> list[list[str]]:
+        """The layer's checkpoint ``parts`` (in order) each run holds."""
+        ends = [*self.first_parts[1:], len(parts)]
+        return [parts[a:b] for a, b in zip(self.first_parts, ends, strict=True)]
+
     def forward(self, x: torch.Tensor, ops: StepOps) -> torch.Tensor:
-        """``x @ [weight; tail].T + bias`` by ``ops`` (a tail's outputs by its own type's
-        kernel, as the fused step computes them)."""
-        if self.tail is None:
+        """``x @ [weight; run1; run2].T + bias`` by ``ops`` (each run's outputs by its own
+        type's kernel, as the fused step computes them)."""
+        runs = self.runs()
+        if len(runs) == 1:
             return ops.linear(x, self.weight, self.bias)
-        head = self.weight.shape[0]
-        bias = [None, None] if self.bias is None else [self.bias[:head], self.bias[head:]]
-        return torch.cat(
-            [ops.linear(x, self.weight, bias[0]), ops.linear(x, self.tail, bias[1])], dim=1
-        )
+        outs, row = [], 0
+        for run in runs:
+            bias = None if self.bias is None else self.bias[row : row + run.shape[0]]
+            outs.append(ops.linear(x, run, bias))
+            row += run.shape[0]
+        return torch.cat(outs, dim=1)
 
     @torch.no_grad()
     def set_layout(self, layout: Layout) -> None:

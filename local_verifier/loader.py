@@ -22,13 +22,14 @@ from local_verifier.devices import (
 )
 from local_verifier.errors import ModelLoadError
 from local_verifier.gguf_loader import GGUFSource, read_gguf
+from local_verifier.heap import release_freed
 from local_verifier.hf_loader import read_hf_dir
 from local_verifier.kernels.cpp import load_library, release_threads
 from local_verifier.kernels.options import KernelOptions
 from local_verifier.kernels.packing import QUANT_TYPES, layout_of
 from local_verifier.kv_storage import KVStorage
 from local_verifier.linear import Linear
-from local_verifier.model import ModelConfig, SeqStep, Transformer
+from local_verifier.model import Attention, ModelConfig, SeqStep, Transformer
 from local_verifier.tokenizer import Tokenizer
 from local_verifier.weights import (
     GIB,
@@ -198,6 +199,7 @@ def load_model(
     if dev.type == "cpu" and tune_threads:  # probed on a thread that ends with the probe
         chosen = on_own_thread(partial(configure_threads, partial(_probe_steps, lm)))
         torch.set_num_threads(chosen)  # on this thread too (torch keeps a count per thread)
+    release_freed()  # what the load built and let go (the file's metadata, the tokenizer's tables)
     return lm
 
 
@@ -231,15 +233,16 @@ def _check_native(device: torch.device) -> None:
 
 def keep_quantized(model: Transformer, source: GGUFSource) -> dict[str, list[str]]:
     """Give each linear layer of ``model`` (on the ``meta`` device) whose checkpoint tensors
-    are all of one type the C++ kernels run (``GGUFSource.block_type``) a uint8 weight in
-    that type's ``quant`` shape, and have ``source`` read those tensors as blocks; returns
-    those parameters' names and the names ``source`` reads them under. A fused layer whose
-    last part alone is of another such type, or whose parts do not lie in the file as one
-    run while the last part lies there on its own (llama.cpp writes ``ffn_norm`` between
-    gate and up), keeps that part as its ``tail`` (Q4_K_M's v and MLP rows in Q6_K; up,
-    used in place beside gate). The embedding is kept as blocks too (a step dequantizes the few
-    rows it gathers); a tied head is the same blocks. Linear layers of other mixes or types
-    stay in the model's dtype (dequantized as they are read), one log line per type."""
+    are all of types the C++ kernels run (``GGUFSource.block_type``) uint8 weights in their
+    ``quant`` shapes, and have ``source`` read those tensors as blocks; returns those
+    parameters' names and the names ``source`` reads them under. A fused layer's parts are
+    held in runs (``Linear.runs``): a part of another type than the one before, or not lying
+    right after it in the file, begins a run (Q4_K_M's v and MLP rows in Q6_K; llama.cpp
+    writes k, wo, q, v and gate, ``ffn_norm``, up), so that every run is used in place.
+    Llama's q and k rows keep the file's pair order (``Attention.qk_pairs``; their bias too).
+    The embedding is kept as blocks too (a step dequantizes the few rows it gathers); a tied
+    head is the same blocks. Linear layers of other types stay in the model's dtype
+    (dequantized as they are read), one log line per type."""
     cfg = model.config
     tied = model.head.weight is model.embed.weight
     groups: dict[str, list[str]] = {"embed.weight": ["model.embed_tokens.weight"]}
@@ -255,18 +258,27 @@ def keep_quantized(model: Transformer, source: GGUFSource) -> dict[str, list[str
     kept: dict[str, list[str]] = {}
     for name, parts in groups.items():
         types = [source.block_type(part) for part in parts]
-        if None in types or len(set(types[:-1])) > 1:  # only the last part may differ
+        if None in types:
             for part in parts:
                 kind = source.tensor_type(part)
                 if kind is not None and kind.name not in ("F32", "F16", "BF16"):
                     dequantized[kind.name] = dequantized.get(kind.name, 0) + 1
             continue
-        owner = model.get_submodule(name.rpartition(".")[0])
+        module = name.rpartition(".")[0]
+        owner = model.get_submodule(module)
         assert isinstance(owner, (Linear, nn.Embedding))
-        whole = len(set(types)) == 1 and (
-            source.lie_in_place(parts) or not source.lie_in_place(parts[-1:])
-        )
-        runs = [parts] if whole else [parts[:-1], parts[-1:]]
+        paired = [part for part in parts if source.in_pairs(part)]
+        for part in paired + [part.replace(".weight", ".bias") for part in paired]:
+            if source.shape(part) is not None:
+                source.keep_pairs(part)
+        if paired:
+            cast(Attention, model.get_submodule(module.rpartition(".")[0])).qk_pairs = True
+        firsts = [
+            i
+            for i in range(len(parts))
+            if i == 0 or types[i] != types[i - 1] or not source.lie_in_place(parts[i - 1 : i + 1])
+        ]
+        runs = [parts[a:b] for a, b in zip(firsts, [*firsts[1:], len(parts)], strict=True)]
         rows, width = owner.weight.shape
         shapes = [_blocks_shape(source, run, width) for run in runs]
         if sum(shape[0] for shape in shapes) != rows:
@@ -274,15 +286,17 @@ def keep_quantized(model: Transformer, source: GGUFSource) -> dict[str, list[str
                 f"{', '.join(parts)}: {sum(shape[0] for shape in shapes)} rows of blocks, the "
                 f"model's {name} has {rows}"
             )
-        for attr, run, shape in zip(("weight", "tail"), runs, shapes, strict=False):
+        if isinstance(owner, Linear):
+            owner.first_parts = tuple(firsts)
+        for attr, run, shape in zip(("weight", "run1", "run2"), runs, shapes, strict=False):
             empty = torch.empty(shape, dtype=torch.uint8, device="meta")
             setattr(owner, attr, nn.Parameter(empty, requires_grad=False))
-            kept[f"{name.rpartition('.')[0]}.{attr}"] = run
+            kept[f"{module}.{attr}"] = run
         if tied and owner is model.embed:
             model.head.weight = owner.weight
     for kind_name, count in sorted(dequantized.items()):
         log.info(
-            "dtype native: %d tensors of %s dequantized (mixed in a layer or not run)",
+            "dtype native: %d tensors of %s dequantized (not run as blocks)",
             count,
             kind_name,
         )

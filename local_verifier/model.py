@@ -34,6 +34,8 @@ if TYPE_CHECKING:
 
 __all__ = ["ModelConfig", "SeqStep", "Transformer"]
 
+_RUNS = ("weight", "run1", "run2")  # a ``Linear``'s parameters holding its runs, in order
+
 
 @dataclass
 class SeqStep:
@@ -101,17 +103,30 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
         self.window = cfg.window(layer)
         self.local_rope = self.window is not None and cfg.rope_local_theta is not None
+        # wqkv's q and k rows (and bias) in a GGUF llama file's pair order, used in place
+        self.qk_pairs = False
 
     def forward(self, x: torch.Tensor, kv: KVStorage, step: _StepInputs) -> torch.Tensor:
         cfg, ops = self.cfg, step.ops
         keys, values = kv.k[self.layer], kv.v[self.layer]
         qkv = self.wqkv(x, ops)
+        if self.qk_pairs:
+            qkv = self._rotate_half_order(qkv)
         if cfg.qk_norm:
             qkv = self._norm_qk(qkv, ops)
         cos, sin = step.rope(self.local_rope)
         q = ops.rope_store(qkv, cos, sin, keys, values, step.new_slots, cfg.n_heads, cfg.n_kv_heads)
         out = ops.attention(q, keys, values, step.plan_for(self.window))
         return cast(torch.Tensor, self.wo(out.view(x.shape[0], -1), ops))
+
+    def _rotate_half_order(self, qkv: torch.Tensor) -> torch.Tensor:
+        """``qkv`` with each q and k head's values from the file's pair order (value
+        ``2i + j`` rotated with ``2i + 1 - j``) in rotate-half order (at ``i + j half``): the
+        values moved, none computed."""
+        n, d = qkv.shape[0], self.cfg.head_dim
+        k_end = (self.cfg.n_heads + self.cfg.n_kv_heads) * d
+        heads = qkv[:, :k_end].reshape(n, -1, d // 2, 2).transpose(2, 3).reshape(n, k_end)
+        return torch.cat([heads, qkv[:, k_end:]], dim=1)
 
     def _norm_qk(self, qkv: torch.Tensor, ops: StepOps) -> torch.Tensor:
         """``qkv`` with each query and key head RMS-normed (one row per head)."""
@@ -155,18 +170,21 @@ class Block(nn.Module):
 
     def layer_weights(self) -> LayerWeights:
         """The parameters as the fused steps read them (``Transformer.stack_weights``)."""
+        _, k_run, v_run = self.attn.wqkv.runs_by_part(3)
         return LayerWeights(
             attn_norm=self.attn_norm.weight,
             attn_eps=self.attn_norm.eps,
             wqkv=self.attn.wqkv.weight,
+            wqkv_k=k_run,
+            wqkv_v=v_run,
+            qk_pairs=self.attn.qk_pairs,
             bqkv=self.attn.wqkv.bias,
             wo=self.attn.wo.weight,
             ffn_norm=self.ffn_norm.weight,
             ffn_eps=self.ffn_norm.eps,
             w13=self.ffn.w13.weight,
+            w13_up=self.ffn.w13.runs_by_part(2)[1],
             w2=self.ffn.w2.weight,
-            wqkv_tail=self.attn.wqkv.tail,
-            w13_tail=self.ffn.w13.tail,
             q_norm=_norm(self.attn, "q_norm"),
             k_norm=_norm(self.attn, "k_norm"),
             post_attn_norm=_norm(self, "post_attn_norm"),
@@ -478,14 +496,13 @@ class Transformer(nn.Module):
         params: dict[str, list[str]] = {}
         for name in own:
             module, _, attr = name.rpartition(".")
-            parts = tensor_names(self.config, f"{module}.weight" if attr == "tail" else name)
+            owner = self.get_submodule(module)
+            runs = isinstance(owner, Linear) and attr in _RUNS
+            parts = tensor_names(self.config, f"{module}.weight" if runs else name)
             if parts is None:
                 raise KeyError(f"no weights for {name!r}")
-            if (
-                attr in ("weight", "tail")
-                and getattr(self.get_submodule(module), "tail", None) is not None
-            ):
-                parts = parts[-1:] if attr == "tail" else parts[:-1]  # ``Linear.tail``'s split
+            if isinstance(owner, Linear) and attr in _RUNS:
+                parts = owner.run_parts(parts)[_RUNS.index(attr)]
             params[name] = parts
         layout = self._layout_for(step_ops(self.device, self.dtype, self.kernel_options.backend))
         self._set_layout("row")  # the checkpoint's layout

@@ -134,11 +134,13 @@ def _slots(given: Sequence[_Slot], count: int) -> ctypes.Array[_Slot]:
 
 def _switches(layer: LayerWeights) -> list[int]:
     """A layer's switches in the C++ stack's order (``LayerSwitch``): its activation, its
-    plan slot (1: the window's) and its rope slot (1: the sliding layers' table)."""
+    plan slot (1: the window's), its rope slot (1: the sliding layers' table) and whether its
+    q and k rows lie in pair order."""
     return [
         ACTIVATIONS.index(layer.activation),
         int(layer.window is not None),
         int(layer.local_rope),
+        int(layer.qk_pairs),
     ]
 
 

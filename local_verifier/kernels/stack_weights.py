@@ -46,15 +46,20 @@ class LayerWeights:
     activation: str = "silu"  # of ``ACTIVATIONS``
     window: int | None = None  # the latest keys a row attends to (None: all)
     local_rope: bool = False  # rotated by the sliding layers' rope table (their own base)
-    wqkv_tail: torch.Tensor | None = None  # v's rows in blocks apart (``Linear.tail``)
-    w13_tail: torch.Tensor | None = None  # the up rows in blocks apart
+    # where a run of GGUF blocks apart begins with k's, v's or up's rows (``Linear.runs``):
+    # that run (wqkv and w13 then hold the first run)
+    wqkv_k: torch.Tensor | None = None
+    wqkv_v: torch.Tensor | None = None
+    w13_up: torch.Tensor | None = None
+    qk_pairs: bool = False  # wqkv's q and k rows in a GGUF llama file's pair order
 
     def tensors(self) -> list[torch.Tensor | None]:
         """In the C++ stack's table order (``LayerTensor``)."""
         extra = (self.q_norm, self.k_norm, self.post_attn_norm, self.post_ffn_norm)
         return [
             self.attn_norm, self.wqkv, self.bqkv, self.wo, self.ffn_norm, self.w13, self.w2,
-            *(None if n is None else n.weight for n in extra), self.wqkv_tail, self.w13_tail,
+            *(None if n is None else n.weight for n in extra), self.wqkv_k, self.wqkv_v,
+            self.w13_up,
         ]  # fmt: skip
 
     def eps(self) -> list[float]:

@@ -20,6 +20,7 @@ import torch
 from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import quantize
 from safetensors.torch import load_file
+from torch import nn
 
 from local_verifier.devices import blocks_by_default, resolve_dtype
 from local_verifier.errors import ModelLoadError
@@ -181,27 +182,65 @@ def test_linear_layers_hold_the_files_blocks(native: LoadedModel, quant_file: Qu
     qtype, path, tail = quant_file
     linears = [m for m in native.model.modules() if isinstance(m, Linear)]
     assert len(linears) == 1 + 4 * native.config.n_layers
-    for module in linears:
-        assert layout_of(module.weight) == "quant"
-        assert quant_type(module.weight) == qtype
-    # v apart from the reordered q/k rows; up apart from gate where the file sets ffn_norm
-    # between them (llama's order) or gives it another type
-    tails = [m.tail for m in linears if m.tail is not None]
-    assert len(tails) == 2 * native.config.n_layers  # wqkv's, w13's
-    assert all(layout_of(t) == "quant" and quant_type(t) == (tail or qtype) for t in tails)
-    assert native.model.fused_stack() is not None
     mapped = [  # the address ranges of the file's own mappings
         tuple(int(end, 16) for end in line.split()[0].split("-"))
         for line in Path("/proc/self/maps").read_text().splitlines()
         if line.endswith(str(path))
     ]
-    layer = cast(Block, native.model.layers[0])
-    in_place = [layer.ffn.w13.weight, layer.ffn.w2.weight, layer.attn.wo.weight]
-    in_place += [layer.attn.wqkv.tail, layer.ffn.w13.tail]  # v and up, each one tensor
-    for weight in in_place:
-        assert weight is not None
-        assert any(low <= weight.data_ptr() < high for low, high in mapped)  # used in place
-    assert not any(low <= layer.attn.wqkv.weight.data_ptr() < high for low, high in mapped)
+    for module in linears:
+        for run in module.runs():
+            assert layout_of(run) == "quant"
+            assert any(low <= run.data_ptr() < high for low, high in mapped)  # used in place
+    for block in native.model.layers:
+        layer = cast(Block, block)
+        # q, k and v apart (the file holds k, wo, q, v); up apart from gate where the file
+        # sets ffn_norm between them (llama's order) or gives it another type
+        assert layer.attn.wqkv.first_parts == (0, 1, 2)
+        assert layer.attn.qk_pairs  # q and k in the file's pair order
+        assert layer.ffn.w13.first_parts == (0, 1)
+        q, k, v = layer.attn.wqkv.runs()
+        gate, up = layer.ffn.w13.runs()
+        other = tail or qtype
+        assert [quant_type(w) for w in (q, k, v, gate, up)] == [qtype, qtype, other, qtype, other]
+    assert native.model.fused_stack() is not None
+
+
+def _rotate_half_rows(run: torch.Tensor, heads: int) -> torch.Tensor:
+    """A copy of q's or k's rows of blocks (in a GGUF llama file's pair order) in
+    rotate-half order."""
+    rest = run.shape[1:]
+    return run.reshape(heads, -1, 2, *rest).transpose(1, 2).reshape(run.shape).contiguous()
+
+
+def test_q_and_k_in_the_files_pair_order_give_the_bits_of_their_rows_put_back(
+    native: LoadedModel, quant_file: QuantFile
+) -> None:
+    """q and k used where the file holds them, in its pair order, and each step's values put
+    back after the linear: the logits, fused and op by op, of copies of those rows in
+    rotate-half order, bitwise."""
+    copied = load_model(str(quant_file[1]), device="cpu", dtype="native", tune_threads=False)
+    cfg = copied.config
+    for block in copied.model.layers:
+        attn = cast(Block, block).attn
+        q, k, v = attn.wqkv.runs()
+        qk = torch.cat([_rotate_half_rows(q, cfg.n_heads), _rotate_half_rows(k, cfg.n_kv_heads)])
+        one_type = quant_type(v) == quant_type(q)
+        attn.wqkv.weight = nn.Parameter(torch.cat([qk, v]) if one_type else qk, False)
+        attn.wqkv.run1 = None if one_type else nn.Parameter(v, False)
+        attn.wqkv.run2 = None
+        attn.wqkv.first_parts = (0,) if one_type else (0, 2)
+        attn.qk_pairs = False
+    tokens = _prompt(40, 6)
+    for fused in (True, False):
+        for lm in (native, copied):
+            lm.model.kernel_options = replace(lm.model.kernel_options, fused=fused)
+        try:
+            assert (native.model.fused_stack() is not None) == fused
+            ours = _prefill(native.model, _kv(native, 40), tokens, [3, 37])
+            theirs = _prefill(copied.model, _kv(copied, 40), tokens, [3, 37])
+            assert torch.equal(ours, theirs), fused
+        finally:
+            native.model.kernel_options = replace(native.model.kernel_options, fused=True)
 
 
 def test_rows_are_the_same_alone_chunked_batched_fused_and_on_two_threads(
@@ -310,7 +349,7 @@ def test_shipped_smollm2_runs_its_q4_1_blocks_and_drafts_equal_plain_decoding() 
     layers = [m.weight for m in lm.model.layers.modules() if isinstance(m, Linear)]
     assert {quant_type(w) for w in layers} == {Q.Q4_1}
     layer = cast(Block, lm.model.layers[0])
-    assert layer.ffn.w13.tail is None  # gate and up side by side in the file: one run
+    assert layer.ffn.w13.first_parts == (0,)  # gate and up side by side in the file: one run
     assert quant_type(lm.model.head.weight) == Q.Q8_0  # the tied embedding's blocks ...
     assert lm.model.embed.weight is lm.model.head.weight  # ... the embedding's own
     ids_in = torch.tensor([0, 7, 1234, 49151])

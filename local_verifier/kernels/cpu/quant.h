@@ -44,8 +44,8 @@ constexpr int64_t kGemmMinRows = DG_AVX512 || T == kQ6_K || T == kQ4_0 || T == k
 
 // y [N, M] (rows ldy apart) = x [N, K] @ w.T (+ bias) for w [M, K / values per block] blocks
 // of type T; the calling team quantizes x into `rows` (grown beforehand by the caller: fit;
-// as the first part of the layer left them for `part` kLast); the many-row kernel from
-// gemm_rows rows (0: kGemmMinRows<T>). Ends with a barrier (not for kFirst).
+// as the first part of the layer left them for `part` kMiddle and kLast); the many-row kernel
+// from gemm_rows rows (0: kGemmMinRows<T>). Ends with a barrier (for kWhole and kLast).
 template <int T>
 void quant_linear_team_of(const float* x, const uint8_t* w, const float* bias, float* y,
                           int64_t N, int64_t K, int64_t M, int64_t ldy, QuantRows& rows,

@@ -279,21 +279,21 @@ thread_local TileBuffer<QuantTraits<T>> tile_buffer;
 thread_local std::vector<uint8_t> last_row;  // a copy of w's last row (tile decoders over-read)
 
 // y [N, M] (rows ldy apart) = x [N, K] @ w.T (+ bias) for w [M, K / values per block] blocks
-// of type T: the calling team quantizes x by pass into `rows` (grown beforehand: fit; not for
-// `part` kLast), then shares tiles of kTileCols columns, an even run per thread; the first
-// pass of rows over a tile decodes it, keeping it for the others, and the run's next two
-// tiles are prefetched over the passes (the second one's lines shared out among them all).
-// Ends with a barrier (not
-// for kFirst). Runs rather than tiles claimed as threads come free: a run streams its
-// weights in order (claimed in chunks of 8-32 tiles, a 1.1B Q4_K_M file's 1-row step took
-// 1.17-1.2x the time on Zen 4), and a thread waiting at the barrier waits for memory, not
-// for work (one that took the other's last tiles left 1-, 16- and 128-row steps unchanged).
+// of type T: the calling team quantizes x by pass into `rows` (grown beforehand: fit; for
+// `part` kWhole and kFirst), then shares tiles of kTileCols columns, an even run per thread;
+// the first pass of rows over a tile decodes it, keeping it for the others, and the run's next
+// two tiles are prefetched over the passes (the second one's lines shared out among them
+// all). Ends with a barrier (for kWhole and kLast). Runs rather than tiles claimed as threads
+// come free: a run streams its weights in order (claimed in chunks of 8-32 tiles, a 1.1B
+// Q4_K_M file's 1-row step took 1.17-1.2x the time on Zen 4), and a thread waiting at the
+// barrier waits for memory, not for work (one that took the other's last tiles left 1-, 16-
+// and 128-row steps unchanged).
 template <int T>
 void quant_gemm_team(const float* x, const uint8_t* w, const float* bias, float* y, int64_t N,
                      int64_t K, int64_t M, int64_t ldy, QuantRows& rows, LayerPart part) {
   using Q = QuantTraits<T>;
   const int64_t nb = K / Q::kValues, row_bytes = nb * Q::kBytes, blocks32 = K / kQBlock;
-  if (part != LayerPart::kLast) quantize_by_pass(x, N, K, rows);
+  if (quantizes(part)) quantize_by_pass(x, N, K, rows);
   // rows per pass; a full single pass on AVX-512 runs as two passes of half its rows, the
   // second over the kept tile while the tile after next streams in (the 1.1B Q4_K_M file's
   // 8-row step on the Intel Xeon with AMX: 0.91-0.92x the time; 5-7 rows in halves
@@ -350,7 +350,7 @@ void quant_gemm_team(const float* x, const uint8_t* w, const float* bias, float*
         tile_pass_upto<T, false, true>(n, col, nb, tile, rows_from(r), out, false, share);
     }
   }
-  if (part != LayerPart::kFirst) {
+  if (ends_team(part)) {
 #pragma omp barrier
   }
 }

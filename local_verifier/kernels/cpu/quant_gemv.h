@@ -129,14 +129,14 @@ inline void gemv_cols(const uint8_t* const (&w)[kGemvCols], int64_t nb, const in
 
 // y [N, M] (rows ldy apart) = x [N, K] @ w.T (+ bias) for w [M, K / values per block] blocks
 // of type T, row by row: the calling team quantizes x by row into `rows` (grown beforehand:
-// fit; not for `part` kLast), then shares groups of kGemvCols columns, an even run per thread.
-// Ends with a barrier (not for kFirst).
+// fit; for `part` kWhole and kFirst), then shares groups of kGemvCols columns, an even run
+// per thread. Ends with a barrier (for kWhole and kLast).
 template <int T>
 void quant_gemv_team(const float* x, const uint8_t* w, const float* bias, float* y, int64_t N,
                      int64_t K, int64_t M, int64_t ldy, QuantRows& rows, LayerPart part) {
   using Q = QuantTraits<T>;
   const int64_t ldb = K / kQBlock, nb = K / Q::kValues, row_bytes = nb * Q::kBytes;
-  if (part != LayerPart::kLast) quantize_by_row(x, N, K, rows);
+  if (quantizes(part)) quantize_by_row(x, N, K, rows);
   const int64_t groups = (M + kGemvCols - 1) / kGemvCols;
   const int64_t team = omp_get_num_threads(), me = omp_get_thread_num();
   for (int64_t g = groups * me / team; g < groups * (me + 1) / team; ++g) {
@@ -158,7 +158,7 @@ void quant_gemv_team(const float* x, const uint8_t* w, const float* bias, float*
       std::copy(out, out + cols, y + n * ldy + m0);
     }
   }
-  if (part != LayerPart::kFirst) {
+  if (ends_team(part)) {
 #pragma omp barrier
   }
 }

@@ -82,10 +82,17 @@ inline void quantize_block(const float* v, int8_t* q, float* d, float* sum,
 }
 
 // The part of a layer's outputs a team's call computes, for a layer whose rows of one type lie
-// in two places: the first quantizes x into the rows and ends without a barrier (the team
-// goes on to the last part's columns), the last takes the rows as the first left them and
-// ends with the barrier; a whole layer does both.
-enum class LayerPart { kWhole, kFirst, kLast };
+// in several places: the first quantizes x into the rows and ends without a barrier (the team
+// goes on to the next part's columns), a middle one and the last take the rows as the first
+// left them, and only the last ends with the barrier; a whole layer does both.
+enum class LayerPart { kWhole, kFirst, kMiddle, kLast };
+
+inline bool quantizes(LayerPart part) {
+  return part == LayerPart::kWhole || part == LayerPart::kFirst;
+}
+inline bool ends_team(LayerPart part) {
+  return part == LayerPart::kWhole || part == LayerPart::kLast;
+}
 
 // x [N, K] into rows by row; called by every thread of a team, ends with a barrier.
 inline void quantize_by_row(const float* x, int64_t N, int64_t K, QuantRows& rows) {

@@ -53,22 +53,28 @@ void attention(const float* qp, const KV* kc, const KV* vc, const DgPlan& p, con
                  op, s.n_rows, p.n_seqs, H, KVH, Dh, s.threads);
 }
 
-// linear_team over a matrix of the table (quantized blocks: quant_linear_team); a tail's
-// `tail_rows` outputs (the last of y's M) by their own type's kernel, a tail of the weight's
-// own type as the second part of one call's work (x quantized once, one barrier). Each
-// output's bits are those of its own rows' kernel, as op by op.
+// linear_team over a matrix of the table (quantized blocks: quant_linear_team); a matrix in
+// runs apart computes each run's outputs by its own type's kernel, runs of one type in a row
+// as parts of one call's work (x quantized once, one barrier). Each output's bits are those
+// of its own rows' kernel, as op by op.
 template <typename W>
 void linear_team(const float* xp, const Matrix& w, const float* bp, float* yp, int64_t N,
-                 int64_t K, int64_t M, QuantRows& rows, int64_t tail_rows = 0) {
-  if (w.tail != nullptr) {
-    const int64_t head = M - tail_rows;
-    const bool one_type = w.tail_layout == w.layout;
-    quant_linear_team(w.layout - kQuantBlocks, xp, static_cast<const uint8_t*>(w.w), bp, yp, N,
-                      K, head, M, rows, 0, one_type ? LayerPart::kFirst : LayerPart::kWhole);
-    return quant_linear_team(w.tail_layout - kQuantBlocks, xp,
-                             static_cast<const uint8_t*>(w.tail),
-                             bp != nullptr ? bp + head : nullptr, yp + head, N, K, tail_rows, M,
-                             rows, 0, one_type ? LayerPart::kLast : LayerPart::kWhole);
+                 int64_t K, int64_t M, QuantRows& rows) {
+  if (w.n_more > 0) {
+    Run runs[3] = {{0, w.w, w.layout}};
+    std::copy(w.more, w.more + w.n_more, runs + 1);
+    const int n = w.n_more + 1;
+    for (int i = 0; i < n; ++i) {
+      const bool first = i == 0 || runs[i - 1].layout != runs[i].layout;
+      const bool last = i + 1 == n || runs[i + 1].layout != runs[i].layout;
+      const LayerPart part = first ? (last ? LayerPart::kWhole : LayerPart::kFirst)
+                                   : (last ? LayerPart::kLast : LayerPart::kMiddle);
+      const int64_t row = runs[i].row, end = i + 1 < n ? runs[i + 1].row : M;
+      quant_linear_team(runs[i].layout - kQuantBlocks, xp, static_cast<const uint8_t*>(runs[i].w),
+                        bp != nullptr ? bp + row : nullptr, yp + row, N, K, end - row, M, rows,
+                        0, part);
+    }
+    return;
   }
   if (w.layout >= kQuantBlocks)
     return quant_linear_team(w.layout - kQuantBlocks, xp, static_cast<const uint8_t*>(w.w), bp,
@@ -92,19 +98,22 @@ void stack_step(Stack& m, const DgStepArgs& s) {
   const int64_t layer_kv = s.n_slots * kv_width;
   read_vectors<W>(m);
 
-  const int64_t sizes[] = {N * D, N * QKV, N * HD, N * HD, N * D, N * 2 * F, N * F, P * D, P * D};
+  // h, qkv, q and att (a layer's attention) share their memory with act (its MLP's): act is
+  // written once w13 has read h and the attention's buffers are dead, and read by w2 before
+  // the next layer writes h
+  const int64_t sizes[] = {N * std::max(D + QKV + 2 * HD, F), N * D, N * 2 * F, P * D, P * D};
   int64_t total = 0;
   for (const int64_t n : sizes) total += n;
   if (static_cast<int64_t>(m.scratch.size()) < total) m.scratch.resize(total);
-  float* buffers[9];
+  float* buffers[5];
   float* next = m.scratch.data();
-  for (int i = 0; i < 9; ++i) {
+  for (int i = 0; i < 5; ++i) {
     buffers[i] = next;
     next += sizes[i];
   }
-  float *h = buffers[0], *qkv = buffers[1], *q = buffers[2], *att = buffers[3];
-  float *tmp = buffers[4], *gate_up = buffers[5], *act = buffers[6];
-  float *last = buffers[7], *normed = buffers[8];
+  float *h = buffers[0], *qkv = h + N * D, *q = qkv + N * QKV, *att = q + N * HD;
+  float *act = buffers[0], *tmp = buffers[1], *gate_up = buffers[2];
+  float *last = buffers[3], *normed = buffers[4];
   float* x = s.x;
   m.quant_rows.fit(N, std::max({D, HD, F}));
   Clock clock{s.seconds, s.seconds != nullptr ? omp_get_wtime() : 0.0};
@@ -123,7 +132,7 @@ void stack_step(Stack& m, const DgStepArgs& s) {
           rms_norm_row(x + n * D, v.ffn_norm, h + n * D, D, w.eps[kFfnEps]);
         }
         clock.mark(kRowOpsTime);
-        linear_team<W>(h, w.w13, nullptr, gate_up, N, D, 2 * F, m.quant_rows, F);
+        linear_team<W>(h, w.w13, nullptr, gate_up, N, D, 2 * F, m.quant_rows);
         clock.mark(kLinearTime);
 #pragma omp for schedule(static)
         for (int64_t n = 0; n < N; ++n)
@@ -143,12 +152,13 @@ void stack_step(Stack& m, const DgStepArgs& s) {
           rms_norm_row(x + n * D, v.attn_norm, h + n * D, D, w.eps[kAttnEps]);
         }
         clock.mark(kRowOpsTime);
-        linear_team<W>(h, w.wqkv, v.bqkv, qkv, N, D, QKV, m.quant_rows, kv_width);
+        linear_team<W>(h, w.wqkv, v.bqkv, qkv, N, D, QKV, m.quant_rows);
         clock.mark(kLinearTime);
         const DgRope& rope = s.rope[w.rope];
 #pragma omp for schedule(static)
         for (int64_t n = 0; n < N; ++n) {  // each row to its own slot (a step's are distinct)
           const int64_t slot = s.new_slots[n], layer = l * layer_kv;
+          if (w.qk_pairs) rotate_half_order_row(qkv + n * QKV, H + KVH, Dh);
           qk_norm_row(qkv + n * QKV, v, w, H, KVH, Dh);
           rope_store_row(qkv + n * QKV, rope.cos + n * Dh, rope.sin + n * Dh,
                          kc + layer + key_offset(slot, kv_width), vc + layer + slot * kv_width,

@@ -3,9 +3,11 @@
 // values in the same order.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "activation.h"
+#include "attention.h"
 #include "common.h"
 #include "stack_table.h"
 
@@ -20,6 +22,22 @@ inline void add_row(float* x, const float* t, int64_t D) {  // x + t, as torch's
 inline void residual_row(float* x, float* t, const float* post_norm, float eps, int64_t D) {
   if (post_norm != nullptr) rms_norm_row(t, post_norm, t, D, eps);
   add_row(x, t, D);
+}
+
+// The first `heads` heads of Dh values of one row of qkv from a GGUF llama file's order
+// (value 2i + j of a head rotated with 2i + 1 - j) into rotate-half order (to i + j Dh / 2),
+// in place: values moved, none computed.
+inline void rotate_half_order_row(float* qkv, int64_t heads, int64_t Dh) {
+  float pairs[kMaxHeadDim];
+  const int64_t half = Dh / 2;
+  for (int64_t h = 0; h < heads; ++h) {
+    float* head = qkv + h * Dh;
+    std::copy(head, head + Dh, pairs);
+    for (int64_t i = 0; i < half; ++i) {
+      head[i] = pairs[2 * i];
+      head[half + i] = pairs[2 * i + 1];
+    }
+  }
 }
 
 // One row of qkv [(H + 2 KVH) Dh] with each query head and each key head RMS-normed in place

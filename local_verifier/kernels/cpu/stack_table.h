@@ -21,31 +21,40 @@ enum Layout { kRowMajor = 0, kPacked = 1, kAmxPacked = 2, kQuantBlocks = 100 };
 // .eps and .switches).
 enum LayerTensor {
   kAttnNorm, kWqkv, kBqkv, kWo, kFfnNorm, kW13, kW2, kQNorm, kKNorm, kPostAttnNorm,
-  kPostFfnNorm, kWqkvTail, kW13Tail, kLayerTensors
+  kPostFfnNorm, kWqkvK, kWqkvV, kW13Up, kLayerTensors
 };
 enum LayerNorm { kAttnEps, kFfnEps, kQEps, kKEps, kPostAttnEps, kPostFfnEps, kLayerNorms };
-enum LayerSwitch { kActivation, kPlan, kRope, kLayerSwitches };
+enum LayerSwitch { kActivation, kPlan, kRope, kQkPairs, kLayerSwitches };
 enum Activation { kSilu = 0, kGeluTanh = 1 };
 
-// A linear layer's weight and its layout (cpu/linear.h, cpu/quant.h); where its last part
-// (wqkv's v rows, w13's up rows) is GGUF blocks of another type than the rest, `tail` holds
-// those rows (null: none) and `w` the rest, both quantized.
+// Rows of a linear layer's weight from `row` on, at w in its layout.
+struct Run {
+  int64_t row;
+  const void* w;
+  int layout;
+};
+
+// A linear layer's weight and its layout (cpu/linear.h, cpu/quant.h); a fused layer whose
+// parts lie in runs apart (GGUF blocks each used where the file holds it: wqkv's q, k and v,
+// w13's gate and up) lists the runs after the first (at w) in `more`.
 struct Matrix {
   const void* w;
   int layout;
-  const void* tail = nullptr;
-  int tail_layout = 0;
+  Run more[2] = {};
+  int n_more = 0;
 };
 
 // One layer: the Llama layer (norm, qkv, rope, attention, wo, norm, gated MLP) with the
 // other families' parts where present: per-head q/k norms (Qwen3, Gemma 3), norms of the
 // attention's and the MLP's outputs before each residual add (Gemma 3), GeGLU, a sliding
-// window (plan 1) and its own rope base (rope 1).
+// window (plan 1) and its own rope base (rope 1). With qk_pairs, wqkv's q and k rows lie in
+// a GGUF llama file's order (each head's rotated pairs side by side), which the step puts
+// back into rotate-half order before the rope.
 struct LayerWeights {
   const void* vectors[kLayerTensors];  // the norms and bqkv (null where absent), W's type
   Matrix wqkv, wo, w13, w2;
   float eps[kLayerNorms];
-  int activation, plan, rope;
+  int activation, plan, rope, qk_pairs;
 };
 
 // A layer's vectors as float32 for one step (a bf16 one widened); null where absent.
@@ -118,8 +127,20 @@ void read_vectors(Stack& m) {
   m.final_norm = next(m.norm, kAttnNorm);
 }
 
+// A fused matrix of parts at w[t] for t in `parts` with `rows` rows each: a part at an
+// address of its own begins a run (null: it lies after the part before). Null-free first part.
+template <size_t P>
+Matrix fused_matrix(const void* const* w, const int* p, const int (&parts)[P],
+                    const int64_t (&rows)[P]) {
+  Matrix m{w[parts[0]], p[parts[0]]};
+  int64_t row = rows[0];
+  for (size_t i = 1; i < P; row += rows[i], ++i)
+    if (w[parts[i]] != nullptr) m.more[m.n_more++] = {row, w[parts[i]], p[parts[i]]};
+  return m;
+}
+
 // The table of dg_stack_new's arguments (see there), or null for a quantized type not run
-// here, a tail beside weights that are not blocks, or a switch out of range.
+// here, a run apart beside weights that are not blocks, or a switch out of range.
 inline Stack* new_stack(int64_t n_layers, int64_t dim, int64_t n_heads, int64_t n_kv_heads,
                         int64_t head_dim, int64_t hidden_dim, int64_t vocab, bool bf16,
                         const void* const* weights, const int* layouts, const float* eps,
@@ -129,12 +150,14 @@ inline Stack* new_stack(int64_t n_layers, int64_t dim, int64_t n_heads, int64_t 
   for (int64_t l = 0; l < n_layers; ++l) {
     const void* const* w = weights + 2 + kLayerTensors * l;
     const int* p = layouts + 2 + kLayerTensors * l;
-    for (const auto [head, tail] : {std::pair{kWqkv, kWqkvTail}, std::pair{kW13, kW13Tail}})
-      if (w[tail] != nullptr && (p[head] < kQuantBlocks || p[tail] < kQuantBlocks))
-        return nullptr;  // a tail splits quantized blocks only
+    for (const auto [first, run] :
+         {std::pair{kWqkv, kWqkvK}, std::pair{kWqkv, kWqkvV}, std::pair{kW13, kW13Up}})
+      if (w[run] != nullptr && (p[first] < kQuantBlocks || p[run] < kQuantBlocks))
+        return nullptr;  // runs apart split quantized blocks only
     const int* s = switches + kLayerSwitches * l;
     if (s[kActivation] < 0 || s[kActivation] > kGeluTanh || s[kPlan] < 0 ||
-        s[kPlan] >= kPlanSlots || s[kRope] < 0 || s[kRope] >= kRopeSlots)
+        s[kPlan] >= kPlanSlots || s[kRope] < 0 || s[kRope] >= kRopeSlots || s[kQkPairs] < 0 ||
+        s[kQkPairs] > 1 || (s[kQkPairs] == 1 && head_dim % 2 != 0))
       return nullptr;
   }
   Stack* m = new Stack();
@@ -155,19 +178,21 @@ inline Stack* new_stack(int64_t n_layers, int64_t dim, int64_t n_heads, int64_t 
     const int* s = switches + kLayerSwitches * l;
     LayerWeights layer{};
     for (int t = 0; t < kLayerTensors; ++t) {
-      const bool matrix = t == kWqkv || t == kWo || t == kW13 || t == kW2 || t == kWqkvTail ||
-                          t == kW13Tail;
+      const bool matrix = t == kWqkv || t == kWo || t == kW13 || t == kW2 || t == kWqkvK ||
+                          t == kWqkvV || t == kW13Up;
       layer.vectors[t] = matrix ? nullptr : w[t];
       if (!matrix && w[t] != nullptr) widened += m->length(t);
     }
-    layer.wqkv = {w[kWqkv], p[kWqkv], w[kWqkvTail], p[kWqkvTail]};
+    const int64_t q_rows = n_heads * head_dim, kv_rows = n_kv_heads * head_dim;
+    layer.wqkv = fused_matrix(w, p, {kWqkv, kWqkvK, kWqkvV}, {q_rows, kv_rows, kv_rows});
     layer.wo = {w[kWo], p[kWo]};
-    layer.w13 = {w[kW13], p[kW13], w[kW13Tail], p[kW13Tail]};
+    layer.w13 = fused_matrix(w, p, {kW13, kW13Up}, {hidden_dim, hidden_dim});
     layer.w2 = {w[kW2], p[kW2]};
     std::memcpy(layer.eps, eps + kLayerNorms * l, sizeof(layer.eps));
     layer.activation = s[kActivation];
     layer.plan = s[kPlan];
     layer.rope = s[kRope];
+    layer.qk_pairs = s[kQkPairs];
     m->layers.push_back(layer);
   }
   m->widened.resize(bf16 ? widened : 0);
