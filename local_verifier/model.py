@@ -21,12 +21,13 @@ from local_verifier.kernels import AttentionPlan, StepOps, step_ops
 from local_verifier.kernels.cpp import CppOps
 from local_verifier.kernels.fused import FusedStack
 from local_verifier.kernels.options import KernelOptions
-from local_verifier.kernels.packing import Layout, gather_rows
+from local_verifier.kernels.packing import Layout, dense_shape, gather_rows
 from local_verifier.kernels.stack_weights import LayerWeights, Norm, StackWeights
 from local_verifier.kv_storage import KVStorage
 from local_verifier.linear import Linear, row_major_state
+from local_verifier.logit_buffers import LogitBuffers
 from local_verifier.rope import rope_tables
-from local_verifier.step_logits import ChunkedLogits
+from local_verifier.step_logits import LOGIT_ROWS, ChunkedLogits
 from local_verifier.weights import TensorSource
 
 if TYPE_CHECKING:
@@ -249,6 +250,7 @@ class Transformer(nn.Module):
                 self.local_rope = rope_tables(local, cpu, self.rope_positions)
         self._stack: tuple[FusedStack | None] | None = None  # built at first use
         self._graphs: StepGraphs | None = None  # the Triton step's, built at first use
+        self._logit_buffers: LogitBuffers | None = None  # the CPU steps', at first use
         self._layout: Layout = "row"  # the linear weights' layout (where they can take it)
         self.kernel_options = KernelOptions.from_env()
         """The kernel switches, read once here; assign other options to change them (the
@@ -470,7 +472,8 @@ class Transformer(nn.Module):
             plans = [inputs.plan]
             if stack.window is not None:
                 plans.append(inputs.plan_for(stack.window))
-            out = stack.run(x, new_slots, ropes, plans, kv.k, kv.v, rows_out, head=chunk is None)
+            buffer = self._logits(len(logit_rows)) if chunk is None else None
+            out = stack.run(x, new_slots, ropes, plans, kv.k, kv.v, rows_out, chunk is None, buffer)
             if chunk is None:
                 return list(out.split(counts))
             return ChunkedLogits(out, counts, partial(self._head, ops), chunk)
@@ -485,7 +488,15 @@ class Transformer(nn.Module):
     @torch.inference_mode()
     def _head(self, ops: StepOps, x: torch.Tensor) -> torch.Tensor:
         """float32 logits of final-normed rows ``x``."""
+        if isinstance(ops, CppOps):
+            return ops.linear(x, self.head.weight, None, self._logits(x.shape[0]))
         return ops.linear(x, self.head.weight, None).float()
+
+    def _logits(self, rows: int) -> torch.Tensor:
+        """Memory for ``rows`` rows of a CPU step's logits (``LogitBuffers``)."""
+        if self._logit_buffers is None:
+            self._logit_buffers = LogitBuffers(dense_shape(self.head.weight)[0], LOGIT_ROWS)
+        return self._logit_buffers.empty(rows)
 
     def load_hf_weights(self, source: TensorSource) -> None:
         """Write the checkpoint's weights (under ``families.tensor_names``) into the

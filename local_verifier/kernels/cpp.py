@@ -135,6 +135,15 @@ def _dense(t: torch.Tensor) -> torch.Tensor:
     return t if t.is_contiguous() else t.contiguous()
 
 
+def _output(out: torch.Tensor | None, n: int, m: int) -> torch.Tensor:
+    """``out`` where given (checked: float32 [n, m], contiguous), else a new such tensor."""
+    if out is None:
+        return torch.empty(n, m)
+    if out.shape != (n, m) or out.dtype != torch.float32 or not out.is_contiguous():
+        raise ValueError(f"a linear's output is float32 [{n}, {m}], contiguous")
+    return out
+
+
 class CppOps:
     """The C++ kernels on float32 CPU activations; linear weights in float32 or bfloat16
     (widened exactly inside the kernel, so the bytes read per token halve), row-major or
@@ -176,29 +185,39 @@ class CppOps:
         return "amx" if self.bf16_kernels is not None and options.amx else "packed"
 
     def linear(
-        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """``x @ weight.T + bias`` as float32, into ``out`` where given (float32 [n, m],
+        contiguous)."""
         if layout_of(weight) == "quant":
-            return self._quant_linear(x, weight, bias)
+            return self._quant_linear(x, weight, bias, out)
         kernel = self._linear.get((weight.dtype, layout_of(weight)))
         if kernel is None:
             raise TypeError(f"no C++ linear kernel for {weight.dtype} in {layout_of(weight)}")
         x, w = _dense(x), _dense(weight)
         (n, k), m = x.shape, dense_shape(w)[0]
-        y, b = torch.empty(n, m), None if bias is None else _float32(bias)  # alive for the call
+        y, b = _output(out, n, m), None if bias is None else _float32(bias)  # alive for the call
         b_ptr = None if b is None else b.data_ptr()
         kernel(x.data_ptr(), w.data_ptr(), b_ptr, y.data_ptr(), n, k, m, torch.get_num_threads())
         return y
 
     def _quant_linear(
-        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        out: torch.Tensor | None,
     ) -> torch.Tensor:
         """``linear`` on GGUF blocks (``cpu/quant.h``: x quantized per block of 32)."""
         x, w = _float32(x), _dense(weight)
         (n, k), (m, width) = x.shape, dense_shape(w)
         if k != width:  # the kernel reads k values of blocks per weight row
             raise ValueError(f"a linear of {width} inputs got rows of {k}")
-        y, b = torch.empty(n, m), None if bias is None else _float32(bias)
+        y, b = _output(out, n, m), None if bias is None else _float32(bias)
         b_ptr = None if b is None else b.data_ptr()
         qtype = int(quant_type(w))
         threads = torch.get_num_threads()

@@ -97,6 +97,7 @@ class FusedStack:
         v: torch.Tensor,
         picked: torch.Tensor,
         head: bool = True,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """float32 logits [P, vocab] of the ``picked`` rows (long [P]) of a step over the
         rows of ``x`` (float32 [N, dim] embeddings, overwritten), or with ``head`` False
@@ -105,12 +106,17 @@ class FusedStack:
         its slot of every layer of ``k``/``v`` (``KVStorage``'s, contiguous, in ``dtype``).
         ``ropes``: the rows' (cos, sin) [N, head_dim] of the model's rope table, then (where
         ``local_rope``) of the sliding layers'; ``plans``: every row's keys, then (where
-        ``window``) the plan cut to the window."""
+        ``window``) the plan cut to the window. ``out``: where the result goes (float32, of
+        its shape, contiguous), else new memory."""
         if k.dtype != self.dtype or v.dtype != self.dtype:
             raise TypeError(f"a {self.dtype} stack's K/V must be {self.dtype}, not {k.dtype}")
         if len(ropes) < 1 + self.local_rope or len(plans) < 1 + (self.window is not None):
             raise ValueError("a sliding layer's plan or rope table is missing")
-        out = torch.empty(picked.shape[0], self.vocab if head else x.shape[1])
+        shape = (picked.shape[0], self.vocab if head else x.shape[1])
+        if out is None:
+            out = torch.empty(shape)
+        elif out.shape != shape or out.dtype != torch.float32 or not out.is_contiguous():
+            raise ValueError(f"a step's output is float32 {shape}, contiguous")
         profile = None if self.profile is None else self.profile.data_ptr()
         rope_slots = [Rope(cos.data_ptr(), sin.data_ptr()) for cos, sin in ropes]
         plan_slots = [Plan(*plan.pointers(), len(plan.ctx_len)) for plan in plans]
