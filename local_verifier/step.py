@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -210,7 +211,8 @@ class StepRunner:
         time) and its seconds by ``clock`` (0 without one)."""
         clock = self.clock
         if self.threads is not None:
-            self.threads.apply()
+            table, rows = self.costs.table, sum(len(s.tokens) for s in seqs)
+            self.threads.apply(table[rows] / table[1] if rows < len(table) else math.inf)
         forward = 0.0 if clock is None else clock()
         logits = self.model.step_chunked(seqs, self.pool.storage, LOGIT_ROWS)
         return logits, 0.0 if clock is None else clock() - forward

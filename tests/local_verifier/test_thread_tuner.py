@@ -106,3 +106,19 @@ def test_an_alarm_on_both_counts_does_not_trial_every_step() -> None:
     trials = [i for i, threads in enumerate(ran) if threads == 2]
     assert [b - a for a, b in zip(trials, trials[1:], strict=False)] == [16, 32, 64, 64]
     assert tuner.chosen == 1 and tuner.backoff == 8
+
+
+def test_a_trial_runs_on_short_forwards_only() -> None:
+    """A forward expected to cost more than ``trial_cost`` one-row forwards runs on the
+    chosen count while a trial is due or under way, and is fed to the cost table; the
+    trial's steps are the short forwards around it."""
+    tuner = ThreadTuner([1, 2], explore_every=4, explore_steps=2, trial_cost=4.0)
+    for _ in range(3):
+        assert tuner.apply(1.0) == 1 and tuner.observe(1.0)
+    assert tuner.apply(20.0) == 1  # the trial is due: a long forward stays on the chosen count
+    assert tuner.observe(1.0)
+    assert tuner.apply(1.0) == 2 and not tuner.observe(0.5)  # the trial's first step
+    assert tuner.apply(20.0) == 1 and tuner.observe(1.0)  # a long one in between
+    assert tuner.apply(4.0) == 2 and not tuner.observe(0.5)  # its second and last step
+    assert tuner.chosen == 2
+    assert tuner.apply(20.0) == 2  # now the chosen count, long forwards too
