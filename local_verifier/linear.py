@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -19,6 +20,15 @@ _FALLBACKS: dict[Layout, list[Layout]] = {
     "row": ["row"],
     "quant": ["row"],
 }
+
+
+RUNS = ("weight", "run1", "run2")  # a ``Linear``'s parameters holding its runs, in order
+
+
+def split_runs(parts: list[str], first_parts: Sequence[int]) -> list[list[str]]:
+    """``parts`` (in order) cut into runs beginning at ``first_parts``."""
+    ends = [*first_parts[1:], len(parts)]
+    return [parts[a:b] for a, b in zip(first_parts, ends, strict=True)]
 
 
 class Linear(nn.Module):
@@ -46,7 +56,7 @@ class Linear(nn.Module):
 
     def runs(self) -> list[torch.Tensor]:
         """The weight's runs of rows in order (``weight`` alone unless held in runs)."""
-        return [w for w in (self.weight, self.run1, self.run2) if w is not None]
+        return [w for w in (getattr(self, name) for name in RUNS) if w is not None]
 
     def runs_by_part(self, parts: int) -> list[torch.Tensor | None]:
         """For each of the layer's ``parts``, the run that begins with it, else None."""
@@ -54,11 +64,6 @@ class Linear(nn.Module):
         for first, run in zip(self.first_parts, self.runs(), strict=True):
             out[first] = run
         return out
-
-    def run_parts(self, parts: list[str]) -> list[list[str]]:
-        """The layer's checkpoint ``parts`` (in order) each run holds."""
-        ends = [*self.first_parts[1:], len(parts)]
-        return [parts[a:b] for a, b in zip(self.first_parts, ends, strict=True)]
 
     def forward(self, x: torch.Tensor, ops: StepOps) -> torch.Tensor:
         """``x @ [weight; run1; run2].T + bias`` by ``ops`` (each run's outputs by its own

@@ -28,7 +28,7 @@ from local_verifier.kernels.cpp import load_library, release_threads
 from local_verifier.kernels.options import KernelOptions
 from local_verifier.kernels.packing import QUANT_TYPES, layout_of
 from local_verifier.kv_storage import KVStorage
-from local_verifier.linear import Linear
+from local_verifier.linear import RUNS, Linear, split_runs
 from local_verifier.model import Attention, ModelConfig, SeqStep, Transformer
 from local_verifier.tokenizer import Tokenizer
 from local_verifier.weights import (
@@ -278,7 +278,7 @@ def keep_quantized(model: Transformer, source: GGUFSource) -> dict[str, list[str
             for i in range(len(parts))
             if i == 0 or types[i] != types[i - 1] or not source.lie_in_place(parts[i - 1 : i + 1])
         ]
-        runs = [parts[a:b] for a, b in zip(firsts, [*firsts[1:], len(parts)], strict=True)]
+        runs = split_runs(parts, firsts)
         rows, width = owner.weight.shape
         shapes = [_blocks_shape(source, run, width) for run in runs]
         if sum(shape[0] for shape in shapes) != rows:
@@ -288,7 +288,7 @@ def keep_quantized(model: Transformer, source: GGUFSource) -> dict[str, list[str
             )
         if isinstance(owner, Linear):
             owner.first_parts = tuple(firsts)
-        for attr, run, shape in zip(("weight", "run1", "run2"), runs, shapes, strict=False):
+        for attr, run, shape in zip(RUNS, runs, shapes, strict=False):
             empty = torch.empty(shape, dtype=torch.uint8, device="meta")
             setattr(owner, attr, nn.Parameter(empty, requires_grad=False))
             kept[f"{module}.{attr}"] = run

@@ -24,7 +24,7 @@ from local_verifier.kernels.options import KernelOptions
 from local_verifier.kernels.packing import Layout, dense_shape, gather_rows
 from local_verifier.kernels.stack_weights import LayerWeights, Norm, StackWeights
 from local_verifier.kv_storage import KVStorage
-from local_verifier.linear import Linear, row_major_state
+from local_verifier.linear import RUNS, Linear, row_major_state, split_runs
 from local_verifier.logit_buffers import LogitBuffers
 from local_verifier.rope import rope_tables
 from local_verifier.step_logits import LOGIT_ROWS, ChunkedLogits
@@ -34,8 +34,6 @@ if TYPE_CHECKING:
     from local_verifier.kernels.triton_stack import StepGraphs
 
 __all__ = ["ModelConfig", "SeqStep", "Transformer"]
-
-_RUNS = ("weight", "run1", "run2")  # a ``Linear``'s parameters holding its runs, in order
 
 
 @dataclass
@@ -508,12 +506,12 @@ class Transformer(nn.Module):
         for name in own:
             module, _, attr = name.rpartition(".")
             owner = self.get_submodule(module)
-            runs = isinstance(owner, Linear) and attr in _RUNS
-            parts = tensor_names(self.config, f"{module}.weight" if runs else name)
+            run = RUNS.index(attr) if isinstance(owner, Linear) and attr in RUNS else None
+            parts = tensor_names(self.config, name if run is None else f"{module}.weight")
             if parts is None:
                 raise KeyError(f"no weights for {name!r}")
-            if isinstance(owner, Linear) and attr in _RUNS:
-                parts = owner.run_parts(parts)[_RUNS.index(attr)]
+            if run is not None:
+                parts = split_runs(parts, cast(Linear, owner).first_parts)[run]
             params[name] = parts
         layout = self._layout_for(step_ops(self.device, self.dtype, self.kernel_options.backend))
         self._set_layout("row")  # the checkpoint's layout

@@ -116,11 +116,12 @@ class StepRunner:
         self._add_chunks(prefilling, budget, price, rows, seqs)
         self._add_drafts(decoding, price, rows, seqs)
         if seqs:
-            logits, seconds = self._forward(seqs)
+            forward_rows = sum(len(s.tokens) for s in seqs)
+            logits, seconds = self._forward(seqs, forward_rows)
             self._deliver(rows, seqs, logits)
             if self.clock is not None:  # the head's chunks run as _deliver reads them
                 head = logits.head_seconds if isinstance(logits, ChunkedLogits) else 0.0
-                self._timed(sum(len(s.tokens) for s in seqs), seconds + head)
+                self._timed(forward_rows, seconds + head)
         self.host.end_step()
 
     def _add_chunks(
@@ -206,12 +207,12 @@ class StepRunner:
                 seqs.append(verify)
                 rows.append(_Row(req, draft))
 
-    def _forward(self, seqs: list[SeqStep]) -> tuple[Sequence[torch.Tensor], float]:
+    def _forward(self, seqs: list[SeqStep], rows: int) -> tuple[Sequence[torch.Tensor], float]:
         """The model's step over ``seqs`` (at most ``LOGIT_ROWS`` rows of logits held at a
         time) and its seconds by ``clock`` (0 without one)."""
         clock = self.clock
         if self.threads is not None:
-            table, rows = self.costs.table, sum(len(s.tokens) for s in seqs)
+            table = self.costs.table
             self.threads.apply(table[rows] / table[1] if rows < len(table) else math.inf)
         forward = 0.0 if clock is None else clock()
         logits = self.model.step_chunked(seqs, self.pool.storage, LOGIT_ROWS)

@@ -135,12 +135,12 @@ def _dense(t: torch.Tensor) -> torch.Tensor:
     return t if t.is_contiguous() else t.contiguous()
 
 
-def _output(out: torch.Tensor | None, n: int, m: int) -> torch.Tensor:
+def output_tensor(out: torch.Tensor | None, n: int, m: int) -> torch.Tensor:
     """``out`` where given (checked: float32 [n, m], contiguous), else a new such tensor."""
     if out is None:
         return torch.empty(n, m)
     if out.shape != (n, m) or out.dtype != torch.float32 or not out.is_contiguous():
-        raise ValueError(f"a linear's output is float32 [{n}, {m}], contiguous")
+        raise ValueError(f"a kernel's output is float32 [{n}, {m}], contiguous")
     return out
 
 
@@ -200,7 +200,10 @@ class CppOps:
             raise TypeError(f"no C++ linear kernel for {weight.dtype} in {layout_of(weight)}")
         x, w = _dense(x), _dense(weight)
         (n, k), m = x.shape, dense_shape(w)[0]
-        y, b = _output(out, n, m), None if bias is None else _float32(bias)  # alive for the call
+        y, b = (
+            output_tensor(out, n, m),
+            None if bias is None else _float32(bias),
+        )  # alive for the call
         b_ptr = None if b is None else b.data_ptr()
         kernel(x.data_ptr(), w.data_ptr(), b_ptr, y.data_ptr(), n, k, m, torch.get_num_threads())
         return y
@@ -217,7 +220,7 @@ class CppOps:
         (n, k), (m, width) = x.shape, dense_shape(w)
         if k != width:  # the kernel reads k values of blocks per weight row
             raise ValueError(f"a linear of {width} inputs got rows of {k}")
-        y, b = _output(out, n, m), None if bias is None else _float32(bias)
+        y, b = output_tensor(out, n, m), None if bias is None else _float32(bias)
         b_ptr = None if b is None else b.data_ptr()
         qtype = int(quant_type(w))
         threads = torch.get_num_threads()

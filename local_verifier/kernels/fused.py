@@ -14,7 +14,7 @@ from typing import TypeVar
 
 import torch
 
-from local_verifier.kernels.cpp import MAX_HEAD_DIM
+from local_verifier.kernels.cpp import MAX_HEAD_DIM, output_tensor
 from local_verifier.kernels.packing import dense_shape, layout_of, quant_type
 from local_verifier.kernels.plan import AttentionPlan
 from local_verifier.kernels.stack_weights import ACTIVATIONS, LayerWeights, StackWeights
@@ -112,11 +112,7 @@ class FusedStack:
             raise TypeError(f"a {self.dtype} stack's K/V must be {self.dtype}, not {k.dtype}")
         if len(ropes) < 1 + self.local_rope or len(plans) < 1 + (self.window is not None):
             raise ValueError("a sliding layer's plan or rope table is missing")
-        shape = (picked.shape[0], self.vocab if head else x.shape[1])
-        if out is None:
-            out = torch.empty(shape)
-        elif out.shape != shape or out.dtype != torch.float32 or not out.is_contiguous():
-            raise ValueError(f"a step's output is float32 {shape}, contiguous")
+        out = output_tensor(out, picked.shape[0], self.vocab if head else x.shape[1])
         profile = None if self.profile is None else self.profile.data_ptr()
         rope_slots = [Rope(cos.data_ptr(), sin.data_ptr()) for cos, sin in ropes]
         plan_slots = [Plan(*plan.pointers(), len(plan.ctx_len)) for plan in plans]

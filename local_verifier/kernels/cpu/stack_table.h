@@ -128,7 +128,8 @@ void read_vectors(Stack& m) {
 }
 
 // A fused matrix of parts at w[t] for t in `parts` with `rows` rows each: a part at an
-// address of its own begins a run (null: it lies after the part before). Null-free first part.
+// address of its own begins a run (null: it lies after the part before); the first part's
+// address is never null.
 template <size_t P>
 Matrix fused_matrix(const void* const* w, const int* p, const int (&parts)[P],
                     const int64_t (&rows)[P]) {
