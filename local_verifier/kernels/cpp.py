@@ -200,10 +200,8 @@ class CppOps:
             raise TypeError(f"no C++ linear kernel for {weight.dtype} in {layout_of(weight)}")
         x, w = _dense(x), _dense(weight)
         (n, k), m = x.shape, dense_shape(w)[0]
-        y, b = (
-            output_tensor(out, n, m),
-            None if bias is None else _float32(bias),
-        )  # alive for the call
+        y = output_tensor(out, n, m)
+        b = None if bias is None else _float32(bias)  # alive for the call
         b_ptr = None if b is None else b.data_ptr()
         kernel(x.data_ptr(), w.data_ptr(), b_ptr, y.data_ptr(), n, k, m, torch.get_num_threads())
         return y
