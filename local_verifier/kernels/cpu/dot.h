@@ -70,11 +70,9 @@ inline void dot_tile(const uint16_t* xb, int64_t K, const uint16_t* w, const flo
   __m512 acc[R][CT];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < CT; ++c) acc[r][c] = _mm512_setzero_ps();
-  int64_t owed = 0;  // after.lines per pair, in pairs: one line whenever it reaches `pairs`
+  LookaheadSpread after_lines{after, pairs};
   for (int64_t i = 0; i < pairs; ++i) {
-    if constexpr (Next)
-      for (owed += after.lines; owed >= pairs; owed -= pairs, after.next += 64)
-        _mm_prefetch(after.next, _MM_HINT_T1);
+    if constexpr (Next) after_lines.step();
     __m512bh b[CT];
     for (int c = 0; c < CT; ++c) {
       const uint16_t* p = w + c * stride + i * 32;

@@ -35,6 +35,18 @@ struct Lookahead {
   int64_t lines;
 };
 
+// A Lookahead's lines spread evenly over `steps` steps with no division per step: each call
+// of `step` prefetches one step's share (a line whenever the lines owed reach `steps`), into
+// L1 with `near`, else into L2.
+struct LookaheadSpread {
+  Lookahead ahead;
+  int64_t steps, owed = 0;
+  void step(bool near = false) {
+    for (owed += ahead.lines; owed >= steps; owed -= steps, ahead.next += 64)
+      near ? _mm_prefetch(ahead.next, _MM_HINT_T0) : _mm_prefetch(ahead.next, _MM_HINT_T1);
+  }
+};
+
 // Column m of w (its first value).
 template <bool Packed, typename W>
 inline const W* column(const W* w, int64_t m, int64_t K) {

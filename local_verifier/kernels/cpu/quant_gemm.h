@@ -235,17 +235,11 @@ inline void tile_pass(const uint8_t* const (&col)[kTileCols], int64_t nb,
                       bool near, Lookahead next, Lookahead far = {}) {
   Vec acc[R];
   for (int r = 0; r < R; ++r) acc[r] = zero();
-  int64_t owed = 0, owed_far = 0;  // lines per block, in blocks: one line whenever it reaches nb
+  LookaheadSpread next_lines{next, nb}, far_lines{far, nb};
   for (int64_t b = 0; b < nb; ++b) {
     if constexpr (Decode) {
-      for (owed += next.lines; owed >= nb; owed -= nb, next.next += 64) {
-        if (near)
-          _mm_prefetch(next.next, _MM_HINT_T0);
-        else
-          _mm_prefetch(next.next, _MM_HINT_T1);
-      }
-      for (owed_far += far.lines; owed_far >= nb; owed_far -= nb, far.next += 64)
-        _mm_prefetch(far.next, _MM_HINT_T1);
+      next_lines.step(near);
+      far_lines.step();
       if constexpr (Keep) {  // decoded straight into the kept tile (a block is not copied)
         TileDecoder<T>::decode(col, b, tile[b]);
         rows_block<T, R>(tile[b], b, x, acc);
@@ -257,8 +251,7 @@ inline void tile_pass(const uint8_t* const (&col)[kTileCols], int64_t nb,
         rows_block<T, R>(block, b, x, acc);
       }
     } else {
-      for (owed += next.lines; owed >= nb; owed -= nb, next.next += 64)
-        _mm_prefetch(next.next, _MM_HINT_T1);
+      next_lines.step();
       rows_block<T, R>(tile[b], b, x, acc);
     }
   }

@@ -94,12 +94,11 @@ inline void gemv_cols(const uint8_t* const (&w)[kGemvCols], int64_t nb, const in
   for (int c = 0; c < kGemvCols; ++c)
     reinterpret_cast<int32_t*>(&at)[c] = static_cast<int32_t>(w[c] - w[0]);
   __m256 acc = _mm256_setzero_ps();
-  // lines per block, in blocks: one line whenever it reaches nb (no division per block: on
-  // Zen 3 the two a block took were 7-11% of the 32-value types' one-row time)
-  int64_t owed = 0;
+  // no division per block: on Zen 3 the two a block took were 7-11% of the 32-value types'
+  // one-row time
+  LookaheadSpread lines{next, nb};
   for (int64_t b = 0; b < nb; ++b) {
-    for (owed += next.lines; owed >= nb; owed -= nb, next.next += 64)
-      _mm_prefetch(next.next, _MM_HINT_T0);  // T1: 1.3x the time
+    lines.step(true);  // into L1 (into L2: 1.3x the time)
     __m256 scale[Q::kSubs * Q::kGroups], min[Q::kSubs];
     gemv_scales<T>(w, b, at, scale, min);
     for (int s = 0; s < Q::kSubs; ++s) {
